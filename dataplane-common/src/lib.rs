@@ -1,0 +1,337 @@
+//! Types shared by the eBPF flow monitor (kernel) and the ringside agent (user space).
+//!
+//! Every type that crosses the kernel/user boundary lives here and follows the same rules:
+//! `#[repr(C)]`, `Copy`, explicit padding fields (so no byte of a key is ever uninitialised, which
+//! would make two equal flows hash differently), no `bool`/`enum`/`Option` inside a map value, and
+//! a compile-time size assertion beside each type. Layout tests on the user side (`tests` below and
+//! the agent's loader) check field offsets too.
+//!
+//! Addresses are stored as 16 bytes: IPv6 as is, IPv4 as an IPv4-mapped IPv6 address
+//! (`::ffff:a.b.c.d`, RFC 4291 §2.5.5.2), so one key type and one LPM trie serve both families.
+//! Ports, PSNs and sequence numbers are stored in host byte order.
+#![no_std]
+
+pub mod wire;
+
+/// Names of the maps in the eBPF object; the agent finds and pins them by these names.
+pub mod maps {
+    pub const FLOWS: &str = "FLOWS";
+    pub const BURSTS: &str = "BURSTS";
+    pub const CONFIG: &str = "CONFIG";
+    pub const MATCH_PREFIXES: &str = "MATCH_PREFIXES";
+    pub const EVENTS: &str = "EVENTS";
+    pub const STATS: &str = "STATS";
+}
+
+/// Names of the programs in the eBPF object.
+pub mod programs {
+    /// The TC classifier attached to clsact ingress and egress.
+    pub const FLOWMON: &str = "flowmon";
+    /// An empty classifier with the same attach type, used as the baseline by `cargo xtask bench ebpf`.
+    pub const NOOP: &str = "noop";
+}
+
+/// Capacity of `FLOWS` and `BURSTS` (entries). LRU maps evict the least recently used flow when
+/// full; an eviction of a live flow is counted in `STATS[MAP_FULL]` when the update itself fails.
+pub const MAX_FLOWS: u32 = 16_384;
+/// Capacity of the `MATCH_PREFIXES` LPM trie.
+pub const MAX_PREFIXES: u32 = 256;
+/// Size of the `EVENTS` ring buffer in bytes (a power of two and a multiple of the page size).
+pub const EVENTS_RING_BYTES: u32 = 256 * 1024;
+/// Number of port ranges the configuration can carry.
+pub const MAX_PORT_RANGES: usize = 16;
+/// Default idle gap that ends a burst: 1 ms.
+pub const DEFAULT_BURST_GAP_NS: u64 = 1_000_000;
+
+/// UDP destination port of RoCEv2 (IANA).
+pub const ROCEV2_UDP_PORT: u16 = 4791;
+
+/// Direction of a packet relative to the interface the program is attached to.
+pub mod direction {
+    pub const INGRESS: u8 = 0;
+    pub const EGRESS: u8 = 1;
+}
+
+/// What kind of flow a key describes (`FlowKey::kind`).
+pub mod flow_kind {
+    pub const TCP: u8 = 1;
+    pub const UDP: u8 = 2;
+    /// UDP to or from port 4791 carrying an InfiniBand Base Transport Header.
+    pub const ROCEV2: u8 = 3;
+}
+
+/// Indices into the per-CPU `STATS` array.
+pub mod stats {
+    /// Packets the program ran on.
+    pub const SEEN: u32 = 0;
+    /// Packets parsed down to a transport header (TCP, UDP or RoCEv2).
+    pub const PARSED: u32 = 1;
+    /// Packets that matched the collective-flow configuration and were counted in `FLOWS`.
+    pub const MATCHED: u32 = 2;
+    /// Packets whose headers were truncated or inconsistent (bad IHL, length shorter than a header).
+    pub const MALFORMED: u32 = 3;
+    /// Packets the parser skips by design: non-IP, IPv6 extension headers, IP fragments, other L4.
+    pub const UNSUPPORTED: u32 = 4;
+    /// A `FLOWS` or `BURSTS` insert failed (map full and eviction impossible).
+    pub const MAP_FULL: u32 = 5;
+    /// A ring-buffer reservation failed (consumer too slow): the event is lost, the packet is not.
+    pub const RINGBUF_FULL: u32 = 6;
+    /// Events written to the ring buffer.
+    pub const EVENTS: u32 = 7;
+    /// Number of entries in `STATS`.
+    pub const COUNT: u32 = 8;
+}
+
+/// Kinds of records on the `EVENTS` ring buffer.
+pub mod event_kind {
+    /// First packet of a flow seen by this program instance.
+    pub const FLOW_START: u32 = 1;
+    /// A burst ended: the idle gap elapsed and a new packet started the next burst.
+    pub const BURST_END: u32 = 2;
+    /// An insert into `FLOWS` failed; the key is the flow that could not be tracked.
+    pub const MAP_FULL: u32 = 3;
+}
+
+/// Key of `FLOWS` and `BURSTS`: 5-tuple + interface + direction. 44 bytes, no implicit padding.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FlowKey {
+    /// Source address, IPv4-mapped for IPv4.
+    pub src_addr: [u8; 16],
+    /// Destination address, IPv4-mapped for IPv4.
+    pub dst_addr: [u8; 16],
+    pub src_port: u16,
+    pub dst_port: u16,
+    /// Interface index the program is attached to.
+    pub ifindex: u32,
+    /// IP protocol number (6 TCP, 17 UDP).
+    pub protocol: u8,
+    /// `direction::INGRESS` or `direction::EGRESS`.
+    pub direction: u8,
+    /// `flow_kind::*`.
+    pub kind: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(core::mem::size_of::<FlowKey>() == 44);
+
+/// Per-flow counters, one copy per CPU (`FLOWS` is a per-CPU LRU hash). Counters (`u64`) are summed
+/// across CPUs by the agent. The `*_state` fields are per-CPU tracking state, not counters: the agent
+/// ignores them. Because state is per CPU, a retransmission or PSN gap is only seen when the CPU that
+/// handles it also saw the packets before it; a flow that migrates between CPUs can hide some
+/// anomalies (never invent them). 176 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowStats {
+    pub packets: u64,
+    /// L3 bytes (IP header included), so rates match what the IP layer carried.
+    pub bytes: u64,
+    /// Transport payload bytes (TCP/UDP payload; for RoCEv2 the UDP payload).
+    pub payload_bytes: u64,
+    /// `bpf_ktime_get_ns()` of the first and last packet on this CPU (0 = never).
+    pub first_seen_ns: u64,
+    pub last_seen_ns: u64,
+    /// Packets with IP ECN = CE (0b11).
+    pub ce_marks: u64,
+
+    // --- TCP ---
+    /// Data segments whose sequence number is below the highest sequence end already seen
+    /// (retransmission or reordering).
+    pub tcp_retrans: u64,
+    /// Segments without payload carrying ACK and no SYN/FIN/RST.
+    pub tcp_pure_acks: u64,
+    /// Pure ACKs repeating the previous ACK number.
+    pub tcp_dup_acks: u64,
+    pub tcp_ece: u64,
+    pub tcp_cwr: u64,
+    pub tcp_rst: u64,
+    pub tcp_fin: u64,
+    pub tcp_syn: u64,
+
+    // --- RoCEv2 ---
+    /// Times the PSN jumped ahead of the expected one.
+    pub roce_psn_gap_events: u64,
+    /// Sum of the PSNs skipped by those jumps (packets presumed lost).
+    pub roce_psn_gap_packets: u64,
+    /// Packets whose PSN was behind the expected one (retransmission / reorder).
+    pub roce_psn_out_of_order: u64,
+    /// ACK packets whose AETH syndrome says NAK.
+    pub roce_naks: u64,
+    /// Congestion Notification Packets (BTH opcode 0x81).
+    pub roce_cnps: u64,
+
+    // --- per-CPU tracking state (not counters) ---
+    /// TCP: highest `seq + payload_len` seen (wrapping).
+    pub tcp_seq_end_state: u32,
+    /// TCP: last ACK number seen on a pure ACK.
+    pub tcp_last_ack_state: u32,
+    /// RoCEv2: next expected PSN (24 bits).
+    pub roce_next_psn_state: u32,
+    /// RoCEv2: destination QP the PSN state belongs to (24 bits).
+    pub roce_dest_qp_state: u32,
+    /// Bit 0: TCP seq state valid; bit 1: TCP ack state valid; bit 2: PSN state valid.
+    pub state_flags: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<FlowStats>() == 176);
+
+/// `FlowStats::state_flags` bits.
+pub mod state_flags {
+    pub const TCP_SEQ_VALID: u32 = 1;
+    pub const TCP_ACK_VALID: u32 = 2;
+    pub const PSN_VALID: u32 = 4;
+}
+
+/// The current (open) burst of a flow, in the shared (not per-CPU) LRU hash `BURSTS`, so a burst
+/// that is handled by several CPUs is still one burst. Byte/packet counts are added atomically;
+/// the timestamps are written without a lock, and a race can make `last_ns` a few ns stale, which
+/// is far below the 1 ms idle gap that ends a burst. 32 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BurstState {
+    pub start_ns: u64,
+    pub last_ns: u64,
+    pub bytes: u64,
+    pub packets: u64,
+}
+const _: () = assert!(core::mem::size_of::<BurstState>() == 32);
+
+/// A record on the `EVENTS` ring buffer. For `BURST_END` the burst fields describe the burst that
+/// ended; for `FLOW_START` and `MAP_FULL` they are zero except `start_ns`. 88 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Event {
+    /// `event_kind::*`.
+    pub kind: u32,
+    pub _pad: u32,
+    pub key: FlowKey,
+    pub _pad2: u32,
+    pub burst: BurstState,
+}
+const _: () = assert!(core::mem::size_of::<Event>() == 88);
+
+/// One TCP/UDP port range; a packet matches if its source or destination port is in `[lo, hi]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PortRange {
+    pub lo: u16,
+    pub hi: u16,
+    /// 6 (TCP), 17 (UDP), or 0 for both.
+    pub protocol: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<PortRange>() == 8);
+
+/// The single entry of the `CONFIG` array, written by the agent.
+///
+/// Match rule: RoCEv2 (UDP port 4791) always matches. Other TCP/UDP packets match when
+/// (no port range configured OR a port is in a range) AND (no prefix configured OR the source or
+/// destination address is in `MATCH_PREFIXES`), and at least one range or prefix is configured.
+/// With an all-zero config (the kernel's initial value) only RoCEv2 is tracked. 144 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Idle gap that ends a burst; 0 means `DEFAULT_BURST_GAP_NS`.
+    pub burst_gap_ns: u64,
+    /// Number of valid entries in `port_ranges`.
+    pub n_port_ranges: u32,
+    /// Number of prefixes in `MATCH_PREFIXES` (0 skips the trie lookup).
+    pub n_prefixes: u32,
+    /// `config_flags::*`.
+    pub flags: u32,
+    pub _pad: u32,
+    pub port_ranges: [PortRange; MAX_PORT_RANGES],
+}
+const _: () = assert!(core::mem::size_of::<Config>() == 24 + 8 * MAX_PORT_RANGES);
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            burst_gap_ns: DEFAULT_BURST_GAP_NS,
+            n_port_ranges: 0,
+            n_prefixes: 0,
+            flags: 0,
+            _pad: 0,
+            port_ranges: [PortRange::default(); MAX_PORT_RANGES],
+        }
+    }
+}
+
+/// `Config::flags` bits.
+pub mod config_flags {
+    /// Emit `FLOW_START` events.
+    pub const FLOW_START_EVENTS: u32 = 1;
+    /// Emit `BURST_END` events.
+    pub const BURST_EVENTS: u32 = 2;
+}
+
+/// Key of the `MATCH_PREFIXES` LPM trie (the layout the kernel expects: prefix length first).
+/// An IPv4 prefix `a.b.c.d/n` is stored as `::ffff:a.b.c.d/(96+n)`. 20 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PrefixKey {
+    pub prefix_len: u32,
+    pub addr: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<PrefixKey>() == 20);
+
+/// Maps an IPv4 address (network byte order octets) to its IPv4-mapped IPv6 form.
+pub const fn ipv4_mapped(octets: [u8; 4]) -> [u8; 16] {
+    [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, octets[0], octets[1], octets[2], octets[3]]
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all types are #[repr(C)], Copy, made only of integers and integer arrays, with explicit
+    // padding fields, so every bit pattern is valid and no byte is uninitialised.
+    unsafe impl aya::Pod for super::FlowKey {}
+    unsafe impl aya::Pod for super::FlowStats {}
+    unsafe impl aya::Pod for super::BurstState {}
+    unsafe impl aya::Pod for super::Event {}
+    unsafe impl aya::Pod for super::PortRange {}
+    unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::PrefixKey {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::offset_of;
+
+    #[test]
+    fn flow_key_layout() {
+        assert_eq!(offset_of!(FlowKey, src_addr), 0);
+        assert_eq!(offset_of!(FlowKey, dst_addr), 16);
+        assert_eq!(offset_of!(FlowKey, src_port), 32);
+        assert_eq!(offset_of!(FlowKey, dst_port), 34);
+        assert_eq!(offset_of!(FlowKey, ifindex), 36);
+        assert_eq!(offset_of!(FlowKey, protocol), 40);
+        assert_eq!(offset_of!(FlowKey, direction), 41);
+        assert_eq!(offset_of!(FlowKey, kind), 42);
+        assert_eq!(core::mem::align_of::<FlowKey>(), 4);
+    }
+
+    #[test]
+    fn event_layout() {
+        assert_eq!(offset_of!(Event, key), 8);
+        assert_eq!(offset_of!(Event, burst), 56);
+        assert_eq!(core::mem::align_of::<Event>(), 8);
+    }
+
+    #[test]
+    fn config_layout() {
+        assert_eq!(offset_of!(Config, port_ranges), 24);
+        assert_eq!(offset_of!(PrefixKey, addr), 4);
+    }
+
+    #[test]
+    fn flow_stats_layout() {
+        assert_eq!(offset_of!(FlowStats, roce_cnps), 144);
+        assert_eq!(offset_of!(FlowStats, tcp_seq_end_state), 152);
+        assert_eq!(offset_of!(FlowStats, state_flags), 168);
+    }
+
+    #[test]
+    fn ipv4_mapping() {
+        assert_eq!(ipv4_mapped([10, 0, 0, 1])[10..], [0xff, 0xff, 10, 0, 0, 1]);
+    }
+}

@@ -1,0 +1,2 @@
+#![no_std]
+#![no_main]

@@ -1,0 +1,1 @@
+//! ringside agent library.

@@ -1,0 +1,1 @@
+//! Network-namespace rigs for ringside's tests, demo and evaluations.
