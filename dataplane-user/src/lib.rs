@@ -1,1 +1,2 @@
-//! ringside agent library.
+//! The ringside agent: loads the eBPF flow monitor, collects its maps, and serves metrics and hints.
+pub mod object;
