@@ -1,1 +1,77 @@
-fn main() {}
+//! `cargo xtask`: the only entry points a person needs.
+//!
+//! Everything privileged or nightly-only lives here, so plain `cargo build` / `cargo test` at the
+//! workspace root stay on stable and need no root.
+mod bench;
+mod build;
+mod demo;
+mod setup;
+mod test;
+mod util;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// Build, test, demo and benchmark ringside.
+///
+/// On a fresh machine `cargo xtask demo` and `cargo xtask test` install what they need first
+/// (the same steps as `cargo xtask setup`), so nothing has to be installed by hand.
+#[derive(Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what a fresh machine lacks (Debian packages, nightly rust-src, bpf-linker built
+    /// against LLVM 22) and mount bpffs. Idempotent: fast and quiet when nothing is missing.
+    Setup,
+    /// Build the eBPF object (nightly, bpfel-unknown-none) and the workspace with it embedded.
+    Build {
+        /// Build user space in release mode.
+        #[arg(long)]
+        release: bool,
+    },
+    /// Run every test tier: T0 unit (no root), T1 in-kernel BPF_PROG_TEST_RUN, T2 testbed
+    /// namespaces. Fails if any tier fails. Needs root for T1/T2.
+    Test {
+        /// Run only these tiers (t0, t1, t2); default: all.
+        #[arg(long = "tier", value_enum)]
+        tiers: Vec<test::Tier>,
+        /// Skip `cargo xtask setup` (for quick re-runs on a machine already set up).
+        #[arg(long)]
+        no_setup: bool,
+    },
+    /// Bring up a 4-host namespace testbed, run collective-like traffic, start the agent, and show
+    /// its live flow table and a sample of /metrics; tears everything down at the end or on Ctrl-C.
+    Demo {
+        /// How long to show the live table, in seconds.
+        #[arg(long, default_value_t = 8)]
+        seconds: u64,
+    },
+    /// Benchmarks; results are printed and written under target/bench/.
+    Bench {
+        #[command(subcommand)]
+        which: bench::Which,
+    },
+    /// Run the testbed tool (`ringside-testbed`), e.g. `cargo xtask testbed clean`.
+    Testbed {
+        /// Arguments passed to ringside-testbed (try `cargo xtask testbed --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Setup => setup::run(),
+        Command::Build { release } => build::all(release).map(|_| ()),
+        Command::Test { tiers, no_setup } => test::run(&tiers, no_setup),
+        Command::Demo { seconds } => demo::run(seconds),
+        Command::Bench { which } => bench::run(which),
+        Command::Testbed { args } => build::testbed(&args),
+    }
+}

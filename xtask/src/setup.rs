@@ -1,0 +1,111 @@
+//! `cargo xtask setup`: installs what a fresh machine lacks, idempotently.
+//!
+//! Each step first checks whether its result is already there (a Debian package installed, a
+//! rustup component present, `bpf-linker` answering, bpffs mounted) and does nothing if so, so a
+//! second run takes well under a second. See shared/TOOLCHAIN.md for why each piece is pinned.
+use std::{process::Command, time::Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::util::{is_root, output, sh, succeeds};
+
+/// Debian packages the build, the tests, the demo and the benchmarks use.
+const DEB_PACKAGES: &[(&str, &str)] = &[
+    ("iproute2", "ip/tc/bridge for the namespace testbed"),
+    ("nftables", "random-loss fault injection (there is no netem on the target kernels)"),
+    ("iperf3", "point-to-point baseline in `bench collectives`"),
+    ("ethtool", "testbed link settings"),
+    ("llvm-22-dev", "bpf-linker links against LLVM 22"),
+    ("libpolly-22-dev", "needed by LLVM 22's cmake/link configuration"),
+    ("libzstd-dev", "LLVM link dependency"),
+    ("zlib1g-dev", "LLVM link dependency"),
+    ("openmpi-bin", "MPI_Allreduce baseline in `bench collectives`"),
+    ("libopenmpi-dev", "mpicc for the MPI baseline"),
+];
+
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+pub fn run() -> Result<()> {
+    let started = Instant::now();
+    let mut did = Vec::new();
+
+    let missing: Vec<&str> =
+        DEB_PACKAGES.iter().map(|(p, _)| *p).filter(|p| !deb_installed(p)).collect();
+    if !missing.is_empty() {
+        if !is_root() {
+            bail!(
+                "missing Debian packages: {}; run `sudo cargo xtask setup` or install them with apt-get",
+                missing.join(" ")
+            );
+        }
+        println!("setup: installing Debian packages: {}", missing.join(" "));
+        sh(Command::new("apt-get").args(["update", "-qq"]))?;
+        sh(Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        did.push(format!("installed {}", missing.join(" ")));
+    }
+
+    let components = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))
+    .context("the nightly toolchain is needed to build the eBPF program (see shared/TOOLCHAIN.md)")?;
+    if !components.lines().any(|l| l.starts_with("rust-src")) {
+        println!("setup: adding rust-src to the nightly toolchain");
+        sh(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+        did.push("added nightly rust-src".into());
+    }
+
+    if !bpf_linker_ok() {
+        println!("setup: building bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (about a minute)");
+        // bpf-linker's own build script looks for LLVM through LLVM_PREFIX (else it finds the
+        // system's default, LLVM 14, and fails to link -lLLVM); llvm-sys reads LLVM_SYS_221_PREFIX.
+        sh(Command::new("cargo")
+            .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION])
+            .args(["--no-default-features", "--features", "llvm-22"])
+            .env("LLVM_PREFIX", LLVM_PREFIX)
+            .env("LLVM_SYS_221_PREFIX", LLVM_PREFIX))?;
+        did.push(format!("installed bpf-linker {BPF_LINKER_VERSION}"));
+    }
+
+    if !bpffs_mounted() {
+        if is_root() {
+            std::fs::create_dir_all("/sys/fs/bpf").ok();
+            sh(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]))?;
+            did.push("mounted bpffs at /sys/fs/bpf".into());
+        } else {
+            println!("setup: bpffs is not mounted; as root run `mount -t bpf bpf /sys/fs/bpf`");
+        }
+    }
+
+    if did.is_empty() {
+        println!("setup: everything present ({:.1} s)", started.elapsed().as_secs_f64());
+    } else {
+        println!("setup: {} ({:.0} s)", did.join("; "), started.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+fn deb_installed(pkg: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", pkg])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+fn bpf_linker_ok() -> bool {
+    succeeds(Command::new("bpf-linker").arg("--version"))
+}
+
+pub fn bpffs_mounted() -> bool {
+    std::fs::read_to_string("/proc/mounts")
+        .map(|m| m.lines().any(|l| l.split_whitespace().nth(2) == Some("bpf")))
+        .unwrap_or(false)
+}
