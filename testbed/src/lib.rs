@@ -1,1 +1,32 @@
-//! Network-namespace rigs for ringside's tests, demo and evaluations.
+//! Network-namespace rigs for ringside's tests, `cargo xtask demo` and evaluations.
+//!
+//! - [`Netns`]: an RAII network namespace (`rs-<pid>-<n>-<label>`), entered with `setns` only.
+//! - [`Star`]: N host namespaces cabled to a bridge in a switch namespace, 10.77.0.(i+1)/24 and
+//!   fd77::(i+1)/64, tuned against reordering (RPS, raised backlog).
+//! - Faults: [`Star::add_loss`] (nftables random drop), [`Star::rate_cap`] (tc tbf).
+//! - Traffic with exact ground truth: [`tcp_send`] / [`TcpSink`], [`roce_send`] / [`RoceSink`].
+//! - [`job`]: launches one emulated training rank (`ringside-rank`) per host.
+//! - [`clean`]: removes namespaces left behind by crashed runs.
+//!
+//! Everything here needs root (CAP_NET_ADMIN + CAP_SYS_ADMIN); calls fail with
+//! [`Error::NotRoot`] otherwise. Traffic only ever flows between addresses inside namespaces the
+//! testbed created.
+
+pub mod cmd;
+pub mod error;
+pub mod fault;
+pub mod netns;
+pub mod roce;
+pub mod size;
+pub mod star;
+pub mod tcp;
+pub mod tuning;
+
+pub use cmd::require_root;
+pub use error::{Error, Result};
+pub use fault::{DropCounters, FaultKind, FaultRecord, LossGuard, RateCapGuard};
+pub use netns::{clean, CleanReport, Netns, NetnsHandle};
+pub use roce::{roce_send, RoceRecvReport, RoceSendReport, RoceSink, RoceSpec, ROCEV2_UDP_PORT};
+pub use size::ByteSize;
+pub use star::{Star, StarConfig, StarHost};
+pub use tcp::{tcp_send, tcp_send_with_timeout, tcp_sink, TcpSendReport, TcpSink, TcpSinkReport};
