@@ -78,8 +78,11 @@ pub mod stats {
     pub const RINGBUF_FULL: u32 = 6;
     /// Events written to the ring buffer.
     pub const EVENTS: u32 = 7;
+    /// Packets whose headers lay beyond the linear part of the skb and could not be pulled into it
+    /// (`bpf_skb_pull_data` failed, e.g. out of memory): the packet passes uncounted.
+    pub const UNREADABLE: u32 = 8;
     /// Number of entries in `STATS`.
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 9;
 }
 
 /// Kinds of records on the `EVENTS` ring buffer.
@@ -273,6 +276,10 @@ pub struct PrefixKey {
     pub addr: [u8; 16],
 }
 const _: () = assert!(core::mem::size_of::<PrefixKey>() == 20);
+
+/// Value of the `MATCH_PREFIXES` LPM trie. The monitor only tests for presence; the agent may store
+/// an identifier of its own (for example the job the prefix belongs to).
+pub type PrefixValue = u32;
 
 /// Maps an IPv4 address (network byte order octets) to its IPv4-mapped IPv6 form.
 pub const fn ipv4_mapped(octets: [u8; 4]) -> [u8; 16] {

@@ -1,0 +1,256 @@
+//! Header parsing with direct packet access.
+//!
+//! Every read goes through [`ptr_at`], which checks `data + offset + size <= data_end`: the
+//! comparison the verifier needs to see before any packet load (kernel/bpf/verifier.c,
+//! find_good_pkt_pointers). Offsets are compile-time constants per path (VLAN tags are unrolled)
+//! or bounded by a mask (IPv4 IHL: `(b & 0xf) * 4` is at most 60), so the verifier can prove them.
+//!
+//! Direct access only reaches the linear part of the skb. On TC the skb may be non-linear (GRO,
+//! header split, drivers that build skbs from pages); [`parse`] first asks `bpf_skb_pull_data` to
+//! make the headers linear when they are not, which costs nothing for the usual linear skb.
+
+use aya_ebpf::programs::TcContext;
+use dataplane_common::{ipv4_mapped, wire, ROCEV2_UDP_PORT};
+
+/// Why the parser stopped (each maps to one `STATS` counter, or none).
+pub enum Skip {
+    /// Headers truncated or inconsistent: `STATS[MALFORMED]`.
+    Malformed,
+    /// Skipped by design (non-IP, fragments, IPv6 extension headers, other L4): `STATS[UNSUPPORTED]`.
+    Unsupported,
+    /// Headers outside the linear area and `bpf_skb_pull_data` failed: `STATS[UNREADABLE]`.
+    Unreadable,
+    /// Parsed but not a collective flow: counted only as PARSED.
+    NotMatched,
+    /// Matched but the flow could not be inserted: `STATS[MAP_FULL]`.
+    MapFull,
+}
+
+/// The longest header chain the monitor reads: Ethernet + two VLAN tags + IPv4 with options +
+/// UDP + BTH + AETH = 14 + 8 + 60 + 8 + 12 + 4 = 106 bytes (TCP needs only its fixed 20 bytes,
+/// 102). Pulled into the linear area when the skb holds less than this linearly.
+const PULL_LEN: u32 = 128;
+
+pub struct TcpInfo {
+    pub seq: u32,
+    pub ack: u32,
+    pub flags: u8,
+}
+
+/// The fields of the InfiniBand BTH (and AETH) the monitor uses.
+pub struct Bth {
+    pub opcode: u8,
+    /// AETH syndrome for opcodes that carry an AETH (ACK), else 0.
+    pub syndrome: u8,
+    pub dest_qp: u32,
+    pub psn: u32,
+}
+
+pub enum Transport {
+    Tcp(TcpInfo),
+    Udp,
+    Rocev2(Bth),
+}
+
+pub struct Packet {
+    pub src_addr: [u8; 16],
+    pub dst_addr: [u8; 16],
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub protocol: u8,
+    /// ECN codepoint (two bits) of the IP header.
+    pub ecn: u8,
+    /// Wire packets this skb stands for (`gso_segs`, at least 1).
+    pub segments: u32,
+    /// L3 bytes of all those packets (headers counted once per segment).
+    pub l3_bytes: u32,
+    /// Transport payload bytes.
+    pub payload_bytes: u32,
+    pub transport: Transport,
+}
+
+/// The one bounds-checked access to packet memory.
+#[inline(always)]
+fn ptr_at<T>(data: usize, data_end: usize, offset: usize) -> Result<*const T, Skip> {
+    if data + offset + core::mem::size_of::<T>() > data_end {
+        return Err(Skip::Malformed);
+    }
+    Ok((data + offset) as *const T)
+}
+
+#[inline(always)]
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+#[inline(always)]
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+#[inline(always)]
+fn is_vlan(ethertype: u16) -> bool {
+    ethertype == wire::ETH_P_8021Q || ethertype == wire::ETH_P_8021AD
+}
+
+#[inline(always)]
+pub fn parse(ctx: &TcContext) -> Result<Packet, Skip> {
+    let skb_len = ctx.len();
+    // Headers in page fragments: pull (at most) PULL_LEN bytes into the linear area. This does
+    // not change the packet's bytes; it may reallocate the head (net/core/filter.c,
+    // bpf_skb_pull_data -> skb_ensure_writable). Packet pointers are re-read afterwards because
+    // the helper invalidates them.
+    let linear = (ctx.data_end() - ctx.data()) as u32;
+    if linear < skb_len && linear < PULL_LEN {
+        let want = if skb_len < PULL_LEN { skb_len } else { PULL_LEN };
+        if ctx.pull_data(want).is_err() {
+            return Err(Skip::Unreadable);
+        }
+    }
+    let data = ctx.data();
+    let end = ctx.data_end();
+
+    // --- Ethernet, up to two VLAN tags (802.1Q, or 802.1ad outer + 802.1Q inner) ---
+    let eth: &[u8; wire::ETH_HLEN] = unsafe { &*ptr_at(data, end, 0)? };
+    let mut ethertype = be16(eth, wire::ETH_TYPE_OFF);
+    let mut l3_off = wire::ETH_HLEN;
+    if is_vlan(ethertype) {
+        let tag: &[u8; wire::VLAN_HLEN] = unsafe { &*ptr_at(data, end, l3_off)? };
+        ethertype = be16(tag, 2);
+        l3_off += wire::VLAN_HLEN;
+        if is_vlan(ethertype) {
+            let tag: &[u8; wire::VLAN_HLEN] = unsafe { &*ptr_at(data, end, l3_off)? };
+            ethertype = be16(tag, 2);
+            l3_off += wire::VLAN_HLEN;
+        }
+    }
+    // Length of everything from the L3 header on, as the skb knows it (covers GSO super-packets).
+    let l3_avail = skb_len.wrapping_sub(l3_off as u32);
+
+    // --- IPv4 / IPv6 ---
+    let mut src_addr = [0u8; 16];
+    let mut dst_addr = [0u8; 16];
+    let (protocol, ecn, l3_hlen, l3_len, l4_off) = if ethertype == wire::ETH_P_IP {
+        let ip: &[u8; wire::IPV4_MIN_HLEN] = unsafe { &*ptr_at(data, end, l3_off)? };
+        if ip[0] >> 4 != 4 {
+            return Err(Skip::Malformed);
+        }
+        // IHL in 32-bit words; the mask bounds it to 60 for the verifier.
+        let ihl = ((ip[0] & 0x0f) as usize) << 2;
+        if ihl < wire::IPV4_MIN_HLEN {
+            return Err(Skip::Malformed);
+        }
+        let frag = be16(ip, wire::IPV4_FRAG_OFF);
+        if frag & (wire::IPV4_MF | wire::IPV4_FRAG_MASK) != 0 {
+            // Any fragment, the first included: later fragments have no ports, and the first
+            // one's lengths describe only part of the datagram.
+            return Err(Skip::Unsupported);
+        }
+        let proto = ip[wire::IPV4_PROTO_OFF];
+        if proto != wire::IPPROTO_TCP && proto != wire::IPPROTO_UDP {
+            return Err(Skip::Unsupported);
+        }
+        let tot_len = be16(ip, wire::IPV4_TOTLEN_OFF) as u32;
+        // tot_len 0: IPv4 BIG TCP GSO packet larger than 64 KiB (net/ipv4/ip_output.c,
+        // iph_set_totlen); the skb length is the truth then.
+        let l3_len = if tot_len == 0 { l3_avail } else { tot_len };
+        if l3_len < ihl as u32 || l3_len > l3_avail {
+            return Err(Skip::Malformed);
+        }
+        src_addr = ipv4_mapped([ip[12], ip[13], ip[14], ip[15]]);
+        dst_addr = ipv4_mapped([ip[16], ip[17], ip[18], ip[19]]);
+        (proto, ip[wire::IPV4_TOS_OFF] & wire::ECN_MASK, ihl as u32, l3_len, l3_off + ihl)
+    } else if ethertype == wire::ETH_P_IPV6 {
+        let ip: &[u8; wire::IPV6_HLEN] = unsafe { &*ptr_at(data, end, l3_off)? };
+        if ip[0] >> 4 != 6 {
+            return Err(Skip::Malformed);
+        }
+        let next = ip[wire::IPV6_NEXT_HDR_OFF];
+        if next != wire::IPPROTO_TCP && next != wire::IPPROTO_UDP {
+            // Extension headers (hop-by-hop, routing, fragment, destination options, AH, ...)
+            // are not walked: a chain of unknown length is a loop the verifier must bound, and
+            // collective traffic does not carry them.
+            return Err(Skip::Unsupported);
+        }
+        let payload = be16(ip, wire::IPV6_PAYLOAD_LEN_OFF) as u32;
+        // Payload length 0 without a jumbo option: IPv6 BIG TCP GSO packet (net/ipv6/ip6_output.c).
+        let l3_len = if payload == 0 { l3_avail } else { wire::IPV6_HLEN as u32 + payload };
+        if l3_len < wire::IPV6_HLEN as u32 || l3_len > l3_avail {
+            return Err(Skip::Malformed);
+        }
+        src_addr.copy_from_slice(&ip[wire::IPV6_SRC_OFF..wire::IPV6_SRC_OFF + 16]);
+        dst_addr.copy_from_slice(&ip[wire::IPV6_DST_OFF..wire::IPV6_DST_OFF + 16]);
+        let ecn = (ip[1] >> 4) & wire::ECN_MASK;
+        (next, ecn, wire::IPV6_HLEN as u32, l3_len, l3_off + wire::IPV6_HLEN)
+    } else {
+        return Err(Skip::Unsupported);
+    };
+    let l4_len = l3_len - l3_hlen;
+
+    let skb = unsafe { &*ctx.skb.skb };
+    let segments = if skb.gso_segs > 1 { skb.gso_segs } else { 1 };
+
+    // --- TCP / UDP / RoCEv2 ---
+    if protocol == wire::IPPROTO_TCP {
+        let tcp: &[u8; wire::TCP_MIN_HLEN] = unsafe { &*ptr_at(data, end, l4_off)? };
+        let doff = ((tcp[wire::TCP_DOFF_OFF] >> 4) as u32) << 2;
+        if doff < wire::TCP_MIN_HLEN as u32 || doff > l4_len {
+            return Err(Skip::Malformed);
+        }
+        Ok(Packet {
+            src_addr,
+            dst_addr,
+            src_port: be16(tcp, 0),
+            dst_port: be16(tcp, 2),
+            protocol,
+            ecn,
+            segments,
+            l3_bytes: l3_len + (segments - 1) * (l3_hlen + doff),
+            payload_bytes: l4_len - doff,
+            transport: Transport::Tcp(TcpInfo {
+                seq: be32(tcp, wire::TCP_SEQ_OFF),
+                ack: be32(tcp, wire::TCP_ACK_OFF),
+                flags: tcp[wire::TCP_FLAGS_OFF],
+            }),
+        })
+    } else {
+        let udp: &[u8; wire::UDP_HLEN] = unsafe { &*ptr_at(data, end, l4_off)? };
+        let ulen = be16(udp, 4) as u32;
+        if ulen < wire::UDP_HLEN as u32 || ulen > l4_len {
+            return Err(Skip::Malformed);
+        }
+        let dst_port = be16(udp, 2);
+        let transport = if dst_port == ROCEV2_UDP_PORT {
+            let bth: &[u8; wire::BTH_LEN] =
+                unsafe { &*ptr_at(data, end, l4_off + wire::UDP_HLEN)? };
+            let opcode = bth[wire::BTH_OPCODE_OFF];
+            let syndrome = if opcode == wire::bth_opcode::RC_ACK {
+                let aeth: &[u8; wire::AETH_LEN] =
+                    unsafe { &*ptr_at(data, end, l4_off + wire::UDP_HLEN + wire::BTH_LEN)? };
+                aeth[0]
+            } else {
+                0
+            };
+            Transport::Rocev2(Bth {
+                opcode,
+                syndrome,
+                dest_qp: be32(bth, 4) & wire::PSN_MASK,
+                psn: be32(bth, 8) & wire::PSN_MASK,
+            })
+        } else {
+            Transport::Udp
+        };
+        Ok(Packet {
+            src_addr,
+            dst_addr,
+            src_port: be16(udp, 0),
+            dst_port,
+            protocol,
+            ecn,
+            segments,
+            l3_bytes: l3_len + (segments - 1) * (l3_hlen + wire::UDP_HLEN as u32),
+            payload_bytes: ulen - wire::UDP_HLEN as u32,
+            transport,
+        })
+    }
+}
