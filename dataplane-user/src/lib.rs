@@ -1,5 +1,6 @@
 //! The ringside agent: loads the eBPF flow monitor, collects its maps, and serves metrics and hints.
 pub mod config;
+pub mod flow_table;
+pub mod metrics;
 pub mod object;
-pub mod frames;
-pub mod testrun;
+pub mod state;

@@ -1,0 +1,733 @@
+//! The agent's flow table: a pure function of successive map snapshots.
+//!
+//! The collector reads the kernel maps into a [`PollSnapshot`] (the only side effect) and hands it
+//! to [`FlowTable::apply`], which sums per-CPU counters into flow totals, turns the growth since the
+//! previous snapshot into rates and EWMAs, folds it into monotonic per-peer and per-interface
+//! counters, records ended bursts, and decides which flows to forget. Nothing here touches the
+//! kernel, so every rule is tested with hand-made snapshots.
+//!
+//! Invariants:
+//! - Peer and interface counters only grow: they accumulate per-poll *deltas*, so a flow that is
+//!   forgotten (idle or over capacity) keeps its contribution.
+//! - A forgotten flow is also deleted from `FLOWS` (the caller deletes the keys `apply` returns); if
+//!   it comes back, the kernel starts it from zero and only new packets are counted.
+//! - A flow whose kernel counters went backwards (the LRU map evicted and re-created it) counts its
+//!   new totals as the delta.
+//! - Memory is bounded: at most `max_flows` flows, `max_peers` distinct peer addresses (the rest
+//!   share `peer="other"`), and `burst_history` bursts per flow.
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    net::{IpAddr, Ipv6Addr},
+    time::Duration,
+};
+
+use dataplane_common::{direction, event_kind, flow_kind, stats, Event, FlowKey, FlowStats};
+
+/// Number of `STATS` entries.
+pub const STATS_COUNT: usize = stats::COUNT as usize;
+
+/// What one poll read from the kernel.
+#[derive(Debug, Clone, Default)]
+pub struct PollSnapshot {
+    /// CLOCK_MONOTONIC when the maps were read (the clock of `bpf_ktime_get_ns`).
+    pub mono_ns: u64,
+    /// Every `FLOWS` entry with its per-CPU values.
+    pub flows: Vec<(FlowKey, Vec<FlowStats>)>,
+    /// `STATS`, summed over CPUs.
+    pub stats: [u64; STATS_COUNT],
+    /// Records drained from `EVENTS` since the previous poll.
+    pub events: Vec<Event>,
+}
+
+macro_rules! counters {
+    ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* $f:ident),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+        pub struct $name { $($(#[$fm])* pub $f: u64),* }
+        impl $name {
+            /// Field-wise sum.
+            pub fn add(&mut self, o: &Self) { $(self.$f = self.$f.wrapping_add(o.$f);)* }
+            /// Field-wise growth since `prev`, or `None` if any counter went backwards.
+            pub fn growth_since(&self, prev: &Self) -> Option<Self> {
+                Some(Self { $($f: self.$f.checked_sub(prev.$f)?),* })
+            }
+            fn from_stats(s: &FlowStats) -> Self { Self { $($f: s.$f),* } }
+        }
+    };
+}
+
+counters! {
+    /// The counter fields of `FlowStats` (the `*_state` fields and timestamps excluded).
+    pub struct Counters {
+        packets, bytes, payload_bytes, ce_marks,
+        tcp_retrans, tcp_pure_acks, tcp_dup_acks, tcp_ece, tcp_cwr, tcp_rst, tcp_fin, tcp_syn,
+        roce_psn_gap_events, roce_psn_gap_packets, roce_psn_out_of_order, roce_naks, roce_cnps,
+    }
+}
+
+/// A flow's totals across CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowTotals {
+    pub counters: Counters,
+    /// Earliest non-zero `first_seen_ns` over CPUs (0 = never).
+    pub first_seen_ns: u64,
+    /// Latest `last_seen_ns` over CPUs.
+    pub last_seen_ns: u64,
+}
+
+impl FlowTotals {
+    /// Sums the per-CPU values of one `FLOWS` entry. Counters are added; the per-CPU tracking
+    /// state (`*_state`, `state_flags`) is ignored, it means nothing outside its CPU.
+    pub fn from_per_cpu(values: &[FlowStats]) -> Self {
+        let mut t = FlowTotals::default();
+        for v in values {
+            t.counters.add(&Counters::from_stats(v));
+            if v.first_seen_ns != 0 && (t.first_seen_ns == 0 || v.first_seen_ns < t.first_seen_ns) {
+                t.first_seen_ns = v.first_seen_ns;
+            }
+            t.last_seen_ns = t.last_seen_ns.max(v.last_seen_ns);
+        }
+        t
+    }
+}
+
+/// Per-second rate of `delta` over `dt_ns`; 0 when no time passed.
+pub fn rate_per_sec(delta: u64, dt_ns: u64) -> f64 {
+    if dt_ns == 0 {
+        0.0
+    } else {
+        delta as f64 * 1e9 / dt_ns as f64
+    }
+}
+
+/// Weight of a new sample in an EWMA with time constant `tau` after `dt` (irregular sampling:
+/// `1 - e^(-dt/tau)`, so two 50 ms polls decay the average as much as one 100 ms poll).
+pub fn ewma_alpha(dt_ns: u64, tau: Duration) -> f64 {
+    let tau_ns = tau.as_nanos() as f64;
+    if tau_ns <= 0.0 {
+        return 1.0;
+    }
+    1.0 - (-(dt_ns as f64) / tau_ns).exp()
+}
+
+/// One EWMA step; the first sample seeds the average.
+pub fn ewma_update(prev: Option<f64>, sample: f64, alpha: f64) -> f64 {
+    match prev {
+        None => sample,
+        Some(p) => p + alpha * (sample - p),
+    }
+}
+
+/// Rates of one flow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Rates {
+    /// Over the last poll interval.
+    pub bytes_per_second: f64,
+    pub packets_per_second: f64,
+    /// Exponentially weighted (time constant `ewma_tau_ms`).
+    pub ewma_bytes_per_second: f64,
+    pub ewma_packets_per_second: f64,
+    #[serde(skip)]
+    seeded: bool,
+}
+
+impl Rates {
+    fn update(&mut self, delta: &Counters, dt_ns: u64, tau: Duration) {
+        self.bytes_per_second = rate_per_sec(delta.bytes, dt_ns);
+        self.packets_per_second = rate_per_sec(delta.packets, dt_ns);
+        let a = ewma_alpha(dt_ns, tau);
+        let prev = |v: f64| self.seeded.then_some(v);
+        self.ewma_bytes_per_second = ewma_update(prev(self.ewma_bytes_per_second), self.bytes_per_second, a);
+        self.ewma_packets_per_second = ewma_update(prev(self.ewma_packets_per_second), self.packets_per_second, a);
+        self.seeded = true;
+    }
+}
+
+/// One ended burst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct BurstRecord {
+    /// `bpf_ktime_get_ns()` of its first packet.
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    pub bytes: u64,
+    pub packets: u64,
+}
+
+/// A flow's bursts: lifetime sums and the most recent ones.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BurstHistory {
+    pub count: u64,
+    pub total_duration_ns: u64,
+    pub total_bytes: u64,
+    /// Newest last, at most `burst_history` entries.
+    pub recent: VecDeque<BurstRecord>,
+}
+
+/// A flow in the agent's table.
+#[derive(Debug, Clone)]
+pub struct FlowEntry {
+    pub key: FlowKey,
+    pub totals: FlowTotals,
+    pub rates: Rates,
+    pub bursts: BurstHistory,
+    /// Whether the last snapshot contained this flow.
+    pub in_kernel: bool,
+}
+
+impl FlowEntry {
+    /// The remote end: the source of an ingress packet, the destination of an egress one.
+    pub fn peer(&self) -> [u8; 16] {
+        peer_of(&self.key)
+    }
+}
+
+fn peer_of(key: &FlowKey) -> [u8; 16] {
+    if key.direction == direction::INGRESS {
+        key.src_addr
+    } else {
+        key.dst_addr
+    }
+}
+
+/// Sentinel peer address for peers beyond `max_peers` (rendered as `other`).
+pub const OTHER_PEER: [u8; 16] = [0xff; 16];
+
+/// Formats a 16-byte address: IPv4-mapped addresses as dotted quads.
+pub fn format_addr(a: &[u8; 16]) -> String {
+    if *a == OTHER_PEER {
+        return "other".to_owned();
+    }
+    let v6 = Ipv6Addr::from(*a);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4).to_string(),
+        None => v6.to_string(),
+    }
+}
+
+/// `flow_kind` as a label value.
+pub fn kind_name(kind: u8) -> &'static str {
+    match kind {
+        flow_kind::TCP => "tcp",
+        flow_kind::UDP => "udp",
+        flow_kind::ROCEV2 => "rocev2",
+        _ => "unknown",
+    }
+}
+
+/// `direction` as a label value.
+pub fn direction_name(d: u8) -> &'static str {
+    if d == direction::INGRESS {
+        "ingress"
+    } else {
+        "egress"
+    }
+}
+
+/// Key of the per-peer counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerKey {
+    pub ifindex: u32,
+    pub direction: u8,
+    pub kind: u8,
+    pub peer: [u8; 16],
+}
+
+/// Key of the per-interface counters and burst aggregates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InterfaceKey {
+    pub ifindex: u32,
+    pub direction: u8,
+    pub kind: u8,
+}
+
+/// Upper bounds (seconds) of the burst-duration histogram buckets; the last bucket is +Inf.
+pub const BURST_DURATION_BUCKETS: [f64; 8] = [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 1.0];
+
+/// Bursts ended on one interface/direction/kind.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BurstAggregate {
+    pub count: u64,
+    pub bytes: u64,
+    pub duration_sum_seconds: f64,
+    /// Non-cumulative counts per `BURST_DURATION_BUCKETS` bucket, plus one for +Inf.
+    pub buckets: [u64; BURST_DURATION_BUCKETS.len() + 1],
+}
+
+impl BurstAggregate {
+    fn observe(&mut self, b: &BurstRecord) {
+        let secs = b.duration_ns as f64 / 1e9;
+        self.count += 1;
+        self.bytes += b.bytes;
+        self.duration_sum_seconds += secs;
+        let i = BURST_DURATION_BUCKETS.iter().position(|ub| secs <= *ub).unwrap_or(BURST_DURATION_BUCKETS.len());
+        self.buckets[i] += 1;
+    }
+}
+
+/// Events received from the ring buffer, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EventCounts {
+    pub flow_start: u64,
+    pub burst_end: u64,
+    pub map_full: u64,
+    pub unknown: u64,
+}
+
+/// Flows forgotten by the agent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Evictions {
+    pub idle: u64,
+    pub capacity: u64,
+}
+
+/// Limits of the table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableSettings {
+    pub idle_timeout: Duration,
+    pub max_flows: usize,
+    pub max_peers: usize,
+    pub burst_history: usize,
+    pub ewma_tau: Duration,
+}
+
+impl Default for TableSettings {
+    fn default() -> Self {
+        use crate::config::*;
+        TableSettings {
+            idle_timeout: Duration::from_secs(DEFAULT_FLOW_IDLE_TIMEOUT_SECS),
+            max_flows: DEFAULT_MAX_FLOWS,
+            max_peers: DEFAULT_MAX_PEERS,
+            burst_history: DEFAULT_BURST_HISTORY,
+            ewma_tau: Duration::from_millis(DEFAULT_EWMA_TAU_MS),
+        }
+    }
+}
+
+/// The agent's view of all flows, peers and interfaces.
+#[derive(Debug, Default)]
+pub struct FlowTable {
+    settings: TableSettings,
+    flows: HashMap<FlowKey, FlowEntry>,
+    peer_addrs: HashSet<[u8; 16]>,
+    peers: HashMap<PeerKey, Counters>,
+    interfaces: HashMap<InterfaceKey, Counters>,
+    bursts: HashMap<InterfaceKey, BurstAggregate>,
+    dataplane: [u64; STATS_COUNT],
+    events: EventCounts,
+    evictions: Evictions,
+    last_mono_ns: Option<u64>,
+}
+
+impl FlowTable {
+    pub fn new(settings: TableSettings) -> Self {
+        FlowTable { settings, ..Default::default() }
+    }
+
+    /// Folds one snapshot into the table. Returns the keys of flows the table forgot, which the
+    /// caller deletes from `FLOWS` so a returning flow is counted from zero.
+    pub fn apply(&mut self, snap: &PollSnapshot) -> Vec<FlowKey> {
+        let dt_ns = self.last_mono_ns.map(|t| snap.mono_ns.saturating_sub(t));
+        self.last_mono_ns = Some(snap.mono_ns);
+        self.dataplane = snap.stats;
+
+        let mut seen: HashSet<FlowKey> = HashSet::with_capacity(snap.flows.len());
+        for (key, per_cpu) in &snap.flows {
+            seen.insert(*key);
+            let totals = FlowTotals::from_per_cpu(per_cpu);
+            let delta = match self.flows.get(key) {
+                // Re-created by the kernel (LRU eviction) if it started later or any counter shrank.
+                Some(e) if totals.first_seen_ns <= e.totals.first_seen_ns || e.totals.first_seen_ns == 0 => {
+                    totals.counters.growth_since(&e.totals.counters).unwrap_or(totals.counters)
+                }
+                _ => totals.counters,
+            };
+            self.account(key, &delta);
+            let tau = self.settings.ewma_tau;
+            let entry = self.flows.entry(*key).or_insert_with(|| FlowEntry {
+                key: *key,
+                totals,
+                rates: Rates::default(),
+                bursts: BurstHistory::default(),
+                in_kernel: true,
+            });
+            entry.totals = totals;
+            entry.in_kernel = true;
+            // A new flow's first delta spans at most one interval: a lower bound of its rate.
+            entry.rates.update(&delta, dt_ns.unwrap_or(0), tau);
+        }
+        if let Some(dt) = dt_ns {
+            let tau = self.settings.ewma_tau;
+            for e in self.flows.values_mut().filter(|e| !seen.contains(&e.key)) {
+                e.in_kernel = false;
+                e.rates.update(&Counters::default(), dt, tau);
+            }
+        }
+
+        for ev in &snap.events {
+            self.apply_event(ev);
+        }
+        self.evict(snap.mono_ns)
+    }
+
+    fn account(&mut self, key: &FlowKey, delta: &Counters) {
+        let mut peer = peer_of(key);
+        if !self.peer_addrs.contains(&peer) {
+            if self.peer_addrs.len() < self.settings.max_peers {
+                self.peer_addrs.insert(peer);
+            } else {
+                peer = OTHER_PEER;
+            }
+        }
+        let pk = PeerKey { ifindex: key.ifindex, direction: key.direction, kind: key.kind, peer };
+        self.peers.entry(pk).or_default().add(delta);
+        let ik = InterfaceKey { ifindex: key.ifindex, direction: key.direction, kind: key.kind };
+        self.interfaces.entry(ik).or_default().add(delta);
+    }
+
+    fn apply_event(&mut self, ev: &Event) {
+        match ev.kind {
+            event_kind::FLOW_START => self.events.flow_start += 1,
+            event_kind::MAP_FULL => self.events.map_full += 1,
+            event_kind::BURST_END => {
+                self.events.burst_end += 1;
+                let rec = BurstRecord {
+                    start_ns: ev.burst.start_ns,
+                    duration_ns: ev.burst.last_ns.saturating_sub(ev.burst.start_ns),
+                    bytes: ev.burst.bytes,
+                    packets: ev.burst.packets,
+                };
+                let k = &ev.key;
+                let ik = InterfaceKey { ifindex: k.ifindex, direction: k.direction, kind: k.kind };
+                self.bursts.entry(ik).or_default().observe(&rec);
+                if let Some(e) = self.flows.get_mut(k) {
+                    let h = &mut e.bursts;
+                    h.count += 1;
+                    h.total_duration_ns += rec.duration_ns;
+                    h.total_bytes += rec.bytes;
+                    if h.recent.len() == self.settings.burst_history {
+                        h.recent.pop_front();
+                    }
+                    h.recent.push_back(rec);
+                }
+            }
+            _ => self.events.unknown += 1,
+        }
+    }
+
+    fn evict(&mut self, now_ns: u64) -> Vec<FlowKey> {
+        let idle_ns = u64::try_from(self.settings.idle_timeout.as_nanos()).unwrap_or(u64::MAX);
+        let mut gone: Vec<FlowKey> = self
+            .flows
+            .values()
+            .filter(|e| now_ns.saturating_sub(e.totals.last_seen_ns) > idle_ns)
+            .map(|e| e.key)
+            .collect();
+        self.evictions.idle += gone.len() as u64;
+        for k in &gone {
+            self.flows.remove(k);
+        }
+        let excess = self.flows.len().saturating_sub(self.settings.max_flows);
+        if excess > 0 {
+            let mut by_age: Vec<(u64, FlowKey)> = self.flows.values().map(|e| (e.totals.last_seen_ns, e.key)).collect();
+            by_age.select_nth_unstable_by_key(excess - 1, |(t, k)| (*t, key_order(k)));
+            for (_, k) in &by_age[..excess] {
+                self.flows.remove(k);
+                gone.push(*k);
+            }
+            self.evictions.capacity += excess as u64;
+        }
+        gone
+    }
+
+    /// The `n` flows with the most bytes, largest first (ties broken by key, so output is stable).
+    pub fn top_by_bytes(&self, n: usize) -> Vec<&FlowEntry> {
+        let mut v: Vec<&FlowEntry> = self.flows.values().collect();
+        let cmp = |a: &&FlowEntry, b: &&FlowEntry| {
+            b.totals.counters.bytes.cmp(&a.totals.counters.bytes).then_with(|| key_order(&a.key).cmp(&key_order(&b.key)))
+        };
+        if n < v.len() {
+            if n == 0 {
+                return Vec::new();
+            }
+            v.select_nth_unstable_by(n - 1, cmp);
+            v.truncate(n);
+        }
+        v.sort_unstable_by(cmp);
+        v
+    }
+
+    pub fn len(&self) -> usize {
+        self.flows.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.flows.is_empty()
+    }
+    pub fn get(&self, key: &FlowKey) -> Option<&FlowEntry> {
+        self.flows.get(key)
+    }
+    /// Flows per interface index.
+    pub fn flows_per_interface(&self) -> HashMap<u32, u64> {
+        let mut m = HashMap::new();
+        for e in self.flows.values() {
+            *m.entry(e.key.ifindex).or_default() += 1;
+        }
+        m
+    }
+    pub fn peers(&self) -> &HashMap<PeerKey, Counters> {
+        &self.peers
+    }
+    pub fn interfaces(&self) -> &HashMap<InterfaceKey, Counters> {
+        &self.interfaces
+    }
+    pub fn bursts(&self) -> &HashMap<InterfaceKey, BurstAggregate> {
+        &self.bursts
+    }
+    /// The latest `STATS` values (summed over CPUs).
+    pub fn dataplane_stats(&self) -> &[u64; STATS_COUNT] {
+        &self.dataplane
+    }
+    pub fn events(&self) -> EventCounts {
+        self.events
+    }
+    pub fn evictions(&self) -> Evictions {
+        self.evictions
+    }
+    pub fn settings(&self) -> &TableSettings {
+        &self.settings
+    }
+}
+
+/// A total order on keys for deterministic tie-breaking.
+fn key_order(k: &FlowKey) -> ([u8; 16], [u8; 16], u16, u16, u32, u8, u8, u8) {
+    (k.src_addr, k.dst_addr, k.src_port, k.dst_port, k.ifindex, k.protocol, k.direction, k.kind)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use dataplane_common::{ipv4_mapped, BurstState};
+
+    pub fn key(src: u8, dst: u8, dport: u16, dir: u8, kind: u8) -> FlowKey {
+        FlowKey {
+            src_addr: ipv4_mapped([10, 77, 0, src]),
+            dst_addr: ipv4_mapped([10, 77, 0, dst]),
+            src_port: 40000,
+            dst_port: dport,
+            ifindex: 2,
+            protocol: if kind == flow_kind::TCP { 6 } else { 17 },
+            direction: dir,
+            kind,
+            _pad: 0,
+        }
+    }
+
+    pub fn stats(packets: u64, bytes: u64, first: u64, last: u64) -> FlowStats {
+        FlowStats { packets, bytes, first_seen_ns: first, last_seen_ns: last, ..Default::default() }
+    }
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn per_cpu_totals_sum_counters_and_ignore_state() {
+        let a = FlowStats {
+            tcp_retrans: 2,
+            roce_cnps: 1,
+            tcp_seq_end_state: 1000,
+            state_flags: 7,
+            ..stats(10, 1500, 50, 900)
+        };
+        let b = FlowStats {
+            tcp_retrans: 3,
+            roce_psn_gap_packets: 4,
+            tcp_seq_end_state: 99,
+            roce_next_psn_state: 5,
+            ..stats(5, 500, 20, 700)
+        };
+        let idle_cpu = FlowStats::default();
+        let t = FlowTotals::from_per_cpu(&[a, idle_cpu, b]);
+        assert_eq!(t.counters.packets, 15);
+        assert_eq!(t.counters.bytes, 2000);
+        assert_eq!(t.counters.tcp_retrans, 5);
+        assert_eq!(t.counters.roce_cnps, 1);
+        assert_eq!(t.counters.roce_psn_gap_packets, 4);
+        assert_eq!(t.first_seen_ns, 20, "an idle CPU's 0 is not a timestamp");
+        assert_eq!(t.last_seen_ns, 900);
+        assert_eq!(FlowTotals::from_per_cpu(&[]), FlowTotals::default());
+    }
+
+    #[test]
+    fn rate_and_ewma_math() {
+        assert_eq!(rate_per_sec(1_000, 100 * MS), 10_000.0);
+        assert_eq!(rate_per_sec(5, 0), 0.0);
+        let tau = Duration::from_secs(1);
+        assert!((ewma_alpha(1_000_000_000, tau) - (1.0 - (-1.0f64).exp())).abs() < 1e-12);
+        assert_eq!(ewma_alpha(0, tau), 0.0);
+        // Two half steps equal one full step.
+        let a_half = ewma_alpha(50 * MS, tau);
+        let a_full = ewma_alpha(100 * MS, tau);
+        let two = ewma_update(Some(ewma_update(Some(0.0), 100.0, a_half)), 100.0, a_half);
+        let one = ewma_update(Some(0.0), 100.0, a_full);
+        assert!((two - one).abs() < 1e-9, "{two} vs {one}");
+        assert_eq!(ewma_update(None, 42.0, 0.1), 42.0);
+        assert_eq!(ewma_update(Some(10.0), 20.0, 0.5), 15.0);
+    }
+
+    fn snap(mono_ns: u64, flows: Vec<(FlowKey, Vec<FlowStats>)>) -> PollSnapshot {
+        PollSnapshot { mono_ns, flows, ..Default::default() }
+    }
+
+    #[test]
+    fn rates_from_successive_snapshots() {
+        let k = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        let mut t = FlowTable::new(TableSettings::default());
+        t.apply(&snap(1000 * MS, vec![(k, vec![stats(10, 10_000, 990 * MS, 999 * MS)])]));
+        t.apply(&snap(1100 * MS, vec![(k, vec![stats(20, 110_000, 990 * MS, 1099 * MS)])]));
+        let e = t.get(&k).unwrap();
+        assert_eq!(e.rates.bytes_per_second, 1_000_000.0);
+        assert_eq!(e.rates.packets_per_second, 100.0);
+        // First poll had no interval: the EWMA was seeded with 0 and moved towards 1 MB/s.
+        let a = ewma_alpha(100 * MS, Duration::from_secs(1));
+        assert!((e.rates.ewma_bytes_per_second - a * 1_000_000.0).abs() < 1e-6);
+        // Missing from the next snapshot: instant rate 0, EWMA decays.
+        t.apply(&snap(1200 * MS, vec![]));
+        let e = t.get(&k).unwrap();
+        assert_eq!(e.rates.bytes_per_second, 0.0);
+        assert!(!e.in_kernel);
+        assert!(e.rates.ewma_bytes_per_second < a * 1_000_000.0);
+    }
+
+    #[test]
+    fn peer_and_interface_counters_accumulate_deltas() {
+        let out = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        let out2 = FlowKey { src_port: 40001, ..out };
+        let inb = key(2, 1, 29500, direction::INGRESS, flow_kind::TCP);
+        let mut t = FlowTable::new(TableSettings::default());
+        t.apply(&snap(MS, vec![(out, vec![stats(1, 100, 1, 1)]), (out2, vec![stats(2, 200, 1, 1)])]));
+        t.apply(&snap(
+            2 * MS,
+            vec![
+                (out, vec![FlowStats { tcp_retrans: 1, ..stats(3, 300, 1, 2 * MS) }]),
+                (out2, vec![stats(2, 200, 1, 1)]),
+                (inb, vec![stats(4, 400, 1, 2 * MS)]),
+            ],
+        ));
+        let peer2 = PeerKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::TCP, peer: ipv4_mapped([10, 77, 0, 2]) };
+        let c = t.peers()[&peer2];
+        assert_eq!((c.packets, c.bytes, c.tcp_retrans), (5, 500, 1));
+        // Ingress peer is the source.
+        let peer_in = PeerKey { direction: direction::INGRESS, ..peer2 };
+        assert_eq!(t.peers()[&peer_in].bytes, 400);
+        let ik = InterfaceKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::TCP };
+        assert_eq!(t.interfaces()[&ik].bytes, 500);
+    }
+
+    #[test]
+    fn recreated_flow_counts_new_totals() {
+        let k = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        let mut t = FlowTable::new(TableSettings::default());
+        t.apply(&snap(MS, vec![(k, vec![stats(100, 10_000, 1, MS)])]));
+        // The kernel evicted and re-created it: fewer packets, later first_seen.
+        t.apply(&snap(2 * MS, vec![(k, vec![stats(3, 300, 2 * MS - 10, 2 * MS)])]));
+        let ik = InterfaceKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::TCP };
+        assert_eq!(t.interfaces()[&ik].bytes, 10_300);
+        assert_eq!(t.interfaces()[&ik].packets, 103);
+    }
+
+    #[test]
+    fn idle_flows_are_evicted_and_counters_kept() {
+        let settings = TableSettings { idle_timeout: Duration::from_secs(1), ..Default::default() };
+        let a = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        let b = key(1, 3, 29500, direction::EGRESS, flow_kind::TCP);
+        let mut t = FlowTable::new(settings);
+        let s = 1_000 * MS;
+        assert!(t.apply(&snap(s, vec![(a, vec![stats(1, 100, s, s)]), (b, vec![stats(1, 100, s, s)])])).is_empty());
+        let gone = t.apply(&snap(
+            s + 1_500 * MS,
+            vec![(a, vec![stats(1, 100, s, s)]), (b, vec![stats(2, 200, s, s + 1_400 * MS)])],
+        ));
+        assert_eq!(gone, vec![a]);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.evictions().idle, 1);
+        let ik = InterfaceKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::TCP };
+        assert_eq!(t.interfaces()[&ik].bytes, 300, "evicted flow keeps its contribution");
+    }
+
+    #[test]
+    fn capacity_evicts_least_recent() {
+        let settings = TableSettings { max_flows: 2, ..Default::default() };
+        let mut t = FlowTable::new(settings);
+        let keys: Vec<FlowKey> = (0..4).map(|i| key(1, 10 + i, 29500, direction::EGRESS, flow_kind::TCP)).collect();
+        let flows = keys.iter().enumerate().map(|(i, k)| (*k, vec![stats(1, 100, 1, 10 + i as u64)])).collect();
+        let mut gone = t.apply(&snap(100, flows));
+        gone.sort_by_key(key_order);
+        assert_eq!(gone, vec![keys[0], keys[1]]);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.evictions().capacity, 2);
+    }
+
+    #[test]
+    fn peers_beyond_cap_share_other() {
+        let settings = TableSettings { max_peers: 2, ..Default::default() };
+        let mut t = FlowTable::new(settings);
+        let flows = (0..5).map(|i| (key(1, 10 + i, 29500, direction::EGRESS, flow_kind::TCP), vec![stats(1, 100, 1, 1)])).collect();
+        t.apply(&snap(1, flows));
+        let distinct: HashSet<[u8; 16]> = t.peers().keys().map(|k| k.peer).collect();
+        assert_eq!(distinct.len(), 3);
+        let other: u64 = t.peers().iter().filter(|(k, _)| k.peer == OTHER_PEER).map(|(_, c)| c.bytes).sum();
+        assert_eq!(other, 300);
+        assert_eq!(format_addr(&OTHER_PEER), "other");
+    }
+
+    #[test]
+    fn burst_end_events_build_bounded_history() {
+        let settings = TableSettings { burst_history: 3, ..Default::default() };
+        let k = key(1, 2, 4791, direction::EGRESS, flow_kind::ROCEV2);
+        let mut t = FlowTable::new(settings);
+        let events = (0..5u64)
+            .map(|i| Event {
+                kind: event_kind::BURST_END,
+                key: k,
+                burst: BurstState { start_ns: i * 10 * MS, last_ns: i * 10 * MS + 2 * MS, bytes: 1000 + i, packets: 1 },
+                ..Default::default()
+            })
+            .chain([Event { kind: event_kind::FLOW_START, key: k, ..Default::default() }])
+            .collect();
+        t.apply(&PollSnapshot { mono_ns: 50 * MS, flows: vec![(k, vec![stats(5, 5010, 1, 45 * MS)])], events, ..Default::default() });
+        let h = &t.get(&k).unwrap().bursts;
+        assert_eq!(h.count, 5);
+        assert_eq!(h.total_duration_ns, 10 * MS);
+        assert_eq!(h.recent.len(), 3);
+        assert_eq!(h.recent.front().unwrap().bytes, 1002);
+        assert_eq!(h.recent.back().unwrap().bytes, 1004);
+        let agg = &t.bursts()[&InterfaceKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::ROCEV2 }];
+        assert_eq!(agg.count, 5);
+        // 2 ms falls in the (1 ms, 5 ms] bucket.
+        assert_eq!(agg.buckets[3], 5);
+        assert_eq!(t.events(), EventCounts { flow_start: 1, burst_end: 5, map_full: 0, unknown: 0 });
+    }
+
+    #[test]
+    fn top_n_by_bytes() {
+        let mut t = FlowTable::new(TableSettings::default());
+        let flows = (0..50u64)
+            .map(|i| (key(1, i as u8, 29500, direction::EGRESS, flow_kind::TCP), vec![stats(1, (i * 37) % 50 * 100, 1, 1)]))
+            .collect();
+        t.apply(&snap(1, flows));
+        let top = t.top_by_bytes(5);
+        let bytes: Vec<u64> = top.iter().map(|e| e.totals.counters.bytes).collect();
+        assert_eq!(bytes, vec![4900, 4800, 4700, 4600, 4500]);
+        assert_eq!(t.top_by_bytes(0).len(), 0);
+        assert_eq!(t.top_by_bytes(500).len(), 50);
+        let all: Vec<u64> = t.top_by_bytes(500).iter().map(|e| e.totals.counters.bytes).collect();
+        assert!(all.windows(2).all(|w| w[0] >= w[1]));
+    }
+
+    #[test]
+    fn addresses_format() {
+        assert_eq!(format_addr(&ipv4_mapped([10, 77, 0, 1])), "10.77.0.1");
+        let mut v6 = [0u8; 16];
+        v6[0] = 0xfd;
+        v6[15] = 1;
+        assert_eq!(format_addr(&v6), "fd00::1");
+    }
+}

@@ -1,0 +1,392 @@
+//! Every metric the agent exposes: names, help strings, labels, rendering. No other file names a
+//! metric. docs/metrics.md mirrors the table below.
+//!
+//! Rendered at scrape time from [`AgentState`] through `prometheus-client`'s OpenMetrics text
+//! encoder (a custom `Collector`, because every value is a snapshot of kernel counters or of the
+//! flow table, not something incremented in place). Counters are named here without `_total`;
+//! the encoder appends it.
+//!
+//! Labels are bounded: `interface` (attached interfaces), `direction` (2), `kind` (tcp, udp,
+//! rocev2), `peer` (at most `max_peers` addresses plus `other`), `result`/`reason` (fixed sets).
+//! The raw 5-tuple is never a label; it is available from `/v1/flows`.
+use prometheus_client::{
+    collector::Collector,
+    encoding::{text::encode, DescriptorEncoder, MetricEncoder, NoLabelSet},
+    metrics::MetricType,
+    registry::Registry,
+};
+
+use crate::{
+    flow_table::{direction_name, format_addr, kind_name, Counters, InterfaceKey, PeerKey, BURST_DURATION_BUCKETS},
+    state::{AgentState, SharedState, POLL_DURATION_BUCKETS},
+};
+use dataplane_common::stats;
+
+/// A metric's name (without `_total` for counters) and help string.
+pub struct Metric {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub kind: MetricType,
+}
+
+macro_rules! metric {
+    ($id:ident, $name:literal, $kind:ident, $help:literal) => {
+        pub const $id: Metric = Metric { name: $name, help: $help, kind: MetricType::$kind };
+    };
+}
+
+// --- eBPF data plane (STATS array, summed over CPUs) ---
+metric!(DATAPLANE_PACKETS, "ringside_dataplane_packets", Counter,
+    "Packets seen by the flow monitor, by result: seen (all), parsed (down to TCP/UDP/RoCEv2), matched (counted in a flow), malformed, unsupported (skipped by design)");
+metric!(DATAPLANE_MAP_FULL, "ringside_dataplane_map_full", Counter,
+    "Flow-map inserts that failed because the kernel map was full; those packets were not counted in any flow");
+metric!(DATAPLANE_RINGBUF_FULL, "ringside_dataplane_ringbuf_full", Counter,
+    "Events lost because the kernel ring buffer was full (the agent drained it too slowly); packets are unaffected");
+metric!(DATAPLANE_EVENTS, "ringside_dataplane_events", Counter,
+    "Events written to the kernel ring buffer");
+// --- flows ---
+metric!(FLOWS_TRACKED, "ringside_flows_tracked", Gauge,
+    "Flows currently held in the agent's flow table");
+metric!(PEER_BYTES, "ringside_peer_bytes", Counter,
+    "L3 bytes (IP header included) exchanged with a peer (the remote address)");
+metric!(PEER_PACKETS, "ringside_peer_packets", Counter,
+    "Packets exchanged with a peer");
+metric!(PEER_TCP_RETRANSMISSIONS, "ringside_peer_tcp_retransmissions", Counter,
+    "TCP data segments at or below the highest sequence already seen (retransmission or reordering)");
+metric!(PEER_CE_MARKS, "ringside_peer_ce_marks", Counter,
+    "Packets carrying ECN Congestion Experienced");
+metric!(PEER_ROCE_PSN_GAPS, "ringside_peer_roce_psn_gaps", Counter,
+    "RoCEv2 packets whose PSN jumped ahead of the expected one (gap events)");
+metric!(PEER_ROCE_PSN_GAP_PACKETS, "ringside_peer_roce_psn_gap_packets", Counter,
+    "RoCEv2 PSNs skipped by those gaps (packets presumed lost upstream)");
+metric!(PEER_ROCE_CNPS, "ringside_peer_roce_cnps", Counter,
+    "RoCEv2 Congestion Notification Packets");
+metric!(PEER_ROCE_NAKS, "ringside_peer_roce_naks", Counter,
+    "RoCEv2 ACKs carrying a NAK syndrome");
+metric!(INTERFACE_BYTES, "ringside_interface_bytes", Counter,
+    "L3 bytes of matched flows on an interface");
+metric!(INTERFACE_PACKETS, "ringside_interface_packets", Counter,
+    "Packets of matched flows on an interface");
+// --- bursts ---
+metric!(BURSTS, "ringside_bursts", Counter,
+    "Bursts (steps) that ended: a flow went idle for longer than the burst gap");
+metric!(BURST_BYTES, "ringside_burst_bytes", Counter,
+    "Bytes carried by bursts that ended");
+metric!(BURST_DURATION, "ringside_burst_duration_seconds", Histogram,
+    "Duration of ended bursts, first to last packet");
+// --- agent ---
+metric!(AGENT_EVENTS, "ringside_agent_events", Counter,
+    "Ring-buffer events received by the agent, by kind");
+metric!(AGENT_POLLS, "ringside_agent_polls", Counter,
+    "Successful map polls");
+metric!(AGENT_POLL_ERRORS, "ringside_agent_poll_errors", Counter,
+    "Map polls that failed (see the agent log)");
+metric!(AGENT_POLL_DURATION, "ringside_agent_poll_duration_seconds", Histogram,
+    "Time to read the kernel maps, drain the ring buffer and update the flow table");
+metric!(AGENT_LAST_POLL, "ringside_agent_last_poll_timestamp_seconds", Gauge,
+    "Unix time of the last successful poll");
+metric!(AGENT_FLOWS_EVICTED, "ringside_agent_flows_evicted", Counter,
+    "Flows dropped from the agent's table, by reason: idle (no packet for flow_idle_timeout_secs) or capacity (max_flows)");
+metric!(AGENT_INTERFACES_ATTACHED, "ringside_agent_interfaces_attached", Gauge,
+    "Interfaces the flow monitor is attached to");
+
+/// Every metric, in exposition order.
+pub const ALL: &[&Metric] = &[
+    &DATAPLANE_PACKETS, &DATAPLANE_MAP_FULL, &DATAPLANE_RINGBUF_FULL, &DATAPLANE_EVENTS,
+    &FLOWS_TRACKED, &PEER_BYTES, &PEER_PACKETS, &PEER_TCP_RETRANSMISSIONS, &PEER_CE_MARKS,
+    &PEER_ROCE_PSN_GAPS, &PEER_ROCE_PSN_GAP_PACKETS, &PEER_ROCE_CNPS, &PEER_ROCE_NAKS,
+    &INTERFACE_BYTES, &INTERFACE_PACKETS, &BURSTS, &BURST_BYTES, &BURST_DURATION,
+    &AGENT_EVENTS, &AGENT_POLLS, &AGENT_POLL_ERRORS, &AGENT_POLL_DURATION, &AGENT_LAST_POLL,
+    &AGENT_FLOWS_EVICTED, &AGENT_INTERFACES_ATTACHED,
+];
+
+/// The `Content-Type` of [`render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+type Labels = Vec<(&'static str, String)>;
+
+enum Value {
+    Counter(u64),
+    Gauge(f64),
+    Count(u64),
+    Histogram { sum: f64, count: u64, buckets: Vec<(f64, u64)> },
+}
+
+/// One metric with its series, copied out of the state under the read lock.
+struct Family {
+    metric: &'static Metric,
+    series: Vec<(Labels, Value)>,
+}
+
+fn families(state: &AgentState) -> Vec<Family> {
+    let t = &state.table;
+    let ds = t.dataplane_stats();
+    let d = |i: u32| ds[i as usize];
+    let single = |metric, v| Family { metric, series: vec![(Vec::new(), v)] };
+
+    let results = [
+        ("seen", stats::SEEN),
+        ("parsed", stats::PARSED),
+        ("matched", stats::MATCHED),
+        ("malformed", stats::MALFORMED),
+        ("unsupported", stats::UNSUPPORTED),
+    ];
+    let mut out = vec![
+        Family {
+            metric: &DATAPLANE_PACKETS,
+            series: results.iter().map(|(r, i)| (vec![("result", (*r).to_owned())], Value::Counter(d(*i)))).collect(),
+        },
+        single(&DATAPLANE_MAP_FULL, Value::Counter(d(stats::MAP_FULL))),
+        single(&DATAPLANE_RINGBUF_FULL, Value::Counter(d(stats::RINGBUF_FULL))),
+        single(&DATAPLANE_EVENTS, Value::Counter(d(stats::EVENTS))),
+    ];
+
+    let per_if = t.flows_per_interface();
+    let mut tracked: Vec<(Labels, Value)> = state
+        .interfaces
+        .iter()
+        .map(|i| (vec![("interface", i.name.clone())], Value::Count(*per_if.get(&i.ifindex).unwrap_or(&0))))
+        .collect();
+    // Flows on an interface the agent does not know by name (should not happen) still count.
+    for (ifindex, n) in &per_if {
+        if !state.interfaces.iter().any(|i| i.ifindex == *ifindex) {
+            tracked.push((vec![("interface", state.ifname(*ifindex))], Value::Count(*n)));
+        }
+    }
+    out.push(Family { metric: &FLOWS_TRACKED, series: tracked });
+
+    let mut peers: Vec<(&PeerKey, &Counters)> = t.peers().iter().collect();
+    peers.sort_by_key(|(k, _)| **k);
+    let peer_labels = |k: &PeerKey| -> Labels {
+        vec![
+            ("interface", state.ifname(k.ifindex)),
+            ("direction", direction_name(k.direction).to_owned()),
+            ("kind", kind_name(k.kind).to_owned()),
+            ("peer", format_addr(&k.peer)),
+        ]
+    };
+    let peer_family = |metric: &'static Metric, f: fn(&Counters) -> u64, only: Option<&str>| Family {
+        metric,
+        series: peers
+            .iter()
+            .filter(|(k, _)| only.is_none_or(|kind| kind_name(k.kind) == kind))
+            .map(|(k, c)| (peer_labels(k), Value::Counter(f(c))))
+            .collect(),
+    };
+    out.push(peer_family(&PEER_BYTES, |c| c.bytes, None));
+    out.push(peer_family(&PEER_PACKETS, |c| c.packets, None));
+    out.push(peer_family(&PEER_TCP_RETRANSMISSIONS, |c| c.tcp_retrans, Some("tcp")));
+    out.push(peer_family(&PEER_CE_MARKS, |c| c.ce_marks, None));
+    out.push(peer_family(&PEER_ROCE_PSN_GAPS, |c| c.roce_psn_gap_events, Some("rocev2")));
+    out.push(peer_family(&PEER_ROCE_PSN_GAP_PACKETS, |c| c.roce_psn_gap_packets, Some("rocev2")));
+    out.push(peer_family(&PEER_ROCE_CNPS, |c| c.roce_cnps, Some("rocev2")));
+    out.push(peer_family(&PEER_ROCE_NAKS, |c| c.roce_naks, Some("rocev2")));
+
+    let if_labels = |k: &InterfaceKey| -> Labels {
+        vec![
+            ("interface", state.ifname(k.ifindex)),
+            ("direction", direction_name(k.direction).to_owned()),
+            ("kind", kind_name(k.kind).to_owned()),
+        ]
+    };
+    let mut ifs: Vec<(&InterfaceKey, &Counters)> = t.interfaces().iter().collect();
+    ifs.sort_by_key(|(k, _)| **k);
+    out.push(Family { metric: &INTERFACE_BYTES, series: ifs.iter().map(|(k, c)| (if_labels(k), Value::Counter(c.bytes))).collect() });
+    out.push(Family { metric: &INTERFACE_PACKETS, series: ifs.iter().map(|(k, c)| (if_labels(k), Value::Counter(c.packets))).collect() });
+
+    let mut bursts: Vec<_> = t.bursts().iter().collect();
+    bursts.sort_by_key(|(k, _)| **k);
+    out.push(Family { metric: &BURSTS, series: bursts.iter().map(|(k, b)| (if_labels(k), Value::Counter(b.count))).collect() });
+    out.push(Family { metric: &BURST_BYTES, series: bursts.iter().map(|(k, b)| (if_labels(k), Value::Counter(b.bytes))).collect() });
+    out.push(Family {
+        metric: &BURST_DURATION,
+        series: bursts
+            .iter()
+            .map(|(k, b)| {
+                (if_labels(k), Value::Histogram { sum: b.duration_sum_seconds, count: b.count, buckets: with_bounds(&BURST_DURATION_BUCKETS, &b.buckets) })
+            })
+            .collect(),
+    });
+
+    let ev = t.events();
+    out.push(Family {
+        metric: &AGENT_EVENTS,
+        series: [("flow_start", ev.flow_start), ("burst_end", ev.burst_end), ("map_full", ev.map_full), ("unknown", ev.unknown)]
+            .into_iter()
+            .map(|(k, v)| (vec![("kind", k.to_owned())], Value::Counter(v)))
+            .collect(),
+    });
+    out.push(single(&AGENT_POLLS, Value::Counter(state.polls)));
+    out.push(single(&AGENT_POLL_ERRORS, Value::Counter(state.poll_errors)));
+    let pt = &state.poll_times;
+    out.push(single(
+        &AGENT_POLL_DURATION,
+        Value::Histogram { sum: pt.sum_seconds, count: pt.count, buckets: with_bounds(&POLL_DURATION_BUCKETS, &pt.buckets) },
+    ));
+    out.push(single(&AGENT_LAST_POLL, Value::Gauge(state.last_poll_unix_seconds)));
+    let evic = t.evictions();
+    out.push(Family {
+        metric: &AGENT_FLOWS_EVICTED,
+        series: vec![
+            (vec![("reason", "idle".to_owned())], Value::Counter(evic.idle)),
+            (vec![("reason", "capacity".to_owned())], Value::Counter(evic.capacity)),
+        ],
+    });
+    let attached = if state.attached { state.interfaces.len() } else { 0 };
+    out.push(single(&AGENT_INTERFACES_ATTACHED, Value::Count(attached as u64)));
+    out
+}
+
+fn with_bounds(bounds: &[f64], counts: &[u64]) -> Vec<(f64, u64)> {
+    bounds.iter().copied().chain([f64::MAX]).zip(counts.iter().copied()).collect()
+}
+
+/// Adapter: a `Collector` over families copied out of the state.
+struct Families(Vec<Family>);
+
+impl std::fmt::Debug for Families {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Families({})", self.0.len())
+    }
+}
+
+impl Collector for Families {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for fam in &self.0 {
+            let m = fam.metric;
+            let mut me = encoder.encode_descriptor(m.name, m.help, None, m.kind)?;
+            for (labels, value) in &fam.series {
+                if labels.is_empty() {
+                    encode_value(&mut me, value)?;
+                } else {
+                    encode_value(&mut me.encode_family(labels)?, value)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn encode_value(e: &mut MetricEncoder, value: &Value) -> Result<(), std::fmt::Error> {
+    match value {
+        Value::Counter(v) => e.encode_counter::<NoLabelSet, _, u64>(v, None),
+        Value::Gauge(v) => e.encode_gauge(v),
+        Value::Count(v) => e.encode_gauge(v),
+        // The last bound is f64::MAX, which the encoder writes as `+Inf`.
+        Value::Histogram { sum, count, buckets } => e.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None),
+    }
+}
+
+/// Renders every metric as OpenMetrics text. Holds the read lock only while copying values.
+pub fn render(state: &SharedState) -> String {
+    let fams = {
+        let s = state.read().unwrap_or_else(|p| p.into_inner());
+        families(&s)
+    };
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Families(fams)));
+    let mut out = String::new();
+    encode(&mut out, &registry).expect("writing to a String cannot fail");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        flow_table::{tests::{key, stats}, PollSnapshot, TableSettings},
+        state::AttachedInterface,
+    };
+    use dataplane_common::{direction, event_kind, flow_kind, BurstState, Event, FlowStats};
+    use std::time::Duration;
+
+    pub(crate) fn sample_state() -> SharedState {
+        let mut s = AgentState::new(TableSettings::default(), Duration::from_millis(100));
+        s.interfaces.push(AttachedInterface { name: "eth0".into(), ifindex: 2, mode: "clsact".into(), qdisc_added: true });
+        s.ifnames.insert(2, "eth0".into());
+        s.attached = true;
+        let tcp = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        let roce = key(1, 3, 4791, direction::EGRESS, flow_kind::ROCEV2);
+        let mut st = [0u64; crate::flow_table::STATS_COUNT];
+        st[stats::SEEN as usize] = 100;
+        st[stats::PARSED as usize] = 90;
+        st[stats::MATCHED as usize] = 80;
+        st[stats::MALFORMED as usize] = 1;
+        st[stats::RINGBUF_FULL as usize] = 2;
+        s.table.apply(&PollSnapshot {
+            mono_ns: 1_000_000_000,
+            flows: vec![
+                (tcp, vec![FlowStats { tcp_retrans: 3, ..stats(10, 15_000, 1, 999_000_000) }]),
+                (roce, vec![FlowStats { roce_psn_gap_events: 2, roce_psn_gap_packets: 5, roce_cnps: 7, ..stats(20, 40_000, 1, 999_000_000) }]),
+            ],
+            stats: st,
+            events: vec![Event {
+                kind: event_kind::BURST_END,
+                key: roce,
+                burst: BurstState { start_ns: 0, last_ns: 3_000_000, bytes: 40_000, packets: 20 },
+                ..Default::default()
+            }],
+        });
+        s.record_poll(Duration::from_micros(700));
+        s.shared()
+    }
+
+    #[test]
+    fn renders_expected_lines() {
+        let text = render(&sample_state());
+        for line in [
+            "ringside_dataplane_packets_total{result=\"seen\"} 100",
+            "ringside_dataplane_packets_total{result=\"matched\"} 80",
+            "ringside_dataplane_packets_total{result=\"malformed\"} 1",
+            "ringside_dataplane_ringbuf_full_total 2",
+            "ringside_flows_tracked{interface=\"eth0\"} 2",
+            "ringside_peer_bytes_total{interface=\"eth0\",direction=\"egress\",kind=\"tcp\",peer=\"10.77.0.2\"} 15000",
+            "ringside_peer_tcp_retransmissions_total{interface=\"eth0\",direction=\"egress\",kind=\"tcp\",peer=\"10.77.0.2\"} 3",
+            "ringside_peer_roce_psn_gap_packets_total{interface=\"eth0\",direction=\"egress\",kind=\"rocev2\",peer=\"10.77.0.3\"} 5",
+            "ringside_peer_roce_psn_gaps_total{interface=\"eth0\",direction=\"egress\",kind=\"rocev2\",peer=\"10.77.0.3\"} 2",
+            "ringside_peer_roce_cnps_total{interface=\"eth0\",direction=\"egress\",kind=\"rocev2\",peer=\"10.77.0.3\"} 7",
+            "ringside_interface_bytes_total{interface=\"eth0\",direction=\"egress\",kind=\"rocev2\"} 40000",
+            "ringside_bursts_total{interface=\"eth0\",direction=\"egress\",kind=\"rocev2\"} 1",
+            "ringside_burst_duration_seconds_bucket{le=\"0.001\",interface=\"eth0\",direction=\"egress\",kind=\"rocev2\"} 0",
+            "ringside_burst_duration_seconds_bucket{le=\"0.005\",interface=\"eth0\",direction=\"egress\",kind=\"rocev2\"} 1",
+            "ringside_burst_duration_seconds_count{interface=\"eth0\",direction=\"egress\",kind=\"rocev2\"} 1",
+            "ringside_agent_polls_total 1",
+            "ringside_dataplane_map_full_total 0",
+            "ringside_burst_duration_seconds_bucket{le=\"+Inf\",interface=\"eth0\",direction=\"egress\",kind=\"rocev2\"} 1",
+            "ringside_agent_poll_duration_seconds_count 1",
+            "ringside_agent_poll_duration_seconds_bucket{le=\"0.001\"} 1",
+            "ringside_agent_events_total{kind=\"burst_end\"} 1",
+            "ringside_agent_interfaces_attached 1",
+            "# TYPE ringside_peer_bytes counter",
+            "# EOF",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing line {line:?} in\n{text}");
+        }
+        // TCP-only and RoCE-only counters are not emitted for the other kind.
+        assert!(!text.contains("ringside_peer_tcp_retransmissions_total{interface=\"eth0\",direction=\"egress\",kind=\"rocev2\""));
+    }
+
+    #[test]
+    fn every_metric_follows_naming_rules_and_has_help() {
+        let text = render(&sample_state());
+        let mut names = std::collections::HashSet::new();
+        for m in ALL {
+            assert!(m.name.starts_with("ringside_"), "{}", m.name);
+            assert!(!m.name.ends_with("_total"), "{}: the encoder appends _total", m.name);
+            assert!(m.help.len() > 10, "{}", m.name);
+            assert!(names.insert(m.name), "duplicate {}", m.name);
+            assert!(text.contains(&format!("# HELP {} ", m.name)), "{} not rendered", m.name);
+        }
+        // Every sample line parses as `name{labels} value` with a known name and a numeric value.
+        for l in text.lines().filter(|l| !l.starts_with('#')) {
+            let (series, value) = l.rsplit_once(' ').unwrap();
+            assert!(value.parse::<f64>().is_ok() || value == "+Inf", "{l}");
+            let name = series.split('{').next().unwrap();
+            assert!(ALL.iter().any(|m| name.starts_with(m.name)), "unknown series {name}");
+            // Never the raw 5-tuple.
+            for forbidden in ["port=", "src", "dst"] {
+                assert!(!series.contains(forbidden), "{l}");
+            }
+        }
+    }
+}
