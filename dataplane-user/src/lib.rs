@@ -1,6 +1,8 @@
 //! The ringside agent: loads the eBPF flow monitor, collects its maps, and serves metrics and hints.
 pub mod config;
 pub mod flow_table;
+pub mod frames;
 pub mod metrics;
 pub mod object;
 pub mod state;
+pub mod testrun;
