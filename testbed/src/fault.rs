@@ -23,8 +23,8 @@ static FAULT_COUNTER: AtomicU64 = AtomicU64::new(0);
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum FaultKind {
-    /// Random drop of `percent` % of the packets on the host's eth0, both directions.
-    Loss { percent: f64 },
+    /// Random drop of `percent` % of the packets on the host's link, both directions.
+    Loss { percent: f64, site: LossSite },
     /// Token-bucket cap of `rate_mbit` Mbit/s on both directions of the host's link.
     RateCap { rate_mbit: u64 },
 }
@@ -61,15 +61,15 @@ fn log_end(log: &Arc<Mutex<Vec<FaultRecord>>>, id: u64) -> Option<FaultRecord> {
     Some(r.clone())
 }
 
-/// Packets and bytes an nftables loss rule dropped.
+/// Packets and bytes an nftables loss rule dropped, per direction of the host's link.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct DropCounters {
-    /// Dropped on the way into the host (received on eth0).
-    pub ingress_packets: u64,
-    pub ingress_bytes: u64,
-    /// Dropped on the way out of the host (before the TC egress hook).
-    pub egress_packets: u64,
-    pub egress_bytes: u64,
+    /// Dropped on the way from the host to the switch.
+    pub from_host_packets: u64,
+    pub from_host_bytes: u64,
+    /// Dropped on the way from the switch to the host.
+    pub to_host_packets: u64,
+    pub to_host_bytes: u64,
 }
 
 /// Removes a loss rule when dropped. See [`Star::add_loss`].
@@ -77,6 +77,7 @@ pub struct DropCounters {
 pub struct LossGuard {
     ns: NetnsHandle,
     table: String,
+    site: LossSite,
     record: FaultRecord,
     log: Arc<Mutex<Vec<FaultRecord>>>,
     removed: bool,
@@ -105,15 +106,17 @@ fn tc(ns: &NetnsHandle, args: &[&str]) -> Result<String> {
     cmd::run(Tool::Tc, &mut c, None)
 }
 
-/// nftables script for a loss table. The netdev family's ingress hook runs after TC ingress and
-/// its egress hook before TC egress (net/core/dev.c: nf_hook_ingress after tcf ingress,
-/// nf_hook_egress before sch_handle_egress), so a TC monitor on the host's eth0 sees dropped
-/// inbound packets but never dropped outbound ones.
+/// nftables script for a loss table on `iface`. The netdev family's ingress hook runs after TC
+/// ingress and its egress hook before TC egress (net/core/dev.c: nf_hook_ingress after the tcx /
+/// clsact ingress, nf_hook_egress before sch_handle_egress), so a TC program on the same device
+/// sees dropped inbound packets but never dropped outbound ones.
 pub fn loss_ruleset(table: &str, iface: &str, threshold_per_10000: u32) -> String {
+    // `numgen random mod 10000` yields 0..=9999, and nft rejects a 10000 literal: 100 % is a bare drop.
+    let matcher = if threshold_per_10000 >= 10_000 { String::new() } else { format!("numgen random mod 10000 < {threshold_per_10000} ") };
     format!(
         "table netdev {table} {{\n\
-         \x20 chain ingress {{ type filter hook ingress device \"{iface}\" priority 0; policy accept; numgen random mod 10000 < {threshold_per_10000} counter drop; }}\n\
-         \x20 chain egress {{ type filter hook egress device \"{iface}\" priority 0; policy accept; numgen random mod 10000 < {threshold_per_10000} counter drop; }}\n\
+         \x20 chain ingress {{ type filter hook ingress device \"{iface}\" priority 0; policy accept; {matcher}counter drop; }}\n\
+         \x20 chain egress {{ type filter hook egress device \"{iface}\" priority 0; policy accept; {matcher}counter drop; }}\n\
          }}\n"
     )
 }
@@ -126,28 +129,55 @@ pub fn loss_threshold(percent: f64) -> Result<u32> {
     Ok((percent * 100.0).round() as u32)
 }
 
+/// Where a loss rule sits. Both places drop on the host's link in both directions; they differ in
+/// who can notice the drop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossSite {
+    /// On the host's bridge port `p<i>` in the switch namespace: like a lossy cable. The sending
+    /// host's stack cannot tell a packet was dropped, so TCP recovers with real retransmissions,
+    /// and a TC monitor on the host's eth0 sees every packet the host sent but only the inbound
+    /// packets that survived.
+    #[default]
+    SwitchPort,
+    /// On the host's own eth0 (netdev ingress/egress hooks in the host namespace). Outbound drops
+    /// happen inside the sender's `dev_queue_xmit` and are reported back to it synchronously (TCP
+    /// treats them as local congestion and resends without counting a retransmission), so this
+    /// mostly models inbound loss.
+    HostEth0,
+}
+
 impl Star {
-    /// Drops `percent` % of the packets on host `host`'s eth0, independently at random in both
-    /// directions (nftables `numgen random mod 10000 < percent*100`, 0.01 % resolution).
+    /// Drops `percent` % of the packets on host `host`'s link, independently at random in both
+    /// directions (nftables `numgen random mod 10000 < percent*100`, 0.01 % resolution), at
+    /// [`LossSite::SwitchPort`]. There is no netem on the target kernels.
     pub fn add_loss(&self, host: usize, percent: f64) -> Result<LossGuard> {
+        self.add_loss_at(host, percent, LossSite::SwitchPort)
+    }
+
+    /// [`Star::add_loss`] at an explicit [`LossSite`].
+    pub fn add_loss_at(&self, host: usize, percent: f64, site: LossSite) -> Result<LossGuard> {
         let h = self.host(host)?;
         let threshold = loss_threshold(percent)?;
         let id = FAULT_COUNTER.fetch_add(1, Ordering::Relaxed);
         let table = format!("ringside_loss_{id}");
-        let ns = h.ns.handle();
-        nft(&ns, &["-f", "-"], Some(&loss_ruleset(&table, HOST_IFACE, threshold)))?;
+        let (ns, iface) = match site {
+            LossSite::SwitchPort => (self.switch.handle(), h.switch_port.clone()),
+            LossSite::HostEth0 => (h.ns.handle(), HOST_IFACE.to_string()),
+        };
+        nft(&ns, &["-f", "-"], Some(&loss_ruleset(&table, &iface, threshold)))?;
         let record = FaultRecord {
             id,
             host,
             netns: ns.name().to_string(),
-            iface: HOST_IFACE.into(),
-            kind: FaultKind::Loss { percent },
+            iface,
+            kind: FaultKind::Loss { percent, site },
             started_unix_ms: unix_ms(SystemTime::now()),
             ended_unix_ms: None,
         };
         log_start(&self.faults, record.clone());
-        tracing::info!(host, percent, table, "loss fault started");
-        Ok(LossGuard { ns, table, record, log: self.faults.clone(), removed: false })
+        tracing::info!(host, percent, ?site, table, "loss fault started");
+        Ok(LossGuard { ns, table, site, record, log: self.faults.clone(), removed: false })
     }
 
     /// Caps host `host`'s link at `rate_mbit` Mbit/s in both directions: a `tbf` root qdisc on
@@ -207,9 +237,18 @@ impl LossGuard {
         self.record.started_unix_ms
     }
 
-    /// The nftables table holding the rule (inside the host's namespace).
+    /// The nftables table holding the rule (in the switch or the host namespace, see [`LossSite`]).
     pub fn table(&self) -> &str {
         &self.table
+    }
+
+    pub fn site(&self) -> LossSite {
+        self.site
+    }
+
+    /// The namespace holding the table.
+    pub fn netns(&self) -> &NetnsHandle {
+        &self.ns
     }
 
     /// What the rule has dropped so far.
@@ -224,16 +263,18 @@ impl LossGuard {
                 let Some(counter) = e.get("counter") else { continue };
                 let p = counter["packets"].as_u64().unwrap_or(0);
                 let b = counter["bytes"].as_u64().unwrap_or(0);
-                match rule["chain"].as_str() {
-                    Some("ingress") => {
-                        c.ingress_packets += p;
-                        c.ingress_bytes += b;
-                    }
-                    Some("egress") => {
-                        c.egress_packets += p;
-                        c.egress_bytes += b;
-                    }
-                    _ => {}
+                // On the switch port, ingress is traffic from the host; on eth0 it is to the host.
+                let from_host = match (rule["chain"].as_str(), self.site) {
+                    (Some("ingress"), LossSite::SwitchPort) | (Some("egress"), LossSite::HostEth0) => true,
+                    (Some("egress"), LossSite::SwitchPort) | (Some("ingress"), LossSite::HostEth0) => false,
+                    _ => continue,
+                };
+                if from_host {
+                    c.from_host_packets += p;
+                    c.from_host_bytes += b;
+                } else {
+                    c.to_host_packets += p;
+                    c.to_host_bytes += b;
                 }
             }
         }
@@ -314,6 +355,8 @@ mod tests {
         assert!(r.contains("hook ingress device \"eth0\""));
         assert!(r.contains("hook egress device \"eth0\""));
         assert_eq!(r.matches("numgen random mod 10000 < 500 counter drop").count(), 2);
+        let all = loss_ruleset("t", "eth0", 10_000);
+        assert!(!all.contains("numgen") && all.matches("counter drop").count() == 2);
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub mod tuning;
 
 pub use cmd::require_root;
 pub use error::{Error, Result};
-pub use fault::{DropCounters, FaultKind, FaultRecord, LossGuard, RateCapGuard};
+pub use fault::{DropCounters, FaultKind, FaultRecord, LossGuard, LossSite, RateCapGuard};
 pub use netns::{clean, CleanReport, Netns, NetnsHandle};
 pub use roce::{roce_send, RoceRecvReport, RoceSendReport, RoceSink, RoceSpec, ROCEV2_UDP_PORT};
 pub use size::ByteSize;

@@ -93,3 +93,97 @@ fn tcp_send_is_received_exactly() {
         assert!(s.segs_out >= s.data_segs_out);
     }
 }
+
+#[test]
+fn roce_send_reports_what_the_peer_receives() {
+    root();
+    let star = Star::new(StarConfig { hosts: 2, ..Default::default() }).unwrap();
+    let listen = SocketAddr::new(star.hosts[1].addr.into(), testbed::ROCEV2_UDP_PORT);
+    let sink = star.hosts[1].ns.run(|| testbed::RoceSink::bind(listen)).unwrap();
+    let spec = testbed::RoceSpec {
+        to: listen,
+        src_port: 49152,
+        dest_qp: 0x1234,
+        start_psn: 1000,
+        packets: 2000,
+        payload_len: 1024,
+        skip_psns: vec![1010, 1011, 1500],
+        ce_marks: 25,
+        cnps: 4,
+        naks: 2,
+        ..Default::default()
+    };
+    let sent = star.hosts[0].ns.run(|| testbed::roce_send(&spec)).unwrap();
+    assert_eq!(sent.packets_sent, 2006);
+    assert_eq!(sent.data_packets, 2000);
+    assert_eq!((sent.psn_gaps, sent.skipped_psns), (2, 3));
+    assert_eq!((sent.ce_marked, sent.cnps, sent.naks), (25, 4, 2));
+    assert_eq!(sent.l3_bytes, 2000 * (20 + 8 + 12 + 1024 + 4) + 4 * (20 + 8 + 12 + 16 + 4) + 2 * (20 + 8 + 12 + 4 + 4));
+    assert!(sent.from.ends_with(":49152"));
+    let got = sink.receive(Some(sent.packets_sent), Duration::from_secs(1), Duration::from_secs(10)).unwrap();
+    assert_eq!(got.datagrams, sent.packets_sent, "{got:?}");
+    assert_eq!(got.by_opcode, sent.by_opcode);
+    assert_eq!((got.ce_marked, got.cnps, got.naks), (25, 4, 2));
+    assert_eq!(got.bytes, sent.udp_payload_bytes);
+}
+
+#[test]
+fn loss_rule_causes_retransmits_and_guard_removes_it() {
+    root();
+    let star = Star::new(StarConfig { hosts: 2, ..Default::default() }).unwrap();
+    let loss = star.add_loss(0, 5.0).unwrap();
+    assert_eq!(star.fault_log().len(), 1);
+    let sent = transfer(&star, 0, 1, star.hosts[1].addr.into(), 4 * 1024 * 1024, 1);
+    assert!(sent.total_retrans > 0, "5% loss but no retransmissions: {sent:?}");
+    let dropped = loss.dropped().unwrap();
+    assert!(dropped.from_host_packets > 0 && dropped.to_host_packets > 0, "{dropped:?}");
+    let table = loss.table().to_string();
+    let loss_ns = loss.netns().clone();
+    let rec = loss.remove().unwrap();
+    assert!(rec.ended_unix_ms.unwrap() >= rec.started_unix_ms);
+    let out = loss_ns.command("nft").args(["list", "tables"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(&table));
+    // Dropping a guard removes the rule as well.
+    let loss = star.add_loss(0, 100.0).unwrap();
+    let table = loss.table().to_string();
+    let loss_ns = loss.netns().clone();
+    drop(loss);
+    let out = loss_ns.command("nft").args(["list", "tables"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(&table));
+    assert!(star.fault_log().iter().all(|r| r.ended_unix_ms.is_some()));
+    // And traffic flows cleanly again.
+    transfer(&star, 0, 1, star.hosts[1].addr.into(), 1024 * 1024, 1);
+}
+
+#[test]
+fn rate_cap_limits_goodput_and_guard_removes_it() {
+    root();
+    let star = Star::new(StarConfig { hosts: 2, ..Default::default() }).unwrap();
+    let cap = star.rate_cap(0, 40).unwrap();
+    let sent = transfer(&star, 0, 1, star.hosts[1].addr.into(), 2 * 1024 * 1024, 1);
+    assert!(sent.goodput_mbit < 48.0, "{sent:?}");
+    let rec = cap.remove().unwrap();
+    assert!(rec.ended_unix_ms.is_some());
+    let out = star.hosts[0].ns.command("tc").args(["qdisc", "show", "dev", "eth0"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("tbf"));
+    let sent = transfer(&star, 0, 1, star.hosts[1].addr.into(), 8 * 1024 * 1024, 1);
+    assert!(sent.goodput_mbit > 100.0, "{sent:?}");
+}
+
+#[test]
+fn clean_removes_leaked_namespaces_of_dead_processes_only() {
+    root();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let leaked = format!("rs-{dead}-0-leak");
+    let ok = std::process::Command::new("ip").args(["netns", "add", &leaked]).status().unwrap();
+    assert!(ok.success());
+    let mine = Netns::new("t-keep").unwrap();
+    let report = testbed::clean(false).unwrap();
+    assert!(report.removed.contains(&leaked), "{report:?}");
+    assert!(!report.removed.iter().any(|n| n == mine.name()));
+    let left = testbed::netns::list_rig_namespaces().unwrap();
+    assert!(!left.contains(&leaked));
+    assert!(left.iter().any(|n| n == mine.name()));
+}
