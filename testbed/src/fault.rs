@@ -150,7 +150,9 @@ pub enum LossSite {
 impl Star {
     /// Drops `percent` % of the packets on host `host`'s link, independently at random in both
     /// directions (nftables `numgen random mod 10000 < percent*100`, 0.01 % resolution), at
-    /// [`LossSite::SwitchPort`]. There is no netem on the target kernels.
+    /// [`LossSite::SwitchPort`]. There is no netem on the target kernels. The rule drops packets
+    /// as the device sees them: with offloads on ([`crate::StarConfig::offloads`]) one TCP "packet"
+    /// may be a 64 KiB GSO frame, so the segment loss rate is burstier than `percent` suggests.
     pub fn add_loss(&self, host: usize, percent: f64) -> Result<LossGuard> {
         self.add_loss_at(host, percent, LossSite::SwitchPort)
     }
