@@ -492,6 +492,10 @@ impl FlowTable {
     pub fn evictions(&self) -> Evictions {
         self.evictions
     }
+    /// CLOCK_MONOTONIC of the last applied snapshot (0 before the first).
+    pub fn last_poll_mono_ns(&self) -> u64 {
+        self.last_mono_ns.unwrap_or(0)
+    }
     pub fn settings(&self) -> &TableSettings {
         &self.settings
     }

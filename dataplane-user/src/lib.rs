@@ -1,4 +1,5 @@
 //! The ringside agent: loads the eBPF flow monitor, collects its maps, and serves metrics and hints.
+pub mod api;
 pub mod config;
 pub mod flow_table;
 pub mod frames;

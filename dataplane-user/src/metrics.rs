@@ -37,7 +37,7 @@ macro_rules! metric {
 
 // --- eBPF data plane (STATS array, summed over CPUs) ---
 metric!(DATAPLANE_PACKETS, "ringside_dataplane_packets", Counter,
-    "Packets seen by the flow monitor, by result: seen (all), parsed (down to TCP/UDP/RoCEv2), matched (counted in a flow), malformed, unsupported (skipped by design)");
+    "Packets seen by the flow monitor, by result: seen (all), parsed (down to TCP/UDP/RoCEv2), matched (counted in a flow), malformed, unsupported (skipped by design), unreadable (headers could not be pulled into the linear skb)");
 metric!(DATAPLANE_MAP_FULL, "ringside_dataplane_map_full", Counter,
     "Flow-map inserts that failed because the kernel map was full; those packets were not counted in any flow");
 metric!(DATAPLANE_RINGBUF_FULL, "ringside_dataplane_ringbuf_full", Counter,
@@ -130,6 +130,7 @@ fn families(state: &AgentState) -> Vec<Family> {
         ("matched", stats::MATCHED),
         ("malformed", stats::MALFORMED),
         ("unsupported", stats::UNSUPPORTED),
+        ("unreadable", stats::UNREADABLE),
     ];
     let mut out = vec![
         Family {
@@ -291,7 +292,7 @@ pub fn render(state: &SharedState) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{
         flow_table::{tests::{key, stats}, PollSnapshot, TableSettings},

@@ -1,0 +1,421 @@
+//! The agent's HTTP API (axum): `/metrics`, `/v1/flows`, `/v1/status`, `/healthz`, `/readyz`.
+//!
+//! Handlers copy what they need out of [`SharedState`] under a short read lock and render outside
+//! it. Every error is JSON `{"error": "..."}` with a status code that says whose fault it is.
+//! The response types here are also what the CLI (`ringside flows`, `ringside status`) decodes.
+use axum::{
+    extract::{rejection::QueryRejection, Query, State},
+    http::{header, StatusCode},
+    response::{IntoResponse, Response},
+    routing::get,
+    Json, Router,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    flow_table::{direction_name, format_addr, kind_name, BurstRecord, FlowEntry, Rates},
+    metrics,
+    state::{AgentState, AttachedInterface, SharedState},
+};
+use dataplane_common::{flow_kind, stats};
+
+/// Default and maximum `limit` of `/v1/flows`.
+pub const DEFAULT_FLOWS_LIMIT: usize = 20;
+pub const MAX_FLOWS_LIMIT: usize = 1000;
+
+/// `{"error": "..."}`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ApiError {
+    pub error: String,
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(ApiError { error: message.into() })).into_response()
+}
+
+/// One flow in `/v1/flows`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FlowView {
+    pub interface: String,
+    /// `ingress` or `egress`.
+    pub direction: String,
+    /// `tcp`, `udp` or `rocev2`.
+    pub kind: String,
+    pub src_addr: String,
+    pub dst_addr: String,
+    pub src_port: u16,
+    pub dst_port: u16,
+    /// The remote end (source for ingress, destination for egress).
+    pub peer: String,
+    pub packets: u64,
+    /// L3 bytes.
+    pub bytes: u64,
+    pub payload_bytes: u64,
+    pub ce_marks: u64,
+    pub rates: RatesView,
+    /// Seconds since the flow's last packet (relative to the last poll).
+    pub idle_seconds: f64,
+    /// TCP counters (TCP flows only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub tcp: Option<TcpView>,
+    /// RoCEv2 counters (RoCEv2 flows only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub roce: Option<RoceView>,
+    pub bursts: BurstsView,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RatesView {
+    pub bytes_per_second: f64,
+    pub packets_per_second: f64,
+    pub ewma_bytes_per_second: f64,
+    pub ewma_packets_per_second: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TcpView {
+    pub retransmissions: u64,
+    pub pure_acks: u64,
+    pub dup_acks: u64,
+    pub ece: u64,
+    pub cwr: u64,
+    pub rst: u64,
+    pub fin: u64,
+    pub syn: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RoceView {
+    pub psn_gap_events: u64,
+    pub psn_gap_packets: u64,
+    pub psn_out_of_order: u64,
+    pub naks: u64,
+    pub cnps: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct BurstsView {
+    /// Ended bursts since the flow was first tracked.
+    pub count: u64,
+    pub mean_duration_seconds: f64,
+    pub mean_bytes: f64,
+    /// The most recent ended bursts, oldest first (bounded by `burst_history`).
+    pub recent: Vec<BurstView>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct BurstView {
+    pub duration_seconds: f64,
+    pub bytes: u64,
+    pub packets: u64,
+}
+
+/// `/v1/flows` response.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FlowsResponse {
+    /// Flows in the agent's table.
+    pub total_flows: usize,
+    pub limit: usize,
+    /// Top flows by bytes, largest first.
+    pub flows: Vec<FlowView>,
+}
+
+/// `/v1/status` response.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StatusResponse {
+    pub ready: bool,
+    /// Why not ready (absent when ready).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub not_ready_reason: Option<String>,
+    pub interfaces: Vec<AttachedInterface>,
+    pub pin_dir: Option<String>,
+    pub poll_interval_seconds: f64,
+    pub polls: u64,
+    pub poll_errors: u64,
+    pub last_poll_age_seconds: Option<f64>,
+    pub flows_tracked: usize,
+    /// `STATS`, summed over CPUs, by name.
+    pub dataplane: Vec<(String, u64)>,
+}
+
+/// Names of the `STATS` entries, in index order.
+pub const STATS_NAMES: [(&str, u32); 9] = [
+    ("seen", stats::SEEN),
+    ("parsed", stats::PARSED),
+    ("matched", stats::MATCHED),
+    ("malformed", stats::MALFORMED),
+    ("unsupported", stats::UNSUPPORTED),
+    ("map_full", stats::MAP_FULL),
+    ("ringbuf_full", stats::RINGBUF_FULL),
+    ("events", stats::EVENTS),
+    ("unreadable", stats::UNREADABLE),
+];
+
+const _: () = assert!(STATS_NAMES.len() == stats::COUNT as usize, "name every STATS entry");
+
+impl FlowView {
+    pub fn new(e: &FlowEntry, state: &AgentState, now_ns: u64) -> Self {
+        let c = &e.totals.counters;
+        let k = &e.key;
+        let Rates { bytes_per_second, packets_per_second, ewma_bytes_per_second, ewma_packets_per_second, .. } = e.rates;
+        let b = &e.bursts;
+        let mean = |total: u64| if b.count == 0 { 0.0 } else { total as f64 / b.count as f64 };
+        FlowView {
+            interface: state.ifname(k.ifindex),
+            direction: direction_name(k.direction).to_owned(),
+            kind: kind_name(k.kind).to_owned(),
+            src_addr: format_addr(&k.src_addr),
+            dst_addr: format_addr(&k.dst_addr),
+            src_port: k.src_port,
+            dst_port: k.dst_port,
+            peer: format_addr(&e.peer()),
+            packets: c.packets,
+            bytes: c.bytes,
+            payload_bytes: c.payload_bytes,
+            ce_marks: c.ce_marks,
+            rates: RatesView { bytes_per_second, packets_per_second, ewma_bytes_per_second, ewma_packets_per_second },
+            idle_seconds: now_ns.saturating_sub(e.totals.last_seen_ns) as f64 / 1e9,
+            tcp: (k.kind == flow_kind::TCP).then(|| TcpView {
+                retransmissions: c.tcp_retrans,
+                pure_acks: c.tcp_pure_acks,
+                dup_acks: c.tcp_dup_acks,
+                ece: c.tcp_ece,
+                cwr: c.tcp_cwr,
+                rst: c.tcp_rst,
+                fin: c.tcp_fin,
+                syn: c.tcp_syn,
+            }),
+            roce: (k.kind == flow_kind::ROCEV2).then(|| RoceView {
+                psn_gap_events: c.roce_psn_gap_events,
+                psn_gap_packets: c.roce_psn_gap_packets,
+                psn_out_of_order: c.roce_psn_out_of_order,
+                naks: c.roce_naks,
+                cnps: c.roce_cnps,
+            }),
+            bursts: BurstsView {
+                count: b.count,
+                mean_duration_seconds: mean(b.total_duration_ns) / 1e9,
+                mean_bytes: mean(b.total_bytes),
+                recent: b
+                    .recent
+                    .iter()
+                    .map(|r: &BurstRecord| BurstView { duration_seconds: r.duration_ns as f64 / 1e9, bytes: r.bytes, packets: r.packets })
+                    .collect(),
+            },
+        }
+    }
+}
+
+/// The router over a shared state.
+pub fn router(state: SharedState) -> Router {
+    Router::new()
+        .route("/metrics", get(get_metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/v1/flows", get(flows))
+        .route("/v1/status", get(status))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+async fn get_metrics(State(state): State<SharedState>) -> Response {
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], metrics::render(&state)).into_response()
+}
+
+async fn healthz() -> Response {
+    Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+async fn readyz(State(state): State<SharedState>) -> Response {
+    let r = read(&state).readiness();
+    match r {
+        Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
+        Err(reason) => error(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}")),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FlowsQuery {
+    limit: Option<String>,
+}
+
+/// Parses `limit`: absent → default; otherwise 1..=MAX.
+pub fn parse_limit(raw: Option<&str>) -> Result<usize, String> {
+    let Some(raw) = raw else { return Ok(DEFAULT_FLOWS_LIMIT) };
+    match raw.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_FLOWS_LIMIT).contains(&n) => Ok(n),
+        _ => Err(format!("invalid limit `{raw}`: give a whole number from 1 to {MAX_FLOWS_LIMIT} (default {DEFAULT_FLOWS_LIMIT})")),
+    }
+}
+
+async fn flows(State(state): State<SharedState>, q: Result<Query<FlowsQuery>, QueryRejection>) -> Response {
+    let q = match q {
+        Ok(Query(q)) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid query string: {e}")),
+    };
+    let limit = match parse_limit(q.limit.as_deref()) {
+        Ok(l) => l,
+        Err(m) => return error(StatusCode::BAD_REQUEST, m),
+    };
+    let resp = {
+        let s = read(&state);
+        let now = s.table.last_poll_mono_ns();
+        FlowsResponse {
+            total_flows: s.table.len(),
+            limit,
+            flows: s.table.top_by_bytes(limit).into_iter().map(|e| FlowView::new(e, &s, now)).collect(),
+        }
+    };
+    Json(resp).into_response()
+}
+
+/// Builds the `/v1/status` body.
+pub fn status_of(s: &AgentState) -> StatusResponse {
+    let ready = s.readiness();
+    let ds = s.table.dataplane_stats();
+    StatusResponse {
+        ready: ready.is_ok(),
+        not_ready_reason: ready.err(),
+        interfaces: s.interfaces.clone(),
+        pin_dir: s.pin_dir.as_ref().map(|p| p.display().to_string()),
+        poll_interval_seconds: s.poll_interval.as_secs_f64(),
+        polls: s.polls,
+        poll_errors: s.poll_errors,
+        last_poll_age_seconds: s.poll_age().map(|d| d.as_secs_f64()),
+        flows_tracked: s.table.len(),
+        dataplane: STATS_NAMES.iter().map(|(n, i)| ((*n).to_owned(), ds.get(*i as usize).copied().unwrap_or(0))).collect(),
+    }
+}
+
+async fn status(State(state): State<SharedState>) -> Response {
+    let body = status_of(&read(&state));
+    Json(body).into_response()
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        format!("no such endpoint `{}`; try /metrics, /v1/flows, /v1/status, /healthz or /readyz", uri.path()),
+    )
+}
+
+async fn method_not_allowed() -> Response {
+    error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed: every endpoint is GET")
+}
+
+fn read(state: &SharedState) -> std::sync::RwLockReadGuard<'_, AgentState> {
+    // A panic in the collector must not take the API down with it: read the last state anyway.
+    state.read().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{flow_table::TableSettings, metrics::tests::sample_state, state::AgentState};
+    use axum::{body::Body, http::Request};
+    use http_body_util::BodyExt;
+    use std::time::Duration;
+    use tower::ServiceExt;
+
+    async fn get(state: SharedState, uri: &str) -> (StatusCode, String, String) {
+        let resp = router(state).oneshot(Request::get(uri).body(Body::empty()).unwrap()).await.unwrap();
+        let status = resp.status();
+        let ct = resp.headers().get(header::CONTENT_TYPE).map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, ct, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn flows_top_n_json() {
+        let (st, ct, body) = get(sample_state(), "/v1/flows?limit=1").await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        assert!(ct.starts_with("application/json"));
+        let r: FlowsResponse = serde_json::from_str(&body).unwrap();
+        assert_eq!((r.total_flows, r.limit, r.flows.len()), (2, 1, 1));
+        let f = &r.flows[0];
+        assert_eq!((f.kind.as_str(), f.bytes, f.packets), ("rocev2", 40_000, 20));
+        assert_eq!((f.src_addr.as_str(), f.dst_addr.as_str(), f.peer.as_str()), ("10.77.0.1", "10.77.0.3", "10.77.0.3"));
+        assert_eq!((f.interface.as_str(), f.direction.as_str(), f.dst_port), ("eth0", "egress", 4791));
+        let roce = f.roce.as_ref().unwrap();
+        assert_eq!((roce.psn_gap_packets, roce.cnps), (5, 7));
+        assert!(f.tcp.is_none());
+        assert_eq!(f.bursts.count, 1);
+        assert!((f.bursts.mean_duration_seconds - 0.003).abs() < 1e-12);
+
+        let (st, _, body) = get(sample_state(), "/v1/flows").await;
+        assert_eq!(st, StatusCode::OK);
+        let r: FlowsResponse = serde_json::from_str(&body).unwrap();
+        assert_eq!(r.limit, DEFAULT_FLOWS_LIMIT);
+        assert_eq!(r.flows.len(), 2);
+        assert_eq!(r.flows[1].tcp.as_ref().unwrap().retransmissions, 3);
+    }
+
+    #[tokio::test]
+    async fn bad_limit_is_400_json() {
+        for q in ["limit=0", "limit=abc", "limit=-1", "limit=1001", "limit="] {
+            let (st, ct, body) = get(sample_state(), &format!("/v1/flows?{q}")).await;
+            assert_eq!(st, StatusCode::BAD_REQUEST, "{q}: {body}");
+            assert!(ct.starts_with("application/json"), "{q}");
+            let e: ApiError = serde_json::from_str(&body).unwrap();
+            assert!(e.error.contains("limit") && e.error.contains("1000"), "{q}: {}", e.error);
+        }
+        let (st, _, _) = get(sample_state(), "/v1/flows?limit=1000").await;
+        assert_eq!(st, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn unknown_path_is_404_json() {
+        let (st, ct, body) = get(sample_state(), "/v1/nope").await;
+        assert_eq!(st, StatusCode::NOT_FOUND);
+        assert!(ct.starts_with("application/json"));
+        let e: ApiError = serde_json::from_str(&body).unwrap();
+        assert!(e.error.contains("/v1/nope"), "{}", e.error);
+        let resp = router(sample_state())
+            .oneshot(Request::post("/v1/flows").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+    }
+
+    #[tokio::test]
+    async fn health_and_readiness() {
+        let (st, _, _) = get(sample_state(), "/healthz").await;
+        assert_eq!(st, StatusCode::OK);
+        let (st, _, body) = get(sample_state(), "/readyz").await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+
+        let fresh = AgentState::new(TableSettings::default(), Duration::from_millis(100)).shared();
+        let (st, _, body) = get(fresh.clone(), "/readyz").await;
+        assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("not attached"), "{body}");
+        fresh.write().unwrap().attached = true;
+        let (st, _, body) = get(fresh.clone(), "/readyz").await;
+        assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("no map poll"), "{body}");
+        // /healthz is about the process only.
+        let (st, _, _) = get(fresh, "/healthz").await;
+        assert_eq!(st, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn metrics_endpoint() {
+        let (st, ct, body) = get(sample_state(), "/metrics").await;
+        assert_eq!(st, StatusCode::OK);
+        assert_eq!(ct, metrics::CONTENT_TYPE);
+        assert!(body.contains("ringside_dataplane_packets_total{result=\"matched\"} 80"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn status_endpoint() {
+        let (st, _, body) = get(sample_state(), "/v1/status").await;
+        assert_eq!(st, StatusCode::OK);
+        let s: StatusResponse = serde_json::from_str(&body).unwrap();
+        assert!(s.ready);
+        assert_eq!(s.flows_tracked, 2);
+        assert_eq!(s.interfaces[0].name, "eth0");
+        assert!(s.dataplane.contains(&("matched".to_owned(), 80)));
+        assert_eq!(s.polls, 1);
+        assert!(s.last_poll_age_seconds.unwrap() < 60.0);
+    }
+}
