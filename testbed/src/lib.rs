@@ -15,8 +15,10 @@
 pub mod cmd;
 pub mod error;
 pub mod fault;
+pub mod job;
 pub mod netns;
 pub mod roce;
+pub mod signals;
 pub mod size;
 pub mod star;
 pub mod tcp;
@@ -24,6 +26,7 @@ pub mod tuning;
 
 pub use cmd::require_root;
 pub use error::{Error, Result};
+pub use job::{run_job, spawn_job, JobConfig, JobReport, RunningJob};
 pub use fault::{DropCounters, FaultKind, FaultRecord, LossGuard, LossSite, RateCapGuard};
 pub use netns::{clean, CleanReport, Netns, NetnsHandle};
 pub use roce::{roce_send, RoceRecvReport, RoceSendReport, RoceSink, RoceSpec, ROCEV2_UDP_PORT};

@@ -1,0 +1,379 @@
+//! The emulated training job: one `ringside-rank` process per host of a [`Star`], each talking
+//! to its peers over the star's links, then a summary of their step and communication times.
+//!
+//! `ringside-rank` (built in ipu-firmware) is started as
+//! `ringside-rank --rank R --world N --peers IP:PORT,... --size 16MiB --steps S --compute-ms C
+//! [--straggler-extra-ms E] [--algorithm A] [--compression C] [--verify] --out FILE.json`
+//! inside host R's namespace, with stdout and stderr in `rank-R.log` next to `rank-R.json`.
+//!
+//! The summary reads each rank's JSON tolerantly: per-step records under `"steps"` (objects with
+//! a step time `step_ms` / `total_ms` / `duration_ms` and a communication time `comm_ms` /
+//! `communication_ms` / `collective_ms`), or top-level arrays `"step_ms"` and `"comm_ms"`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::size::ByteSize;
+use crate::star::Star;
+
+/// Name of the rank binary.
+pub const RANK_BINARY: &str = "ringside-rank";
+
+/// A job to run on a star.
+#[derive(Debug, Clone)]
+pub struct JobConfig {
+    /// Ranks; the star must have at least this many hosts (rank r runs on host r).
+    pub ranks: usize,
+    /// Bytes per collective (passed through as `--size`).
+    pub size: ByteSize,
+    pub steps: u32,
+    pub compute_ms: u64,
+    pub algorithm: Option<String>,
+    pub compression: Option<String>,
+    /// (rank, extra compute milliseconds per step).
+    pub straggler: Option<(usize, u64)>,
+    /// Pass `--verify` to the ranks.
+    pub verify: bool,
+    /// The `ringside-rank` binary; [`find_rank_binary`] when `None`.
+    pub rank_bin: Option<PathBuf>,
+    /// TCP port every rank listens on (on its own host address). Default 29500.
+    pub port: u16,
+    /// Kill the job if it has not finished by then.
+    pub timeout: Duration,
+    /// Where rank JSON and logs go; a fresh directory under the temp dir when `None`.
+    pub out_dir: Option<PathBuf>,
+    /// Extra arguments appended to every rank's command line.
+    pub extra_args: Vec<String>,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        JobConfig {
+            ranks: 4,
+            size: ByteSize(16 << 20),
+            steps: 10,
+            compute_ms: 50,
+            algorithm: None,
+            compression: None,
+            straggler: None,
+            verify: false,
+            rank_bin: None,
+            port: 29500,
+            timeout: Duration::from_secs(300),
+            out_dir: None,
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// `ringside-rank` next to the current executable (and, for test binaries in
+/// `target/<profile>/deps`, one directory up), unless `explicit` is given.
+pub fn find_rank_binary(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = explicit {
+        return if p.is_file() { Ok(p.to_path_buf()) } else { Err(Error::RankBinaryMissing { binary: p.to_path_buf() }) };
+    }
+    let exe = std::env::current_exe().map_err(|e| Error::file("/proc/self/exe", e))?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let candidates = [dir.join(RANK_BINARY), dir.join("..").join(RANK_BINARY)];
+    candidates
+        .iter()
+        .find(|c| c.is_file())
+        .cloned()
+        .ok_or_else(|| Error::RankBinaryMissing { binary: candidates[0].clone() })
+}
+
+static JOB_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A running job. Dropping it kills every rank still running.
+#[derive(Debug)]
+pub struct RunningJob {
+    ranks: Vec<RankProcess>,
+    out_dir: PathBuf,
+    started: Instant,
+    started_unix_ms: u64,
+    timeout: Duration,
+}
+
+#[derive(Debug)]
+struct RankProcess {
+    rank: usize,
+    child: Option<Child>,
+    out: PathBuf,
+    log: PathBuf,
+    status: Option<std::process::ExitStatus>,
+}
+
+/// The ranks' peer list: `10.77.0.1:29500,10.77.0.2:29500,...` (index = rank).
+pub fn peer_list(star: &Star, ranks: usize, port: u16) -> String {
+    star.hosts[..ranks].iter().map(|h| format!("{}:{port}", h.addr)).collect::<Vec<_>>().join(",")
+}
+
+/// Starts one rank per host (rank r in host r's namespace).
+pub fn spawn_job(star: &Star, cfg: &JobConfig) -> Result<RunningJob> {
+    if cfg.ranks < 2 || cfg.ranks > star.hosts.len() {
+        return Err(Error::InvalidArgument { field: "ranks", reason: format!("{} (need 2..={} for this star)", cfg.ranks, star.hosts.len()) });
+    }
+    if let Some((r, _)) = cfg.straggler {
+        if r >= cfg.ranks {
+            return Err(Error::InvalidArgument { field: "straggler", reason: format!("rank {r} does not exist in a job of {}", cfg.ranks) });
+        }
+    }
+    let bin = find_rank_binary(cfg.rank_bin.as_deref())?;
+    let out_dir = match &cfg.out_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("ringside-job-{}-{}", std::process::id(), JOB_COUNTER.fetch_add(1, Ordering::Relaxed))),
+    };
+    std::fs::create_dir_all(&out_dir).map_err(|e| Error::file(&out_dir, e))?;
+    let peers = peer_list(star, cfg.ranks, cfg.port);
+    let mut job = RunningJob {
+        ranks: Vec::with_capacity(cfg.ranks),
+        out_dir: out_dir.clone(),
+        started: Instant::now(),
+        started_unix_ms: crate::fault::unix_ms(std::time::SystemTime::now()),
+        timeout: cfg.timeout,
+    };
+    for r in 0..cfg.ranks {
+        let out = out_dir.join(format!("rank-{r}.json"));
+        let log = out_dir.join(format!("rank-{r}.log"));
+        let _ = std::fs::remove_file(&out);
+        let logf = std::fs::File::create(&log).map_err(|e| Error::file(&log, e))?;
+        let logf2 = logf.try_clone().map_err(|e| Error::file(&log, e))?;
+        let mut cmd = star.hosts[r].ns.command(&bin);
+        cmd.arg("--rank").arg(r.to_string())
+            .arg("--world").arg(cfg.ranks.to_string())
+            .arg("--peers").arg(&peers)
+            .arg("--size").arg(cfg.size.to_string())
+            .arg("--steps").arg(cfg.steps.to_string())
+            .arg("--compute-ms").arg(cfg.compute_ms.to_string());
+        if let Some((sr, extra)) = cfg.straggler {
+            if sr == r {
+                cmd.arg("--straggler-extra-ms").arg(extra.to_string());
+            }
+        }
+        if let Some(a) = &cfg.algorithm {
+            cmd.arg("--algorithm").arg(a);
+        }
+        if let Some(c) = &cfg.compression {
+            cmd.arg("--compression").arg(c);
+        }
+        if cfg.verify {
+            cmd.arg("--verify");
+        }
+        cmd.arg("--out").arg(&out).args(&cfg.extra_args);
+        cmd.stdin(Stdio::null()).stdout(logf).stderr(logf2);
+        let command = crate::cmd::describe(&cmd);
+        tracing::info!(rank = r, netns = star.hosts[r].ns.name(), %command, "starting rank");
+        // On error `job` is dropped here, killing the ranks already started.
+        let child = cmd.spawn().map_err(|source| Error::Spawn { command, source })?;
+        job.ranks.push(RankProcess { rank: r, child: Some(child), out, log, status: None });
+    }
+    Ok(job)
+}
+
+/// Distribution summary in milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Dist {
+    pub count: usize,
+    pub mean: f64,
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Dist {
+    pub fn of(values: &[f64]) -> Dist {
+        if values.is_empty() {
+            return Dist::default();
+        }
+        let mut v = values.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        let pct = |p: f64| v[(((v.len() - 1) as f64) * p).round() as usize];
+        Dist { count: v.len(), mean: v.iter().sum::<f64>() / v.len() as f64, p50: pct(0.5), p99: pct(0.99), max: v[v.len() - 1] }
+    }
+}
+
+/// One rank's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct RankSummary {
+    pub rank: usize,
+    pub exit: String,
+    pub out: PathBuf,
+    pub log: PathBuf,
+    pub step_ms: Dist,
+    pub comm_ms: Dist,
+}
+
+/// What the job did.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobReport {
+    pub ranks: Vec<RankSummary>,
+    /// Over all ranks and steps.
+    pub step_ms: Dist,
+    pub comm_ms: Dist,
+    pub wall_ms: f64,
+    pub started_unix_ms: u64,
+    pub out_dir: PathBuf,
+}
+
+/// Pulls per-step (step_ms, comm_ms) out of a rank's JSON (see the module docs for the shapes).
+pub fn step_times(v: &serde_json::Value) -> (Vec<f64>, Vec<f64>) {
+    const STEP_KEYS: [&str; 5] = ["step_ms", "total_ms", "duration_ms", "wall_ms", "time_ms"];
+    const COMM_KEYS: [&str; 4] = ["comm_ms", "communication_ms", "collective_ms", "allreduce_ms"];
+    let first = |o: &serde_json::Value, keys: &[&str]| keys.iter().find_map(|k| o.get(*k).and_then(|x| x.as_f64()));
+    let (mut step, mut comm) = (Vec::new(), Vec::new());
+    if let Some(steps) = v.get("steps").and_then(|s| s.as_array()) {
+        for s in steps {
+            if let Some(x) = first(s, &STEP_KEYS) {
+                step.push(x);
+            }
+            if let Some(x) = first(s, &COMM_KEYS) {
+                comm.push(x);
+            }
+        }
+    }
+    let arr = |keys: &[&str]| -> Vec<f64> {
+        keys.iter()
+            .find_map(|k| v.get(*k).and_then(|x| x.as_array()))
+            .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+            .unwrap_or_default()
+    };
+    if step.is_empty() {
+        step = arr(&STEP_KEYS);
+    }
+    if comm.is_empty() {
+        comm = arr(&COMM_KEYS);
+    }
+    (step, comm)
+}
+
+impl RunningJob {
+    pub fn out_dir(&self) -> &Path {
+        &self.out_dir
+    }
+
+    /// Process ids of the ranks (index = rank).
+    pub fn pids(&self) -> Vec<Option<u32>> {
+        self.ranks.iter().map(|r| r.child.as_ref().map(|c| c.id())).collect()
+    }
+
+    /// Waits (bounded by the job's timeout and `stop`) for every rank to exit, then reads their
+    /// JSON. A rank that fails or the timeout kills the whole job.
+    pub fn wait(mut self, stop: Option<&std::sync::atomic::AtomicBool>) -> Result<JobReport> {
+        let deadline = self.started + self.timeout;
+        let poll = Duration::from_millis(50);
+        for _ in 0..(self.timeout.as_millis() / poll.as_millis() + 2) {
+            let mut running = 0;
+            for r in &mut self.ranks {
+                if r.status.is_some() {
+                    continue;
+                }
+                let Some(c) = r.child.as_mut() else { continue };
+                match c.try_wait() {
+                    Ok(Some(st)) => {
+                        r.status = Some(st);
+                        if !st.success() {
+                            let detail = format!("exited with {st}: {}", log_tail(&r.log));
+                            return Err(Error::RankFailed { rank: r.rank, detail, log: r.log.clone() });
+                        }
+                    }
+                    Ok(None) => running += 1,
+                    Err(e) => return Err(Error::RankFailed { rank: r.rank, detail: e.to_string(), log: r.log.clone() }),
+                }
+            }
+            if running == 0 {
+                break;
+            }
+            if stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
+                return Err(Error::Timeout { what: "job".into(), waited: self.started.elapsed(), detail: "interrupted".into() });
+            }
+            if Instant::now() >= deadline {
+                let left: Vec<usize> = self.ranks.iter().filter(|r| r.status.is_none()).map(|r| r.rank).collect();
+                return Err(Error::Timeout { what: "job to finish".into(), waited: self.timeout, detail: format!("ranks {left:?} still running (logs in {})", self.out_dir.display()) });
+            }
+            std::thread::sleep(poll);
+        }
+        let wall_ms = self.started.elapsed().as_secs_f64() * 1e3;
+        let mut ranks = Vec::new();
+        let (mut all_step, mut all_comm) = (Vec::new(), Vec::new());
+        for r in &self.ranks {
+            let text = std::fs::read_to_string(&r.out).map_err(|e| Error::RankFailed {
+                rank: r.rank,
+                detail: format!("no result file {}: {e}", r.out.display()),
+                log: r.log.clone(),
+            })?;
+            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::RankFailed {
+                rank: r.rank,
+                detail: format!("{} is not JSON: {e}", r.out.display()),
+                log: r.log.clone(),
+            })?;
+            let (step, comm) = step_times(&v);
+            all_step.extend_from_slice(&step);
+            all_comm.extend_from_slice(&comm);
+            ranks.push(RankSummary {
+                rank: r.rank,
+                exit: r.status.map(|s| s.to_string()).unwrap_or_default(),
+                out: r.out.clone(),
+                log: r.log.clone(),
+                step_ms: Dist::of(&step),
+                comm_ms: Dist::of(&comm),
+            });
+        }
+        Ok(JobReport {
+            ranks,
+            step_ms: Dist::of(&all_step),
+            comm_ms: Dist::of(&all_comm),
+            wall_ms,
+            started_unix_ms: self.started_unix_ms,
+            out_dir: self.out_dir.clone(),
+        })
+    }
+}
+
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+impl Drop for RunningJob {
+    fn drop(&mut self) {
+        for r in &mut self.ranks {
+            if let Some(mut c) = r.child.take() {
+                if r.status.is_none() && matches!(c.try_wait(), Ok(None)) {
+                    let _ = c.kill();
+                }
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// Builds nothing: runs `cfg` on an existing star and waits for it.
+pub fn run_job(star: &Star, cfg: &JobConfig, stop: Option<&std::sync::atomic::AtomicBool>) -> Result<JobReport> {
+    spawn_job(star, cfg)?.wait(stop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dist() {
+        let d = Dist::of(&(1..=100).map(f64::from).collect::<Vec<_>>());
+        assert_eq!((d.count, d.mean, d.p50, d.p99, d.max), (100, 50.5, 51.0, 99.0, 100.0));
+        assert_eq!(Dist::of(&[]), Dist::default());
+    }
+
+    #[test]
+    fn step_times_shapes() {
+        let a = serde_json::json!({"steps": [{"step": 0, "step_ms": 10.0, "comm_ms": 4.0}, {"total_ms": 12, "communication_ms": 5}]});
+        assert_eq!(step_times(&a), (vec![10.0, 12.0], vec![4.0, 5.0]));
+        let b = serde_json::json!({"step_ms": [1, 2, 3], "comm_ms": [0.5]});
+        assert_eq!(step_times(&b), (vec![1.0, 2.0, 3.0], vec![0.5]));
+    }
+}
