@@ -1,2 +1,27 @@
 //! The collective engine that runs in the provider's trusted domain (DPU/IPU), also used in-process by
 //! the testbed's emulated training job.
+//!
+//! - [`wire`]: frame header and payload layouts (pure parsing).
+//! - [`codec`]: per-chunk wire compression (none, fp16, bf16, int8, top-k) and error feedback.
+//! - [`plan`]: [`Plan`], the [`PlanSource`] hook, and the control header rank 0 sends per collective.
+//! - [`transport`]: the [`Transport`] trait and the TCP mesh ([`TcpTransport`]).
+//! - [`engine`]: [`Communicator`]: ring / tree / recursive halving-doubling allreduce, reduce-scatter,
+//!   allgather, broadcast.
+//! - [`job`]: the emulated training job behind the `ringside-rank` binary, runnable in-process.
+//!
+//! Invariants shared by all modules: every wait is bounded by a timeout; every frame is validated
+//! before it touches a result; every rank runs each collective with the plan rank 0 announced for it.
+
+pub mod codec;
+pub mod engine;
+pub mod error;
+pub mod job;
+pub mod plan;
+pub mod transport;
+pub mod wire;
+
+pub use codec::{Bf16, CodecKind};
+pub use engine::{allreduce_busbw, segment, Communicator, CommunicatorConfig, OpReport};
+pub use error::CollectiveError;
+pub use plan::{Algorithm, Compression, Dtype, Plan, PlanSource, ScriptedPlans};
+pub use transport::{TcpOptions, TcpTransport, Transport};

@@ -1,0 +1,142 @@
+//! `ringside-rank`: one rank of the emulated training job (compute phase + allreduce per step).
+//! Spawned once per network namespace by the testbed; writes a JSON report to `--out`.
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use ipu_firmware::job::{parse_size, run_rank, ComputeMode, JobConfig};
+use ipu_firmware::plan::{Compression, Dtype, Plan, ScriptedPlans};
+use ipu_firmware::{Algorithm, CodecKind, PlanSource};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// One rank of ringside's emulated training job.
+#[derive(Parser, Debug)]
+#[command(name = "ringside-rank", version)]
+struct Args {
+    /// This process's rank, 0-based.
+    #[arg(long)]
+    rank: usize,
+    /// Number of ranks.
+    #[arg(long)]
+    world: usize,
+    /// IP:PORT of every rank, comma separated, index = rank. This rank listens on 0.0.0.0 at its own
+    /// entry's port.
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<SocketAddr>,
+    /// Gradient buffer size, e.g. 16MiB.
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    size: usize,
+    /// Element type of the gradient buffer: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    dtype: Dtype,
+    /// Training steps to run.
+    #[arg(long)]
+    steps: u64,
+    /// Compute phase per step, in ms.
+    #[arg(long)]
+    compute_ms: f64,
+    /// Uniform random extra compute per step, 0..=J ms.
+    #[arg(long, default_value_t = 0.0)]
+    compute_jitter_ms: f64,
+    /// Extra compute on this rank every step (makes it a straggler), in ms.
+    #[arg(long, default_value_t = 0.0)]
+    straggler_extra_ms: f64,
+    /// Spin the CPU during the compute phase instead of sleeping.
+    #[arg(long)]
+    busy_compute: bool,
+    /// Allreduce algorithm: ring, tree or rhd.
+    #[arg(long, default_value = "ring")]
+    algorithm: Algorithm,
+    /// Chunk (frame and pipeline unit) size in bytes.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    chunk_bytes: usize,
+    /// Parallel TCP connections per peer pair.
+    #[arg(long, default_value_t = 1)]
+    channels: u8,
+    /// Connections per peer pair to open at setup (so a plan change may raise --channels up to it);
+    /// defaults to --channels.
+    #[arg(long)]
+    max_channels: Option<u8>,
+    /// Wire compression: none, fp16, bf16, int8 or topk:RATIO.
+    #[arg(long, default_value = "none")]
+    compression: CodecKind,
+    /// Carry compression residuals to the next step.
+    #[arg(long)]
+    error_feedback: bool,
+    /// Bound on connection setup and on every wait for a peer, in ms. Must exceed the slowest rank's
+    /// compute phase.
+    #[arg(long, default_value_t = 30_000)]
+    timeout_ms: u64,
+    /// Check every step's allreduce result against the expected sum of the deterministic inputs.
+    #[arg(long)]
+    verify: bool,
+    /// Rank 0 only: JSON array of plans ({step_from, algorithm, chunk_bytes, channels, compression})
+    /// to switch to during the run.
+    #[arg(long)]
+    plan_schedule: Option<PathBuf>,
+    /// Where to write the JSON report.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let a = Args::parse();
+    if a.peers.len() != a.world {
+        bail!("--peers has {} entries but --world is {}", a.peers.len(), a.world);
+    }
+    if a.rank >= a.world {
+        bail!("--rank {} is not below --world {}", a.rank, a.world);
+    }
+    let plan = Plan {
+        step_from: 0,
+        algorithm: a.algorithm,
+        chunk_bytes: u32::try_from(a.chunk_bytes).context("--chunk-bytes too large")?,
+        channels: a.channels,
+        compression: Compression { codec: a.compression, error_feedback: a.error_feedback },
+    };
+    let max_channels = a.max_channels.unwrap_or(a.channels).max(a.channels);
+    plan.validate(max_channels)?;
+    let source: Option<Box<dyn PlanSource>> = match (&a.plan_schedule, a.rank) {
+        (Some(path), 0) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let plans: Vec<Plan> = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+            Some(Box::new(ScriptedPlans(plans)))
+        }
+        _ => None,
+    };
+    let cfg = JobConfig {
+        rank: a.rank,
+        world: a.world,
+        peers: a.peers,
+        size_bytes: a.size,
+        dtype: a.dtype,
+        steps: a.steps,
+        compute_ms: a.compute_ms,
+        compute_jitter_ms: a.compute_jitter_ms,
+        straggler_extra_ms: a.straggler_extra_ms,
+        compute_mode: if a.busy_compute { ComputeMode::Busy } else { ComputeMode::Sleep },
+        plan,
+        max_channels,
+        timeout_ms: a.timeout_ms,
+        verify: a.verify,
+    };
+    let report = run_rank(&cfg, source).context("setting up the collective mesh")?;
+    let json = serde_json::to_string_pretty(&report)?;
+    std::fs::write(&a.out, json).with_context(|| format!("writing {}", a.out.display()))?;
+    let s = &report.summary;
+    eprintln!(
+        "rank {}: {} steps, step mean {:.2} ms p99 {:.2} ms, comm mean {:.2} ms p99 {:.2} ms, verified {:?}",
+        a.rank, s.steps_completed, s.step_ms.mean, s.step_ms.p99, s.comm_ms.mean, s.comm_ms.p99, s.all_verified
+    );
+    if let Some(e) = &report.error {
+        bail!("rank {} failed at step {}: {e}", a.rank, report.steps.len());
+    }
+    if s.all_verified == Some(false) {
+        bail!("rank {}: allreduce result did not verify", a.rank);
+    }
+    Ok(())
+}

@@ -1,0 +1,691 @@
+//! Per-chunk compression codecs for the wire, and error feedback.
+//!
+//! A codec turns a chunk of f32 partial sums into payload bytes and back. The engine always reduces in
+//! f32; codecs only change what travels between ranks.
+//!
+//! | codec | payload | error bound per element, one encode/decode |
+//! |---|---|---|
+//! | [`RawF32Codec`] (`none`) | 4 B/elem, bit-exact | 0 |
+//! | [`Fp16Codec`] | 2 B/elem IEEE binary16, round-to-nearest-even | `|x|·2⁻¹¹` for `2⁻¹⁴ ≤ |x| ≤ 65504`, `2⁻²⁵` below; overflow to ±inf above 65519 |
+//! | [`Bf16Codec`] | 2 B/elem bfloat16, round-to-nearest-even | `|x|·2⁻⁸` for `|x| ≥ 2⁻¹²⁶` (full f32 range), `2⁻¹³⁴` below |
+//! | [`Int8Codec`] | 4 B scale + 1 B/elem, symmetric per-chunk scale `max|x|/127` | `max|x| / 254` (over the chunk) |
+//! | [`TopKCodec`] | 4 B count + 8 B per kept (u32 index, f32 value) | kept values exact; every dropped `|x|` ≤ the smallest kept `|x|` |
+//!
+//! Invariants:
+//! - Decoding validates the payload length against the element count (and top-k indices against the
+//!   chunk), so a malformed payload is an error, never a silent partial result.
+//! - Non-finite inputs are not supported by the lossy codecs (fp16/bf16 keep inf/NaN; int8 and top-k
+//!   may turn a chunk containing them into NaN). Gradients are expected to be finite.
+//! - The fp16/bf16/int8 loops are branch-free per element so LLVM auto-vectorises them (measured by the
+//!   `ringside-collective-bench codecs` command).
+//!
+//! Error feedback ([`encode_with_feedback`]): the sender adds the residual left over from the previous
+//! time it sent these element positions, encodes, and keeps `input + residual − decoded` as the new
+//! residual. Over steps, the sum of what was transmitted equals the sum of the inputs minus the current
+//! residual, so compression error does not accumulate.
+
+use crate::wire::FrameError;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Which codec a plan asks for. `TopK.ratio` is the kept fraction in (0, 1].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "codec", rename_all = "lowercase")]
+pub enum CodecKind {
+    None,
+    Fp16,
+    Bf16,
+    Int8,
+    #[serde(rename = "topk")]
+    TopK { ratio: f32 },
+}
+
+impl CodecKind {
+    /// The id carried in [`crate::wire::FrameHeader::codec`].
+    pub fn wire_id(&self) -> u8 {
+        match self {
+            CodecKind::None => 0,
+            CodecKind::Fp16 => 1,
+            CodecKind::Bf16 => 2,
+            CodecKind::Int8 => 3,
+            CodecKind::TopK { .. } => 4,
+        }
+    }
+
+    pub fn is_lossless(&self) -> bool {
+        matches!(self, CodecKind::None) || matches!(self, CodecKind::TopK { ratio } if *ratio >= 1.0)
+    }
+
+    /// The codec object for this kind.
+    pub fn codec(&self) -> Box<dyn ChunkCodec + Send + Sync> {
+        match *self {
+            CodecKind::None => Box::new(RawF32Codec),
+            CodecKind::Fp16 => Box::new(Fp16Codec),
+            CodecKind::Bf16 => Box::new(Bf16Codec),
+            CodecKind::Int8 => Box::new(Int8Codec),
+            CodecKind::TopK { ratio } => Box::new(TopKCodec { ratio }),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), &'static str> {
+        match self {
+            CodecKind::TopK { ratio } if !(*ratio > 0.0 && *ratio <= 1.0) => Err("top-k ratio must be in (0, 1]"),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl fmt::Display for CodecKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CodecKind::None => f.write_str("none"),
+            CodecKind::Fp16 => f.write_str("fp16"),
+            CodecKind::Bf16 => f.write_str("bf16"),
+            CodecKind::Int8 => f.write_str("int8"),
+            CodecKind::TopK { ratio } => write!(f, "topk:{ratio}"),
+        }
+    }
+}
+
+/// Error parsing a `--compression` value.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("unknown compression {given:?}: use none, fp16, bf16, int8 or topk:RATIO with RATIO in (0, 1]")]
+pub struct ParseCodecError {
+    pub given: String,
+}
+
+impl FromStr for CodecKind {
+    type Err = ParseCodecError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || ParseCodecError { given: s.to_string() };
+        let k = match s {
+            "none" => CodecKind::None,
+            "fp16" => CodecKind::Fp16,
+            "bf16" => CodecKind::Bf16,
+            "int8" => CodecKind::Int8,
+            _ => {
+                let r = s.strip_prefix("topk:").ok_or_else(err)?;
+                CodecKind::TopK { ratio: r.parse().map_err(|_| err())? }
+            }
+        };
+        k.validate().map_err(|_| err())?;
+        Ok(k)
+    }
+}
+
+/// How a decoded value is applied to the destination element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeMode {
+    /// `dst = decoded` (allgather / broadcast).
+    Overwrite,
+    /// `dst += decoded` (reduction).
+    Accumulate,
+    /// `dst -= decoded` (computing an error-feedback residual).
+    Subtract,
+}
+
+/// One wire codec. Implementations are stateless; error feedback lives with the caller.
+pub trait ChunkCodec {
+    fn kind(&self) -> CodecKind;
+    /// Payload bytes for `elems` elements: exact for fixed-size codecs, an upper bound for top-k.
+    fn max_encoded_len(&self, elems: usize) -> usize;
+    /// Appends the payload for `src` to `out`.
+    fn encode(&self, src: &[f32], out: &mut Vec<u8>);
+    /// Decodes a payload of exactly `dst.len()` elements and applies it to `dst`.
+    fn decode(&self, payload: &[u8], dst: &mut [f32], mode: DecodeMode) -> Result<(), FrameError>;
+}
+
+#[inline(always)]
+fn apply<const MODE: u8>(d: &mut f32, v: f32) {
+    match MODE {
+        0 => *d = v,
+        1 => *d += v,
+        _ => *d -= v,
+    }
+}
+
+fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), FrameError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(FrameError::PayloadLength { what, expected, got })
+    }
+}
+
+macro_rules! dispatch_mode {
+    ($mode:expr, $f:ident ( $($arg:expr),* )) => {
+        match $mode {
+            DecodeMode::Overwrite => $f::<0>($($arg),*),
+            DecodeMode::Accumulate => $f::<1>($($arg),*),
+            DecodeMode::Subtract => $f::<2>($($arg),*),
+        }
+    };
+}
+
+// ---------------------------------------------------------------- none (raw f32)
+
+/// Lossless: little-endian f32.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RawF32Codec;
+
+fn raw_decode<const M: u8>(p: &[u8], dst: &mut [f32]) {
+    for (d, c) in dst.iter_mut().zip(p.chunks_exact(4)) {
+        apply::<M>(d, f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+    }
+}
+
+impl ChunkCodec for RawF32Codec {
+    fn kind(&self) -> CodecKind {
+        CodecKind::None
+    }
+    fn max_encoded_len(&self, elems: usize) -> usize {
+        elems * 4
+    }
+    fn encode(&self, src: &[f32], out: &mut Vec<u8>) {
+        let start = out.len();
+        out.resize(start + src.len() * 4, 0);
+        for (o, &x) in out[start..].chunks_exact_mut(4).zip(src) {
+            o.copy_from_slice(&x.to_le_bytes());
+        }
+    }
+    fn decode(&self, p: &[u8], dst: &mut [f32], mode: DecodeMode) -> Result<(), FrameError> {
+        check_len("f32 chunk", dst.len() * 4, p.len())?;
+        dispatch_mode!(mode, raw_decode(p, dst));
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- fp16
+
+/// f32 → IEEE binary16 bits, round to nearest even, branch-free (after F. Giesen's
+/// `float_to_half_fast3_rtne`). Overflow gives ±inf, NaN gives a quiet NaN.
+#[inline(always)]
+pub fn f32_to_f16_bits(f: f32) -> u16 {
+    let x = f.to_bits();
+    let sign = (x >> 16) & 0x8000;
+    let a = x & 0x7fff_ffff;
+    let inf_nan = if a > 0x7f80_0000 { 0x7e00 } else { 0x7c00 };
+    // Subnormal results: adding a magic float aligns the 10 mantissa bits at the bottom and the FPU
+    // does the round-to-nearest-even for us.
+    const DENORM_MAGIC: u32 = ((127 - 15) + (23 - 10) + 1) << 23;
+    let sub = (f32::from_bits(a) + f32::from_bits(DENORM_MAGIC)).to_bits().wrapping_sub(DENORM_MAGIC);
+    let mant_odd = (a >> 13) & 1;
+    let norm = a.wrapping_add(0xc800_0000u32.wrapping_add(0xfff)).wrapping_add(mant_odd) >> 13;
+    let o = if a >= 0x4780_0000 {
+        inf_nan
+    } else if a < 0x3880_0000 {
+        sub
+    } else {
+        norm
+    };
+    (o | sign) as u16
+}
+
+/// IEEE binary16 bits → f32 (exact), branch-free.
+#[inline(always)]
+pub fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    const SHIFTED_EXP: u32 = 0x7c00 << 13;
+    let o = ((h & 0x7fff) << 13) + ((127 - 15) << 23);
+    let exp = SHIFTED_EXP & ((h & 0x7fff) << 13);
+    let inf_nan = o + ((128 - 16) << 23);
+    let denorm = (f32::from_bits(o + (1 << 23)) - f32::from_bits(113 << 23)).to_bits();
+    let r = if exp == SHIFTED_EXP {
+        inf_nan
+    } else if exp == 0 {
+        denorm
+    } else {
+        o
+    };
+    f32::from_bits(r | ((h & 0x8000) << 16))
+}
+
+/// IEEE binary16 on the wire.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fp16Codec;
+
+fn fp16_decode<const M: u8>(p: &[u8], dst: &mut [f32]) {
+    for (d, c) in dst.iter_mut().zip(p.chunks_exact(2)) {
+        apply::<M>(d, f16_bits_to_f32(u16::from_le_bytes([c[0], c[1]])));
+    }
+}
+
+impl ChunkCodec for Fp16Codec {
+    fn kind(&self) -> CodecKind {
+        CodecKind::Fp16
+    }
+    fn max_encoded_len(&self, elems: usize) -> usize {
+        elems * 2
+    }
+    fn encode(&self, src: &[f32], out: &mut Vec<u8>) {
+        let start = out.len();
+        out.resize(start + src.len() * 2, 0);
+        for (o, &x) in out[start..].chunks_exact_mut(2).zip(src) {
+            o.copy_from_slice(&f32_to_f16_bits(x).to_le_bytes());
+        }
+    }
+    fn decode(&self, p: &[u8], dst: &mut [f32], mode: DecodeMode) -> Result<(), FrameError> {
+        check_len("fp16 chunk", dst.len() * 2, p.len())?;
+        dispatch_mode!(mode, fp16_decode(p, dst));
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- bf16
+
+/// f32 → bfloat16 bits, round to nearest even; NaN stays a (quiet) NaN.
+#[inline(always)]
+pub fn f32_to_bf16_bits(f: f32) -> u16 {
+    let x = f.to_bits();
+    let rounded = x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16;
+    let nan = (x >> 16) | 0x40;
+    (if (x & 0x7fff_ffff) > 0x7f80_0000 { nan } else { rounded }) as u16
+}
+
+/// bfloat16 bits → f32 (exact).
+#[inline(always)]
+pub fn bf16_bits_to_f32(h: u16) -> f32 {
+    f32::from_bits(u32::from(h) << 16)
+}
+
+/// A bfloat16 element of a user buffer (`--dtype bf16`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct Bf16(pub u16);
+
+impl Bf16 {
+    pub fn from_f32(f: f32) -> Self {
+        Bf16(f32_to_bf16_bits(f))
+    }
+    pub fn to_f32(self) -> f32 {
+        bf16_bits_to_f32(self.0)
+    }
+}
+
+/// bfloat16 on the wire.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Bf16Codec;
+
+fn bf16_decode<const M: u8>(p: &[u8], dst: &mut [f32]) {
+    for (d, c) in dst.iter_mut().zip(p.chunks_exact(2)) {
+        apply::<M>(d, bf16_bits_to_f32(u16::from_le_bytes([c[0], c[1]])));
+    }
+}
+
+impl ChunkCodec for Bf16Codec {
+    fn kind(&self) -> CodecKind {
+        CodecKind::Bf16
+    }
+    fn max_encoded_len(&self, elems: usize) -> usize {
+        elems * 2
+    }
+    fn encode(&self, src: &[f32], out: &mut Vec<u8>) {
+        let start = out.len();
+        out.resize(start + src.len() * 2, 0);
+        for (o, &x) in out[start..].chunks_exact_mut(2).zip(src) {
+            o.copy_from_slice(&f32_to_bf16_bits(x).to_le_bytes());
+        }
+    }
+    fn decode(&self, p: &[u8], dst: &mut [f32], mode: DecodeMode) -> Result<(), FrameError> {
+        check_len("bf16 chunk", dst.len() * 2, p.len())?;
+        dispatch_mode!(mode, bf16_decode(p, dst));
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- int8
+
+/// Symmetric int8 with one f32 scale per chunk: `q = round(x · 127 / max|x|)`, `x̂ = q · max|x| / 127`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Int8Codec;
+
+/// Largest |x| over the chunk, computed on the bit patterns (for non-negative floats the integer order
+/// is the float order), which vectorises where an f32 max-reduction would not.
+#[inline]
+fn max_abs(src: &[f32]) -> f32 {
+    let m = src.iter().fold(0u32, |m, &x| m.max(x.to_bits() & 0x7fff_ffff));
+    f32::from_bits(m)
+}
+
+fn int8_decode<const M: u8>(q: &[u8], scale: f32, dst: &mut [f32]) {
+    for (d, &b) in dst.iter_mut().zip(q) {
+        apply::<M>(d, f32::from(b as i8) * scale);
+    }
+}
+
+impl ChunkCodec for Int8Codec {
+    fn kind(&self) -> CodecKind {
+        CodecKind::Int8
+    }
+    fn max_encoded_len(&self, elems: usize) -> usize {
+        4 + elems
+    }
+    fn encode(&self, src: &[f32], out: &mut Vec<u8>) {
+        let m = max_abs(src);
+        let scale = m / 127.0;
+        let inv = if m > 0.0 { 127.0 / m } else { 0.0 };
+        out.extend_from_slice(&scale.to_le_bytes());
+        let start = out.len();
+        out.resize(start + src.len(), 0);
+        // Adding and subtracting 1.5·2²³ rounds to nearest even for |y| < 2²², branch-free on SSE2.
+        const ROUND: f32 = 12_582_912.0;
+        for (o, &x) in out[start..].iter_mut().zip(src) {
+            let y = ((x * inv + ROUND) - ROUND).clamp(-127.0, 127.0);
+            *o = (y as i32 as i8) as u8;
+        }
+    }
+    fn decode(&self, p: &[u8], dst: &mut [f32], mode: DecodeMode) -> Result<(), FrameError> {
+        check_len("int8 chunk", 4 + dst.len(), p.len())?;
+        let scale = f32::from_le_bytes([p[0], p[1], p[2], p[3]]);
+        if !scale.is_finite() || scale < 0.0 {
+            return Err(FrameError::MalformedPayload { what: "int8 scale is negative or not finite" });
+        }
+        dispatch_mode!(mode, int8_decode(&p[4..], scale, dst));
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- top-k
+
+/// Keeps the `ceil(ratio · n)` largest-magnitude elements of the chunk as (index, value) pairs with
+/// strictly increasing indices; the rest decode as 0 (and go to the residual under error feedback).
+#[derive(Clone, Copy, Debug)]
+pub struct TopKCodec {
+    pub ratio: f32,
+}
+
+impl TopKCodec {
+    /// How many elements of an `elems`-element chunk are kept.
+    pub fn kept(&self, elems: usize) -> usize {
+        if elems == 0 {
+            return 0;
+        }
+        ((f64::from(self.ratio) * elems as f64).ceil() as usize).clamp(1, elems)
+    }
+}
+
+fn topk_decode<const M: u8>(pairs: &[u8], dst: &mut [f32]) -> Result<(), FrameError> {
+    let mut next_min = 0usize;
+    let mut idx_ok = true;
+    // Validate every index before touching dst, so a bad payload changes nothing.
+    for c in pairs.chunks_exact(8) {
+        let i = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
+        idx_ok &= i >= next_min && i < dst.len();
+        next_min = i + 1;
+    }
+    if !idx_ok {
+        return Err(FrameError::MalformedPayload { what: "top-k indices out of range or not increasing" });
+    }
+    if M == 0 {
+        dst.fill(0.0);
+    }
+    for c in pairs.chunks_exact(8) {
+        let i = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
+        apply::<M>(&mut dst[i], f32::from_le_bytes([c[4], c[5], c[6], c[7]]));
+    }
+    Ok(())
+}
+
+impl ChunkCodec for TopKCodec {
+    fn kind(&self) -> CodecKind {
+        CodecKind::TopK { ratio: self.ratio }
+    }
+    fn max_encoded_len(&self, elems: usize) -> usize {
+        4 + 8 * self.kept(elems)
+    }
+    fn encode(&self, src: &[f32], out: &mut Vec<u8>) {
+        let k = self.kept(src.len());
+        let mut idx: Vec<u32> = (0..src.len() as u32).collect();
+        if k < src.len() {
+            // Magnitude order on the bit patterns; ties broken by index so encoding is deterministic.
+            let key = |i: &u32| (std::cmp::Reverse(src[*i as usize].to_bits() & 0x7fff_ffff), *i);
+            idx.select_nth_unstable_by_key(k - 1, key);
+            idx.truncate(k);
+            idx.sort_unstable();
+        }
+        out.reserve(4 + 8 * k);
+        out.extend_from_slice(&(k as u32).to_le_bytes());
+        for i in idx {
+            out.extend_from_slice(&i.to_le_bytes());
+            out.extend_from_slice(&src[i as usize].to_le_bytes());
+        }
+    }
+    fn decode(&self, p: &[u8], dst: &mut [f32], mode: DecodeMode) -> Result<(), FrameError> {
+        if p.len() < 4 {
+            return Err(FrameError::PayloadLength { what: "top-k chunk", expected: 4, got: p.len() });
+        }
+        let k = u32::from_le_bytes([p[0], p[1], p[2], p[3]]) as usize;
+        if k > dst.len() {
+            return Err(FrameError::MalformedPayload { what: "top-k count exceeds chunk length" });
+        }
+        check_len("top-k chunk", 4 + 8 * k, p.len())?;
+        dispatch_mode!(mode, topk_decode(&p[4..], dst))
+    }
+}
+
+// ---------------------------------------------------------------- error feedback
+
+/// Encodes `src + residual` into `out` (appending) and replaces `residual` with what the receiver will
+/// not see: `src + residual − decode(payload)`. `scratch` is reused between calls.
+pub fn encode_with_feedback(
+    codec: &dyn ChunkCodec,
+    src: &[f32],
+    residual: &mut [f32],
+    scratch: &mut Vec<f32>,
+    out: &mut Vec<u8>,
+) {
+    debug_assert_eq!(src.len(), residual.len());
+    scratch.clear();
+    scratch.extend(src.iter().zip(residual.iter()).map(|(a, b)| a + b));
+    let start = out.len();
+    codec.encode(scratch, out);
+    residual.copy_from_slice(scratch);
+    codec
+        .decode(&out[start..], residual, DecodeMode::Subtract)
+        .expect("a payload we just encoded decodes");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn roundtrip(codec: &dyn ChunkCodec, src: &[f32]) -> Vec<f32> {
+        let mut p = Vec::new();
+        codec.encode(src, &mut p);
+        assert!(p.len() <= codec.max_encoded_len(src.len()));
+        let mut d = vec![f32::NAN; src.len()];
+        codec.decode(&p, &mut d, DecodeMode::Overwrite).unwrap();
+        d
+    }
+
+    fn f16_reference(h: u16) -> f64 {
+        let s = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+        let e = i32::from((h >> 10) & 0x1f);
+        let m = f64::from(h & 0x3ff);
+        match e {
+            0 => s * m * 2f64.powi(-24),
+            31 => {
+                if m == 0.0 {
+                    s * f64::INFINITY
+                } else {
+                    f64::NAN
+                }
+            }
+            _ => s * (1.0 + m / 1024.0) * 2f64.powi(e - 15),
+        }
+    }
+
+    #[test]
+    fn f16_decode_matches_reference_for_all_65536_values_and_roundtrips() {
+        for h in 0..=u16::MAX {
+            let f = f16_bits_to_f32(h);
+            let r = f16_reference(h);
+            if r.is_nan() {
+                assert!(f.is_nan(), "{h:#06x}");
+                assert!(f16_bits_to_f32(f32_to_f16_bits(f)).is_nan());
+            } else {
+                assert_eq!(f64::from(f), r, "{h:#06x}");
+                assert_eq!(f32_to_f16_bits(f), h, "{h:#06x}");
+            }
+        }
+    }
+
+    #[test]
+    fn f16_encode_overflow_and_ties() {
+        assert_eq!(f32_to_f16_bits(65504.0), 0x7bff);
+        assert_eq!(f32_to_f16_bits(65519.0), 0x7bff);
+        assert_eq!(f32_to_f16_bits(65520.0), 0x7c00);
+        assert_eq!(f32_to_f16_bits(1e10), 0x7c00);
+        assert_eq!(f32_to_f16_bits(-1e10), 0xfc00);
+        // 1 + 2^-11 is a tie between 1 and 1 + 2^-10: rounds to even (1.0).
+        assert_eq!(f32_to_f16_bits(1.0 + 2f32.powi(-11)), 0x3c00);
+        assert_eq!(f32_to_f16_bits(1.0 + 3.0 * 2f32.powi(-11)), 0x3c02);
+    }
+
+    #[test]
+    fn bf16_exact_values_and_nan() {
+        for v in [0.0f32, -0.0, 1.0, -2.5, 256.0, 2f32.powi(100)] {
+            assert_eq!(bf16_bits_to_f32(f32_to_bf16_bits(v)).to_bits(), v.to_bits());
+        }
+        assert!(bf16_bits_to_f32(f32_to_bf16_bits(f32::NAN)).is_nan());
+        assert_eq!(f32_to_bf16_bits(1.0 + 2f32.powi(-8)), f32_to_bf16_bits(1.0)); // tie to even
+        assert_eq!(bf16_bits_to_f32(f32_to_bf16_bits(257.0)), 256.0);
+    }
+
+    #[test]
+    fn codec_names_parse_and_print() {
+        for s in ["none", "fp16", "bf16", "int8", "topk:0.1", "topk:1"] {
+            let k: CodecKind = s.parse().unwrap();
+            assert_eq!(k.to_string().parse::<CodecKind>().unwrap(), k);
+        }
+        for s in ["", "zip", "topk:0", "topk:1.5", "topk:x", "topk:NaN"] {
+            assert!(s.parse::<CodecKind>().is_err(), "{s}");
+        }
+    }
+
+    #[test]
+    fn wrong_payload_lengths_are_rejected() {
+        let mut d = vec![0f32; 10];
+        for k in [CodecKind::None, CodecKind::Fp16, CodecKind::Bf16, CodecKind::Int8] {
+            let c = k.codec();
+            let mut p = Vec::new();
+            c.encode(&[1.0; 11], &mut p);
+            assert!(c.decode(&p, &mut d, DecodeMode::Accumulate).is_err(), "{k}");
+        }
+        assert!(d.iter().all(|&x| x == 0.0));
+        let t = TopKCodec { ratio: 0.5 };
+        // index 10 out of range for a 10-element chunk.
+        let mut p = 1u32.to_le_bytes().to_vec();
+        p.extend_from_slice(&10u32.to_le_bytes());
+        p.extend_from_slice(&1f32.to_le_bytes());
+        assert!(t.decode(&p, &mut d, DecodeMode::Overwrite).is_err());
+        // repeated index
+        let mut p = 2u32.to_le_bytes().to_vec();
+        for _ in 0..2 {
+            p.extend_from_slice(&3u32.to_le_bytes());
+            p.extend_from_slice(&1f32.to_le_bytes());
+        }
+        assert!(t.decode(&p, &mut d, DecodeMode::Overwrite).is_err());
+        assert!(d.iter().all(|&x| x == 0.0));
+        let mut p = f32::NAN.to_le_bytes().to_vec();
+        p.resize(14, 0);
+        assert!(Int8Codec.decode(&p, &mut d, DecodeMode::Overwrite).is_err());
+        let mut p = (-1.0f32).to_le_bytes().to_vec();
+        p.resize(14, 0);
+        assert!(Int8Codec.decode(&p, &mut d, DecodeMode::Overwrite).is_err());
+    }
+
+    fn finite() -> impl Strategy<Value = f32> {
+        prop_oneof![-1.0e4f32..1.0e4, -1.0f32..1.0, -1.0e-3f32..1.0e-3, Just(0.0f32)]
+    }
+
+    proptest! {
+        #[test]
+        fn none_is_exact(src in proptest::collection::vec(any::<f32>().prop_filter("finite", |x| x.is_finite()), 0..300)) {
+            let d = roundtrip(&RawF32Codec, &src);
+            prop_assert!(d.iter().zip(&src).all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+
+        #[test]
+        fn fp16_error_bound(src in proptest::collection::vec(-65504.0f32..65504.0, 0..300)) {
+            let d = roundtrip(&Fp16Codec, &src);
+            for (x, y) in src.iter().zip(&d) {
+                let bound = (x.abs() * 2f32.powi(-11)).max(2f32.powi(-25));
+                prop_assert!((x - y).abs() <= bound, "{} -> {} (bound {})", x, y, bound);
+            }
+        }
+
+        #[test]
+        fn fp16_is_nearest(x in -65504.0f32..65504.0) {
+            let h = f32_to_f16_bits(x);
+            let err = (f16_bits_to_f32(h) - x).abs();
+            for n in [h.wrapping_add(1), h.wrapping_sub(1)] {
+                let v = f16_bits_to_f32(n);
+                if v.is_finite() && (n & 0x7fff) < 0x7c00 {
+                    prop_assert!(err <= (v - x).abs());
+                }
+            }
+        }
+
+        #[test]
+        fn bf16_error_bound(src in proptest::collection::vec(any::<f32>().prop_filter("finite", |x| x.is_finite() && x.abs() < 3.0e38), 0..300)) {
+            let d = roundtrip(&Bf16Codec, &src);
+            for (x, y) in src.iter().zip(&d) {
+                // Relative below 2^-8 for normal values; half a subnormal step (2^-134) below 2^-126.
+                prop_assert!((x - y).abs() <= (x.abs() * 2f32.powi(-8)).max(f32::from_bits(1 << 15)), "{} -> {}", x, y);
+            }
+        }
+
+        #[test]
+        fn int8_error_bound(src in proptest::collection::vec(finite(), 0..300)) {
+            let d = roundtrip(&Int8Codec, &src);
+            let m = src.iter().fold(0f32, |m, x| m.max(x.abs()));
+            for (x, y) in src.iter().zip(&d) {
+                prop_assert!((x - y).abs() <= m / 254.0 * 1.0001 + f32::MIN_POSITIVE, "{} -> {} (max {})", x, y, m);
+            }
+        }
+
+        #[test]
+        fn topk_keeps_the_largest(src in proptest::collection::vec(finite(), 0..300), ratio in 0.01f32..=1.0) {
+            let c = TopKCodec { ratio };
+            let d = roundtrip(&c, &src);
+            let kept: Vec<usize> = (0..src.len()).filter(|&i| d[i] == src[i] && (src[i] != 0.0 || d[i] == 0.0)).collect();
+            let nonzero_out = d.iter().filter(|&&y| y != 0.0).count();
+            prop_assert!(nonzero_out <= c.kept(src.len()));
+            let min_kept = (0..src.len()).filter(|&i| d[i] != 0.0).map(|i| src[i].abs()).fold(f32::INFINITY, f32::min);
+            for i in 0..src.len() {
+                prop_assert!(d[i] == 0.0 || d[i] == src[i]);
+                if d[i] == 0.0 && nonzero_out == c.kept(src.len()) {
+                    prop_assert!(src[i].abs() <= min_kept);
+                }
+            }
+            prop_assert!(kept.len() >= nonzero_out);
+            if ratio >= 1.0 { prop_assert_eq!(&d, &src); }
+        }
+
+        #[test]
+        fn error_feedback_conserves_the_sum(steps in proptest::collection::vec(proptest::collection::vec(-10.0f32..10.0, 17), 1..8),
+                                            which in 0usize..4) {
+            let codec = [CodecKind::Fp16, CodecKind::Bf16, CodecKind::Int8, CodecKind::TopK { ratio: 0.2 }][which].codec();
+            let mut residual = vec![0f32; 17];
+            let mut scratch = Vec::new();
+            let mut sent_total = vec![0f64; 17];
+            let mut in_total = vec![0f64; 17];
+            for s in &steps {
+                let mut p = Vec::new();
+                encode_with_feedback(codec.as_ref(), s, &mut residual, &mut scratch, &mut p);
+                let mut d = vec![0f32; 17];
+                codec.decode(&p, &mut d, DecodeMode::Overwrite).unwrap();
+                for i in 0..17 { sent_total[i] += f64::from(d[i]); in_total[i] += f64::from(s[i]); }
+            }
+            // transmitted + residual == inputs, up to f32 rounding of the running residual.
+            for i in 0..17 {
+                let lhs = sent_total[i] + f64::from(residual[i]);
+                prop_assert!((lhs - in_total[i]).abs() <= 1e-4 * (1.0 + in_total[i].abs()) * steps.len() as f64,
+                    "elem {}: sent {} + residual {} vs {}", i, sent_total[i], residual[i], in_total[i]);
+            }
+        }
+    }
+}

@@ -1,0 +1,665 @@
+//! The collective engine: [`Communicator`] runs allreduce (ring, binary tree, recursive
+//! halving-doubling), reduce-scatter, allgather and broadcast over a [`Transport`], chunked and
+//! pipelined, with per-chunk wire compression and optional error feedback.
+//!
+//! Invariants:
+//! - Every collective starts with rank 0's [`ControlHeader`] (see [`crate::plan`]); the plan in it is
+//!   the only plan used for that collective on every rank.
+//! - The engine reduces in f32. A bf16 buffer is widened to f32, reduced, and rounded back; with
+//!   compression `none` its wire format is bf16 (partial sums rounded to bf16 per hop, like NCCL).
+//! - Every rank ends with bit-identical results: the final value of every element is encoded once by
+//!   the rank that owns it, and those exact bytes are forwarded (never re-encoded) to all other
+//!   ranks; the owner overwrites its own copy with the decoded bytes too.
+//! - A data frame is applied only after its kind, op number, codec, element offset and element count
+//!   match what this rank expects next on that (peer, channel), and its payload decodes for exactly
+//!   that many elements. Otherwise the collective fails; garbage is never reduced into a result.
+//! - Any error poisons the communicator and aborts the transport, so the other ranks fail fast too.
+//! - Error feedback keeps two residual vectors per rank, indexed by element position: one for the
+//!   partial sums this rank sends in the reduce phase, one for the final values it encodes as owner.
+//!   Each algorithm sends each position at most once per phase, so each residual is well defined; a
+//!   residual whose position this rank stops sending after a plan change waits until it sends it again.
+//! - Chunk `i` of a transfer travels on channel `i % plan.channels`; within a channel, frames are
+//!   sent and received in the same deterministic order by both ends.
+
+use crate::codec::{encode_with_feedback, Bf16, ChunkCodec, CodecKind, DecodeMode};
+use crate::error::{CollectiveError, Result};
+use crate::plan::{Algorithm, ControlHeader, Dtype, OpKind, Plan, PlanSchedule, PlanSource};
+use crate::transport::{InFrame, Transport};
+use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
+use std::ops::Range;
+use std::time::Duration;
+
+/// Elements `[i·n/parts, (i+1)·n/parts)`: segment `i` of `parts` near-equal segments.
+pub fn segment(n: usize, parts: usize, i: usize) -> Range<usize> {
+    let at = |j: usize| ((j as u128 * n as u128) / parts as u128) as usize;
+    at(i)..at(i + 1)
+}
+
+/// Bus bandwidth as nccl-tests defines it for allreduce: `algbw · 2(n−1)/n`.
+pub fn allreduce_busbw(bytes: usize, world: usize, seconds: f64) -> f64 {
+    let algbw = bytes as f64 / seconds;
+    algbw * 2.0 * (world as f64 - 1.0) / world as f64
+}
+
+/// What one collective did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OpReport {
+    pub op: u64,
+    pub plan: Plan,
+    /// Bytes this rank put on the wire for this collective (frame headers included).
+    pub bytes_sent: u64,
+}
+
+/// Per-collective settings derived from the plan.
+struct OpContext {
+    op: u64,
+    algorithm: Algorithm,
+    codec: Box<dyn ChunkCodec + Send + Sync>,
+    codec_id: u8,
+    lossless: bool,
+    chunk_elems: usize,
+    channels: usize,
+    error_feedback: bool,
+    timeout: Duration,
+}
+
+/// Mutable state a collective works with, split from [`Communicator`] to keep borrows disjoint.
+struct Exchange<'a, T: Transport> {
+    t: &'a mut T,
+    cx: &'a OpContext,
+    residual_reduce: &'a mut Vec<f32>,
+    residual_gather: &'a mut Vec<f32>,
+    scratch: &'a mut Vec<f32>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Residual {
+    None,
+    Reduce,
+    Gather,
+}
+
+impl<'a, T: Transport> Exchange<'a, T> {
+    fn chunks(&self, r: Range<usize>) -> impl Iterator<Item = (usize, Range<usize>)> {
+        let c = self.cx.chunk_elems;
+        let start = r.start;
+        let n = r.len();
+        (0..n.div_ceil(c)).map(move |i| (i, start + i * c..start + ((i + 1) * c).min(n)))
+    }
+
+    fn channel(&self, ci: usize) -> usize {
+        ci % self.cx.channels
+    }
+
+    fn header(&self, sub: &Range<usize>) -> FrameHeader {
+        let mut h = FrameHeader::new(FrameKind::Data);
+        h.codec = self.cx.codec_id;
+        h.op = self.cx.op;
+        h.elem_offset = sub.start as u64;
+        h.elem_count = sub.len() as u32;
+        h
+    }
+
+    /// Encodes `buf[sub]` (plus residual under error feedback) into a frame buffer.
+    fn encode(&mut self, buf: &[f32], sub: &Range<usize>, residual: Residual) -> Vec<u8> {
+        let mut frame = Vec::with_capacity(HEADER_LEN + self.cx.codec.max_encoded_len(sub.len()));
+        frame.resize(HEADER_LEN, 0);
+        let res = match residual {
+            _ if !self.cx.error_feedback || self.cx.lossless => None,
+            Residual::None => None,
+            Residual::Reduce => Some(&mut self.residual_reduce[sub.clone()]),
+            Residual::Gather => Some(&mut self.residual_gather[sub.clone()]),
+        };
+        match res {
+            Some(res) => encode_with_feedback(self.cx.codec.as_ref(), &buf[sub.clone()], res, self.scratch, &mut frame),
+            None => self.cx.codec.encode(&buf[sub.clone()], &mut frame),
+        }
+        frame
+    }
+
+    fn send_chunk(&mut self, peer: usize, ci: usize, sub: Range<usize>, buf: &[f32], residual: Residual) -> Result<()> {
+        let frame = self.encode(buf, &sub, residual);
+        let h = self.header(&sub);
+        self.t.send(peer, self.channel(ci), h, frame)
+    }
+
+    fn send_range(&mut self, peer: usize, r: Range<usize>, buf: &[f32], residual: Residual) -> Result<()> {
+        for (ci, sub) in self.chunks(r).collect::<Vec<_>>() {
+            self.send_chunk(peer, ci, sub, buf, residual)?;
+        }
+        Ok(())
+    }
+
+    /// Owner side of a final value: encode once, make the owner's copy what everybody will decode,
+    /// and return the payload for forwarding.
+    fn finalize_chunk(&mut self, sub: Range<usize>, buf: &mut [f32], residual: Residual) -> Vec<u8> {
+        let frame = self.encode(buf, &sub, residual);
+        if !self.cx.lossless {
+            self.cx
+                .codec
+                .decode(&frame[HEADER_LEN..], &mut buf[sub], DecodeMode::Overwrite)
+                .expect("a payload we just encoded decodes");
+        }
+        frame[HEADER_LEN..].to_vec()
+    }
+
+    fn forward(&mut self, peer: usize, ci: usize, sub: Range<usize>, payload: &[u8]) -> Result<()> {
+        let mut frame = Vec::with_capacity(HEADER_LEN + payload.len());
+        frame.resize(HEADER_LEN, 0);
+        frame.extend_from_slice(payload);
+        let h = self.header(&sub);
+        self.t.send(peer, self.channel(ci), h, frame)
+    }
+
+    /// Receives chunk `ci` = `sub` from `peer`, validates it and applies it to `buf[sub]`.
+    fn recv_chunk(&mut self, peer: usize, ci: usize, sub: Range<usize>, buf: &mut [f32], mode: DecodeMode) -> Result<InFrame> {
+        let channel = self.channel(ci);
+        let f = self.t.recv(peer, channel, self.cx.timeout, self.cx.op)?;
+        let h = &f.header;
+        let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame { peer, channel, field, expected, got };
+        if h.kind != FrameKind::Data {
+            return Err(mismatch("kind", FrameKind::Data as u64, h.kind as u64));
+        }
+        if h.op != self.cx.op {
+            return Err(mismatch("op", self.cx.op, h.op));
+        }
+        if h.codec != self.cx.codec_id {
+            return Err(mismatch("codec", u64::from(self.cx.codec_id), u64::from(h.codec)));
+        }
+        if h.elem_offset != sub.start as u64 {
+            return Err(mismatch("elem_offset", sub.start as u64, h.elem_offset));
+        }
+        if h.elem_count as usize != sub.len() {
+            return Err(mismatch("elem_count", sub.len() as u64, u64::from(h.elem_count)));
+        }
+        self.cx
+            .codec
+            .decode(&f.payload, &mut buf[sub], mode)
+            .map_err(|error| CollectiveError::BadFrame { peer, channel, error })?;
+        Ok(f)
+    }
+
+    fn recv_range(&mut self, peer: usize, r: Range<usize>, buf: &mut [f32], mode: DecodeMode) -> Result<()> {
+        for (ci, sub) in self.chunks(r).collect::<Vec<_>>() {
+            self.recv_chunk(peer, ci, sub, buf, mode)?;
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ ring
+
+    /// Ring reduce-scatter: step s sends segment r−s−1 and reduces segment r−s−2, so rank r ends
+    /// owning the fully reduced segment r. Pipelined per chunk: a chunk is forwarded as soon as it has
+    /// been reduced.
+    fn ring_reduce_scatter(&mut self, buf: &mut [f32]) -> Result<()> {
+        let (r, n) = (self.t.rank(), self.t.world());
+        let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+        let len = buf.len();
+        let seg = |i: usize| segment(len, n, i % n);
+        self.send_range(right, seg(r + n - 1), buf, Residual::Reduce)?;
+        for s in 0..n - 1 {
+            let recv_seg = seg(r + 2 * n - s - 2);
+            for (ci, sub) in self.chunks(recv_seg).collect::<Vec<_>>() {
+                self.recv_chunk(left, ci, sub.clone(), buf, DecodeMode::Accumulate)?;
+                if s < n - 2 {
+                    self.send_chunk(right, ci, sub, buf, Residual::Reduce)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ring allgather: rank r contributes segment r; encoded once by its owner, forwarded verbatim.
+    fn ring_allgather(&mut self, buf: &mut [f32], residual: Residual) -> Result<()> {
+        let (r, n) = (self.t.rank(), self.t.world());
+        let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+        let len = buf.len();
+        let seg = |i: usize| segment(len, n, i % n);
+        for (ci, sub) in self.chunks(seg(r)).collect::<Vec<_>>() {
+            let payload = self.finalize_chunk(sub.clone(), buf, residual);
+            self.forward(right, ci, sub, &payload)?;
+        }
+        for s in 0..n - 1 {
+            let recv_seg = seg(r + 2 * n - s - 1);
+            for (ci, sub) in self.chunks(recv_seg).collect::<Vec<_>>() {
+                let f = self.recv_chunk(left, ci, sub.clone(), buf, DecodeMode::Overwrite)?;
+                if s < n - 2 {
+                    self.forward(right, ci, sub, &f.payload)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ tree
+
+    /// Real ranks of the binary-tree parent and children of this rank in a tree rooted at `root`.
+    fn tree_links(&self, root: usize) -> (Option<usize>, Vec<usize>) {
+        let (r, n) = (self.t.rank(), self.t.world());
+        let v = (r + n - root) % n;
+        let real = |x: usize| (x + root) % n;
+        let parent = (v > 0).then(|| real((v - 1) / 2));
+        let children = [2 * v + 1, 2 * v + 2].into_iter().filter(|&c| c < n).map(real).collect();
+        (parent, children)
+    }
+
+    fn tree_reduce(&mut self, buf: &mut [f32]) -> Result<()> {
+        let (parent, children) = self.tree_links(0);
+        for (ci, sub) in self.chunks(0..buf.len()).collect::<Vec<_>>() {
+            for &c in &children {
+                self.recv_chunk(c, ci, sub.clone(), buf, DecodeMode::Accumulate)?;
+            }
+            if let Some(p) = parent {
+                self.send_chunk(p, ci, sub, buf, Residual::Reduce)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn tree_broadcast(&mut self, buf: &mut [f32], root: usize, residual: Residual) -> Result<()> {
+        let (parent, children) = self.tree_links(root);
+        for (ci, sub) in self.chunks(0..buf.len()).collect::<Vec<_>>() {
+            let payload = match parent {
+                None => self.finalize_chunk(sub.clone(), buf, residual),
+                Some(p) => self.recv_chunk(p, ci, sub.clone(), buf, DecodeMode::Overwrite)?.payload,
+            };
+            for &c in &children {
+                self.forward(c, ci, sub.clone(), &payload)?;
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ recursive halving-doubling
+
+    /// The range rank `q < p` owns after recursive halving of `0..n` among `p` (a power of two) ranks.
+    fn rhd_final_range(n: usize, p: usize, q: usize) -> Range<usize> {
+        let (mut lo, mut hi) = (0, n);
+        let mut mask = p / 2;
+        while mask >= 1 {
+            let mid = lo + (hi - lo) / 2;
+            if q & mask == 0 {
+                hi = mid
+            } else {
+                lo = mid
+            }
+            mask /= 2;
+        }
+        lo..hi
+    }
+
+    fn rhd_allreduce(&mut self, buf: &mut [f32]) -> Result<()> {
+        let (r, n, len) = (self.t.rank(), self.t.world(), buf.len());
+        let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
+        let extra = n - p;
+        if r >= p {
+            // Folded rank: contribute everything to the partner, then receive every final segment.
+            let partner = r - p;
+            self.send_range(partner, 0..len, buf, Residual::Reduce)?;
+            for q in 0..p {
+                self.recv_range(partner, Self::rhd_final_range(len, p, q), buf, DecodeMode::Overwrite)?;
+            }
+            return Ok(());
+        }
+        if r < extra {
+            self.recv_range(r + p, 0..len, buf, DecodeMode::Accumulate)?;
+        }
+        // Recursive halving.
+        let (mut lo, mut hi) = (0, len);
+        let mut mask = p / 2;
+        while mask >= 1 {
+            let partner = r ^ mask;
+            let mid = lo + (hi - lo) / 2;
+            let (keep, give) = if r & mask == 0 { (lo..mid, mid..hi) } else { (mid..hi, lo..mid) };
+            self.send_range(partner, give, buf, Residual::Reduce)?;
+            self.recv_range(partner, keep.clone(), buf, DecodeMode::Accumulate)?;
+            (lo, hi) = (keep.start, keep.end);
+            mask /= 2;
+        }
+        debug_assert_eq!(lo..hi, Self::rhd_final_range(len, p, r));
+        // Recursive doubling with the owners' encoded chunks, forwarded verbatim.
+        let mut payloads: Vec<Vec<Vec<u8>>> = vec![Vec::new(); p];
+        for (_, sub) in self.chunks(lo..hi).collect::<Vec<_>>() {
+            let pl = self.finalize_chunk(sub, buf, Residual::Gather);
+            payloads[r].push(pl);
+        }
+        let mut mask = 1;
+        while mask < p {
+            let partner = r ^ mask;
+            let group = |x: usize| (0..p).filter(move |q| q & !(mask - 1) == x & !(mask - 1));
+            for q in group(r) {
+                let chunks: Vec<_> = self.chunks(Self::rhd_final_range(len, p, q)).collect();
+                for (ci, sub) in chunks {
+                    let pl = std::mem::take(&mut payloads[q][ci]);
+                    self.forward(partner, ci, sub, &pl)?;
+                    payloads[q][ci] = pl;
+                }
+            }
+            for q in group(partner) {
+                for (ci, sub) in self.chunks(Self::rhd_final_range(len, p, q)).collect::<Vec<_>>() {
+                    let f = self.recv_chunk(partner, ci, sub, buf, DecodeMode::Overwrite)?;
+                    payloads[q].push(f.payload);
+                }
+            }
+            mask *= 2;
+        }
+        if r < extra {
+            for (q, chunks) in payloads.iter().enumerate() {
+                let subs: Vec<_> = self.chunks(Self::rhd_final_range(len, p, q)).collect();
+                for ((ci, sub), pl) in subs.into_iter().zip(chunks) {
+                    self.forward(r + p, ci, sub, pl)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Settings of a [`Communicator`].
+#[derive(Clone, Copy, Debug)]
+pub struct CommunicatorConfig {
+    /// Plan until rank 0's [`PlanSource`] supplies another one.
+    pub initial_plan: Plan,
+    /// Longest wait for any single frame.
+    pub timeout: Duration,
+}
+
+impl Default for CommunicatorConfig {
+    fn default() -> Self {
+        Self { initial_plan: Plan::default(), timeout: Duration::from_secs(30) }
+    }
+}
+
+/// One rank's handle on a job's collectives.
+pub struct Communicator<T: Transport> {
+    transport: T,
+    timeout: Duration,
+    op: u64,
+    step: u64,
+    schedule: PlanSchedule,
+    last_plan: Plan,
+    poisoned: Option<CollectiveError>,
+    residual_reduce: Vec<f32>,
+    residual_gather: Vec<f32>,
+    scratch: Vec<f32>,
+    widened: Vec<f32>,
+}
+
+impl<T: Transport> Communicator<T> {
+    pub fn new(transport: T, config: CommunicatorConfig) -> Result<Self> {
+        let channels = u8::try_from(transport.channels()).unwrap_or(u8::MAX);
+        config.initial_plan.validate(channels)?;
+        Ok(Self {
+            schedule: PlanSchedule::new(config.initial_plan, channels),
+            last_plan: config.initial_plan,
+            transport,
+            timeout: config.timeout,
+            op: 0,
+            step: 0,
+            poisoned: None,
+            residual_reduce: Vec::new(),
+            residual_gather: Vec::new(),
+            scratch: Vec::new(),
+            widened: Vec::new(),
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.transport.rank()
+    }
+    pub fn world(&self) -> usize {
+        self.transport.world()
+    }
+    /// Number of collectives completed or attempted.
+    pub fn ops(&self) -> u64 {
+        self.op
+    }
+    /// The plan of the most recent collective (on rank 0 before the first collective: the initial one).
+    pub fn current_plan(&self) -> Plan {
+        self.last_plan
+    }
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
+    /// Installs rank 0's plan-change hook (ignored on other ranks, whose plans come from rank 0).
+    pub fn set_plan_source(&mut self, source: Box<dyn PlanSource>) {
+        self.schedule.set_source(source);
+    }
+
+    /// Declares the training step the next collectives belong to; plans switch at step boundaries.
+    pub fn begin_step(&mut self, step: u64) {
+        self.step = step;
+    }
+
+    /// Ends the communicator gracefully (peers see a goodbye, not a failure).
+    pub fn close(mut self) {
+        self.transport.close();
+    }
+
+    /// Ends the communicator abruptly, as a crash would (tests and fatal errors).
+    pub fn abort(mut self) {
+        self.transport.abort();
+    }
+
+    fn fail(&mut self, e: CollectiveError) -> CollectiveError {
+        self.poisoned = Some(e.clone());
+        self.transport.abort();
+        e
+    }
+
+    /// Agrees on the plan for the next collective (rank 0 announces, others check).
+    fn begin_op(&mut self, op_kind: OpKind, dtype: Dtype, elems: usize, root: usize) -> Result<(Plan, OpContext)> {
+        if let Some(cause) = &self.poisoned {
+            return Err(CollectiveError::Poisoned { cause: Box::new(cause.clone()) });
+        }
+        let (rank, world) = (self.rank(), self.world());
+        if root >= world {
+            return Err(CollectiveError::InvalidArgument { name: "root", reason: format!("{root} >= world {world}") });
+        }
+        let op = self.op;
+        self.op += 1;
+        let plan = if rank == 0 {
+            let plan = self.schedule.plan_for_step(self.step);
+            let control = ControlHeader {
+                training_step: self.step,
+                op_kind,
+                dtype,
+                elems: elems as u64,
+                root: root as u32,
+                plan,
+            };
+            let payload = control.encode();
+            for peer in 1..world {
+                let mut frame = vec![0u8; HEADER_LEN];
+                frame.extend_from_slice(&payload);
+                let mut h = FrameHeader::new(FrameKind::Control);
+                h.op = op;
+                self.transport.send(peer, 0, h, frame).map_err(|e| self.fail(e))?;
+            }
+            plan
+        } else {
+            let f = self.transport.recv(0, 0, self.timeout, op).map_err(|e| self.fail(e))?;
+            let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame {
+                peer: 0,
+                channel: 0,
+                field,
+                expected,
+                got,
+            };
+            if f.header.kind != FrameKind::Control {
+                return Err(self.fail(mismatch("kind", FrameKind::Control as u64, f.header.kind as u64)));
+            }
+            if f.header.op != op {
+                return Err(self.fail(mismatch("op", op, f.header.op)));
+            }
+            let c = ControlHeader::parse(&f.payload)
+                .map_err(|error| self.fail(CollectiveError::BadFrame { peer: 0, channel: 0, error }))?;
+            let checks = [
+                ("op kind", op_kind as u64, c.op_kind as u64),
+                ("dtype", dtype as u64, c.dtype as u64),
+                ("element count", elems as u64, c.elems),
+                ("root", root as u64, u64::from(c.root)),
+                ("training step", self.step, c.training_step),
+            ];
+            for (field, local, announced) in checks {
+                if local != announced {
+                    return Err(self.fail(CollectiveError::CollectiveMismatch { field, local, announced }));
+                }
+            }
+            let channels = u8::try_from(self.transport.channels()).unwrap_or(u8::MAX);
+            c.plan.validate(channels).map_err(|e| self.fail(e.into()))?;
+            c.plan
+        };
+        self.last_plan = plan;
+        // With compression `none`, a bf16 buffer travels as bf16.
+        let codec_kind = match (plan.compression.codec, dtype) {
+            (CodecKind::None, Dtype::Bf16) => CodecKind::Bf16,
+            (k, _) => k,
+        };
+        let cx = OpContext {
+            op,
+            algorithm: plan.algorithm,
+            codec: codec_kind.codec(),
+            codec_id: codec_kind.wire_id(),
+            lossless: codec_kind.is_lossless(),
+            chunk_elems: (plan.chunk_bytes as usize / dtype.size()).max(1),
+            channels: usize::from(plan.channels),
+            error_feedback: plan.compression.error_feedback && op_kind == OpKind::Allreduce,
+            timeout: self.timeout,
+        };
+        if cx.error_feedback && self.residual_reduce.len() != elems {
+            self.residual_reduce = vec![0.0; elems];
+            self.residual_gather = vec![0.0; elems];
+        }
+        Ok((plan, cx))
+    }
+
+    fn run<F>(&mut self, kind: OpKind, dtype: Dtype, buf: &mut [f32], root: usize, body: F) -> Result<OpReport>
+    where
+        F: FnOnce(&mut Exchange<'_, T>, &mut [f32]) -> Result<()>,
+    {
+        let before = self.transport.bytes_sent();
+        let (plan, cx) = self.begin_op(kind, dtype, buf.len(), root)?;
+        if self.world() > 1 {
+            let mut ex = Exchange {
+                t: &mut self.transport,
+                cx: &cx,
+                residual_reduce: &mut self.residual_reduce,
+                residual_gather: &mut self.residual_gather,
+                scratch: &mut self.scratch,
+            };
+            if let Err(e) = body(&mut ex, buf) {
+                return Err(self.fail(e));
+            }
+        }
+        Ok(OpReport { op: cx.op, plan, bytes_sent: self.transport.bytes_sent() - before })
+    }
+
+    fn allreduce_inner(&mut self, dtype: Dtype, buf: &mut [f32]) -> Result<OpReport> {
+        self.run(OpKind::Allreduce, dtype, buf, 0, |ex, buf| {
+            match ex.cx.algorithm {
+                Algorithm::Ring => {
+                    ex.ring_reduce_scatter(buf)?;
+                    ex.ring_allgather(buf, Residual::Gather)
+                }
+                Algorithm::Tree => {
+                    ex.tree_reduce(buf)?;
+                    ex.tree_broadcast(buf, 0, Residual::Gather)
+                }
+                Algorithm::Rhd => ex.rhd_allreduce(buf),
+            }
+        })
+    }
+
+    /// In-place sum allreduce of an f32 buffer.
+    pub fn allreduce_f32(&mut self, buf: &mut [f32]) -> Result<OpReport> {
+        self.allreduce_inner(Dtype::F32, buf)
+    }
+
+    /// In-place sum allreduce of a bf16 buffer (reduced in f32, rounded back to bf16).
+    pub fn allreduce_bf16(&mut self, buf: &mut [Bf16]) -> Result<OpReport> {
+        let mut w = std::mem::take(&mut self.widened);
+        w.clear();
+        w.extend(buf.iter().map(|b| b.to_f32()));
+        let r = self.allreduce_inner(Dtype::Bf16, &mut w);
+        if r.is_ok() {
+            for (b, &x) in buf.iter_mut().zip(&w) {
+                *b = Bf16::from_f32(x);
+            }
+        }
+        self.widened = w;
+        r
+    }
+
+    /// In-place ring reduce-scatter: afterwards `buf[segment(len, world, rank)]` (the returned range)
+    /// holds the sum over ranks; the rest of `buf` holds partial sums.
+    pub fn reduce_scatter_f32(&mut self, buf: &mut [f32]) -> Result<(Range<usize>, OpReport)> {
+        let own = segment(buf.len(), self.world(), self.rank());
+        let rep = self.run(OpKind::ReduceScatter, Dtype::F32, buf, 0, |ex, buf| ex.ring_reduce_scatter(buf))?;
+        Ok((own, rep))
+    }
+
+    /// In-place ring allgather: rank r contributes `buf[segment(len, world, r)]`; afterwards every rank
+    /// holds every segment.
+    pub fn allgather_f32(&mut self, buf: &mut [f32]) -> Result<OpReport> {
+        self.run(OpKind::Allgather, Dtype::F32, buf, 0, |ex, buf| ex.ring_allgather(buf, Residual::None))
+    }
+
+    /// In-place pipelined binary-tree broadcast of `root`'s buffer.
+    pub fn broadcast_f32(&mut self, buf: &mut [f32], root: usize) -> Result<OpReport> {
+        self.run(OpKind::Broadcast, Dtype::F32, buf, root, |ex, buf| ex.tree_broadcast(buf, root, Residual::None))
+    }
+}
+
+impl<T: Transport> Drop for Communicator<T> {
+    fn drop(&mut self) {
+        if self.poisoned.is_some() {
+            self.transport.abort();
+        } else {
+            self.transport.close();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_cover_without_overlap() {
+        for n in [0usize, 1, 2, 7, 100, 1001] {
+            for parts in 1..10 {
+                let mut next = 0;
+                for i in 0..parts {
+                    let s = segment(n, parts, i);
+                    assert_eq!(s.start, next);
+                    next = s.end;
+                }
+                assert_eq!(next, n);
+            }
+        }
+    }
+
+    #[test]
+    fn rhd_final_ranges_partition_the_buffer() {
+        for n in [0usize, 1, 5, 64, 1003] {
+            for p in [1usize, 2, 4, 8] {
+                let mut rs: Vec<_> = (0..p).map(|q| Exchange::<crate::transport::TcpTransport>::rhd_final_range(n, p, q)).collect();
+                rs.sort_by_key(|r| r.start);
+                let mut next = 0;
+                for r in rs {
+                    assert_eq!(r.start, next);
+                    next = r.end;
+                }
+                assert_eq!(next, n);
+            }
+        }
+    }
+
+    #[test]
+    fn busbw_matches_nccl_tests_definition() {
+        // 1 GB in 1 s on 8 ranks: algbw 1 GB/s, busbw 1.75 GB/s.
+        assert!((allreduce_busbw(1_000_000_000, 8, 1.0) - 1.75e9).abs() < 1.0);
+    }
+}

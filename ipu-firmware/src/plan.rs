@@ -1,0 +1,385 @@
+//! How collectives run ([`Plan`]), how plans change ([`PlanSource`], [`PlanSchedule`]), and the
+//! per-collective [`ControlHeader`] through which rank 0 imposes the plan on every rank.
+//!
+//! Invariants:
+//! - Only rank 0 consults a [`PlanSource`]. Before every collective, rank 0 sends a control header
+//!   (op number, training step, op kind, dtype, element count, root, active plan) to every other rank,
+//!   and every rank runs that collective with exactly that plan. Ranks therefore cannot disagree on the
+//!   plan, and a plan change takes effect on all ranks at the same collective: the first collective of
+//!   the first training step `>= step_from` (as seen by rank 0).
+//! - A rank whose own call (op kind, dtype, element count, root, training step) differs from rank 0's
+//!   header fails with [`crate::CollectiveError::CollectiveMismatch`] instead of exchanging data.
+//! - An invalid plan from a source (zero chunk size, more channels than the mesh has, bad top-k
+//!   ratio) is logged and dropped; the active plan stays in force.
+
+use crate::codec::CodecKind;
+use crate::wire::FrameError;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Allreduce algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Algorithm {
+    /// Ring reduce-scatter then ring allgather, pipelined per chunk ([`crate::engine`]).
+    Ring,
+    /// Binary tree rooted at rank 0: pipelined reduce to the root, then pipelined broadcast.
+    Tree,
+    /// Recursive halving (reduce-scatter) then recursive doubling (allgather); ranks beyond the
+    /// largest power of two fold into a partner first and receive the result last.
+    Rhd,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 3] = [Algorithm::Ring, Algorithm::Tree, Algorithm::Rhd];
+
+    fn id(self) -> u8 {
+        match self {
+            Algorithm::Ring => 1,
+            Algorithm::Tree => 2,
+            Algorithm::Rhd => 3,
+        }
+    }
+    fn from_id(v: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.id() == v)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Algorithm::Ring => "ring",
+            Algorithm::Tree => "tree",
+            Algorithm::Rhd => "rhd",
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown algorithm {given:?}: use ring, tree or rhd")]
+pub struct ParseAlgorithmError {
+    pub given: String,
+}
+
+impl FromStr for Algorithm {
+    type Err = ParseAlgorithmError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.to_string() == s)
+            .ok_or_else(|| ParseAlgorithmError { given: s.to_string() })
+    }
+}
+
+/// Wire compression of a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Compression {
+    pub codec: CodecKind,
+    /// Carry each rank's compression residual to its next send of the same element positions.
+    pub error_feedback: bool,
+}
+
+impl Compression {
+    pub const NONE: Compression = Compression { codec: CodecKind::None, error_feedback: false };
+}
+
+/// How collectives run from training step `step_from` on.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub step_from: u64,
+    pub algorithm: Algorithm,
+    /// Chunk size in bytes of the buffer's dtype; each chunk is one frame (and one pipeline unit).
+    pub chunk_bytes: u32,
+    /// Parallel TCP connections used per peer pair (chunk `i` travels on channel `i % channels`).
+    pub channels: u8,
+    pub compression: Compression,
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Plan {
+            step_from: 0,
+            algorithm: Algorithm::Ring,
+            chunk_bytes: 1 << 20,
+            channels: 1,
+            compression: Compression::NONE,
+        }
+    }
+}
+
+/// Why a plan cannot be used on this mesh.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    #[error("chunk_bytes must be between 4 and {max}, got {got}")]
+    ChunkBytes { got: u32, max: u32 },
+    #[error("plan asks for {got} channels but the mesh was built with {available}; use 1..={available}")]
+    Channels { got: u8, available: u8 },
+    #[error("invalid compression: {reason}")]
+    Compression { reason: &'static str },
+}
+
+/// Largest chunk a plan may ask for (the frame payload limit leaves room for top-k overhead).
+pub const MAX_CHUNK_BYTES: u32 = 64 << 20;
+
+impl Plan {
+    pub fn validate(&self, available_channels: u8) -> Result<(), PlanError> {
+        if !(4..=MAX_CHUNK_BYTES).contains(&self.chunk_bytes) {
+            return Err(PlanError::ChunkBytes { got: self.chunk_bytes, max: MAX_CHUNK_BYTES });
+        }
+        if self.channels == 0 || self.channels > available_channels {
+            return Err(PlanError::Channels { got: self.channels, available: available_channels });
+        }
+        self.compression.codec.validate().map_err(|reason| PlanError::Compression { reason })
+    }
+}
+
+/// Where rank 0 gets plan changes from. Polled once per collective, before the control header is
+/// sent; must not block. A later issue feeds ringside's hints through this.
+pub trait PlanSource: Send {
+    /// New plans known at training step `step` (may have `step_from` in the future).
+    fn poll(&mut self, step: u64) -> Vec<Plan>;
+}
+
+/// A fixed list of plans, handed over all at once (tests, scripted experiments).
+#[derive(Clone, Debug, Default)]
+pub struct ScriptedPlans(pub Vec<Plan>);
+
+impl PlanSource for ScriptedPlans {
+    fn poll(&mut self, _step: u64) -> Vec<Plan> {
+        std::mem::take(&mut self.0)
+    }
+}
+
+/// Plans pushed from another thread (e.g. a hint client).
+impl PlanSource for std::sync::mpsc::Receiver<Plan> {
+    fn poll(&mut self, _step: u64) -> Vec<Plan> {
+        self.try_iter().take(1024).collect()
+    }
+}
+
+/// Rank 0's view: the active plan, plans waiting for their `step_from`, and the source.
+pub struct PlanSchedule {
+    active: Plan,
+    pending: Vec<Plan>,
+    source: Option<Box<dyn PlanSource>>,
+    available_channels: u8,
+}
+
+impl PlanSchedule {
+    pub fn new(initial: Plan, available_channels: u8) -> Self {
+        Self { active: initial, pending: Vec::new(), source: None, available_channels }
+    }
+
+    pub fn set_source(&mut self, source: Box<dyn PlanSource>) {
+        self.source = Some(source);
+    }
+
+    pub fn active(&self) -> &Plan {
+        &self.active
+    }
+
+    /// Polls the source and returns the plan for a collective at training step `step`: the pending
+    /// plan with the largest `step_from <= step`, if any, else the current one.
+    pub fn plan_for_step(&mut self, step: u64) -> Plan {
+        if let Some(src) = self.source.as_mut() {
+            for p in src.poll(step) {
+                match p.validate(self.available_channels) {
+                    Ok(()) => self.pending.push(p),
+                    Err(e) => tracing::warn!(error = %e, ?p, "dropping invalid plan"),
+                }
+            }
+        }
+        // Stable sort: among equal step_from the later-received plan wins.
+        self.pending.sort_by_key(|p| p.step_from);
+        let due = self.pending.iter().rposition(|p| p.step_from <= step);
+        if let Some(i) = due {
+            self.active = self.pending[i];
+            self.pending.drain(..=i);
+        }
+        self.active
+    }
+}
+
+/// What a collective is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    Allreduce = 1,
+    ReduceScatter = 2,
+    Allgather = 3,
+    Broadcast = 4,
+}
+
+/// Element type of the user's buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    F32 = 1,
+    Bf16 = 2,
+}
+
+impl Dtype {
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::Bf16 => 2,
+        }
+    }
+}
+
+impl FromStr for Dtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Dtype::F32),
+            "bf16" => Ok(Dtype::Bf16),
+            _ => Err(format!("unknown dtype {s:?}: use f32 or bf16")),
+        }
+    }
+}
+
+/// Payload of a [`crate::wire::FrameKind::Control`] frame.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ControlHeader {
+    pub training_step: u64,
+    pub op_kind: OpKind,
+    pub dtype: Dtype,
+    pub elems: u64,
+    pub root: u32,
+    pub plan: Plan,
+}
+
+impl ControlHeader {
+    pub const LEN: usize = 48;
+
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0] = self.op_kind as u8;
+        b[1] = self.dtype as u8;
+        b[2] = self.plan.algorithm.id();
+        b[3] = self.plan.compression.codec.wire_id();
+        b[4] = u8::from(self.plan.compression.error_feedback);
+        b[5] = self.plan.channels;
+        b[8..12].copy_from_slice(&self.plan.chunk_bytes.to_le_bytes());
+        let ratio = match self.plan.compression.codec {
+            CodecKind::TopK { ratio } => ratio,
+            _ => 0.0,
+        };
+        b[12..16].copy_from_slice(&ratio.to_le_bytes());
+        b[16..20].copy_from_slice(&self.root.to_le_bytes());
+        b[24..32].copy_from_slice(&self.training_step.to_le_bytes());
+        b[32..40].copy_from_slice(&self.elems.to_le_bytes());
+        b[40..48].copy_from_slice(&self.plan.step_from.to_le_bytes());
+        b
+    }
+
+    pub fn parse(b: &[u8]) -> Result<Self, FrameError> {
+        if b.len() != Self::LEN {
+            return Err(FrameError::PayloadLength { what: "control header", expected: Self::LEN, got: b.len() });
+        }
+        let bad = |what| FrameError::MalformedPayload { what };
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let op_kind = match b[0] {
+            1 => OpKind::Allreduce,
+            2 => OpKind::ReduceScatter,
+            3 => OpKind::Allgather,
+            4 => OpKind::Broadcast,
+            _ => return Err(bad("unknown op kind")),
+        };
+        let dtype = match b[1] {
+            1 => Dtype::F32,
+            2 => Dtype::Bf16,
+            _ => return Err(bad("unknown dtype")),
+        };
+        let algorithm = Algorithm::from_id(b[2]).ok_or(bad("unknown algorithm"))?;
+        let ratio = f32::from_bits(u32_at(12));
+        let codec = match b[3] {
+            0 => CodecKind::None,
+            1 => CodecKind::Fp16,
+            2 => CodecKind::Bf16,
+            3 => CodecKind::Int8,
+            4 => CodecKind::TopK { ratio },
+            _ => return Err(bad("unknown codec")),
+        };
+        codec.validate().map_err(|_| bad("invalid top-k ratio"))?;
+        if b[4] > 1 {
+            return Err(bad("error feedback flag is not 0 or 1"));
+        }
+        Ok(Self {
+            op_kind,
+            dtype,
+            root: u32_at(16),
+            training_step: u64_at(24),
+            elems: u64_at(32),
+            plan: Plan {
+                step_from: u64_at(40),
+                algorithm,
+                chunk_bytes: u32_at(8),
+                channels: b[5],
+                compression: Compression { codec, error_feedback: b[4] == 1 },
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_header_roundtrips() {
+        let h = ControlHeader {
+            training_step: 42,
+            op_kind: OpKind::Allreduce,
+            dtype: Dtype::Bf16,
+            elems: 1 << 33,
+            root: 3,
+            plan: Plan {
+                step_from: 40,
+                algorithm: Algorithm::Rhd,
+                chunk_bytes: 65536,
+                channels: 4,
+                compression: Compression { codec: CodecKind::TopK { ratio: 0.25 }, error_feedback: true },
+            },
+        };
+        assert_eq!(ControlHeader::parse(&h.encode()), Ok(h));
+        let mut b = h.encode();
+        b[2] = 9;
+        assert!(ControlHeader::parse(&b).is_err());
+        assert!(ControlHeader::parse(&b[..47]).is_err());
+    }
+
+    #[test]
+    fn schedule_switches_at_step_from_and_rejects_invalid_plans() {
+        let base = Plan::default();
+        let later = Plan { step_from: 5, algorithm: Algorithm::Tree, ..base };
+        let bad = Plan { step_from: 2, channels: 9, ..base };
+        let mut s = PlanSchedule::new(base, 4);
+        s.set_source(Box::new(ScriptedPlans(vec![later, bad])));
+        for step in 0..5 {
+            assert_eq!(s.plan_for_step(step), base, "step {step}");
+        }
+        assert_eq!(s.plan_for_step(5), later);
+        assert_eq!(s.plan_for_step(6), later);
+    }
+
+    #[test]
+    fn channel_source_delivers() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut s = PlanSchedule::new(Plan::default(), 2);
+        s.set_source(Box::new(rx));
+        let p = Plan { step_from: 0, channels: 2, ..Plan::default() };
+        tx.send(p).unwrap();
+        assert_eq!(s.plan_for_step(3), p);
+    }
+
+    #[test]
+    fn names_parse() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.to_string().parse::<Algorithm>().unwrap(), a);
+        }
+        assert!("butterfly".parse::<Algorithm>().is_err());
+    }
+}

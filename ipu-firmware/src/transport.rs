@@ -1,0 +1,574 @@
+//! Point-to-point frame transport between the ranks of a job ([`Transport`]) and its TCP
+//! implementation ([`TcpTransport`]).
+//!
+//! ## Why std sockets and threads, not tokio
+//! A collective engine does little besides moving large buffers over a handful of long-lived
+//! connections (`(world − 1) × channels` per rank) and reducing them; it needs no per-request task
+//! scheduling. Blocking `write_all`/`read_exact` on dedicated threads go straight to the kernel with one
+//! copy into a frame buffer and no reactor wake-ups, keep the hot loop synchronous and easy to bound
+//! (every wait has a deadline), and let the engine be called from plain threads (the emulated training
+//! job and tests run ranks as threads). A quick loopback comparison of one 16 MiB transfer in 1 MiB
+//! frames showed the threaded version at least as fast as a tokio `write_all`/`read_exact` pair, so the
+//! extra runtime and dependency bought nothing. An RDMA transport will implement the same trait behind
+//! a cargo feature later.
+//!
+//! ## Structure and invariants
+//! - The mesh is complete: for every pair (i < j) rank j opens `channels` connections to rank i. Each
+//!   connection starts with a [`Hello`] in both directions (world, rank, channel count); mismatches
+//!   reject the connection. Setup retries connects until the timeout, so ranks may start in any order.
+//! - Per connection, a writer thread drains an unbounded queue of ready frames (so `send` never blocks
+//!   on the network and ring/tree exchanges cannot deadlock on full socket buffers) and a reader thread
+//!   parses frames into a queue. Socket writes time out after the configured timeout.
+//! - Any connection failure (EOF without [`FrameKind::Goodbye`], I/O error, garbage) is recorded once
+//!   in state shared by all connections of the rank; every later or pending `send`/`recv` on any
+//!   connection returns it within [`POLL_SLICE`]. So a failure anywhere reaches every waiting call fast,
+//!   and a stalled peer surfaces as [`CollectiveError::Timeout`] after at most the timeout.
+//! - `seq` is assigned on send and checked on receive per directed (peer, channel) stream.
+//! - [`TcpTransport::close`] is graceful (goodbye, flush, wait for the peer's goodbye up to the
+//!   timeout); [`TcpTransport::abort`] shuts every socket down at once so peers learn of the failure.
+
+use crate::error::{CollectiveError, Result};
+use crate::wire::{FrameHeader, FrameKind, Hello, HEADER_LEN};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How often a waiting `recv` re-checks the shared failure state.
+pub const POLL_SLICE: Duration = Duration::from_millis(20);
+
+/// A received frame.
+#[derive(Debug)]
+pub struct InFrame {
+    pub header: FrameHeader,
+    pub payload: Vec<u8>,
+}
+
+/// Reliable, ordered frame delivery per (peer, channel).
+pub trait Transport: Send {
+    fn rank(&self) -> usize;
+    fn world(&self) -> usize;
+    /// Connections per peer pair.
+    fn channels(&self) -> usize;
+    /// Queues a frame for `(peer, channel)`. `frame` is `HEADER_LEN` reserved bytes followed by the
+    /// payload; the transport fills in seq, channel, payload length and checksum. Never blocks on the
+    /// network.
+    fn send(&mut self, peer: usize, channel: usize, header: FrameHeader, frame: Vec<u8>) -> Result<()>;
+    /// The next frame from `(peer, channel)`, waiting at most `timeout`. `op` is only used in errors.
+    fn recv(&mut self, peer: usize, channel: usize, timeout: Duration, op: u64) -> Result<InFrame>;
+    /// Bytes queued for sending so far (headers included).
+    fn bytes_sent(&self) -> u64;
+    /// Graceful close.
+    fn close(&mut self);
+    /// Immediate close after a failure, so that peers notice.
+    fn abort(&mut self);
+}
+
+/// Setup options of a [`TcpTransport`].
+#[derive(Clone, Copy, Debug)]
+pub struct TcpOptions {
+    /// Connections per peer pair (plans may use 1..=channels).
+    pub channels: u8,
+    /// Bound on connection setup, on each wait for a frame, and on each blocked socket write.
+    pub timeout: Duration,
+}
+
+impl Default for TcpOptions {
+    fn default() -> Self {
+        Self { channels: 1, timeout: Duration::from_secs(30) }
+    }
+}
+
+enum Inbound {
+    Frame(InFrame),
+    Goodbye,
+    Failed(CollectiveError),
+}
+
+#[derive(Default)]
+struct SharedState {
+    failure: Mutex<Option<CollectiveError>>,
+    /// Set when this rank shuts its own sockets down: errors after that are not peer failures.
+    closing: AtomicBool,
+}
+
+impl SharedState {
+    fn fail(&self, e: CollectiveError) {
+        if self.closing.load(Ordering::Acquire) {
+            return;
+        }
+        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        if f.is_none() {
+            tracing::debug!(error = %e, "transport failure");
+            *f = Some(e);
+        }
+    }
+    fn failure(&self) -> Option<CollectiveError> {
+        self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+struct Connection {
+    peer: usize,
+    channel: usize,
+    stream: TcpStream,
+    tx: Option<Sender<Vec<u8>>>,
+    rx: Receiver<Inbound>,
+    writer: Option<JoinHandle<()>>,
+    reader: Option<JoinHandle<()>>,
+    send_seq: u32,
+    recv_seq: u32,
+    peer_said_goodbye: bool,
+}
+
+/// A full TCP mesh among the ranks of one job.
+pub struct TcpTransport {
+    rank: usize,
+    world: usize,
+    options: TcpOptions,
+    /// `conns[peer][channel]`; `None` for `peer == rank`.
+    conns: Vec<Vec<Option<Connection>>>,
+    shared: Arc<SharedState>,
+    bytes_sent: u64,
+    finished: bool,
+}
+
+fn io_to_peer_error(peer: usize, channel: usize, e: std::io::Error) -> CollectiveError {
+    match e.kind() {
+        ErrorKind::UnexpectedEof | ErrorKind::BrokenPipe | ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted => {
+            CollectiveError::PeerDisconnected { peer, channel }
+        }
+        _ => CollectiveError::io(peer, channel, e),
+    }
+}
+
+/// Reads exactly `buf.len()` bytes; `Ok(false)` on EOF before the first byte.
+fn read_full_or_eof(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        match s.read(&mut buf[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+fn reader_loop(mut s: TcpStream, peer: usize, channel: usize, tx: Sender<Inbound>, shared: Arc<SharedState>) {
+    let mut hdr = [0u8; HEADER_LEN];
+    let fail = |e: CollectiveError| {
+        shared.fail(e.clone());
+        let _ = tx.send(Inbound::Failed(e));
+    };
+    loop {
+        match read_full_or_eof(&mut s, &mut hdr) {
+            Ok(true) => {}
+            Ok(false) => return fail(CollectiveError::PeerDisconnected { peer, channel }),
+            Err(e) => return fail(io_to_peer_error(peer, channel, e)),
+        }
+        let header = match FrameHeader::parse(&hdr) {
+            Ok(h) => h,
+            Err(error) => return fail(CollectiveError::BadFrame { peer, channel, error }),
+        };
+        if header.kind == FrameKind::Goodbye {
+            let _ = tx.send(Inbound::Goodbye);
+            return;
+        }
+        let mut payload = vec![0u8; header.payload_len as usize];
+        if let Err(e) = s.read_exact(&mut payload) {
+            return fail(io_to_peer_error(peer, channel, e));
+        }
+        if tx.send(Inbound::Frame(InFrame { header, payload })).is_err() {
+            return; // transport dropped
+        }
+    }
+}
+
+fn writer_loop(mut s: TcpStream, peer: usize, channel: usize, rx: Receiver<Vec<u8>>, shared: Arc<SharedState>) {
+    for frame in rx {
+        if let Err(e) = s.write_all(&frame) {
+            let e = match e.kind() {
+                ErrorKind::WouldBlock | ErrorKind::TimedOut => CollectiveError::Timeout {
+                    peer,
+                    channel,
+                    op: u64::MAX,
+                    waited_ms: s.write_timeout().ok().flatten().map_or(0, |d| d.as_millis() as u64),
+                },
+                _ => io_to_peer_error(peer, channel, e),
+            };
+            shared.fail(e);
+            return;
+        }
+    }
+}
+
+fn remaining(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
+}
+
+/// Reads one hello frame (blocking with the stream's read timeout).
+fn read_hello(s: &mut TcpStream) -> std::result::Result<(FrameHeader, Hello), String> {
+    let mut hdr = [0u8; HEADER_LEN];
+    s.read_exact(&mut hdr).map_err(|e| format!("reading hello header: {e}"))?;
+    let h = FrameHeader::parse(&hdr).map_err(|e| e.to_string())?;
+    if h.kind != FrameKind::Hello || h.seq != 0 || h.payload_len as usize != Hello::LEN {
+        return Err(format!("expected a hello frame, got {:?} seq {} len {}", h.kind, h.seq, h.payload_len));
+    }
+    let mut p = [0u8; Hello::LEN];
+    s.read_exact(&mut p).map_err(|e| format!("reading hello payload: {e}"))?;
+    Ok((h, Hello::parse(&p).map_err(|e| e.to_string())?))
+}
+
+impl TcpTransport {
+    /// Binds `0.0.0.0:<port of peers[rank]>` and builds the mesh.
+    pub fn bind_and_connect(rank: usize, peers: &[SocketAddr], options: TcpOptions) -> Result<Self> {
+        let own = *peers.get(rank).ok_or_else(|| CollectiveError::InvalidArgument {
+            name: "rank",
+            reason: format!("rank {rank} is outside a world of {}", peers.len()),
+        })?;
+        let bind: SocketAddr = match own {
+            SocketAddr::V4(a) => (std::net::Ipv4Addr::UNSPECIFIED, a.port()).into(),
+            SocketAddr::V6(a) => (std::net::Ipv6Addr::UNSPECIFIED, a.port()).into(),
+        };
+        let listener =
+            TcpListener::bind(bind).map_err(|e| CollectiveError::Listen { addr: bind, source: Arc::new(e) })?;
+        Self::connect(listener, rank, peers, options)
+    }
+
+    /// Builds the mesh using an already bound `listener` for this rank (tests bind port 0 first).
+    /// `peers[i]` is where rank i accepts connections.
+    pub fn connect(listener: TcpListener, rank: usize, peers: &[SocketAddr], options: TcpOptions) -> Result<Self> {
+        let world = peers.len();
+        if rank >= world {
+            return Err(CollectiveError::InvalidArgument {
+                name: "rank",
+                reason: format!("rank {rank} is outside a world of {world}"),
+            });
+        }
+        if options.channels == 0 {
+            return Err(CollectiveError::InvalidArgument { name: "channels", reason: "must be at least 1".into() });
+        }
+        let k = usize::from(options.channels);
+        let deadline = Instant::now() + options.timeout;
+        let hello = Hello { world: world as u32, rank: rank as u32, channels: u32::from(options.channels) };
+        let mut streams: Vec<Vec<Option<TcpStream>>> = (0..world).map(|_| (0..k).map(|_| None).collect()).collect();
+
+        // Outbound: to every lower rank, k connections, retrying while the peer starts up.
+        for (peer, &addr) in peers.iter().enumerate().take(rank) {
+            for ch in 0..k {
+                streams[peer][ch] = Some(Self::dial(peer, addr, ch, hello, deadline, options.timeout)?);
+            }
+        }
+        // Inbound: from every higher rank.
+        let expected = (world - rank - 1) * k;
+        let mut connected = 0;
+        listener.set_nonblocking(true).map_err(|e| CollectiveError::io(rank, 0, e))?;
+        while connected < expected {
+            if Instant::now() >= deadline {
+                return Err(CollectiveError::AcceptTimeout {
+                    connected,
+                    expected,
+                    waited_ms: options.timeout.as_millis() as u64,
+                });
+            }
+            let (mut s, addr) = match listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                }
+                Err(e) => return Err(CollectiveError::io(rank, 0, e)),
+            };
+            let setup = (|| -> std::result::Result<(usize, usize), String> {
+                s.set_nonblocking(false).map_err(|e| e.to_string())?;
+                s.set_nodelay(true).map_err(|e| e.to_string())?;
+                s.set_read_timeout(Some(remaining(deadline))).map_err(|e| e.to_string())?;
+                let (h, their) = read_hello(&mut s)?;
+                let (peer, ch) = (their.rank as usize, usize::from(h.channel));
+                if their.world as usize != world || their.channels != u32::from(options.channels) {
+                    return Err(format!(
+                        "peer expects world {} with {} channels, this rank has world {world} with {k}",
+                        their.world, their.channels
+                    ));
+                }
+                if peer <= rank || peer >= world || ch >= k {
+                    return Err(format!("unexpected caller rank {peer} channel {ch}"));
+                }
+                if streams[peer][ch].is_some() {
+                    return Err(format!("duplicate connection from rank {peer} channel {ch}"));
+                }
+                s.write_all(&hello.frame(ch as u8)).map_err(|e| e.to_string())?;
+                Ok((peer, ch))
+            })();
+            match setup {
+                Ok((peer, ch)) => {
+                    streams[peer][ch] = Some(s);
+                    connected += 1;
+                }
+                // A stranger (port scan, stale rank of another job) must not break setup.
+                Err(reason) => tracing::warn!(%addr, %reason, "rejected inbound connection"),
+            }
+        }
+
+        let shared = Arc::new(SharedState::default());
+        let mut conns: Vec<Vec<Option<Connection>>> = Vec::with_capacity(world);
+        for (peer, per_peer) in streams.into_iter().enumerate() {
+            let mut row = Vec::with_capacity(k);
+            for (ch, s) in per_peer.into_iter().enumerate() {
+                row.push(match s {
+                    None => None,
+                    Some(s) => Some(Self::start_connection(peer, ch, s, &shared, options.timeout)?),
+                });
+            }
+            conns.push(row);
+        }
+        Ok(Self { rank, world, options, conns, shared, bytes_sent: 0, finished: false })
+    }
+
+    fn dial(
+        peer: usize,
+        addr: SocketAddr,
+        ch: usize,
+        hello: Hello,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<TcpStream> {
+        let mut last_error = String::from("no attempt made");
+        let mut backoff = Duration::from_millis(10);
+        while Instant::now() < deadline {
+            let attempt = (|| -> std::result::Result<TcpStream, String> {
+                let mut s = TcpStream::connect_timeout(&addr, remaining(deadline).min(Duration::from_secs(2)))
+                    .map_err(|e| e.to_string())?;
+                s.set_nodelay(true).map_err(|e| e.to_string())?;
+                s.set_read_timeout(Some(remaining(deadline))).map_err(|e| e.to_string())?;
+                s.write_all(&hello.frame(ch as u8)).map_err(|e| e.to_string())?;
+                let (h, their) = read_hello(&mut s)?;
+                if their.rank as usize != peer || usize::from(h.channel) != ch || their.world != hello.world {
+                    return Err(format!(
+                        "{addr} answered as rank {} of world {} on channel {}; expected rank {peer} of world {} on channel {ch}",
+                        their.rank, their.world, h.channel, hello.world
+                    ));
+                }
+                Ok(s)
+            })();
+            match attempt {
+                Ok(s) => return Ok(s),
+                Err(e) => last_error = e,
+            }
+            std::thread::sleep(backoff.min(remaining(deadline)));
+            backoff = (backoff * 2).min(Duration::from_millis(200));
+        }
+        Err(CollectiveError::ConnectTimeout { peer, addr, waited_ms: timeout.as_millis() as u64, last_error })
+    }
+
+    fn start_connection(
+        peer: usize,
+        channel: usize,
+        stream: TcpStream,
+        shared: &Arc<SharedState>,
+        timeout: Duration,
+    ) -> Result<Connection> {
+        let err = |e| CollectiveError::io(peer, channel, e);
+        stream.set_read_timeout(None).map_err(err)?;
+        stream.set_write_timeout(Some(timeout)).map_err(err)?;
+        let (wtx, wrx) = mpsc::channel::<Vec<u8>>();
+        let (rtx, rrx) = mpsc::channel::<Inbound>();
+        let ws = stream.try_clone().map_err(err)?;
+        let rs = stream.try_clone().map_err(err)?;
+        let (sw, sr) = (shared.clone(), shared.clone());
+        let writer = std::thread::Builder::new()
+            .name(format!("tx-r{peer}c{channel}"))
+            .spawn(move || writer_loop(ws, peer, channel, wrx, sw))
+            .map_err(err)?;
+        let reader = std::thread::Builder::new()
+            .name(format!("rx-r{peer}c{channel}"))
+            .spawn(move || reader_loop(rs, peer, channel, rtx, sr))
+            .map_err(err)?;
+        Ok(Connection {
+            peer,
+            channel,
+            stream,
+            tx: Some(wtx),
+            rx: rrx,
+            writer: Some(writer),
+            reader: Some(reader),
+            send_seq: 1,
+            recv_seq: 1,
+            peer_said_goodbye: false,
+        })
+    }
+
+    fn conn(&mut self, peer: usize, channel: usize) -> Result<&mut Connection> {
+        let (world, k) = (self.world, self.conns.first().map_or(0, Vec::len));
+        self.conns
+            .get_mut(peer)
+            .and_then(|row| row.get_mut(channel))
+            .and_then(Option::as_mut)
+            .ok_or_else(|| CollectiveError::InvalidArgument {
+                name: "peer/channel",
+                reason: format!("no connection to rank {peer} channel {channel} (world {world}, {k} channels)"),
+            })
+    }
+
+    fn all_conns(&mut self) -> impl Iterator<Item = &mut Connection> {
+        self.conns.iter_mut().flatten().flatten()
+    }
+
+    fn join_threads(&mut self) {
+        for c in self.all_conns() {
+            c.tx = None;
+            if let Some(w) = c.writer.take() {
+                let _ = w.join();
+            }
+            if let Some(r) = c.reader.take() {
+                let _ = r.join();
+            }
+        }
+    }
+}
+
+impl Transport for TcpTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.world
+    }
+    fn channels(&self) -> usize {
+        usize::from(self.options.channels)
+    }
+
+    fn send(&mut self, peer: usize, channel: usize, mut header: FrameHeader, mut frame: Vec<u8>) -> Result<()> {
+        if let Some(e) = self.shared.failure() {
+            return Err(e);
+        }
+        let len = frame.len();
+        let c = self.conn(peer, channel)?;
+        header.seq = c.send_seq;
+        header.channel = channel as u8;
+        header.payload_len = (len - HEADER_LEN) as u32;
+        header.write(&mut frame[..HEADER_LEN]);
+        c.send_seq = c.send_seq.wrapping_add(1);
+        let sent = c.tx.as_ref().map(|tx| tx.send(frame).is_ok()).unwrap_or(false);
+        if !sent {
+            return Err(self.shared.failure().unwrap_or(CollectiveError::PeerDisconnected { peer, channel }));
+        }
+        self.bytes_sent += len as u64;
+        Ok(())
+    }
+
+    fn recv(&mut self, peer: usize, channel: usize, timeout: Duration, op: u64) -> Result<InFrame> {
+        let deadline = Instant::now() + timeout;
+        let shared = self.shared.clone();
+        let c = self.conn(peer, channel)?;
+        loop {
+            if let Some(e) = shared.failure() {
+                return Err(e);
+            }
+            if c.peer_said_goodbye {
+                return Err(CollectiveError::PeerClosed { peer, channel, op });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CollectiveError::Timeout { peer, channel, op, waited_ms: timeout.as_millis() as u64 });
+            }
+            match c.rx.recv_timeout((deadline - now).min(POLL_SLICE)) {
+                Ok(Inbound::Frame(f)) => {
+                    if f.header.seq != c.recv_seq {
+                        let e = CollectiveError::UnexpectedFrame {
+                            peer,
+                            channel,
+                            field: "seq",
+                            expected: u64::from(c.recv_seq),
+                            got: u64::from(f.header.seq),
+                        };
+                        shared.fail(e.clone());
+                        return Err(e);
+                    }
+                    c.recv_seq = c.recv_seq.wrapping_add(1);
+                    return Ok(f);
+                }
+                Ok(Inbound::Goodbye) => c.peer_said_goodbye = true,
+                Ok(Inbound::Failed(e)) => return Err(e),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(shared.failure().unwrap_or(CollectiveError::PeerDisconnected { peer, channel }))
+                }
+            }
+        }
+    }
+
+    fn bytes_sent(&self) -> u64 {
+        self.bytes_sent
+    }
+
+    fn close(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let timeout = self.options.timeout;
+        for c in self.all_conns() {
+            let mut h = FrameHeader::new(FrameKind::Goodbye);
+            h.seq = c.send_seq;
+            h.channel = c.channel as u8;
+            if let Some(tx) = c.tx.take() {
+                let _ = tx.send(h.to_bytes().to_vec());
+            }
+        }
+        // Flush: writers exit once their queue is drained and the sender is gone.
+        for c in self.all_conns() {
+            if let Some(w) = c.writer.take() {
+                let _ = w.join();
+            }
+        }
+        // Wait for each peer's goodbye (or failure) so that no unread bytes make the kernel reset the
+        // connection while the peer may still be reading what we sent.
+        let deadline = Instant::now() + timeout;
+        for c in self.all_conns() {
+            while !c.peer_said_goodbye && Instant::now() < deadline {
+                match c.rx.recv_timeout(remaining(deadline).min(POLL_SLICE)) {
+                    Ok(Inbound::Goodbye) => c.peer_said_goodbye = true,
+                    Ok(Inbound::Frame(f)) => {
+                        tracing::warn!(peer = c.peer, channel = c.channel, op = f.header.op, "unconsumed frame at close")
+                    }
+                    Ok(Inbound::Failed(_)) | Err(RecvTimeoutError::Disconnected) => break,
+                    Err(RecvTimeoutError::Timeout) => {}
+                }
+            }
+        }
+        self.shared.closing.store(true, Ordering::Release);
+        for c in self.all_conns() {
+            let _ = c.stream.shutdown(Shutdown::Both);
+        }
+        self.join_threads();
+    }
+
+    fn abort(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.shared.closing.store(true, Ordering::Release);
+        for c in self.all_conns() {
+            let _ = c.stream.shutdown(Shutdown::Both);
+        }
+        self.join_threads();
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        if self.shared.failure().is_some() {
+            self.abort();
+        } else {
+            self.close();
+        }
+    }
+}

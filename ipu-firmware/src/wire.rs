@@ -1,0 +1,291 @@
+//! Frame layout on the wire: a fixed 40-byte [`FrameHeader`] followed by `payload_len` payload bytes.
+//!
+//! Invariants:
+//! - Every byte that crosses a connection belongs to a frame; there is no other framing.
+//! - A header is accepted only if its magic, version, kind and header checksum are valid and its
+//!   `payload_len` is at most [`MAX_PAYLOAD`]. Anything else is garbage: the stream cannot be
+//!   resynchronised, so the connection is declared failed (never skipped or reduced into a result).
+//! - `seq` counts frames per directed (peer, channel) stream starting at 0 with the hello frame; the
+//!   transport assigns it on send and checks it on receive, so a lost, duplicated or replayed frame is
+//!   detected. `op` is the collective sequence number the engine checks for every data frame.
+//! - All integers are little endian. Parsing is pure and bounds-checked over byte slices.
+
+use std::ops::Range;
+
+/// `b"RSG1"` read as a little-endian u32.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"RSG1");
+/// Wire format version; bump on any incompatible change of the header or a payload layout.
+pub const VERSION: u8 = 1;
+/// Size of [`FrameHeader`] on the wire.
+pub const HEADER_LEN: usize = 40;
+/// Largest payload a receiver accepts (a chunk of 64 MiB f32 plus top-k overhead fits).
+pub const MAX_PAYLOAD: u32 = 256 << 20;
+
+const MAGIC_RANGE: Range<usize> = 0..4;
+const VERSION_AT: usize = 4;
+const KIND_AT: usize = 5;
+const CODEC_AT: usize = 6;
+const CHANNEL_AT: usize = 7;
+const OP_RANGE: Range<usize> = 8..16;
+const SEQ_RANGE: Range<usize> = 16..20;
+const PAYLOAD_LEN_RANGE: Range<usize> = 20..24;
+const ELEM_OFFSET_RANGE: Range<usize> = 24..32;
+const ELEM_COUNT_RANGE: Range<usize> = 32..36;
+const CHECKSUM_RANGE: Range<usize> = 36..40;
+
+/// What a frame carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// First frame on every connection, both directions: [`Hello`].
+    Hello = 1,
+    /// Rank 0's per-collective control header: [`crate::plan::ControlHeader`].
+    Control = 2,
+    /// A chunk of buffer elements `[elem_offset, elem_offset + elem_count)` encoded with `codec`.
+    Data = 3,
+    /// Graceful close: the sender will send nothing more on this connection.
+    Goodbye = 4,
+}
+
+impl FrameKind {
+    fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::Hello),
+            2 => Some(Self::Control),
+            3 => Some(Self::Data),
+            4 => Some(Self::Goodbye),
+            _ => None,
+        }
+    }
+}
+
+/// Why a header (or a payload) is garbage.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("bad magic {got:#010x} (expected {MAGIC:#010x}); the peer is not a ringside rank or the stream lost sync")]
+    BadMagic { got: u32 },
+    #[error("unsupported wire version {got} (this build speaks {VERSION}); run the same ringside build on every rank")]
+    UnsupportedVersion { got: u8 },
+    #[error("unknown frame kind {got}")]
+    UnknownKind { got: u8 },
+    #[error("header checksum {got:#010x} does not match computed {computed:#010x}")]
+    HeaderChecksum { got: u32, computed: u32 },
+    #[error("payload length {len} exceeds the maximum {max}")]
+    PayloadTooLong { len: u32, max: u32 },
+    #[error("truncated: need {needed} bytes, have {got}")]
+    Truncated { needed: usize, got: usize },
+    #[error("payload length {got} does not match the {expected} bytes expected for {what}")]
+    PayloadLength { what: &'static str, expected: usize, got: usize },
+    #[error("malformed payload: {what}")]
+    MalformedPayload { what: &'static str },
+}
+
+/// The fixed header in front of every frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub kind: FrameKind,
+    /// [`crate::codec::CodecKind::wire_id`] of the payload (data frames), 0 otherwise.
+    pub codec: u8,
+    pub channel: u8,
+    /// Collective sequence number (0-based, per communicator).
+    pub op: u64,
+    /// Frame counter of this directed (peer, channel) stream; set by the transport.
+    pub seq: u32,
+    pub payload_len: u32,
+    pub elem_offset: u64,
+    pub elem_count: u32,
+}
+
+/// FNV-1a over the header bytes before the checksum field. Cheap, and enough to catch garbage
+/// (TCP already checksums the bytes in flight; this catches peers that are not speaking our protocol).
+pub fn header_checksum(bytes: &[u8]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for &b in bytes {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+fn le_u32(b: &[u8], r: Range<usize>) -> u32 {
+    u32::from_le_bytes(b[r].try_into().expect("range is 4 bytes"))
+}
+fn le_u64(b: &[u8], r: Range<usize>) -> u64 {
+    u64::from_le_bytes(b[r].try_into().expect("range is 8 bytes"))
+}
+
+impl FrameHeader {
+    /// A header with everything but kind zeroed.
+    pub fn new(kind: FrameKind) -> Self {
+        Self { kind, codec: 0, channel: 0, op: 0, seq: 0, payload_len: 0, elem_offset: 0, elem_count: 0 }
+    }
+
+    /// Writes the header (with checksum) into `out[..HEADER_LEN]`.
+    pub fn write(&self, out: &mut [u8]) {
+        let out = &mut out[..HEADER_LEN];
+        out[MAGIC_RANGE].copy_from_slice(&MAGIC.to_le_bytes());
+        out[VERSION_AT] = VERSION;
+        out[KIND_AT] = self.kind as u8;
+        out[CODEC_AT] = self.codec;
+        out[CHANNEL_AT] = self.channel;
+        out[OP_RANGE].copy_from_slice(&self.op.to_le_bytes());
+        out[SEQ_RANGE].copy_from_slice(&self.seq.to_le_bytes());
+        out[PAYLOAD_LEN_RANGE].copy_from_slice(&self.payload_len.to_le_bytes());
+        out[ELEM_OFFSET_RANGE].copy_from_slice(&self.elem_offset.to_le_bytes());
+        out[ELEM_COUNT_RANGE].copy_from_slice(&self.elem_count.to_le_bytes());
+        let sum = header_checksum(&out[..CHECKSUM_RANGE.start]);
+        out[CHECKSUM_RANGE].copy_from_slice(&sum.to_le_bytes());
+    }
+
+    pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        self.write(&mut b);
+        b
+    }
+
+    /// Parses and validates a header. Checks magic first so that a stranger's bytes are reported as
+    /// such rather than as a checksum error.
+    pub fn parse(b: &[u8]) -> Result<Self, FrameError> {
+        if b.len() < HEADER_LEN {
+            return Err(FrameError::Truncated { needed: HEADER_LEN, got: b.len() });
+        }
+        let magic = le_u32(b, MAGIC_RANGE);
+        if magic != MAGIC {
+            return Err(FrameError::BadMagic { got: magic });
+        }
+        if b[VERSION_AT] != VERSION {
+            return Err(FrameError::UnsupportedVersion { got: b[VERSION_AT] });
+        }
+        let got = le_u32(b, CHECKSUM_RANGE);
+        let computed = header_checksum(&b[..CHECKSUM_RANGE.start]);
+        if got != computed {
+            return Err(FrameError::HeaderChecksum { got, computed });
+        }
+        let kind = FrameKind::from_u8(b[KIND_AT]).ok_or(FrameError::UnknownKind { got: b[KIND_AT] })?;
+        let payload_len = le_u32(b, PAYLOAD_LEN_RANGE);
+        if payload_len > MAX_PAYLOAD {
+            return Err(FrameError::PayloadTooLong { len: payload_len, max: MAX_PAYLOAD });
+        }
+        Ok(Self {
+            kind,
+            codec: b[CODEC_AT],
+            channel: b[CHANNEL_AT],
+            op: le_u64(b, OP_RANGE),
+            seq: le_u32(b, SEQ_RANGE),
+            payload_len,
+            elem_offset: le_u64(b, ELEM_OFFSET_RANGE),
+            elem_count: le_u32(b, ELEM_COUNT_RANGE),
+        })
+    }
+}
+
+/// Payload of a [`FrameKind::Hello`] frame: who is calling and what mesh it expects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub world: u32,
+    pub rank: u32,
+    pub channels: u32,
+}
+
+impl Hello {
+    pub const LEN: usize = 12;
+
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..4].copy_from_slice(&self.world.to_le_bytes());
+        b[4..8].copy_from_slice(&self.rank.to_le_bytes());
+        b[8..12].copy_from_slice(&self.channels.to_le_bytes());
+        b
+    }
+
+    pub fn parse(b: &[u8]) -> Result<Self, FrameError> {
+        if b.len() != Self::LEN {
+            return Err(FrameError::PayloadLength { what: "hello", expected: Self::LEN, got: b.len() });
+        }
+        Ok(Self { world: le_u32(b, 0..4), rank: le_u32(b, 4..8), channels: le_u32(b, 8..12) })
+    }
+
+    /// A complete hello frame (header + payload) with the given channel and seq 0.
+    pub fn frame(&self, channel: u8) -> Vec<u8> {
+        let mut h = FrameHeader::new(FrameKind::Hello);
+        h.channel = channel;
+        h.payload_len = Self::LEN as u32;
+        let mut v = h.to_bytes().to_vec();
+        v.extend_from_slice(&self.encode());
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> FrameHeader {
+        FrameHeader {
+            kind: FrameKind::Data,
+            codec: 3,
+            channel: 2,
+            op: 0x0102_0304_0506_0708,
+            seq: 77,
+            payload_len: 4096,
+            elem_offset: 1 << 33,
+            elem_count: 1024,
+        }
+    }
+
+    #[test]
+    fn header_roundtrips() {
+        let h = sample();
+        assert_eq!(FrameHeader::parse(&h.to_bytes()), Ok(h));
+    }
+
+    #[test]
+    fn bad_magic_is_reported_before_checksum() {
+        let mut b = sample().to_bytes();
+        b[0] ^= 0xff;
+        assert!(matches!(FrameHeader::parse(&b), Err(FrameError::BadMagic { .. })));
+    }
+
+    #[test]
+    fn any_flipped_bit_after_magic_is_rejected() {
+        let good = sample().to_bytes();
+        for byte in 4..HEADER_LEN {
+            for bit in 0..8 {
+                let mut b = good;
+                b[byte] ^= 1 << bit;
+                assert!(FrameHeader::parse(&b).is_err(), "flip byte {byte} bit {bit} accepted");
+            }
+        }
+    }
+
+    #[test]
+    fn oversized_payload_rejected() {
+        let mut h = sample();
+        h.payload_len = MAX_PAYLOAD + 1;
+        assert_eq!(
+            FrameHeader::parse(&h.to_bytes()),
+            Err(FrameError::PayloadTooLong { len: MAX_PAYLOAD + 1, max: MAX_PAYLOAD })
+        );
+    }
+
+    #[test]
+    fn truncated_and_unknown_kind() {
+        assert!(matches!(FrameHeader::parse(&[0u8; 10]), Err(FrameError::Truncated { .. })));
+        let mut b = sample().to_bytes();
+        b[KIND_AT] = 9;
+        let sum = header_checksum(&b[..36]);
+        b[36..40].copy_from_slice(&sum.to_le_bytes());
+        assert_eq!(FrameHeader::parse(&b), Err(FrameError::UnknownKind { got: 9 }));
+    }
+
+    #[test]
+    fn hello_roundtrips_and_checks_length() {
+        let h = Hello { world: 5, rank: 3, channels: 2 };
+        assert_eq!(Hello::parse(&h.encode()), Ok(h));
+        assert!(Hello::parse(&[0u8; 11]).is_err());
+        let f = h.frame(1);
+        let hdr = FrameHeader::parse(&f).unwrap();
+        assert_eq!(hdr.kind, FrameKind::Hello);
+        assert_eq!(Hello::parse(&f[HEADER_LEN..]), Ok(h));
+    }
+}

@@ -1,0 +1,313 @@
+//! T0: collective correctness over loopback TCP, ranks as threads.
+
+use ipu_firmware::job::{run_job_in_process, run_ranks_in_process, ComputeMode, JobConfig};
+use ipu_firmware::plan::{Compression, Dtype, PlanSource};
+use ipu_firmware::{segment, Algorithm, Bf16, CodecKind, Communicator, CommunicatorConfig, Plan, ScriptedPlans, TcpOptions};
+use rand::{Rng, SeedableRng};
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+fn opts(channels: u8) -> TcpOptions {
+    TcpOptions { channels, timeout: TIMEOUT }
+}
+
+/// Inputs k/64 with |k| <= 512: every partial sum is exact in f32 regardless of order.
+fn input(rank: usize, tag: u64, n: usize) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(tag * 1009 + rank as u64);
+    (0..n).map(|_| rng.gen_range(-512i32..=512) as f32 / 64.0).collect()
+}
+
+const SIZES: [usize; 6] = [1, 2, 7, 33, 1000, 4099];
+
+fn codecs() -> Vec<(CodecKind, bool)> {
+    let mut v = vec![(CodecKind::None, false), (CodecKind::TopK { ratio: 1.0 }, false)];
+    for k in [CodecKind::Fp16, CodecKind::Bf16, CodecKind::Int8, CodecKind::TopK { ratio: 0.3 }] {
+        v.push((k, false));
+        v.push((k, true));
+    }
+    v
+}
+
+/// One plan per training step: every algorithm × codec, varying chunk size and channel count.
+fn matrix_plans() -> Vec<Plan> {
+    let mut plans = Vec::new();
+    for (ai, algorithm) in Algorithm::ALL.into_iter().enumerate() {
+        for (ci, (codec, error_feedback)) in codecs().into_iter().enumerate() {
+            let i = plans.len() as u64;
+            plans.push(Plan {
+                step_from: i,
+                algorithm,
+                chunk_bytes: [12u32, 64, 1000, 1 << 20][(ai + ci) % 4],
+                channels: 1 + ((ai + ci) % 2) as u8,
+                compression: Compression { codec, error_feedback },
+            });
+        }
+    }
+    plans
+}
+
+/// Checks rank results against the exact sum and the documented codec bound.
+fn check(world: usize, plan: &Plan, inputs: &[Vec<f32>], results: &[Vec<f32>]) {
+    let n = inputs[0].len();
+    for r in 1..world {
+        assert!(
+            results[r].iter().zip(&results[0]).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "rank {r} result differs from rank 0 (plan {plan:?}, n {n})"
+        );
+    }
+    let abs_sum: Vec<f64> = (0..n).map(|i| inputs.iter().map(|x| f64::from(x[i].abs())).sum()).collect();
+    let max_abs = abs_sum.iter().cloned().fold(0.0, f64::max);
+    let hops = (world + 1) as f64;
+    for i in 0..n {
+        let exact: f64 = inputs.iter().map(|x| f64::from(x[i])).sum();
+        let got = f64::from(results[0][i]);
+        let bound = match plan.compression.codec {
+            CodecKind::None => 0.0,
+            CodecKind::TopK { ratio } if ratio >= 1.0 => 0.0,
+            CodecKind::Fp16 => hops * 2f64.powi(-11) * abs_sum[i] * 1.01 + hops * 2f64.powi(-24),
+            CodecKind::Bf16 => hops * 2f64.powi(-8) * abs_sum[i] * 1.01,
+            CodecKind::Int8 => hops * max_abs / 254.0 * 1.01,
+            CodecKind::TopK { .. } => hops * max_abs,
+        };
+        assert!(
+            (got - exact).abs() <= bound,
+            "elem {i}/{n}: got {got}, exact {exact}, bound {bound} (world {world}, plan {plan:?})"
+        );
+    }
+}
+
+fn matrix(world: usize) {
+    let plans = matrix_plans();
+    let steps = plans.len();
+    let source = std::sync::Mutex::new(Some(ScriptedPlans(plans.clone())));
+    let per_rank = run_ranks_in_process(world, opts(2), move |rank, t| {
+        let mut comm = Communicator::new(t, CommunicatorConfig { initial_plan: Plan::default(), timeout: TIMEOUT })?;
+        if rank == 0 {
+            let src: Box<dyn PlanSource> = Box::new(source.lock().unwrap().take().unwrap());
+            comm.set_plan_source(src);
+        }
+        let mut out = Vec::new();
+        for step in 0..steps as u64 {
+            comm.begin_step(step);
+            for (si, &n) in SIZES.iter().enumerate() {
+                let mut buf = input(rank, step * 100 + si as u64, n);
+                let rep = comm.allreduce_f32(&mut buf)?;
+                out.push((step, n, rep.plan, buf));
+            }
+        }
+        comm.close();
+        Ok(out)
+    });
+    let per_rank: Vec<_> = per_rank.into_iter().map(|r| r.expect("rank failed")).collect();
+    for (j, (step, n, plan, _)) in per_rank[0].iter().enumerate() {
+        assert_eq!(*plan, plans[*step as usize], "rank 0 ran step {step} with the wrong plan");
+        for r in 1..world {
+            assert_eq!(per_rank[r][j].2, *plan, "rank {r} disagrees on the plan at step {step}");
+        }
+        let si = SIZES.iter().position(|s| s == n).unwrap() as u64;
+        let inputs: Vec<Vec<f32>> = (0..world).map(|r| input(r, step * 100 + si, *n)).collect();
+        let results: Vec<Vec<f32>> = (0..world).map(|r| per_rank[r][j].3.clone()).collect();
+        check(world, plan, &inputs, &results);
+    }
+    assert_eq!(per_rank[0].len(), steps * SIZES.len());
+}
+
+#[test]
+fn allreduce_matrix_world_2() {
+    matrix(2);
+}
+#[test]
+fn allreduce_matrix_world_3() {
+    matrix(3);
+}
+#[test]
+fn allreduce_matrix_world_4() {
+    matrix(4);
+}
+#[test]
+fn allreduce_matrix_world_5() {
+    matrix(5);
+}
+#[test]
+fn allreduce_matrix_world_8() {
+    matrix(8);
+}
+
+#[test]
+fn single_rank_is_identity() {
+    let res = run_ranks_in_process(1, opts(1), |_, t| {
+        let mut c = Communicator::new(t, CommunicatorConfig::default())?;
+        let mut b = vec![1.5f32, -2.0];
+        c.allreduce_f32(&mut b)?;
+        Ok(b)
+    });
+    assert_eq!(res.into_iter().next().unwrap().unwrap(), vec![1.5, -2.0]);
+}
+
+#[test]
+fn bf16_allreduce_is_exact_for_small_integers() {
+    for algorithm in Algorithm::ALL {
+        let world = 5;
+        let res = run_ranks_in_process(world, opts(1), move |rank, t| {
+            let plan = Plan { algorithm, chunk_bytes: 16, ..Plan::default() };
+            let mut c = Communicator::new(t, CommunicatorConfig { initial_plan: plan, timeout: TIMEOUT })?;
+            let mut b: Vec<Bf16> = (0..301).map(|i| Bf16::from_f32(((i * 3 + rank * 5) % 17) as f32 - 8.0)).collect();
+            let rep = c.allreduce_bf16(&mut b)?;
+            // bf16 buffers travel as bf16: half the bytes of the same allreduce in f32.
+            let mut f: Vec<f32> = vec![1.0; 301];
+            let rep_f32 = c.allreduce_f32(&mut f)?;
+            assert!(rep.bytes_sent * 10 <= rep_f32.bytes_sent * 6, "bf16 {} vs f32 {} bytes", rep.bytes_sent, rep_f32.bytes_sent);
+            Ok(b)
+        });
+        for r in res {
+            let b = r.unwrap();
+            for (i, x) in b.iter().enumerate() {
+                let exact: f32 = (0..world).map(|rk| ((i * 3 + rk * 5) % 17) as f32 - 8.0).sum();
+                assert_eq!(x.to_f32(), exact, "{algorithm} elem {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn reduce_scatter_allgather_broadcast() {
+    for world in [2usize, 3, 5] {
+        for n in [1usize, 7, 1000] {
+            let res = run_ranks_in_process(world, opts(2), move |rank, t| {
+                let plan = Plan { chunk_bytes: 40, channels: 2, ..Plan::default() };
+                let mut c = Communicator::new(t, CommunicatorConfig { initial_plan: plan, timeout: TIMEOUT })?;
+                let mut rs = input(rank, 7, n);
+                let (own, _) = c.reduce_scatter_f32(&mut rs)?;
+                let rs_own = rs[own.clone()].to_vec();
+                let mut ag = vec![f32::NAN; n];
+                let mine = segment(n, world, rank);
+                ag[mine.clone()].copy_from_slice(&input(rank, 8, n)[mine]);
+                c.allgather_f32(&mut ag)?;
+                let root = world - 1;
+                let mut bc = if rank == root { input(rank, 9, n) } else { vec![0.0; n] };
+                c.broadcast_f32(&mut bc, root)?;
+                c.close();
+                Ok((own, rs_own, ag, bc))
+            });
+            for (rank, r) in res.into_iter().enumerate() {
+                let (own, rs_own, ag, bc) = r.unwrap();
+                assert_eq!(own, segment(n, world, rank));
+                for (j, i) in own.enumerate() {
+                    let exact: f32 = (0..world).map(|q| input(q, 7, n)[i]).sum();
+                    assert_eq!(rs_own[j], exact, "reduce-scatter world {world} n {n} elem {i}");
+                }
+                for q in 0..world {
+                    let seg = segment(n, world, q);
+                    assert_eq!(ag[seg.clone()], input(q, 8, n)[seg], "allgather world {world} n {n} seg {q}");
+                }
+                assert_eq!(bc, input(world - 1, 9, n), "broadcast world {world} n {n}");
+            }
+        }
+    }
+}
+
+#[test]
+fn error_feedback_makes_compression_unbiased_over_steps() {
+    // Constant inputs every step: without error feedback top-k keeps dropping the same small entries;
+    // with it, the mean result converges to the exact sum (residuals stay bounded, so the error of the
+    // mean shrinks like 1/steps). Everything here is deterministic.
+    let world = 4;
+    let n = 200;
+    // Max over elements of |mean result over the first s steps − exact sum|, for s = 10 and s = 40.
+    let mean_errors = |error_feedback: bool| -> (f64, f64) {
+        let res = run_ranks_in_process(world, opts(1), move |rank, t| {
+            let plan = Plan {
+                chunk_bytes: 400,
+                compression: Compression { codec: CodecKind::TopK { ratio: 0.25 }, error_feedback },
+                ..Plan::default()
+            };
+            let mut c = Communicator::new(t, CommunicatorConfig { initial_plan: plan, timeout: TIMEOUT })?;
+            let mut acc = vec![0f64; n];
+            let mut at10 = Vec::new();
+            for s in 0..40 {
+                c.begin_step(s);
+                let mut b = input(rank, 1, n);
+                c.allreduce_f32(&mut b)?;
+                acc.iter_mut().zip(&b).for_each(|(a, x)| *a += f64::from(*x));
+                if s == 9 {
+                    at10 = acc.clone();
+                }
+            }
+            Ok((at10, acc))
+        });
+        let (at10, at40) = res.into_iter().next().unwrap().unwrap();
+        let exact: Vec<f64> = (0..n).map(|i| (0..world).map(|r| f64::from(input(r, 1, n)[i])).sum()).collect();
+        let err = |acc: &[f64], s: f64| (0..n).map(|i| (acc[i] / s - exact[i]).abs()).fold(0.0, f64::max);
+        (err(&at10, 10.0), err(&at40, 40.0))
+    };
+    let (_, without) = mean_errors(false);
+    let (with10, with40) = mean_errors(true);
+    assert!(with40 < without / 5.0, "error feedback did not help: max mean error {with40} vs {without} without");
+    assert!(with40 < with10 / 2.0, "mean error does not shrink with steps: {with10} after 10, {with40} after 40");
+}
+
+#[test]
+fn plan_change_mid_run_switches_every_rank_at_the_same_step() {
+    let template = JobConfig {
+        rank: 0,
+        world: 4,
+        peers: vec![],
+        size_bytes: 4 * 1003,
+        dtype: Dtype::F32,
+        steps: 8,
+        compute_ms: 1.0,
+        compute_jitter_ms: 2.0,
+        straggler_extra_ms: 0.0,
+        compute_mode: ComputeMode::Sleep,
+        plan: Plan { chunk_bytes: 512, ..Plan::default() },
+        max_channels: 3,
+        timeout_ms: 20_000,
+        verify: true,
+    };
+    let later = Plan {
+        step_from: 3,
+        algorithm: Algorithm::Rhd,
+        chunk_bytes: 100,
+        channels: 3,
+        compression: Compression { codec: CodecKind::Int8, error_feedback: true },
+    };
+    let last = Plan { step_from: 6, algorithm: Algorithm::Tree, channels: 2, ..Plan::default() };
+    let reports = run_job_in_process(&template, Some(Box::new(ScriptedPlans(vec![later, last]))));
+    for (rank, r) in reports.into_iter().enumerate() {
+        let r = r.unwrap();
+        assert!(r.error.is_none(), "rank {rank}: {:?}", r.error);
+        assert_eq!(r.steps.len(), 8);
+        for s in &r.steps {
+            let want = match s.step {
+                0..=2 => template.plan,
+                3..=5 => later,
+                _ => last,
+            };
+            assert_eq!(s.plan, want, "rank {rank} step {}", s.step);
+            assert_eq!(s.verified, Some(true), "rank {rank} step {}", s.step);
+            assert!(s.bytes_sent > 0);
+        }
+        assert_eq!(r.summary.all_verified, Some(true));
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["steps"][3]["plan"]["algorithm"], "rhd");
+    }
+}
+
+#[test]
+fn invalid_plan_from_source_is_ignored() {
+    let res = run_ranks_in_process(2, opts(1), |rank, t| {
+        let mut c = Communicator::new(t, CommunicatorConfig { initial_plan: Plan::default(), timeout: TIMEOUT })?;
+        if rank == 0 {
+            c.set_plan_source(Box::new(ScriptedPlans(vec![Plan { channels: 4, ..Plan::default() }])));
+        }
+        let mut b = vec![1.0f32; 10];
+        let rep = c.allreduce_f32(&mut b)?;
+        Ok((rep.plan, b))
+    });
+    for r in res {
+        let (plan, b) = r.unwrap();
+        assert_eq!(plan, Plan::default());
+        assert_eq!(b, vec![2.0; 10]);
+    }
+}
