@@ -206,6 +206,12 @@ pub struct RankSummary {
     pub log: PathBuf,
     pub step_ms: Dist,
     pub comm_ms: Dist,
+    /// Sum of per-step `bytes_sent`, when the rank reports it.
+    pub bytes_sent: Option<u64>,
+    /// Whether every step reported `"verified": true` (`None` when no step says either way).
+    pub verified: Option<bool>,
+    /// The rank's top-level `error`, if it reported one.
+    pub error: Option<String>,
 }
 
 /// What the job did.
@@ -321,6 +327,9 @@ impl RunningJob {
                 log: r.log.clone(),
                 step_ms: Dist::of(&step),
                 comm_ms: Dist::of(&comm),
+                bytes_sent: sum_steps_u64(&v, "bytes_sent"),
+                verified: all_steps_bool(&v, "verified"),
+                error: v.get("error").filter(|e| !e.is_null()).map(|e| e.as_str().map(str::to_string).unwrap_or_else(|| e.to_string())),
             });
         }
         Ok(JobReport {
@@ -332,6 +341,18 @@ impl RunningJob {
             out_dir: self.out_dir.clone(),
         })
     }
+}
+
+fn sum_steps_u64(v: &serde_json::Value, key: &str) -> Option<u64> {
+    let steps = v.get("steps")?.as_array()?;
+    let vals: Vec<u64> = steps.iter().filter_map(|s| s.get(key)?.as_u64()).collect();
+    (!vals.is_empty()).then(|| vals.iter().sum())
+}
+
+fn all_steps_bool(v: &serde_json::Value, key: &str) -> Option<bool> {
+    let steps = v.get("steps")?.as_array()?;
+    let vals: Vec<bool> = steps.iter().filter_map(|s| s.get(key)?.as_bool()).collect();
+    (!vals.is_empty()).then(|| vals.iter().all(|&b| b))
 }
 
 fn log_tail(path: &Path) -> String {
@@ -373,6 +394,8 @@ mod tests {
     fn step_times_shapes() {
         let a = serde_json::json!({"steps": [{"step": 0, "step_ms": 10.0, "comm_ms": 4.0}, {"total_ms": 12, "communication_ms": 5}]});
         assert_eq!(step_times(&a), (vec![10.0, 12.0], vec![4.0, 5.0]));
+        let c = serde_json::json!({"steps": [{"bytes_sent": 3, "verified": true}, {"bytes_sent": 4, "verified": false}]});
+        assert_eq!((sum_steps_u64(&c, "bytes_sent"), all_steps_bool(&c, "verified")), (Some(7), Some(false)));
         let b = serde_json::json!({"step_ms": [1, 2, 3], "comm_ms": [0.5]});
         assert_eq!(step_times(&b), (vec![1.0, 2.0, 3.0], vec![0.5]));
     }

@@ -236,6 +236,9 @@ struct JobArgs {
     /// Turn TSO/GSO/GRO off on every link.
     #[arg(long)]
     no_offloads: bool,
+    /// Extra arguments for every ringside-rank, after `--`, e.g. `-- --channels 2 --chunk-bytes 4MiB`.
+    #[arg(last = true, value_name = "RANK_ARGS")]
+    rank_args: Vec<String>,
 }
 
 fn parse_u32(s: &str) -> Result<u32, String> {
@@ -323,7 +326,7 @@ fn cmd_star(a: StarArgs) -> anyhow::Result<()> {
     } else {
         println!("star {} is up: {} hosts on bridge {} in namespace {}", star.prefix(), hosts.len(), testbed::star::BRIDGE, star.switch.name());
         println!();
-        println!("  {:<22} {:<6} {:<12} {:<12} {}", "namespace", "iface", "ipv4", "ipv6", "switch port");
+        println!("  {:<22} {:<6} {:<12} {:<12} switch port", "namespace", "iface", "ipv4", "ipv6");
         for h in &hosts {
             println!("  {:<22} {:<6} {:<12} {:<12} {}", h.netns, h.iface, h.addr, h.addr6, h.switch_port);
         }
@@ -367,7 +370,7 @@ fn cmd_job(a: JobArgs) -> anyhow::Result<()> {
         port: a.port,
         timeout: Duration::from_secs(a.timeout),
         out_dir: a.out_dir,
-        extra_args: Vec::new(),
+        extra_args: a.rank_args,
     };
     // Find the binary before building a rig for it.
     let bin = testbed::job::find_rank_binary(cfg.rank_bin.as_deref())?;

@@ -529,7 +529,7 @@ mod tests {
         let p = PlannedPacket { kind: PacketKind::Data, opcode: 0x0a, psn: 0x123456, ce: false, ack_req: true };
         let mut buf = Vec::new();
         encode(&s, &p, &mut buf);
-        assert_eq!(buf.len(), 12 + 100 + 0 + 4);
+        assert_eq!(buf.len(), 12 + 100 + 4);
         assert_eq!(&buf[..12], &[0x0a, 0x40, 0xff, 0xff, 0x00, 0xab, 0xcd, 0xef, 0x80, 0x12, 0x34, 0x56]);
         let b = parse_bth(&buf).unwrap();
         assert_eq!((b.opcode, b.dest_qp, b.psn, b.ack_req, b.becn), (0x0a, 0xabcdef, 0x123456, true, false));

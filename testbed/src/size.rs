@@ -41,7 +41,7 @@ impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let v = self.0;
         for (unit, m) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-            if v >= m && v % m == 0 {
+            if v >= m && v.is_multiple_of(m) {
                 return write!(f, "{}{unit}", v / m);
             }
         }
