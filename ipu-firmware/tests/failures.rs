@@ -1,0 +1,268 @@
+//! T0: failure behaviour over loopback — disconnects, stalls, garbage and disagreements end in a
+//! clear error on every rank within the timeout, never a hang and never a corrupted result.
+
+use ipu_firmware::job::{loopback_listeners, run_ranks_in_process};
+use ipu_firmware::wire::{FrameError, FrameHeader, FrameKind, Hello, HEADER_LEN};
+use ipu_firmware::{segment, CollectiveError, Communicator, CommunicatorConfig, Plan, TcpOptions, TcpTransport};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+fn config(timeout: Duration) -> CommunicatorConfig {
+    CommunicatorConfig { initial_plan: Plan::default(), timeout }
+}
+
+#[test]
+fn crashed_peer_fails_every_rank_quickly() {
+    let timeout = Duration::from_secs(10);
+    let res = run_ranks_in_process(4, TcpOptions { channels: 2, timeout }, move |rank, t| {
+        let mut c = Communicator::new(t, config(timeout))?;
+        let mut b = vec![1.0f32; 1000];
+        c.allreduce_f32(&mut b)?;
+        if rank == 2 {
+            c.abort(); // as if the process died
+            return Ok(Duration::ZERO);
+        }
+        let start = Instant::now();
+        let mut b = vec![1.0f32; 1000];
+        match c.allreduce_f32(&mut b) {
+            Ok(_) => panic!("rank {rank}: allreduce succeeded without rank 2"),
+            Err(e) => {
+                assert!(
+                    matches!(e, CollectiveError::PeerDisconnected { .. } | CollectiveError::PeerClosed { .. }),
+                    "rank {rank}: {e}"
+                );
+                Ok(start.elapsed())
+            }
+        }
+    });
+    for (rank, r) in res.into_iter().enumerate() {
+        let waited = r.unwrap();
+        // Far below the 10 s timeout: a disconnect is reported as soon as it is seen.
+        assert!(waited < Duration::from_secs(2), "rank {rank} took {waited:?}");
+    }
+}
+
+#[test]
+fn stalled_peer_times_out_on_every_rank() {
+    let timeout = Duration::from_millis(600);
+    let res = run_ranks_in_process(3, TcpOptions { channels: 1, timeout }, move |rank, t| {
+        let mut c = Communicator::new(t, config(timeout))?;
+        let mut b = vec![1.0f32; 100];
+        c.allreduce_f32(&mut b)?;
+        if rank == 1 {
+            std::thread::sleep(Duration::from_millis(1500)); // stalls, connections stay open
+        }
+        let start = Instant::now();
+        let mut b = vec![1.0f32; 100];
+        let e = c.allreduce_f32(&mut b).expect_err("allreduce with a stalled rank must fail");
+        Ok((e, start.elapsed()))
+    });
+    for (rank, r) in res.into_iter().enumerate() {
+        let (e, waited) = r.unwrap();
+        if rank == 1 {
+            // By the time it wakes up, the others have given up on it.
+            assert!(
+                matches!(e, CollectiveError::PeerDisconnected { .. } | CollectiveError::Poisoned { .. }),
+                "rank 1: {e}"
+            );
+        } else {
+            assert!(
+                matches!(e, CollectiveError::Timeout { .. } | CollectiveError::PeerDisconnected { .. }),
+                "rank {rank}: {e}"
+            );
+            assert!(waited >= Duration::from_millis(500), "rank {rank} gave up early: {waited:?}");
+            assert!(waited < Duration::from_millis(1200), "rank {rank} took {waited:?}");
+        }
+    }
+}
+
+#[test]
+fn disagreeing_collectives_are_reported_not_run() {
+    let timeout = Duration::from_secs(5);
+    let res = run_ranks_in_process(3, TcpOptions { channels: 1, timeout }, move |rank, t| {
+        let mut c = Communicator::new(t, config(timeout))?;
+        let mut b = vec![1.0f32; if rank == 2 { 10 } else { 11 }];
+        let start = Instant::now();
+        let e = c.allreduce_f32(&mut b).expect_err("mismatched allreduce must fail");
+        Ok((e, start.elapsed()))
+    });
+    for (rank, r) in res.into_iter().enumerate() {
+        let (e, waited) = r.unwrap();
+        if rank == 2 {
+            assert!(
+                matches!(e, CollectiveError::CollectiveMismatch { field: "element count", local: 10, announced: 11 }),
+                "rank 2: {e}"
+            );
+        }
+        assert!(waited < Duration::from_secs(2), "rank {rank} took {waited:?}: {e}");
+    }
+}
+
+#[test]
+fn connect_and_accept_time_out() {
+    let timeout = Duration::from_millis(300);
+    // Nobody listens on rank 0's address.
+    let dead = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (mut ls, addrs) = loopback_listeners(2).unwrap();
+    let start = Instant::now();
+    let e = TcpTransport::connect(ls.pop().unwrap(), 1, &[dead, addrs[1]], TcpOptions { channels: 1, timeout })
+        .err()
+        .expect("connect must fail");
+    assert!(matches!(e, CollectiveError::ConnectTimeout { peer: 0, .. }), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+    // Rank 0 waiting for a rank 1 that never comes.
+    let start = Instant::now();
+    let e = TcpTransport::connect(ls.pop().unwrap(), 0, &addrs, TcpOptions { channels: 1, timeout }).err().unwrap();
+    assert!(matches!(e, CollectiveError::AcceptTimeout { connected: 0, expected: 1, .. }), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+// ---------------------------------------------------------------- a hand-written fake rank 1
+
+const N: usize = 10;
+
+fn data_header(op: u64, seq: u32, range: std::ops::Range<usize>) -> FrameHeader {
+    FrameHeader {
+        kind: FrameKind::Data,
+        codec: 0,
+        channel: 0,
+        op,
+        seq,
+        payload_len: (range.len() * 4) as u32,
+        elem_offset: range.start as u64,
+        elem_count: range.len() as u32,
+    }
+}
+
+fn data_frame(h: FrameHeader, values: &[f32]) -> Vec<u8> {
+    let mut v = h.to_bytes().to_vec();
+    values.iter().for_each(|x| v.extend_from_slice(&x.to_le_bytes()));
+    v
+}
+
+/// Real rank 0 (ring, world 2) against a fake rank 1 that completes the handshake and then writes
+/// `bytes`. Returns rank 0's allreduce outcome, its buffer afterwards, and how long it took.
+fn against_fake_rank1(frames: Vec<Vec<u8>>) -> (Result<(), CollectiveError>, Vec<f32>, Duration) {
+    let timeout = Duration::from_millis(800);
+    let (mut ls, addrs) = loopback_listeners(2).unwrap();
+    drop(ls.pop()); // the fake does not listen
+    let l0 = ls.pop().unwrap();
+    let addr0 = addrs[0];
+    let fake = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr0).unwrap();
+        s.write_all(&Hello { world: 2, rank: 1, channels: 1 }.frame(0)).unwrap();
+        let mut reply = [0u8; HEADER_LEN + Hello::LEN];
+        s.read_exact(&mut reply).unwrap();
+        for f in frames {
+            s.write_all(&f).unwrap();
+        }
+        // Keep the connection open (a stall, not a disconnect) until rank 0 is done with it.
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+    });
+    let t = TcpTransport::connect(l0, 0, &addrs, TcpOptions { channels: 1, timeout }).unwrap();
+    let mut c = Communicator::new(t, config(timeout)).unwrap();
+    let mut buf: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let start = Instant::now();
+    let r = c.allreduce_f32(&mut buf).map(|_| ());
+    let took = start.elapsed();
+    drop(c);
+    fake.join().unwrap();
+    (r, buf, took)
+}
+
+fn original() -> Vec<f32> {
+    (0..N).map(|i| i as f32).collect()
+}
+
+#[test]
+fn fake_peer_speaking_the_protocol_completes() {
+    // Positive control for the fake: correct frames give the correct sum.
+    let (s0, s1) = (segment(N, 2, 0), segment(N, 2, 1));
+    let frames = vec![
+        data_frame(data_header(0, 1, s0.clone()), &vec![100.0; s0.len()]),
+        data_frame(data_header(0, 2, s1.clone()), &vec![7.0; s1.len()]),
+    ];
+    let (r, buf, _) = against_fake_rank1(frames);
+    r.unwrap();
+    let mut want: Vec<f32> = s0.map(|i| i as f32 + 100.0).collect();
+    want.extend(std::iter::repeat_n(7.0, s1.len()));
+    assert_eq!(buf, want);
+}
+
+fn assert_garbage_rejected(frames: Vec<Vec<u8>>, check: impl Fn(&CollectiveError) -> bool) {
+    let (r, buf, took) = against_fake_rank1(frames);
+    let e = r.expect_err("garbage must fail the allreduce");
+    assert!(check(&e), "unexpected error: {e}");
+    assert_eq!(buf, original(), "garbage leaked into the result");
+    assert!(took < Duration::from_millis(700), "took {took:?}: detected by timeout, not by validation");
+}
+
+#[test]
+fn bad_magic_is_rejected() {
+    let mut f = data_frame(data_header(0, 1, segment(N, 2, 0)), &[1.0; 5]);
+    f[0..4].copy_from_slice(b"HTTP");
+    assert_garbage_rejected(vec![f], |e| {
+        matches!(e, CollectiveError::BadFrame { peer: 1, error: FrameError::BadMagic { .. }, .. })
+    });
+}
+
+#[test]
+fn corrupted_header_is_rejected() {
+    let mut f = data_frame(data_header(0, 1, segment(N, 2, 0)), &[1.0; 5]);
+    f[26] ^= 0x10; // elem_offset bit, checksum no longer matches
+    assert_garbage_rejected(vec![f], |e| {
+        matches!(e, CollectiveError::BadFrame { error: FrameError::HeaderChecksum { .. }, .. })
+    });
+}
+
+#[test]
+fn wrong_op_is_rejected() {
+    let f = data_frame(data_header(7, 1, segment(N, 2, 0)), &[1.0; 5]);
+    assert_garbage_rejected(vec![f], |e| {
+        matches!(e, CollectiveError::UnexpectedFrame { field: "op", expected: 0, got: 7, .. })
+    });
+}
+
+#[test]
+fn wrong_sequence_is_rejected() {
+    let f = data_frame(data_header(0, 5, segment(N, 2, 0)), &[1.0; 5]);
+    assert_garbage_rejected(vec![f], |e| {
+        matches!(e, CollectiveError::UnexpectedFrame { field: "seq", expected: 1, got: 5, .. })
+    });
+}
+
+#[test]
+fn wrong_range_is_rejected() {
+    let f = data_frame(data_header(0, 1, 0..4), &[1.0; 4]);
+    assert_garbage_rejected(vec![f], |e| matches!(e, CollectiveError::UnexpectedFrame { field: "elem_count", .. }));
+}
+
+#[test]
+fn wrong_payload_length_is_rejected() {
+    let mut h = data_header(0, 1, segment(N, 2, 0));
+    h.payload_len = 3;
+    let mut f = h.to_bytes().to_vec();
+    f.extend_from_slice(&[1, 2, 3]);
+    assert_garbage_rejected(vec![f], |e| {
+        matches!(e, CollectiveError::BadFrame { error: FrameError::PayloadLength { .. }, .. })
+    });
+}
+
+#[test]
+fn oversized_length_is_rejected_without_allocating() {
+    let mut h = data_header(0, 1, segment(N, 2, 0));
+    h.payload_len = u32::MAX;
+    assert_garbage_rejected(vec![h.to_bytes().to_vec()], |e| {
+        matches!(e, CollectiveError::BadFrame { error: FrameError::PayloadTooLong { .. }, .. })
+    });
+}
+
+#[test]
+fn silent_peer_times_out() {
+    let (r, buf, took) = against_fake_rank1(vec![]);
+    assert!(matches!(r, Err(CollectiveError::Timeout { peer: 1, .. })), "{r:?}");
+    assert_eq!(buf, original());
+    assert!(took >= Duration::from_millis(700) && took < Duration::from_millis(1500), "{took:?}");
+}
