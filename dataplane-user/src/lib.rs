@@ -1,8 +1,12 @@
 //! The ringside agent: loads the eBPF flow monitor, collects its maps, and serves metrics and hints.
+pub mod agent;
 pub mod api;
+pub mod client;
+pub mod collector;
 pub mod config;
 pub mod flow_table;
 pub mod frames;
+pub mod loader;
 pub mod metrics;
 pub mod object;
 pub mod state;

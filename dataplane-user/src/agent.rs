@@ -1,0 +1,249 @@
+//! `ringside agent`: resolve settings (file, then flags), attach, collect, serve, and detach on
+//! SIGINT/SIGTERM.
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{atomic::AtomicBool, Arc},
+    time::Duration,
+};
+
+use crate::{
+    api,
+    collector::{self, CollectError, KernelMaps},
+    config::{self, AttachMode, ConfigError, ConfigFile, MatchSettings},
+    flow_table::TableSettings,
+    loader::{AttachRequest, Attachment, LoaderError},
+    state::AgentState,
+};
+use dataplane_common::maps;
+
+/// Attach the flow monitor to interfaces and serve what it sees.
+///
+/// Examples:
+///   ringside agent --iface eth0
+///   ringside agent --iface eth0 --iface eth1 --config /etc/ringside.toml --listen 0.0.0.0:9464
+///   RUST_LOG=debug ringside agent --iface ens5 --pin-dir /sys/fs/bpf/ringside-test --poll-interval-ms 50
+///
+/// Stop it with Ctrl-C or SIGTERM: it detaches, removes the clsact qdisc it added and its pins.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct AgentArgs {
+    /// Interface to attach to (ingress and egress); repeat for several.
+    #[arg(long = "iface", value_name = "IF")]
+    pub interfaces: Vec<String>,
+    /// TOML config file (see ringside.example.toml); flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// HTTP listen address [default: 127.0.0.1:9464].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// bpffs directory for the map pins; unique per agent [default: /sys/fs/bpf/ringside].
+    #[arg(long, value_name = "DIR")]
+    pub pin_dir: Option<PathBuf>,
+    /// Keep the pins after a clean exit.
+    #[arg(long)]
+    pub keep_pins: bool,
+    /// Map-poll interval in milliseconds [default: 100].
+    #[arg(long, value_name = "MS")]
+    pub poll_interval_ms: Option<u64>,
+    /// Forget flows idle for this many seconds [default: 60].
+    #[arg(long, value_name = "SECS")]
+    pub flow_idle_timeout_secs: Option<u64>,
+    /// Idle gap that ends a burst, in microseconds [default: 1000].
+    #[arg(long, value_name = "US")]
+    pub burst_gap_us: Option<u64>,
+    /// How to attach: clsact (tc filter) or tcx (bpf link) [default: clsact].
+    #[arg(long, value_enum)]
+    pub attach: Option<AttachMode>,
+}
+
+/// Fully resolved agent settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentSettings {
+    pub interfaces: Vec<String>,
+    pub listen: SocketAddr,
+    pub pin_dir: PathBuf,
+    pub keep_pins: bool,
+    pub attach: AttachMode,
+    pub poll_interval: Duration,
+    pub burst_gap: Duration,
+    pub table: TableSettings,
+    pub matching: MatchSettings,
+}
+
+impl AgentSettings {
+    /// Defaults, overridden by the file, overridden by flags.
+    pub fn resolve(file: &ConfigFile, args: &AgentArgs) -> Result<Self, ConfigError> {
+        let nonzero = |v: Option<u64>, key: &'static str| match v {
+            Some(0) => Err(ConfigError::Setting { key, message: "must be greater than 0".into() }),
+            _ => Ok(()),
+        };
+        nonzero(args.poll_interval_ms, "--poll-interval-ms")?;
+        nonzero(args.flow_idle_timeout_secs, "--flow-idle-timeout-secs")?;
+        nonzero(args.burst_gap_us, "--burst-gap-us")?;
+        let mut interfaces = file.interfaces.clone().unwrap_or_default();
+        for i in &args.interfaces {
+            if !interfaces.contains(i) {
+                interfaces.push(i.clone());
+            }
+        }
+        Ok(AgentSettings {
+            interfaces,
+            listen: args.listen.or(file.listen).unwrap_or_else(|| config::DEFAULT_LISTEN.parse().expect("valid default")),
+            pin_dir: args.pin_dir.clone().or_else(|| file.pin_dir.clone()).unwrap_or_else(|| config::DEFAULT_PIN_DIR.into()),
+            keep_pins: args.keep_pins || file.keep_pins.unwrap_or(false),
+            attach: args.attach.or(file.attach).unwrap_or_default(),
+            poll_interval: Duration::from_millis(args.poll_interval_ms.or(file.poll_interval_ms).unwrap_or(config::DEFAULT_POLL_INTERVAL_MS)),
+            burst_gap: Duration::from_micros(args.burst_gap_us.or(file.burst_gap_us).unwrap_or(config::DEFAULT_BURST_GAP_US)),
+            table: TableSettings {
+                idle_timeout: Duration::from_secs(
+                    args.flow_idle_timeout_secs.or(file.flow_idle_timeout_secs).unwrap_or(config::DEFAULT_FLOW_IDLE_TIMEOUT_SECS),
+                ),
+                max_flows: file.max_flows.unwrap_or(config::DEFAULT_MAX_FLOWS),
+                max_peers: file.max_peers.unwrap_or(config::DEFAULT_MAX_PEERS),
+                burst_history: file.burst_history.unwrap_or(config::DEFAULT_BURST_HISTORY),
+                ewma_tau: Duration::from_millis(file.ewma_tau_ms.unwrap_or(config::DEFAULT_EWMA_TAU_MS)),
+            },
+            matching: MatchSettings::from_file(file.match_.as_ref()),
+        })
+    }
+}
+
+/// Errors of `ringside agent`.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Loader(#[from] LoaderError),
+    #[error(transparent)]
+    Collect(#[from] CollectError),
+    #[error("cannot listen on {addr}: address already in use; stop whatever uses it (`ss -ltnp | grep {port}`) or pass another --listen")]
+    ListenInUse { addr: SocketAddr, port: u16 },
+    #[error("cannot listen on {addr}: {source}; pass another --listen")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot start the async runtime or signal handlers: {0}")]
+    Runtime(std::io::Error),
+    #[error("the HTTP server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Runs the agent until SIGINT/SIGTERM. Blocking.
+pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
+    let kernel_config = settings.matching.kernel_config(settings.burst_gap)?;
+    // Bind before touching the kernel, so a port clash changes nothing.
+    let listener = std::net::TcpListener::bind(settings.listen).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::AddrInUse {
+            AgentError::ListenInUse { addr: settings.listen, port: settings.listen.port() }
+        } else {
+            AgentError::Listen { addr: settings.listen, source }
+        }
+    })?;
+    listener.set_nonblocking(true).map_err(|source| AgentError::Listen { addr: settings.listen, source })?;
+    let local = listener.local_addr().map_err(|source| AgentError::Listen { addr: settings.listen, source })?;
+
+    let mut attachment = Attachment::attach(&AttachRequest {
+        interfaces: settings.interfaces.clone(),
+        mode: settings.attach,
+        pin_dir: settings.pin_dir.clone(),
+        keep_pins: settings.keep_pins,
+        config: kernel_config,
+        prefixes: settings.matching.prefix_keys(),
+    })?;
+    let kernel_maps = KernelMaps::new(
+        attachment.take_map(maps::FLOWS)?,
+        attachment.take_map(maps::STATS)?,
+        attachment.take_map(maps::EVENTS)?,
+    )?;
+
+    let mut state = AgentState::new(settings.table.clone(), settings.poll_interval);
+    state.interfaces = attachment.interfaces().to_vec();
+    state.ifnames = state.interfaces.iter().map(|i| (i.ifindex, i.name.clone())).collect();
+    state.pin_dir = Some(attachment.pin_dir().to_owned());
+    state.attached = true;
+    let state = state.shared();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let collector = collector::spawn(kernel_maps, state.clone(), settings.poll_interval, stop.clone());
+    tracing::info!(listen = %local, interfaces = ?settings.interfaces, pin_dir = %settings.pin_dir.display(), "ringside agent running");
+
+    let served = serve(listener, state.clone());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = collector.join();
+    state.write().unwrap_or_else(|p| p.into_inner()).attached = false;
+    let problems = attachment.teardown();
+    for p in &problems {
+        tracing::warn!("teardown: {p}");
+    }
+    if problems.is_empty() {
+        tracing::info!("detached cleanly");
+    }
+    served
+}
+
+fn serve(listener: std::net::TcpListener, state: crate::state::SharedState) -> Result<(), AgentError> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(AgentError::Runtime)?;
+    rt.block_on(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).map_err(AgentError::Runtime)?;
+        let mut int = signal(SignalKind::interrupt()).map_err(AgentError::Runtime)?;
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(AgentError::Runtime)?;
+        axum::serve(listener, api::router(state))
+            .with_graceful_shutdown(async move {
+                tokio::select! {
+                    _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                    _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+                }
+            })
+            .await
+            .map_err(AgentError::Serve)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn flags_override_file_and_defaults_fill_in() {
+        let file = ConfigFile::parse(
+            "interfaces = [\"eth0\"]\nlisten = \"127.0.0.1:1000\"\npoll_interval_ms = 250\nmax_flows = 10\n[match]\ntcp_ports = [80]\n",
+            Path::new("t.toml"),
+        )
+        .unwrap();
+        let args = AgentArgs {
+            interfaces: vec!["eth1".into(), "eth0".into()],
+            listen: Some("127.0.0.1:2000".parse().unwrap()),
+            pin_dir: Some("/sys/fs/bpf/x".into()),
+            ..Default::default()
+        };
+        let s = AgentSettings::resolve(&file, &args).unwrap();
+        assert_eq!(s.interfaces, vec!["eth0", "eth1"]);
+        assert_eq!(s.listen, "127.0.0.1:2000".parse().unwrap());
+        assert_eq!(s.pin_dir, PathBuf::from("/sys/fs/bpf/x"));
+        assert_eq!(s.poll_interval, Duration::from_millis(250));
+        assert_eq!(s.table.max_flows, 10);
+        assert_eq!(s.table.idle_timeout, Duration::from_secs(60));
+        assert_eq!(s.burst_gap, Duration::from_millis(1));
+        assert_eq!(s.attach, AttachMode::Clsact);
+        assert_eq!(s.matching.tcp_ports.len(), 1);
+
+        let d = AgentSettings::resolve(&ConfigFile::default(), &AgentArgs::default()).unwrap();
+        assert_eq!(d.listen, config::DEFAULT_LISTEN.parse().unwrap());
+        assert_eq!(d.pin_dir, PathBuf::from(config::DEFAULT_PIN_DIR));
+        assert_eq!(d.poll_interval, Duration::from_millis(100));
+
+        let bad = AgentArgs { poll_interval_ms: Some(0), ..Default::default() };
+        assert!(AgentSettings::resolve(&ConfigFile::default(), &bad).unwrap_err().to_string().contains("--poll-interval-ms"));
+    }
+
+    #[test]
+    fn listen_in_use_is_named() {
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = held.local_addr().unwrap();
+        let mut s = AgentSettings::resolve(&ConfigFile::default(), &AgentArgs::default()).unwrap();
+        s.listen = addr;
+        let e = run(s).unwrap_err().to_string();
+        assert!(e.contains(&addr.to_string()) && e.contains("--listen"), "{e}");
+    }
+}

@@ -1,0 +1,198 @@
+//! `ringside flows` and `ringside status`: read the agent's API and print aligned tables.
+//!
+//! ureq (blocking, no async runtime, a few small dependencies) is enough for one GET per command.
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use crate::{
+    api::{ApiError, FlowsResponse, StatusResponse},
+    config::DEFAULT_LISTEN,
+};
+
+/// Default agent URL for the CLI.
+pub fn default_agent_url() -> String {
+    format!("http://{DEFAULT_LISTEN}")
+}
+
+/// Errors talking to the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach the agent at {url}: {message}; is the agent running? start it with `ringside agent --iface IF` (or pass --agent URL)")]
+    Unreachable { url: String, message: String },
+    #[error("the agent at {url} answered {status}: {message}")]
+    Status { url: String, status: u16, message: String },
+    #[error("the agent at {url} sent a response this ringside does not understand ({message}); are the CLI and agent the same version?")]
+    Decode { url: String, message: String },
+}
+
+/// GETs `path` from the agent and decodes JSON.
+pub fn get_json<T: DeserializeOwned>(agent: &str, path: &str) -> Result<T, ClientError> {
+    let url = format!("{}{path}", agent.trim_end_matches('/'));
+    let agent_cfg = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(5)))
+        .http_status_as_error(false)
+        .build();
+    let agent_http: ureq::Agent = agent_cfg.into();
+    let mut resp = agent_http
+        .get(&url)
+        .call()
+        .map_err(|e| ClientError::Unreachable { url: url.clone(), message: e.to_string() })?;
+    let status = resp.status().as_u16();
+    let body = resp
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| ClientError::Unreachable { url: url.clone(), message: e.to_string() })?;
+    if status >= 400 {
+        let message = serde_json::from_str::<ApiError>(&body).map(|e| e.error).unwrap_or(body);
+        return Err(ClientError::Status { url, status, message });
+    }
+    serde_json::from_str(&body).map_err(|e| ClientError::Decode { url, message: e.to_string() })
+}
+
+/// Renders rows as a table: columns padded to their widest cell, numbers right-aligned.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let numeric: Vec<bool> = (0..header.len())
+        .map(|i| !rows.is_empty() && rows.iter().all(|r| r.get(i).is_some_and(|c| c.parse::<f64>().is_ok() || c == "-")))
+        .collect();
+    let line = |cells: &[String]| {
+        let parts: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| if numeric[i] { format!("{c:>w$}", w = widths[i]) } else { format!("{c:<w$}", w = widths[i]) })
+            .collect();
+        parts.join("  ").trim_end().to_owned()
+    };
+    let mut out = line(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>());
+    out.push('\n');
+    for r in rows {
+        out.push_str(&line(r));
+        out.push('\n');
+    }
+    out
+}
+
+/// Human-readable byte count (SI, as network rates are).
+pub fn human_bytes(v: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let mut v = v;
+    let mut u = 0;
+    while v >= 1000.0 && u < UNITS.len() - 1 {
+        v /= 1000.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{v:.0}{}", UNITS[u])
+    } else {
+        format!("{v:.1}{}", UNITS[u])
+    }
+}
+
+/// The `ringside flows` table.
+pub fn render_flows(r: &FlowsResponse) -> String {
+    let rows: Vec<Vec<String>> = r
+        .flows
+        .iter()
+        .map(|f| {
+            let anomalies = match (&f.tcp, &f.roce) {
+                (Some(t), _) => format!("retrans={}", t.retransmissions),
+                (_, Some(x)) => format!("psn_gaps={} cnps={} naks={}", x.psn_gap_packets, x.cnps, x.naks),
+                _ => String::new(),
+            };
+            vec![
+                f.interface.clone(),
+                f.direction.clone(),
+                f.kind.clone(),
+                format!("{}:{}", f.src_addr, f.src_port),
+                format!("{}:{}", f.dst_addr, f.dst_port),
+                f.packets.to_string(),
+                f.bytes.to_string(),
+                format!("{}/s", human_bytes(f.rates.ewma_bytes_per_second)),
+                f.bursts.count.to_string(),
+                if f.ce_marks > 0 { format!("ce={} {anomalies}", f.ce_marks) } else { anomalies },
+            ]
+        })
+        .collect();
+    let mut out = table(&["IFACE", "DIR", "KIND", "SOURCE", "DESTINATION", "PACKETS", "BYTES", "RATE(EWMA)", "BURSTS", "ANOMALIES"], &rows);
+    out.push_str(&format!("{} of {} flows (top by bytes)\n", r.flows.len(), r.total_flows));
+    out
+}
+
+/// The `ringside status` report.
+pub fn render_status(s: &StatusResponse) -> String {
+    let mut out = String::new();
+    match &s.not_ready_reason {
+        None => out.push_str("agent: ready\n"),
+        Some(r) => out.push_str(&format!("agent: NOT READY ({r})\n")),
+    }
+    let age = s.last_poll_age_seconds.map_or("never".to_owned(), |a| format!("{a:.2} s ago"));
+    out.push_str(&format!(
+        "polls: {} ({} errors), last {age}, every {:.0} ms\nflows tracked: {}\npin dir: {}\n\n",
+        s.polls,
+        s.poll_errors,
+        s.poll_interval_seconds * 1000.0,
+        s.flows_tracked,
+        s.pin_dir.as_deref().unwrap_or("-"),
+    ));
+    let rows: Vec<Vec<String>> = s
+        .interfaces
+        .iter()
+        .map(|i| vec![i.name.clone(), i.ifindex.to_string(), i.mode.clone(), if i.qdisc_added { "yes" } else { "no" }.to_owned()])
+        .collect();
+    out.push_str(&table(&["INTERFACE", "IFINDEX", "MODE", "QDISC ADDED"], &rows));
+    out.push('\n');
+    let rows: Vec<Vec<String>> = s.dataplane.iter().map(|(n, v)| vec![n.clone(), v.to_string()]).collect();
+    out.push_str(&table(&["DATAPLANE", "PACKETS/EVENTS"], &rows));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{api, metrics::tests::sample_state};
+
+    #[test]
+    fn tables_align() {
+        let t = table(&["A", "NUM"], &[vec!["long-name".into(), "5".into()], vec!["x".into(), "12345".into()]]);
+        // Numeric columns, header included, are right-aligned.
+        assert_eq!(t, "A            NUM\nlong-name      5\nx          12345\n");
+    }
+
+    #[test]
+    fn renders_flows_and_status() {
+        let state = sample_state();
+        let s = state.read().unwrap();
+        let now = s.table.last_poll_mono_ns();
+        let flows = FlowsResponse {
+            total_flows: 2,
+            limit: 20,
+            flows: s.table.top_by_bytes(20).into_iter().map(|e| api::FlowView::new(e, &s, now)).collect(),
+        };
+        let text = render_flows(&flows);
+        assert!(text.contains("10.77.0.1:40000") && text.contains("psn_gaps=5 cnps=7") && text.contains("retrans=3"), "{text}");
+        assert!(text.contains("2 of 2 flows"));
+        let st = render_status(&api::status_of(&s));
+        assert!(st.contains("agent: ready") && st.contains("eth0") && st.contains("matched"), "{st}");
+    }
+
+    #[test]
+    fn unreachable_agent_says_what_to_do() {
+        // A port nothing listens on: bind, read the port, close.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let url = format!("http://127.0.0.1:{port}");
+        let e = get_json::<StatusResponse>(&url, "/v1/status").unwrap_err().to_string();
+        assert!(e.contains(&url) && e.contains("is the agent running") && e.contains("ringside agent --iface"), "{e}");
+    }
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_bytes(999.0), "999B");
+        assert_eq!(human_bytes(1_500_000.0), "1.5MB");
+    }
+}

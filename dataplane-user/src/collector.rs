@@ -1,0 +1,168 @@
+//! The collector: every poll interval, read the kernel maps into a [`PollSnapshot`], fold it into
+//! the shared [`FlowTable`](crate::flow_table::FlowTable), and delete the flows it forgot.
+//!
+//! This is the only code that reads maps. It runs on its own thread so a slow syscall never
+//! delays an HTTP response, and it holds the state's write lock only for the pure `apply`.
+//! The data path is never blocked: map reads are lookups, and `EVENTS` is drained without waiting.
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use aya::maps::{Map, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf};
+use dataplane_common::{maps, Event, FlowKey, FlowStats, MAX_FLOWS};
+
+use crate::{
+    flow_table::{PollSnapshot, STATS_COUNT},
+    state::SharedState,
+};
+
+/// Errors reading the maps.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    #[error("map `{name}` has an unexpected type or layout: {source}; the agent and the eBPF object are from different builds, rebuild with `cargo xtask build`")]
+    MapType { name: &'static str, source: MapError },
+    #[error("reading map `{name}` failed: {source}")]
+    Read { name: &'static str, source: MapError },
+}
+
+/// The maps the collector reads, taken out of the loaded object.
+pub struct KernelMaps {
+    flows: PerCpuHashMap<MapData, FlowKey, FlowStats>,
+    stats: PerCpuArray<MapData, u64>,
+    events: RingBuf<MapData>,
+}
+
+impl KernelMaps {
+    pub fn new(flows: Map, stats: Map, events: Map) -> Result<Self, CollectError> {
+        Ok(KernelMaps {
+            flows: PerCpuHashMap::try_from(flows).map_err(|source| CollectError::MapType { name: maps::FLOWS, source })?,
+            stats: PerCpuArray::try_from(stats).map_err(|source| CollectError::MapType { name: maps::STATS, source })?,
+            events: RingBuf::try_from(events).map_err(|source| CollectError::MapType { name: maps::EVENTS, source })?,
+        })
+    }
+
+    /// Reads everything into a snapshot.
+    ///
+    /// `FLOWS` is walked key by key (aya 0.14 has no `BPF_MAP_LOOKUP_BATCH` wrapper): one
+    /// get-next-key and one lookup per flow. The walk is bounded to twice the map's capacity
+    /// because a key deleted mid-walk makes the kernel restart from the first key.
+    pub fn snapshot(&mut self) -> Result<PollSnapshot, CollectError> {
+        let mono_ns = monotonic_ns();
+        let mut flows: HashMap<FlowKey, Vec<FlowStats>> = HashMap::new();
+        for item in self.flows.iter().take(2 * MAX_FLOWS as usize) {
+            let (k, v) = item.map_err(|source| CollectError::Read { name: maps::FLOWS, source })?;
+            flows.insert(k, v.to_vec());
+        }
+        let mut stats = [0u64; STATS_COUNT];
+        for (i, slot) in stats.iter_mut().enumerate() {
+            let per_cpu = self.stats.get(&(i as u32), 0).map_err(|source| CollectError::Read { name: maps::STATS, source })?;
+            *slot = per_cpu.iter().copied().fold(0u64, u64::wrapping_add);
+        }
+        let mut events = Vec::new();
+        while let Some(item) = self.events.next() {
+            if let Some(ev) = decode_event(&item) {
+                events.push(ev);
+            }
+        }
+        Ok(PollSnapshot { mono_ns, flows: flows.into_iter().collect(), stats, events })
+    }
+
+    /// Deletes forgotten flows from `FLOWS` (a flow already gone is fine).
+    pub fn forget(&mut self, keys: &[FlowKey]) -> usize {
+        keys.iter().filter(|k| self.flows.remove(k).is_ok()).count()
+    }
+}
+
+/// Decodes one ring-buffer record; records shorter than an `Event` are ignored.
+pub fn decode_event(bytes: &[u8]) -> Option<Event> {
+    if bytes.len() < std::mem::size_of::<Event>() {
+        return None;
+    }
+    // SAFETY: Event is repr(C) plain integers (every bit pattern valid); read_unaligned copes with
+    // the ring buffer's 8-byte record alignment.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) })
+}
+
+/// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns()`.
+pub fn monotonic_ns() -> u64 {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC is always available");
+    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+}
+
+/// Runs the poll loop on a thread until `stop` is set. Returns the thread's handle.
+pub fn spawn(mut maps: KernelMaps, state: SharedState, interval: Duration, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
+    thread::Builder::new()
+        .name("ringside-collector".into())
+        .spawn(move || {
+            let mut next = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                match maps.snapshot() {
+                    Ok(snap) => {
+                        let forget = {
+                            let mut s = state.write().unwrap_or_else(|p| p.into_inner());
+                            s.table.apply(&snap)
+                        };
+                        let deleted = if forget.is_empty() { 0 } else { maps.forget(&forget) };
+                        let took = started.elapsed();
+                        let mut s = state.write().unwrap_or_else(|p| p.into_inner());
+                        s.record_poll(took);
+                        if s.polls == 1 {
+                            tracing::info!(flows = snap.flows.len(), took_us = took.as_micros() as u64, "first poll done");
+                        }
+                        if !forget.is_empty() {
+                            tracing::debug!(forgotten = forget.len(), deleted, "flows forgotten");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("poll failed: {e}");
+                        state.write().unwrap_or_else(|p| p.into_inner()).record_poll_error(e.to_string());
+                    }
+                }
+                next += interval;
+                let now = Instant::now();
+                if next < now {
+                    // Overran: skip missed ticks rather than bursting to catch up.
+                    next = now + interval;
+                }
+                // Sleep in small steps so a stop request is seen within 50 ms.
+                while !stop.load(Ordering::Relaxed) {
+                    let now = Instant::now();
+                    if now >= next {
+                        break;
+                    }
+                    thread::sleep((next - now).min(Duration::from_millis(50)));
+                }
+            }
+        })
+        .expect("spawning the collector thread")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane_common::{event_kind, BurstState};
+
+    #[test]
+    fn decodes_events() {
+        let ev = Event { kind: event_kind::BURST_END, burst: BurstState { start_ns: 1, last_ns: 2, bytes: 3, packets: 4 }, ..Default::default() };
+        let mut bytes = vec![0u8; 1];
+        // SAFETY: viewing a repr(C) integer struct as bytes.
+        bytes.extend_from_slice(unsafe { std::slice::from_raw_parts((&ev as *const Event).cast::<u8>(), std::mem::size_of::<Event>()) });
+        assert_eq!(decode_event(&bytes[1..]), Some(ev), "unaligned input");
+        assert_eq!(decode_event(&bytes[1..50]), None);
+    }
+
+    #[test]
+    fn monotonic_clock_moves() {
+        let a = monotonic_ns();
+        let b = monotonic_ns();
+        assert!(b >= a && a > 0);
+    }
+}
