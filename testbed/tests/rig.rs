@@ -182,7 +182,8 @@ fn clean_removes_leaked_namespaces_of_dead_processes_only() {
     assert!(ok.success());
     let mine = Netns::new("t-keep").unwrap();
     let report = testbed::clean(false).unwrap();
-    assert!(report.removed.contains(&leaked), "{report:?}");
+    // A concurrent test process may have cleaned it first; either way it must be gone.
+    assert!(report.failed.is_empty(), "{report:?}");
     assert!(!report.removed.iter().any(|n| n == mine.name()));
     let left = testbed::netns::list_rig_namespaces().unwrap();
     assert!(!left.contains(&leaked));
