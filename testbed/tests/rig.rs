@@ -125,6 +125,15 @@ fn roce_send_reports_what_the_peer_receives() {
     assert_eq!(got.by_opcode, sent.by_opcode);
     assert_eq!((got.ce_marked, got.cnps, got.naks), (25, 4, 2));
     assert_eq!(got.bytes, sent.udp_payload_bytes);
+
+    // IPv6: CE goes in the traffic class, headers are 40 bytes.
+    let listen6 = SocketAddr::new(star.hosts[1].addr6.into(), testbed::ROCEV2_UDP_PORT);
+    let sink6 = star.hosts[1].ns.run(|| testbed::RoceSink::bind(listen6)).unwrap();
+    let spec6 = testbed::RoceSpec { to: listen6, packets: 100, payload_len: 64, ce_marks: 10, icrc: false, ..Default::default() };
+    let sent6 = star.hosts[0].ns.run(|| testbed::roce_send(&spec6)).unwrap();
+    assert_eq!(sent6.l3_bytes, 100 * (40 + 8 + 12 + 64));
+    let got6 = sink6.receive(Some(100), Duration::from_secs(1), Duration::from_secs(10)).unwrap();
+    assert_eq!((got6.datagrams, got6.ce_marked), (100, 10));
 }
 
 #[test]
