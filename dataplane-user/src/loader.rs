@@ -291,17 +291,26 @@ impl Attachment {
         }
         if !self.keep_pins {
             for p in self.pins.drain(..) {
-                if let Err(e) = fs::remove_file(&p) {
+                // NotFound: somebody (`ringside detach`) already removed it, which is fine.
+                if let Err(e) = fs::remove_file(&p).or_else(ignore_not_found) {
                     problems.push(format!("remove pin {}: {e}", p.display()));
                 }
             }
             if self.created_pin_dir {
-                if let Err(e) = fs::remove_dir(&self.pin_dir) {
+                if let Err(e) = fs::remove_dir(&self.pin_dir).or_else(ignore_not_found) {
                     problems.push(format!("remove pin directory {}: {e}", self.pin_dir.display()));
                 }
             }
         }
         problems
+    }
+}
+
+fn ignore_not_found(e: io::Error) -> io::Result<()> {
+    if e.kind() == io::ErrorKind::NotFound {
+        Ok(())
+    } else {
+        Err(e)
     }
 }
 

@@ -1,0 +1,279 @@
+//! T2: the `ringside` binary on a 4-host testbed star, checked against what the senders counted.
+//!
+//! Needs root and an agent built with its eBPF object (`cargo xtask build`, or
+//! `RINGSIDE_EBPF_OBJECT=... cargo test -p dataplane-user --test t2_agent`). Without either it
+//! FAILS with the reason; it never skips. Every wait is bounded.
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use dataplane_user::{
+    api::{FlowView, FlowsResponse, StatusResponse},
+    client,
+};
+use testbed::{RoceSink, RoceSpec, Star, StarConfig, TcpSink};
+
+const AGENT_PORT: u16 = 9464;
+
+fn preconditions() {
+    if let Err(e) = testbed::require_root() {
+        panic!("t2_agent attaches eBPF programs in network namespaces and needs root: {e}");
+    }
+    if let Err(e) = dataplane_user::object::flowmon_object() {
+        panic!("t2_agent runs the real agent: {e}");
+    }
+}
+
+/// The agent process; SIGTERM + bounded wait (then SIGKILL) on drop.
+struct AgentProcess {
+    child: Option<Child>,
+    pin_dir: PathBuf,
+}
+
+impl AgentProcess {
+    fn start(mut cmd: Command, pin_dir: PathBuf) -> AgentProcess {
+        let child = cmd.spawn().expect("spawning the ringside binary");
+        AgentProcess { child: Some(child), pin_dir }
+    }
+
+    /// SIGTERM, then wait up to 10 s; returns whether it exited successfully.
+    fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else { return false };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.stop();
+        }
+        // Last resort so a failed test leaves no pins (the netns, and with it the filters, goes
+        // away with the Star).
+        for name in dataplane_user::loader::PINNED_MAPS {
+            let _ = std::fs::remove_file(self.pin_dir.join(name));
+        }
+        let _ = std::fs::remove_dir(&self.pin_dir);
+    }
+}
+
+fn get<T: serde::de::DeserializeOwned + Send>(star: &Star, host: usize, path: &str) -> Result<T, client::ClientError> {
+    let url = format!("http://127.0.0.1:{AGENT_PORT}");
+    star.hosts[host].ns.run(|| client::get_json::<T>(&url, path))
+}
+
+fn get_metrics(star: &Star, host: usize) -> String {
+    star.hosts[host].ns.run(|| {
+        let out = Command::new("curl").args(["-sf", &format!("http://127.0.0.1:{AGENT_PORT}/metrics")]).output();
+        match out {
+            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+            Ok(o) => panic!("curl /metrics failed: {}", String::from_utf8_lossy(&o.stderr)),
+            Err(e) => panic!("running curl: {e}"),
+        }
+    })
+}
+
+/// Value of the series with exactly this name and label text, or 0 if absent.
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .map(|v| v.parse::<f64>().unwrap() as u64)
+        .unwrap_or(0)
+}
+
+/// Polls `check` every 100 ms until it returns `Some`, at most `limit`.
+fn wait_for<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {limit:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn within_1pct(got: u64, want: u64) -> bool {
+    (got as f64 - want as f64).abs() <= want as f64 * 0.01
+}
+
+/// Pins the calling thread to CPU 0, so per-CPU PSN state in the kernel sees every packet of the
+/// flow (a flow that migrates CPUs can hide a gap — see `FlowStats` docs).
+fn pin_to_cpu0() {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(0).unwrap();
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+}
+
+fn tcp_flows<'a>(flows: &'a [FlowView], dst: &str, port: u16) -> Vec<&'a FlowView> {
+    flows.iter().filter(|f| f.kind == "tcp" && f.direction == "egress" && f.dst_addr == dst && f.dst_port == port).collect()
+}
+
+#[test]
+fn agent_reports_what_senders_sent() {
+    preconditions();
+    let star = Star::new(StarConfig { hosts: 4, ..Default::default() }).unwrap();
+    let pin_dir = PathBuf::from(format!("/sys/fs/bpf/ringside-t2-{}", std::process::id()));
+    let config = std::env::temp_dir().join(format!("ringside-t2-{}.toml", std::process::id()));
+    std::fs::write(&config, "[match]\nprefixes = [\"10.77.0.0/24\"]\n").unwrap();
+
+    let mut cmd = star.hosts[0].ns.command(env!("CARGO_BIN_EXE_ringside"));
+    cmd.args(["agent", "--iface", "eth0", "--listen", &format!("127.0.0.1:{AGENT_PORT}"), "--config"])
+        .arg(&config)
+        .arg("--pin-dir")
+        .arg(&pin_dir)
+        .env("RUST_LOG", "info");
+    let mut agent = AgentProcess::start(cmd, pin_dir.clone());
+
+    // Ready: attached and polled.
+    let status: StatusResponse = wait_for(Duration::from_secs(15), "the agent to become ready", || {
+        get::<StatusResponse>(&star, 0, "/v1/status").ok().filter(|s| s.ready)
+    });
+    assert_eq!(status.interfaces.len(), 1);
+    assert_eq!(status.interfaces[0].name, "eth0");
+    for name in dataplane_user::loader::PINNED_MAPS {
+        assert!(pin_dir.join(name).exists(), "map {name} not pinned under {}", pin_dir.display());
+    }
+
+    // --- TCP host0 → host1, 2 streams × 8 MB, clean link ---
+    let h1: IpAddr = star.hosts[1].addr.into();
+    let sink = star.hosts[1].ns.run(|| TcpSink::bind(SocketAddr::new(h1, 0))).unwrap();
+    let port = sink.local_addr().unwrap().port();
+    let recv = std::thread::spawn(move || sink.receive(2, Duration::from_secs(60)));
+    let sent = star.hosts[0].ns.run(|| testbed::tcp_send(SocketAddr::new(h1, port), 8_000_000, 2)).unwrap();
+    recv.join().unwrap().unwrap();
+    let payload_sent: u64 = sent.streams.iter().map(|s| s.bytes_sent).sum();
+    let l3_sent: u64 = sent.streams.iter().map(|s| s.l3_bytes_estimate).sum();
+
+    let flows = wait_for(Duration::from_secs(5), "TCP payload in /v1/flows to reach what was sent", || {
+        let r: FlowsResponse = get(&star, 0, "/v1/flows?limit=100").ok()?;
+        let f = tcp_flows(&r.flows, "10.77.0.2", port);
+        let payload: u64 = f.iter().map(|f| f.payload_bytes).sum();
+        (f.len() == 2 && within_1pct(payload, payload_sent)).then_some(r)
+    });
+    let f = tcp_flows(&flows.flows, "10.77.0.2", port);
+    let payload: u64 = f.iter().map(|f| f.payload_bytes).sum();
+    eprintln!("tcp: sender bytes_sent={payload_sent} l3≈{l3_sent}; agent payload={payload}");
+    assert!(f.iter().all(|f| f.interface == "eth0" && f.peer == "10.77.0.2" && f.src_addr == "10.77.0.1"));
+
+    let text = get_metrics(&star, 0);
+    let tcp_series = "{interface=\"eth0\",direction=\"egress\",kind=\"tcp\",peer=\"10.77.0.2\"}";
+    let l3 = metric(&text, &format!("ringside_peer_bytes_total{tcp_series}"));
+    eprintln!("tcp: metrics peer bytes={l3}");
+    assert!(within_1pct(l3, l3_sent), "peer bytes {l3} vs sender L3 estimate {l3_sent}");
+    assert!(metric(&text, "ringside_dataplane_packets_total{result=\"matched\"}") > 0);
+    let retrans_clean = metric(&text, &format!("ringside_peer_tcp_retransmissions_total{tcp_series}"));
+
+    // --- RoCEv2 host0 → host2 with known gaps, CNPs, NAKs and CE marks ---
+    let h2: IpAddr = star.hosts[2].addr.into();
+    let rsink = star.hosts[2].ns.run(|| RoceSink::bind(SocketAddr::new(h2, testbed::ROCEV2_UDP_PORT))).unwrap();
+    let spec = RoceSpec {
+        to: SocketAddr::new(h2, testbed::ROCEV2_UDP_PORT),
+        src_port: 49152,
+        packets: 3000,
+        payload_len: 1024,
+        skip_psns: vec![100, 101, 102, 1500, 2999],
+        ce_marks: 9,
+        cnps: 7,
+        naks: 3,
+        pps: Some(50_000),
+        ..Default::default()
+    };
+    let rrecv = std::thread::spawn(move || rsink.receive(None, Duration::from_millis(500), Duration::from_secs(20)));
+    let report = star.hosts[0].ns.run(|| {
+        pin_to_cpu0();
+        testbed::roce_send(&spec)
+    })
+    .unwrap();
+    rrecv.join().unwrap().unwrap();
+    eprintln!("roce: sent {report:?}");
+    let roce_series = "{interface=\"eth0\",direction=\"egress\",kind=\"rocev2\",peer=\"10.77.0.3\"}";
+    let text = wait_for(Duration::from_secs(5), "RoCE bytes in /metrics to reach what was sent", || {
+        let t = get_metrics(&star, 0);
+        within_1pct(metric(&t, &format!("ringside_peer_bytes_total{roce_series}")), report.l3_bytes).then_some(t)
+    });
+    assert_eq!(metric(&text, &format!("ringside_peer_packets_total{roce_series}")), report.packets_sent);
+    assert_eq!(metric(&text, &format!("ringside_peer_roce_psn_gaps_total{roce_series}")), report.psn_gaps, "{text}");
+    assert_eq!(metric(&text, &format!("ringside_peer_roce_psn_gap_packets_total{roce_series}")), report.skipped_psns);
+    assert_eq!(metric(&text, &format!("ringside_peer_roce_cnps_total{roce_series}")), report.cnps);
+    assert_eq!(metric(&text, &format!("ringside_peer_roce_naks_total{roce_series}")), report.naks);
+    assert_eq!(metric(&text, &format!("ringside_peer_ce_marks_total{roce_series}")), report.ce_marked);
+    let r: FlowsResponse = get(&star, 0, "/v1/flows?limit=100").unwrap();
+    let rf = r.flows.iter().find(|f| f.kind == "rocev2" && f.dst_addr == "10.77.0.3" && f.direction == "egress").expect("RoCE flow listed");
+    let roce = rf.roce.as_ref().unwrap();
+    assert_eq!((roce.psn_gap_events, roce.psn_gap_packets, roce.cnps, roce.naks), (report.psn_gaps, report.skipped_psns, report.cnps, report.naks));
+    assert!(within_1pct(rf.bytes, report.l3_bytes), "flow bytes {} vs {}", rf.bytes, report.l3_bytes);
+
+    // --- TCP host0 → host1 again, with 3 % random drop on host1's link ---
+    let loss = star.add_loss(1, 3.0).unwrap();
+    let sink = star.hosts[1].ns.run(|| TcpSink::bind(SocketAddr::new(h1, 0))).unwrap();
+    let port2 = sink.local_addr().unwrap().port();
+    let recv = std::thread::spawn(move || sink.receive(1, Duration::from_secs(90)));
+    let lossy = star.hosts[0].ns.run(|| testbed::tcp_send_with_timeout(SocketAddr::new(h1, port2), 4_000_000, 1, Duration::from_secs(90))).unwrap();
+    recv.join().unwrap().unwrap();
+    drop(loss);
+    eprintln!("lossy tcp: sender total_retrans={}", lossy.total_retrans);
+    let retrans = wait_for(Duration::from_secs(5), "TCP retransmissions after the drop rule", || {
+        let t = get_metrics(&star, 0);
+        let v = metric(&t, &format!("ringside_peer_tcp_retransmissions_total{tcp_series}"));
+        (v > retrans_clean).then_some(v)
+    });
+    eprintln!("lossy tcp: agent retransmissions {retrans_clean} → {retrans}");
+
+    // `ringside flows` / `ringside status` against the live agent.
+    let out = star.hosts[0].ns.command(env!("CARGO_BIN_EXE_ringside")).args(["status", "--agent", &format!("http://127.0.0.1:{AGENT_PORT}")]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("agent: ready") && text.contains("eth0"), "{text}");
+    let out = star.hosts[0].ns.command(env!("CARGO_BIN_EXE_ringside")).args(["flows", "--limit", "3", "--agent", &format!("http://127.0.0.1:{AGENT_PORT}")]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("10.77.0.1:") && text.contains("3 of "), "{text}");
+
+    // --- clean exit: detached, qdisc and pins removed ---
+    assert!(agent.stop(), "agent did not exit cleanly on SIGTERM");
+    assert!(!pin_dir.exists(), "pins left in {}", pin_dir.display());
+    let out = star.hosts[0].ns.command("tc").args(["qdisc", "show", "dev", "eth0"]).output().unwrap();
+    let qdiscs = String::from_utf8_lossy(&out.stdout);
+    assert!(!qdiscs.contains("clsact"), "clsact left behind: {qdiscs}");
+    let _ = std::fs::remove_file(&config);
+}
+
+#[test]
+fn agent_errors_are_actionable() {
+    preconditions();
+    let star = Star::new(StarConfig { hosts: 1, ..Default::default() }).unwrap();
+    let bin = env!("CARGO_BIN_EXE_ringside");
+    let run = |args: &[&str]| {
+        let out = star.hosts[0].ns.command(bin).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let pin = format!("/sys/fs/bpf/ringside-t2e-{}", std::process::id());
+    let e = run(&["agent", "--iface", "nosuch0", "--pin-dir", &pin]);
+    assert!(e.contains("`nosuch0`") && e.contains("ip link"), "{e}");
+    let e = run(&["agent", "--iface", "eth0", "--pin-dir", "/tmp/ringside-not-bpffs/x"]);
+    assert!(e.contains("mount -t bpf bpf /sys/fs/bpf"), "{e}");
+    // Listen address in use inside that namespace.
+    let held = star.hosts[0].ns.run(|| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let addr = held.local_addr().unwrap().to_string();
+    let e = run(&["agent", "--iface", "eth0", "--pin-dir", &pin, "--listen", &addr]);
+    assert!(e.contains(&addr) && e.contains("--listen"), "{e}");
+    let e = run(&["flows", "--agent", "http://127.0.0.1:1"]);
+    assert!(e.contains("is the agent running"), "{e}");
+    assert!(!Path::new(&pin).exists(), "a failed start left pins");
+}
