@@ -33,8 +33,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use dataplane_common::{
-    config_flags, direction, event_kind, flow_kind, state_flags, stats, wire, BurstState, Config,
-    Event, FlowKey, FlowStats, PrefixValue, DEFAULT_BURST_GAP_NS, EVENTS_RING_BYTES, MAX_FLOWS,
+    config_flags, direction, event_kind, state_flags, stats, wire, BurstState, Config, Event,
+    FlowKey, FlowStats, PrefixKey, PrefixValue, DEFAULT_BURST_GAP_NS, EVENTS_RING_BYTES, MAX_FLOWS,
     MAX_PORT_RANGES, MAX_PREFIXES,
 };
 
@@ -108,7 +108,15 @@ fn try_flowmon(ctx: &TcContext) -> Result<(), ()> {
 
 #[inline(always)]
 fn monitor(ctx: &TcContext) -> Result<(), Skip> {
-    let pkt = parse::parse(ctx)?;
+    let mut pkt = Packet {
+        key: FlowKey::default(),
+        ecn: 0,
+        segments: 1,
+        l3_bytes: 0,
+        payload_bytes: 0,
+        transport: Transport::Udp,
+    };
+    parse::parse(ctx, &mut pkt)?;
     count(stats::PARSED, 1);
 
     // Safety: `CONFIG` is an array map with one entry; index 0 always exists.
@@ -122,10 +130,10 @@ fn monitor(ctx: &TcContext) -> Result<(), Skip> {
     let cfg = unsafe { &*cfg };
     count(stats::MATCHED, 1);
 
-    let key = flow_key(ctx, &pkt);
+    set_interface(ctx, &mut pkt.key);
     let now = unsafe { bpf_ktime_get_ns() };
-    update_flow(&key, &pkt, now, cfg.flags)?;
-    update_burst(&key, &pkt, now, cfg);
+    update_flow(&pkt.key, &pkt, now, cfg.flags)?;
+    update_burst(&pkt.key, &pkt, now, cfg);
     Ok(())
 }
 
@@ -145,9 +153,10 @@ fn collective(pkt: &Packet, cfg: &Config) -> bool {
                 break;
             }
             let r = &cfg.port_ranges[i];
-            if (r.protocol == 0 || r.protocol == pkt.protocol)
-                && ((pkt.src_port >= r.lo && pkt.src_port <= r.hi)
-                    || (pkt.dst_port >= r.lo && pkt.dst_port <= r.hi))
+            let k = &pkt.key;
+            if (r.protocol == 0 || r.protocol == k.protocol)
+                && ((k.src_port >= r.lo && k.src_port <= r.hi)
+                    || (k.dst_port >= r.lo && k.dst_port <= r.hi))
             {
                 hit = true;
                 break;
@@ -158,10 +167,10 @@ fn collective(pkt: &Packet, cfg: &Config) -> bool {
         }
     }
     if n_prefixes != 0 {
-        let src = Key::new(128, pkt.src_addr);
-        if MATCH_PREFIXES.get(&src).is_none() {
-            let dst = Key::new(128, pkt.dst_addr);
-            if MATCH_PREFIXES.get(&dst).is_none() {
+        let src = PrefixKey { prefix_len: 128, addr: pkt.key.src_addr };
+        if MATCH_PREFIXES.get(as_trie_key(&src)).is_none() {
+            let dst = PrefixKey { prefix_len: 128, addr: pkt.key.dst_addr };
+            if MATCH_PREFIXES.get(as_trie_key(&dst)).is_none() {
                 return false;
             }
         }
@@ -169,8 +178,16 @@ fn collective(pkt: &Packet, cfg: &Config) -> bool {
     true
 }
 
+/// `PrefixKey` (4-byte aligned, copied with word stores) seen as aya's packed trie key type; the
+/// layouts are identical: `u32` prefix length, then the 16 address bytes.
 #[inline(always)]
-fn flow_key(ctx: &TcContext, pkt: &Packet) -> FlowKey {
+fn as_trie_key(k: &PrefixKey) -> &Key<[u8; 16]> {
+    // SAFETY: same size and field order; the target type is packed (align 1), so any alignment is fine.
+    unsafe { &*(k as *const PrefixKey).cast::<Key<[u8; 16]>>() }
+}
+
+#[inline(always)]
+fn set_interface(ctx: &TcContext, key: &mut FlowKey) {
     let skb = unsafe { &*ctx.skb.skb };
     let ifindex = skb.ifindex;
     // TC does not tell a program which hook it runs on. On ingress the stack has already set
@@ -178,26 +195,8 @@ fn flow_key(ctx: &TcContext, pkt: &Packet) -> FlowKey {
     // __netif_receive_skb_core); on egress it is 0 for locally generated packets and the input
     // device for forwarded ones. So "ingress_ifindex == ifindex" means ingress; a packet forwarded
     // back out of the interface it came in on (hairpin) is the one case this reads as ingress.
-    let dir = if skb.ingress_ifindex == ifindex {
-        direction::INGRESS
-    } else {
-        direction::EGRESS
-    };
-    FlowKey {
-        src_addr: pkt.src_addr,
-        dst_addr: pkt.dst_addr,
-        src_port: pkt.src_port,
-        dst_port: pkt.dst_port,
-        ifindex,
-        protocol: pkt.protocol,
-        direction: dir,
-        kind: match pkt.transport {
-            Transport::Tcp(_) => flow_kind::TCP,
-            Transport::Udp => flow_kind::UDP,
-            Transport::Rocev2(_) => flow_kind::ROCEV2,
-        },
-        _pad: 0,
-    }
+    key.direction = if skb.ingress_ifindex == ifindex { direction::INGRESS } else { direction::EGRESS };
+    key.ifindex = ifindex;
 }
 
 #[inline(always)]

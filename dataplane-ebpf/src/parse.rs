@@ -10,7 +10,7 @@
 //! make the headers linear when they are not, which costs nothing for the usual linear skb.
 
 use aya_ebpf::programs::TcContext;
-use dataplane_common::{ipv4_mapped, wire, ROCEV2_UDP_PORT};
+use dataplane_common::{flow_kind, wire, FlowKey, ROCEV2_UDP_PORT};
 
 /// Why the parser stopped (each maps to one `STATS` counter, or none).
 pub enum Skip {
@@ -53,11 +53,8 @@ pub enum Transport {
 }
 
 pub struct Packet {
-    pub src_addr: [u8; 16],
-    pub dst_addr: [u8; 16],
-    pub src_port: u16,
-    pub dst_port: u16,
-    pub protocol: u8,
+    /// The flow key, complete except `ifindex` and `direction`, which the caller fills in.
+    pub key: FlowKey,
     /// ECN codepoint (two bits) of the IP header.
     pub ecn: u8,
     /// Wire packets this skb stands for (`gso_segs`, at least 1).
@@ -78,14 +75,53 @@ fn ptr_at<T>(data: usize, data_end: usize, offset: usize) -> Result<*const T, Sk
     Ok((data + offset) as *const T)
 }
 
+// Field readers over a header pointer that `ptr_at` has already checked for the whole header.
+// They use one load of the field's width: packet data carries no alignment guarantee (an Ethernet
+// header, possibly VLAN tags, then IP), but BPF loads from packet memory need none on the
+// architectures ringside targets (x86_64, arm64 select HAVE_EFFICIENT_UNALIGNED_ACCESS, so the
+// verifier does not enforce alignment: kernel/bpf/verifier.c, check_pkt_ptr_alignment), and
+// byte-wise reads (what `read_unaligned` lowers to on BPF) cost several times the instructions.
+
 #[inline(always)]
-fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
+fn rd8(p: *const u8, at: usize) -> u8 {
+    unsafe { *p.add(at) }
 }
 
 #[inline(always)]
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+fn rd16(p: *const u8, at: usize) -> u16 {
+    #[allow(clippy::cast_ptr_alignment)]
+    u16::from_be(unsafe { p.add(at).cast::<u16>().read() })
+}
+
+#[inline(always)]
+fn rd32(p: *const u8, at: usize) -> u32 {
+    #[allow(clippy::cast_ptr_alignment)]
+    u32::from_be(unsafe { p.add(at).cast::<u32>().read() })
+}
+
+/// Copies a 16-byte address as four 32-bit words (no byte order change).
+#[inline(always)]
+fn copy_addr6(dst: &mut [u8; 16], p: *const u8, at: usize) {
+    let d = dst.as_mut_ptr().cast::<u32>();
+    let s = unsafe { p.add(at) }.cast::<u32>();
+    unsafe {
+        d.write(s.read());
+        d.add(1).write(s.add(1).read());
+        d.add(2).write(s.add(2).read());
+        d.add(3).write(s.add(3).read());
+    }
+}
+
+/// Writes an IPv4 address as IPv4-mapped IPv6 (`::ffff:a.b.c.d`).
+#[inline(always)]
+fn copy_addr4(dst: &mut [u8; 16], p: *const u8, at: usize) {
+    let d = dst.as_mut_ptr().cast::<u32>();
+    unsafe {
+        d.write(0);
+        d.add(1).write(0);
+        d.add(2).write(u32::from_be(0x0000_ffff));
+        d.add(3).write(p.add(at).cast::<u32>().read());
+    }
 }
 
 #[inline(always)]
@@ -93,8 +129,10 @@ fn is_vlan(ethertype: u16) -> bool {
     ethertype == wire::ETH_P_8021Q || ethertype == wire::ETH_P_8021AD
 }
 
+/// Parses the packet into `pkt`. On `Ok`, every field of `pkt` is set except `key.ifindex` and
+/// `key.direction`; on `Err`, `pkt` holds partial data and must not be used.
 #[inline(always)]
-pub fn parse(ctx: &TcContext) -> Result<Packet, Skip> {
+pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<(), Skip> {
     let skb_len = ctx.len();
     // Headers in page fragments: pull (at most) PULL_LEN bytes into the linear area. This does
     // not change the packet's bytes; it may reallocate the head (net/core/filter.c,
@@ -111,16 +149,16 @@ pub fn parse(ctx: &TcContext) -> Result<Packet, Skip> {
     let end = ctx.data_end();
 
     // --- Ethernet, up to two VLAN tags (802.1Q, or 802.1ad outer + 802.1Q inner) ---
-    let eth: &[u8; wire::ETH_HLEN] = unsafe { &*ptr_at(data, end, 0)? };
-    let mut ethertype = be16(eth, wire::ETH_TYPE_OFF);
+    let eth: *const u8 = ptr_at::<[u8; wire::ETH_HLEN]>(data, end, 0)?.cast();
+    let mut ethertype = rd16(eth, wire::ETH_TYPE_OFF);
     let mut l3_off = wire::ETH_HLEN;
     if is_vlan(ethertype) {
-        let tag: &[u8; wire::VLAN_HLEN] = unsafe { &*ptr_at(data, end, l3_off)? };
-        ethertype = be16(tag, 2);
+        let tag: *const u8 = ptr_at::<[u8; wire::VLAN_HLEN]>(data, end, l3_off)?.cast();
+        ethertype = rd16(tag, 2);
         l3_off += wire::VLAN_HLEN;
         if is_vlan(ethertype) {
-            let tag: &[u8; wire::VLAN_HLEN] = unsafe { &*ptr_at(data, end, l3_off)? };
-            ethertype = be16(tag, 2);
+            let tag: *const u8 = ptr_at::<[u8; wire::VLAN_HLEN]>(data, end, l3_off)?.cast();
+            ethertype = rd16(tag, 2);
             l3_off += wire::VLAN_HLEN;
         }
     }
@@ -128,129 +166,125 @@ pub fn parse(ctx: &TcContext) -> Result<Packet, Skip> {
     let l3_avail = skb_len.wrapping_sub(l3_off as u32);
 
     // --- IPv4 / IPv6 ---
-    let mut src_addr = [0u8; 16];
-    let mut dst_addr = [0u8; 16];
-    let (protocol, ecn, l3_hlen, l3_len, l4_off) = if ethertype == wire::ETH_P_IP {
-        let ip: &[u8; wire::IPV4_MIN_HLEN] = unsafe { &*ptr_at(data, end, l3_off)? };
-        if ip[0] >> 4 != 4 {
+    let (protocol, l3_hlen, l3_len, l4_off) = if ethertype == wire::ETH_P_IP {
+        let ip: *const u8 = ptr_at::<[u8; wire::IPV4_MIN_HLEN]>(data, end, l3_off)?.cast();
+        let vhl = rd8(ip, 0);
+        if vhl >> 4 != 4 {
             return Err(Skip::Malformed);
         }
         // IHL in 32-bit words; the mask bounds it to 60 for the verifier.
-        let ihl = ((ip[0] & 0x0f) as usize) << 2;
+        let ihl = ((vhl & 0x0f) as usize) << 2;
         if ihl < wire::IPV4_MIN_HLEN {
             return Err(Skip::Malformed);
         }
-        let frag = be16(ip, wire::IPV4_FRAG_OFF);
-        if frag & (wire::IPV4_MF | wire::IPV4_FRAG_MASK) != 0 {
+        if rd16(ip, wire::IPV4_FRAG_OFF) & (wire::IPV4_MF | wire::IPV4_FRAG_MASK) != 0 {
             // Any fragment, the first included: later fragments have no ports, and the first
             // one's lengths describe only part of the datagram.
             return Err(Skip::Unsupported);
         }
-        let proto = ip[wire::IPV4_PROTO_OFF];
+        let proto = rd8(ip, wire::IPV4_PROTO_OFF);
         if proto != wire::IPPROTO_TCP && proto != wire::IPPROTO_UDP {
             return Err(Skip::Unsupported);
         }
-        let tot_len = be16(ip, wire::IPV4_TOTLEN_OFF) as u32;
-        // tot_len 0: IPv4 BIG TCP GSO packet larger than 64 KiB (net/ipv4/ip_output.c,
+        let tot_len = rd16(ip, wire::IPV4_TOTLEN_OFF) as u32;
+        // tot_len 0: IPv4 BIG TCP GSO packet larger than 64 KiB (include/net/ip.h,
         // iph_set_totlen); the skb length is the truth then.
         let l3_len = if tot_len == 0 { l3_avail } else { tot_len };
         if l3_len < ihl as u32 || l3_len > l3_avail {
             return Err(Skip::Malformed);
         }
-        src_addr = ipv4_mapped([ip[12], ip[13], ip[14], ip[15]]);
-        dst_addr = ipv4_mapped([ip[16], ip[17], ip[18], ip[19]]);
-        (proto, ip[wire::IPV4_TOS_OFF] & wire::ECN_MASK, ihl as u32, l3_len, l3_off + ihl)
+        copy_addr4(&mut pkt.key.src_addr, ip, wire::IPV4_SRC_OFF);
+        copy_addr4(&mut pkt.key.dst_addr, ip, wire::IPV4_DST_OFF);
+        pkt.ecn = rd8(ip, wire::IPV4_TOS_OFF) & wire::ECN_MASK;
+        (proto, ihl as u32, l3_len, l3_off + ihl)
     } else if ethertype == wire::ETH_P_IPV6 {
-        let ip: &[u8; wire::IPV6_HLEN] = unsafe { &*ptr_at(data, end, l3_off)? };
-        if ip[0] >> 4 != 6 {
+        let ip: *const u8 = ptr_at::<[u8; wire::IPV6_HLEN]>(data, end, l3_off)?.cast();
+        let b0 = rd8(ip, 0);
+        if b0 >> 4 != 6 {
             return Err(Skip::Malformed);
         }
-        let next = ip[wire::IPV6_NEXT_HDR_OFF];
+        let next = rd8(ip, wire::IPV6_NEXT_HDR_OFF);
         if next != wire::IPPROTO_TCP && next != wire::IPPROTO_UDP {
             // Extension headers (hop-by-hop, routing, fragment, destination options, AH, ...)
             // are not walked: a chain of unknown length is a loop the verifier must bound, and
             // collective traffic does not carry them.
             return Err(Skip::Unsupported);
         }
-        let payload = be16(ip, wire::IPV6_PAYLOAD_LEN_OFF) as u32;
+        let payload = rd16(ip, wire::IPV6_PAYLOAD_LEN_OFF) as u32;
         // Payload length 0 without a jumbo option: IPv6 BIG TCP GSO packet (net/ipv6/ip6_output.c).
         let l3_len = if payload == 0 { l3_avail } else { wire::IPV6_HLEN as u32 + payload };
         if l3_len < wire::IPV6_HLEN as u32 || l3_len > l3_avail {
             return Err(Skip::Malformed);
         }
-        src_addr.copy_from_slice(&ip[wire::IPV6_SRC_OFF..wire::IPV6_SRC_OFF + 16]);
-        dst_addr.copy_from_slice(&ip[wire::IPV6_DST_OFF..wire::IPV6_DST_OFF + 16]);
-        let ecn = (ip[1] >> 4) & wire::ECN_MASK;
-        (next, ecn, wire::IPV6_HLEN as u32, l3_len, l3_off + wire::IPV6_HLEN)
+        copy_addr6(&mut pkt.key.src_addr, ip, wire::IPV6_SRC_OFF);
+        copy_addr6(&mut pkt.key.dst_addr, ip, wire::IPV6_DST_OFF);
+        // Traffic class straddles bytes 0 and 1; ECN is its low two bits (RFC 8200 §7, RFC 3168).
+        pkt.ecn = (rd8(ip, 1) >> 4) & wire::ECN_MASK;
+        (next, wire::IPV6_HLEN as u32, l3_len, l3_off + wire::IPV6_HLEN)
     } else {
         return Err(Skip::Unsupported);
     };
     let l4_len = l3_len - l3_hlen;
+    pkt.key.protocol = protocol;
 
-    let skb = unsafe { &*ctx.skb.skb };
-    let segments = if skb.gso_segs > 1 { skb.gso_segs } else { 1 };
+    let gso_segs = unsafe { (*ctx.skb.skb).gso_segs };
+    let segments = if gso_segs > 1 { gso_segs } else { 1 };
+    pkt.segments = segments;
 
     // --- TCP / UDP / RoCEv2 ---
     if protocol == wire::IPPROTO_TCP {
-        let tcp: &[u8; wire::TCP_MIN_HLEN] = unsafe { &*ptr_at(data, end, l4_off)? };
-        let doff = ((tcp[wire::TCP_DOFF_OFF] >> 4) as u32) << 2;
+        let tcp: *const u8 = ptr_at::<[u8; wire::TCP_MIN_HLEN]>(data, end, l4_off)?.cast();
+        let doff = ((rd8(tcp, wire::TCP_DOFF_OFF) >> 4) as u32) << 2;
         if doff < wire::TCP_MIN_HLEN as u32 || doff > l4_len {
             return Err(Skip::Malformed);
         }
-        Ok(Packet {
-            src_addr,
-            dst_addr,
-            src_port: be16(tcp, 0),
-            dst_port: be16(tcp, 2),
-            protocol,
-            ecn,
-            segments,
-            l3_bytes: l3_len + (segments - 1) * (l3_hlen + doff),
-            payload_bytes: l4_len - doff,
-            transport: Transport::Tcp(TcpInfo {
-                seq: be32(tcp, wire::TCP_SEQ_OFF),
-                ack: be32(tcp, wire::TCP_ACK_OFF),
-                flags: tcp[wire::TCP_FLAGS_OFF],
-            }),
-        })
+        pkt.key.src_port = rd16(tcp, 0);
+        pkt.key.dst_port = rd16(tcp, 2);
+        pkt.key.kind = flow_kind::TCP;
+        pkt.l3_bytes = l3_len + (segments - 1) * (l3_hlen + doff);
+        pkt.payload_bytes = l4_len - doff;
+        pkt.transport = Transport::Tcp(TcpInfo {
+            seq: rd32(tcp, wire::TCP_SEQ_OFF),
+            ack: rd32(tcp, wire::TCP_ACK_OFF),
+            flags: rd8(tcp, wire::TCP_FLAGS_OFF),
+        });
     } else {
-        let udp: &[u8; wire::UDP_HLEN] = unsafe { &*ptr_at(data, end, l4_off)? };
-        let ulen = be16(udp, 4) as u32;
+        let udp: *const u8 = ptr_at::<[u8; wire::UDP_HLEN]>(data, end, l4_off)?.cast();
+        let ulen = rd16(udp, 4) as u32;
         if ulen < wire::UDP_HLEN as u32 || ulen > l4_len {
             return Err(Skip::Malformed);
         }
-        let dst_port = be16(udp, 2);
-        let transport = if dst_port == ROCEV2_UDP_PORT {
-            let bth: &[u8; wire::BTH_LEN] =
-                unsafe { &*ptr_at(data, end, l4_off + wire::UDP_HLEN)? };
-            let opcode = bth[wire::BTH_OPCODE_OFF];
+        let dst_port = rd16(udp, 2);
+        pkt.key.src_port = rd16(udp, 0);
+        pkt.key.dst_port = dst_port;
+        pkt.l3_bytes = l3_len + (segments - 1) * (l3_hlen + wire::UDP_HLEN as u32);
+        pkt.payload_bytes = ulen - wire::UDP_HLEN as u32;
+        if dst_port == ROCEV2_UDP_PORT {
+            let bth: *const u8 =
+                ptr_at::<[u8; wire::BTH_LEN]>(data, end, l4_off + wire::UDP_HLEN)?.cast();
+            let opcode = rd8(bth, wire::BTH_OPCODE_OFF);
             let syndrome = if opcode == wire::bth_opcode::RC_ACK {
-                let aeth: &[u8; wire::AETH_LEN] =
-                    unsafe { &*ptr_at(data, end, l4_off + wire::UDP_HLEN + wire::BTH_LEN)? };
-                aeth[0]
+                let aeth: *const u8 = ptr_at::<[u8; wire::AETH_LEN]>(
+                    data,
+                    end,
+                    l4_off + wire::UDP_HLEN + wire::BTH_LEN,
+                )?
+                .cast();
+                rd8(aeth, 0)
             } else {
                 0
             };
-            Transport::Rocev2(Bth {
+            pkt.key.kind = flow_kind::ROCEV2;
+            pkt.transport = Transport::Rocev2(Bth {
                 opcode,
                 syndrome,
-                dest_qp: be32(bth, 4) & wire::PSN_MASK,
-                psn: be32(bth, 8) & wire::PSN_MASK,
-            })
+                dest_qp: rd32(bth, 4) & wire::PSN_MASK,
+                psn: rd32(bth, 8) & wire::PSN_MASK,
+            });
         } else {
-            Transport::Udp
-        };
-        Ok(Packet {
-            src_addr,
-            dst_addr,
-            src_port: be16(udp, 0),
-            dst_port,
-            protocol,
-            ecn,
-            segments,
-            l3_bytes: l3_len + (segments - 1) * (l3_hlen + wire::UDP_HLEN as u32),
-            payload_bytes: ulen - wire::UDP_HLEN as u32,
-            transport,
-        })
+            pkt.key.kind = flow_kind::UDP;
+            pkt.transport = Transport::Udp;
+        }
     }
+    Ok(())
 }
