@@ -44,7 +44,7 @@ pub fn all(release: bool) -> Result<PathBuf> {
     Ok(object)
 }
 
-/// Path of a binary built by `all(release)`.
+/// Path of a workspace binary built in debug or release mode.
 pub fn bin_path(name: &str, release: bool) -> PathBuf {
     workspace_root().join("target").join(if release { "release" } else { "debug" }).join(name)
 }
