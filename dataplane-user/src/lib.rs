@@ -11,3 +11,4 @@ pub mod metrics;
 pub mod object;
 pub mod state;
 pub mod testrun;
+pub mod detect;

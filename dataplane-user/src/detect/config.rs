@@ -1,0 +1,272 @@
+//! Detector configuration: TOML through serde, every field defaulted.
+//!
+//! Rationale for the defaults: a verdict needs evidence in 2 of the last 3 windows (1 s each), so a
+//! clear fault is raised at the end of its second window (≤ 2 s; the median detection latency
+//! target). Only *severe* evidence (goodput ≤ 40 % of the peers, ≥ 3 % loss, a stall of
+//! ≥ 150 ms with loss) raises on the first window. Thresholds are relative (to the job's other
+//! peers, or to the link's own history) *and* floored by absolute values, because on 2 vCPUs veth
+//! reorders packets: a healthy TCP collective shows a few spurious retransmissions per window,
+//! which a purely relative test on a near-zero median would call a 100× increase.
+//! The values are starting points, to be calibrated against the testbed (T3 scenario evaluations).
+
+use serde::{Deserialize, Serialize};
+
+/// Everything the detectors can be tuned with.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DetectorConfig {
+    /// Expected window length: 1 s. Windows shorter than half or longer than twice this are
+    /// rejected, because persistence is counted in windows and the latency target assumes them.
+    pub window_ns: u64,
+    /// Bursts of one peer separated by less than this (10 ms) form one communication phase. Must
+    /// exceed the kernel's burst gap (1 ms) and stay below the compute gap between steps.
+    pub phase_merge_gap_ns: u64,
+    /// Phases of one peer kept per window (256); the rest are ignored. Bounds memory and CPU.
+    pub max_phases_per_window: usize,
+    /// A phase with fewer bytes (64 KiB) does not count towards in-burst goodput: tiny phases are
+    /// latency-bound, not bandwidth-bound.
+    pub min_phase_bytes: u64,
+    /// A peer with fewer bytes in a window (64 KiB) is idle: nothing is assessed.
+    pub min_window_bytes: u64,
+    /// Loss and CE rates need this many data packets in the window (1000).
+    pub min_data_packets: u64,
+    /// A peer (or link) not seen for this long (30 s) is forgotten; its open verdicts close with
+    /// `end_reason = expired`. Jobs are forgotten the same way.
+    pub forget_after_ns: u64,
+    /// Peers tracked per job (4096); further peers are ignored and counted.
+    pub max_peers_per_job: usize,
+    /// Jobs tracked (1024); windows of further jobs are rejected.
+    pub max_jobs: usize,
+    pub persistence: PersistenceConfig,
+    pub gray: GrayConfig,
+    pub congestion: CongestionConfig,
+    pub straggler: StragglerConfig,
+}
+
+impl Default for DetectorConfig {
+    fn default() -> Self {
+        Self {
+            window_ns: 1_000_000_000,
+            phase_merge_gap_ns: 10_000_000,
+            max_phases_per_window: 256,
+            min_phase_bytes: 64 * 1024,
+            min_window_bytes: 64 * 1024,
+            min_data_packets: 1000,
+            forget_after_ns: 30_000_000_000,
+            max_peers_per_job: 4096,
+            max_jobs: 1024,
+            persistence: PersistenceConfig::default(),
+            gray: GrayConfig::default(),
+            congestion: CongestionConfig::default(),
+            straggler: StragglerConfig::default(),
+        }
+    }
+}
+
+/// When a verdict opens, changes class, and closes. Counts are in observed windows (windows where
+/// the scope had enough traffic to be assessed).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PersistenceConfig {
+    /// Raise when at least `raise_k` (2) of the last `raise_n` (3) windows are anomalous ...
+    pub raise_k: u32,
+    /// ... (at most 32).
+    pub raise_n: u32,
+    /// ... or at once on one severe window (gray failure and congestion only; never straggler).
+    pub raise_on_severe: bool,
+    /// Close after this many (3) consecutive clean windows. Windows between the raise and clear
+    /// thresholds are neither, so a verdict does not flap on a metric hovering at the threshold.
+    pub clear_windows: u32,
+    /// Gray failure: a single run of this many (5) anomalous windows makes it `persistent`.
+    pub persistent_windows: u32,
+    /// Gray failure: a verdict on a peer whose previous gray verdict closed less than this (60 s)
+    /// before the new one started, or with two anomalous runs while open, is `intermittent`.
+    pub recurrence_ns: u64,
+}
+
+impl Default for PersistenceConfig {
+    fn default() -> Self {
+        Self {
+            raise_k: 2,
+            raise_n: 3,
+            raise_on_severe: true,
+            clear_windows: 3,
+            persistent_windows: 5,
+            recurrence_ns: 60_000_000_000,
+        }
+    }
+}
+
+/// Gray failure: a peer that is an outlier against the job's other peers in the same window.
+/// Statistics are leave-one-out: median and MAD of the *other* peers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrayConfig {
+    /// Peers (this one included) with the metric needed for a comparison (4).
+    pub min_peers: usize,
+    /// Robust z-score (deviation / (1.4826 × MAD)) to raise (4) and to count as clean (below 2).
+    pub z_open: f64,
+    pub z_clear: f64,
+    /// The MAD-based scale is at least this fraction of the median (5 %), so identical peers
+    /// (MAD = 0) do not turn a 1 % difference into an infinite z.
+    pub rel_scale_floor: f64,
+    /// In-burst goodput anomalous at ≤ 70 % of the other peers' median, severe at ≤ 40 %,
+    /// clean at ≥ 85 %. Severe raises on one window, so it stays below what a CPU stall on a
+    /// shared 2-vCPU host does to one window (≈ 60 %).
+    pub goodput_open_ratio: f64,
+    pub goodput_severe_ratio: f64,
+    pub goodput_clear_ratio: f64,
+    /// Loss rate (loss packets / data packets) anomalous at ≥ 0.2 % and ≥ 5× the others' median;
+    /// severe at ≥ 3 %; clean below 0.15 % (above what veth reordering reaches in a window, so a
+    /// reorder burst on a healthy peer does not hold a verdict open).
+    pub loss_open_floor: f64,
+    pub loss_open_ratio: f64,
+    pub loss_severe: f64,
+    pub loss_clear_floor: f64,
+    /// Absolute floor of the loss-rate scale (0.05 %).
+    pub loss_scale_floor: f64,
+    /// Stall: the peer's longest silence exceeds the others' median by ≥ 100 ms (severe: 150 ms;
+    /// clean below 50 ms) *and* the peer shows at least `stall_min_loss_packets` (10) more loss
+    /// packets than the others' median. Without loss a silence is a pause of the worker, not the
+    /// network, and is not reported.
+    pub stall_open_ns: u64,
+    pub stall_severe_ns: u64,
+    pub stall_clear_ns: u64,
+    pub stall_min_loss_packets: u64,
+    /// Absolute floor of the silence scale (5 ms).
+    pub stall_scale_floor_ns: u64,
+}
+
+impl Default for GrayConfig {
+    fn default() -> Self {
+        Self {
+            min_peers: 4,
+            z_open: 4.0,
+            z_clear: 2.0,
+            rel_scale_floor: 0.05,
+            goodput_open_ratio: 0.70,
+            goodput_severe_ratio: 0.40,
+            goodput_clear_ratio: 0.85,
+            loss_open_floor: 0.002,
+            loss_open_ratio: 5.0,
+            loss_severe: 0.03,
+            loss_clear_floor: 0.0015,
+            loss_scale_floor: 0.0005,
+            stall_open_ns: 100_000_000,
+            stall_severe_ns: 150_000_000,
+            stall_clear_ns: 50_000_000,
+            stall_min_loss_packets: 10,
+            stall_scale_floor_ns: 5_000_000,
+        }
+    }
+}
+
+/// Congestion on a link: several of its peers degrade together (against their own history or as
+/// co-outliers against the job), or its CE / CNP rate grows, or loss spreads over its peers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CongestionConfig {
+    /// History per peer and link used as baseline (30 windows); only windows not judged
+    /// anomalous enter it, so a long fault does not become the new normal.
+    pub baseline_windows: usize,
+    /// Windows of history before the baseline is used (5).
+    pub baseline_min_windows: usize,
+    /// A peer is degraded at ≤ 70 % of its own baseline in-burst goodput (severe ≤ 50 %) and
+    /// recovered at ≥ 85 %.
+    pub goodput_open_ratio: f64,
+    pub goodput_severe_ratio: f64,
+    pub goodput_clear_ratio: f64,
+    /// The link is congested when at least `min_degraded_peers` (2) peers *and* at least
+    /// `min_degraded_fraction` (50 %) of its assessed peers are degraded (or lossy, for loss).
+    pub min_degraded_peers: usize,
+    pub min_degraded_fraction: f64,
+    /// CE rate (CE marks / data packets) anomalous at ≥ 0.5 % and ≥ 4× the link's baseline;
+    /// severe at ≥ 5 %; clean below max(0.25 %, 2× baseline).
+    pub ce_open_floor: f64,
+    pub ce_growth: f64,
+    pub ce_severe: f64,
+    /// CNPs per second anomalous at ≥ 100/s and ≥ 4× the link's baseline; clean below
+    /// max(50/s, 2× baseline).
+    pub cnp_open_per_s: f64,
+    pub cnp_growth: f64,
+}
+
+impl Default for CongestionConfig {
+    fn default() -> Self {
+        Self {
+            baseline_windows: 30,
+            baseline_min_windows: 5,
+            goodput_open_ratio: 0.70,
+            goodput_severe_ratio: 0.50,
+            goodput_clear_ratio: 0.85,
+            min_degraded_peers: 2,
+            min_degraded_fraction: 0.5,
+            ce_open_floor: 0.005,
+            ce_growth: 4.0,
+            ce_severe: 0.05,
+            cnp_open_per_s: 100.0,
+            cnp_growth: 4.0,
+        }
+    }
+}
+
+/// Compute straggler: a peer whose phases start late against the other peers' phases of the same
+/// step, at normal in-burst goodput and loss. Reported as `straggler`, never as a network fault.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StragglerConfig {
+    /// Peers (this one included) with matched phases needed (3).
+    pub min_peers: usize,
+    /// A phase is matched to another peer's phase starting within ±100 ms; steps shorter than
+    /// twice this cannot be told apart (lateness is then measured modulo the step).
+    pub max_start_offset_ns: u64,
+    /// Phases of this peer matched in the window (2) before its lateness is assessed.
+    pub min_matched_phases: usize,
+    /// Median lateness beyond the others' median: anomalous at ≥ 20 ms (and z ≥ `z_open`),
+    /// clean below 10 ms (or z < `z_clear`); `warning` severity from 100 ms, `info` below.
+    pub open_lateness_ns: u64,
+    pub clear_lateness_ns: u64,
+    pub warning_lateness_ns: u64,
+    pub z_open: f64,
+    pub z_clear: f64,
+    /// Absolute floor of the lateness scale (2 ms): start jitter below this is noise.
+    pub scale_floor_ns: u64,
+    /// In-burst goodput must be at least 80 % of the others' median to call it a straggler; a
+    /// late *and* slow peer is left to the network detectors.
+    pub normal_goodput_ratio: f64,
+}
+
+impl Default for StragglerConfig {
+    fn default() -> Self {
+        Self {
+            min_peers: 3,
+            max_start_offset_ns: 100_000_000,
+            min_matched_phases: 2,
+            open_lateness_ns: 20_000_000,
+            clear_lateness_ns: 10_000_000,
+            warning_lateness_ns: 100_000_000,
+            z_open: 4.0,
+            z_clear: 2.0,
+            scale_floor_ns: 2_000_000,
+            normal_goodput_ratio: 0.8,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_overrides_one_field_and_defaults_the_rest() {
+        let cfg: DetectorConfig = toml::from_str("[gray]\nz_open = 5.0\n").unwrap();
+        assert_eq!(cfg.gray.z_open, 5.0);
+        assert_eq!(cfg.gray.z_clear, GrayConfig::default().z_clear);
+        assert_eq!(cfg.persistence, PersistenceConfig::default());
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        assert!(toml::from_str::<DetectorConfig>("[gray]\nz_opn = 5.0\n").is_err());
+    }
+}

@@ -1,0 +1,238 @@
+//! Congestion: a link (shared bottleneck) whose peers degrade together.
+//!
+//! Any of these makes a link's window anomalous:
+//! - own baseline: at least `min_degraded_peers` and `min_degraded_fraction` of its peers run
+//!   below `goodput_open_ratio` of their *own* recent in-burst goodput;
+//! - co-outliers: as many of its peers are gray-failure goodput outliers against the job in the
+//!   same window (works before the baselines have warmed up, and when the whole link carries a
+//!   minority of the job);
+//! - ECN CE rate or RoCE CNP rate above a floor and several times the link's own baseline;
+//! - loss spread: as many of its peers lose packets above the gray-failure loss floor.
+//! One degraded peer is never congestion: that is the gray-failure detector's case.
+
+use super::config::{CongestionConfig, GrayConfig};
+use super::features::{PeerFeatures, PeerStats};
+use super::gray::{evidence, Fold};
+use super::lifecycle::Assessment;
+use super::robust::Robust;
+use super::verdict::{Evidence, Metric, PeerCount, Reference, Severity};
+
+/// One peer of the link, with its statistics.
+pub(crate) struct LinkPeer<'a> {
+    pub f: &'a PeerFeatures,
+    pub stats: &'a PeerStats,
+    /// The peer's own goodput baseline, once warmed up.
+    pub baseline: Option<Robust>,
+}
+
+pub(crate) struct LinkInput<'a> {
+    pub peers: Vec<LinkPeer<'a>>,
+    /// The link's CE-rate and CNP-rate baselines, once warmed up.
+    pub ce_baseline: Option<Robust>,
+    pub cnp_baseline: Option<Robust>,
+    pub window_s: f64,
+}
+
+/// The link-wide rates of a window, for its baselines.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct LinkRates {
+    pub ce_rate: Option<f64>,
+    pub cnp_per_s: Option<f64>,
+}
+
+fn required(cfg: &CongestionConfig, n: usize) -> usize {
+    cfg.min_degraded_peers
+        .max((cfg.min_degraded_fraction * n as f64).ceil() as usize)
+        .max(1)
+}
+
+fn median(values: impl IntoIterator<Item = f64>) -> f64 {
+    Robust::of(values).map_or(0.0, |r| r.median)
+}
+
+/// One "several peers at once" condition: `peers` are (value, reference stats, degraded, severe,
+/// not yet recovered).
+fn peers_condition(
+    cfg: &CongestionConfig,
+    fold: &mut Fold,
+    metric: Metric,
+    reference_kind: Reference,
+    peers: &[(f64, Robust, bool, bool, bool)],
+) {
+    let n = peers.len();
+    if n < cfg.min_degraded_peers.max(1) {
+        return;
+    }
+    let need = required(cfg, n);
+    let degraded: Vec<_> = peers.iter().filter(|p| p.2).collect();
+    if degraded.len() >= need {
+        let severe = peers.iter().filter(|p| p.3).count() >= need;
+        let e = Evidence {
+            metric,
+            value: median(degraded.iter().map(|p| p.0)),
+            reference: median(degraded.iter().map(|p| p.1.median)),
+            reference_kind,
+            mad: median(degraded.iter().map(|p| p.1.mad)),
+            peers: Some(PeerCount { affected: degraded.len() as u32, of: n as u32 }),
+            windows: Default::default(),
+        };
+        fold.anomalous(severe, e);
+    } else if peers.iter().filter(|p| p.4).count() < need {
+        fold.clean();
+    } else {
+        fold.ambiguous();
+    }
+}
+
+/// A link-wide rate against the link's own baseline.
+fn rate_condition(
+    fold: &mut Fold,
+    metric: Metric,
+    value: f64,
+    baseline: Option<Robust>,
+    floor: f64,
+    growth: f64,
+    severe_at: f64,
+) {
+    let base = baseline.map_or(0.0, |b| b.median);
+    if value >= floor && value >= growth * base {
+        let r = baseline.unwrap_or(Robust { median: 0.0, mad: 0.0 });
+        fold.anomalous(value >= severe_at, evidence(metric, value, &r, Reference::OwnBaseline));
+    } else if value < (floor / 2.0).max(2.0 * base) {
+        fold.clean();
+    } else {
+        fold.ambiguous();
+    }
+}
+
+pub(crate) fn assess(
+    cfg: &CongestionConfig,
+    gray: &GrayConfig,
+    min_data_packets: u64,
+    link: &LinkInput<'_>,
+) -> (Option<Assessment>, LinkRates) {
+    let mut fold = Fold::default();
+
+    let own: Vec<_> = link
+        .peers
+        .iter()
+        .filter_map(|p| {
+            let (g, b) = (p.f.goodput_bps?, p.baseline.filter(|b| b.median > 0.0)?);
+            let ratio = g / b.median;
+            Some((
+                g,
+                b,
+                ratio <= cfg.goodput_open_ratio,
+                ratio <= cfg.goodput_severe_ratio,
+                ratio < cfg.goodput_clear_ratio,
+            ))
+        })
+        .collect();
+    peers_condition(cfg, &mut fold, Metric::InBurstGoodputBps, Reference::OwnBaseline, &own);
+
+    let co: Vec<_> = link
+        .peers
+        .iter()
+        .filter_map(|p| {
+            let (g, r) = (p.f.goodput_bps?, p.stats.goodput.filter(|r| r.median > 0.0)?);
+            let ratio = g / r.median;
+            let z = (r.median - g) / r.scale(gray.rel_scale_floor, 0.0);
+            let outlier = ratio <= gray.goodput_open_ratio && z >= gray.z_open;
+            Some((g, r, outlier, outlier && ratio <= gray.goodput_severe_ratio, ratio < gray.goodput_clear_ratio))
+        })
+        .collect();
+    peers_condition(cfg, &mut fold, Metric::InBurstGoodputBps, Reference::PeerMedian, &co);
+
+    let lossy: Vec<_> = link
+        .peers
+        .iter()
+        .filter_map(|p| {
+            let l = p.f.loss_rate?;
+            let r = p.stats.loss_rate.unwrap_or(Robust { median: 0.0, mad: 0.0 });
+            Some((l, r, l >= gray.loss_open_floor, l >= gray.loss_severe, l >= gray.loss_clear_floor))
+        })
+        .collect();
+    peers_condition(cfg, &mut fold, Metric::LossRate, Reference::PeerMedian, &lossy);
+
+    let data: u64 = link.peers.iter().map(|p| p.f.data_packets).sum();
+    let mut rates = LinkRates::default();
+    if data >= min_data_packets.max(1) {
+        let ce: u64 = link.peers.iter().map(|p| p.f.ce_marks).sum();
+        let ce_rate = ce as f64 / data as f64;
+        rates.ce_rate = Some(ce_rate);
+        rate_condition(&mut fold, Metric::CeRate, ce_rate, link.ce_baseline, cfg.ce_open_floor, cfg.ce_growth, cfg.ce_severe);
+    }
+    if link.window_s > 0.0 && !link.peers.is_empty() {
+        let cnps: u64 = link.peers.iter().map(|p| p.f.cnps).sum();
+        let cnp_per_s = cnps as f64 / link.window_s;
+        rates.cnp_per_s = Some(cnp_per_s);
+        // No severe level for CNPs: DCQCN reacts to them by design.
+        rate_condition(&mut fold, Metric::CnpPerS, cnp_per_s, link.cnp_baseline, cfg.cnp_open_per_s, cfg.cnp_growth, f64::INFINITY);
+    }
+    let a = fold.finish(|severe| if severe { Severity::Critical } else { Severity::Warning });
+    (a, rates)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detect::lifecycle::WindowState;
+
+    fn peer(i: u8, goodput: f64, loss: f64, ce: u64) -> PeerFeatures {
+        PeerFeatures {
+            peer: format!("10.0.2.{i}").parse().unwrap(),
+            link: "leaf2".into(),
+            goodput_bps: Some(goodput),
+            loss_rate: Some(loss),
+            loss_packets: (loss * 30_000.0) as u64,
+            data_packets: 30_000,
+            ce_marks: ce,
+            cnps: 0,
+            silence_ns: None,
+            phase_starts: vec![],
+            last_phase_end_ns: None,
+            lateness_ns: None,
+        }
+    }
+
+    fn assess_link(peers: &[PeerFeatures], baseline: f64) -> Option<Assessment> {
+        let stats = PeerStats::default();
+        let b = Robust { median: baseline, mad: baseline * 0.02 };
+        let input = LinkInput {
+            peers: peers.iter().map(|f| LinkPeer { f, stats: &stats, baseline: Some(b) }).collect(),
+            ce_baseline: Some(Robust { median: 0.0, mad: 0.0 }),
+            cnp_baseline: Some(Robust { median: 0.0, mad: 0.0 }),
+            window_s: 1.0,
+        };
+        assess(&CongestionConfig::default(), &GrayConfig::default(), 1000, &input).0
+    }
+
+    #[test]
+    fn one_degraded_peer_is_not_congestion() {
+        let peers = [peer(1, 25e6, 1e-4, 0), peer(2, 100e6, 1e-4, 0), peer(3, 99e6, 0.0, 0)];
+        assert_eq!(assess_link(&peers, 100e6).unwrap().state, WindowState::Clean);
+    }
+
+    #[test]
+    fn most_peers_degraded_is_congestion() {
+        let peers = [peer(1, 45e6, 1e-4, 0), peer(2, 48e6, 1e-4, 0), peer(3, 99e6, 0.0, 0)];
+        let a = assess_link(&peers, 100e6).unwrap();
+        assert_eq!(a.state, WindowState::Anomalous { severe: true });
+        assert_eq!(a.evidence[0].peers, Some(PeerCount { affected: 2, of: 3 }));
+        assert_eq!(a.evidence[0].reference, 100e6);
+    }
+
+    #[test]
+    fn ce_growth_alone_is_congestion_even_on_a_one_peer_link() {
+        let a = assess_link(&[peer(1, 100e6, 0.0, 600)], 100e6).unwrap();
+        assert_eq!(a.state, WindowState::Anomalous { severe: false });
+        assert_eq!(a.evidence[0].metric, Metric::CeRate);
+        assert_eq!(a.evidence[0].value, 0.02);
+    }
+
+    #[test]
+    fn few_ce_marks_are_clean() {
+        let a = assess_link(&[peer(1, 100e6, 0.0, 3), peer(2, 100e6, 0.0, 0)], 100e6).unwrap();
+        assert_eq!(a.state, WindowState::Clean);
+    }
+}

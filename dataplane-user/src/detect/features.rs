@@ -1,0 +1,248 @@
+//! Per-peer features of one window, and the cross-peer statistics the detectors compare them with.
+//!
+//! - in-burst goodput: bytes / time inside the peer's communication phases (phases below
+//!   `min_phase_bytes` excluded), so idle compute time between steps does not dilute it;
+//! - loss rate: loss packets / data packets;
+//! - silence: the longest gap between the peer's phases that ends in this window (the gap from
+//!   the previous window's last phase counts), i.e. how long the peer went quiet;
+//! - phase-start lateness: for each phase, its start minus the median start of the other peers'
+//!   nearest phases (same step); the peer's lateness is the median over its phases.
+
+use std::net::IpAddr;
+
+use super::config::DetectorConfig;
+use super::input::{merge_phases, PeerWindow};
+use super::robust::{leave_one_out, Robust};
+
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct PeerFeatures {
+    pub peer: IpAddr,
+    pub link: String,
+    pub goodput_bps: Option<f64>,
+    pub loss_rate: Option<f64>,
+    pub loss_packets: u64,
+    pub data_packets: u64,
+    pub ce_marks: u64,
+    pub cnps: u64,
+    pub silence_ns: Option<f64>,
+    /// Starts of the phases with at least `min_phase_bytes`, sorted.
+    pub phase_starts: Vec<u64>,
+    /// End of the last phase seen so far (this window or earlier).
+    pub last_phase_end_ns: Option<u64>,
+    /// Filled by [`fill_lateness`].
+    pub lateness_ns: Option<f64>,
+}
+
+/// Features of one active peer. `prev_last_end_ns` is the end of its last phase before this
+/// window, if any.
+pub(crate) fn peer_features(
+    cfg: &DetectorConfig,
+    w: &PeerWindow,
+    window_start_ns: u64,
+    prev_last_end_ns: Option<u64>,
+) -> PeerFeatures {
+    let phases = merge_phases(&w.bursts, cfg.phase_merge_gap_ns, cfg.max_phases_per_window);
+    let (mut bytes, mut dur) = (0u64, 0u64);
+    let mut phase_starts = Vec::new();
+    for p in phases.iter().filter(|p| p.bytes >= cfg.min_phase_bytes) {
+        bytes = bytes.saturating_add(p.bytes);
+        dur = dur.saturating_add(p.end_ns - p.start_ns);
+        phase_starts.push(p.start_ns);
+    }
+    let goodput_bps = (dur > 0).then(|| bytes as f64 * 1e9 / dur as f64);
+    let loss_packets = w.loss_packets();
+    let loss_rate = (w.data_packets >= cfg.min_data_packets.max(1))
+        .then(|| loss_packets as f64 / w.data_packets as f64);
+
+    // Only gaps that end in this window; a previous phase older than one window means the peer
+    // was idle or absent, not silent among active peers.
+    let recent = window_start_ns.saturating_sub(cfg.window_ns);
+    let mut prev_end = prev_last_end_ns.filter(|&e| e >= recent);
+    let mut silence: Option<u64> = None;
+    for p in &phases {
+        if let Some(e) = prev_end {
+            let gap = p.start_ns.saturating_sub(e);
+            silence = Some(silence.map_or(gap, |s| s.max(gap)));
+        }
+        prev_end = Some(prev_end.map_or(p.end_ns, |e| e.max(p.end_ns)));
+    }
+    let last_phase_end_ns = match (prev_last_end_ns, phases.iter().map(|p| p.end_ns).max()) {
+        (a, None) => a,
+        (None, b) => b,
+        (Some(a), Some(b)) => Some(a.max(b)),
+    };
+    PeerFeatures {
+        peer: w.peer,
+        link: w.link.clone(),
+        goodput_bps,
+        loss_rate,
+        loss_packets,
+        data_packets: w.data_packets,
+        ce_marks: w.ce_marks,
+        cnps: w.cnps,
+        silence_ns: silence.map(|s| s as f64),
+        phase_starts,
+        last_phase_end_ns,
+        lateness_ns: None,
+    }
+}
+
+fn nearest(sorted: &[u64], t: u64, max_offset: u64) -> Option<u64> {
+    let i = sorted.partition_point(|&x| x < t);
+    let below = i.checked_sub(1).map(|j| sorted[j]);
+    let above = sorted.get(i).copied();
+    let best = match (below, above) {
+        (Some(b), Some(a)) => {
+            if t - b <= a - t {
+                b
+            } else {
+                a
+            }
+        }
+        (Some(b), None) => b,
+        (None, Some(a)) => a,
+        (None, None) => return None,
+    };
+    (best.abs_diff(t) <= max_offset).then_some(best)
+}
+
+/// Fills `lateness_ns` for every peer. `prev_starts[i]` are peer `i`'s phase starts of the
+/// previous window, so a step straddling the window boundary still finds its peers.
+pub(crate) fn fill_lateness(cfg: &DetectorConfig, peers: &mut [PeerFeatures], prev_starts: &[Vec<u64>]) {
+    let sc = &cfg.straggler;
+    let candidates: Vec<Vec<u64>> = peers
+        .iter()
+        .zip(prev_starts)
+        .map(|(f, prev)| {
+            let mut c: Vec<u64> = prev.iter().chain(&f.phase_starts).copied().collect();
+            c.sort_unstable();
+            c
+        })
+        .collect();
+    let min_others = sc.min_peers.saturating_sub(1).max(1);
+    let lateness: Vec<Option<f64>> = peers
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let mut samples = Vec::new();
+            for &s in &f.phase_starts {
+                let refs: Vec<f64> = candidates
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .filter_map(|(_, c)| nearest(c, s, sc.max_start_offset_ns))
+                    .map(|x| x as f64)
+                    .collect();
+                if refs.len() >= min_others {
+                    let r = Robust::of(refs)?;
+                    samples.push(s as f64 - r.median);
+                }
+            }
+            if samples.len() < sc.min_matched_phases.max(1) {
+                return None;
+            }
+            Robust::of(samples).map(|r| r.median)
+        })
+        .collect();
+    for (f, l) in peers.iter_mut().zip(lateness) {
+        f.lateness_ns = l;
+    }
+}
+
+/// Leave-one-out statistics of the job's other peers, per peer.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct PeerStats {
+    pub goodput: Option<Robust>,
+    pub loss_rate: Option<Robust>,
+    pub loss_packets: Option<Robust>,
+    pub silence: Option<Robust>,
+    pub lateness: Option<Robust>,
+}
+
+pub(crate) fn peer_stats(cfg: &DetectorConfig, peers: &[PeerFeatures]) -> Vec<PeerStats> {
+    let gray_others = cfg.gray.min_peers.saturating_sub(1).max(1);
+    let straggler_others = cfg.straggler.min_peers.saturating_sub(1).max(1);
+    let col = |get: &dyn Fn(&PeerFeatures) -> Option<f64>, min: usize| {
+        leave_one_out(&peers.iter().map(get).collect::<Vec<_>>(), min)
+    };
+    let goodput = col(&|f| f.goodput_bps, gray_others);
+    let loss_rate = col(&|f| f.loss_rate, gray_others);
+    let loss_packets = col(&|f| f.loss_rate.map(|_| f.loss_packets as f64), gray_others);
+    let silence = col(&|f| f.silence_ns, gray_others);
+    let lateness = col(&|f| f.lateness_ns, straggler_others);
+    (0..peers.len())
+        .map(|i| PeerStats {
+            goodput: goodput[i],
+            loss_rate: loss_rate[i],
+            loss_packets: loss_packets[i],
+            silence: silence[i],
+            lateness: lateness[i],
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detect::input::BurstSummary;
+
+    const MS: u64 = 1_000_000;
+
+    fn window(bursts: Vec<BurstSummary>) -> PeerWindow {
+        PeerWindow {
+            peer: "10.0.0.1".parse().unwrap(),
+            link: "eth0".into(),
+            bytes: 30_000_000,
+            data_packets: 20_000,
+            retrans: 20,
+            ce_marks: 0,
+            cnps: 0,
+            psn_gap_packets: 0,
+            naks: 0,
+            bursts,
+        }
+    }
+
+    fn b(start_ms: u64, end_ms: u64, bytes: u64) -> BurstSummary {
+        BurstSummary { start_ns: start_ms * MS, end_ns: end_ms * MS, bytes }
+    }
+
+    #[test]
+    fn goodput_counts_only_time_inside_phases() {
+        let cfg = DetectorConfig::default();
+        // Two kernel bursts 2 ms apart form one 100 ms phase; 10 MB each phase; one tiny phase.
+        let w = window(vec![b(0, 49, 5_000_000), b(51, 100, 5_000_000), b(300, 400, 10_000_000), b(600, 601, 100)]);
+        let f = peer_features(&cfg, &w, 0, None);
+        assert_eq!(f.goodput_bps, Some(20_000_000.0 / 0.2));
+        assert_eq!(f.loss_rate, Some(0.001));
+        assert_eq!(f.phase_starts, vec![0, 300 * MS]);
+        assert_eq!(f.silence_ns, Some(200.0 * MS as f64), "gap 400→600 ms");
+        assert_eq!(f.last_phase_end_ns, Some(601 * MS));
+    }
+
+    #[test]
+    fn silence_includes_the_gap_from_the_previous_window() {
+        let cfg = DetectorConfig::default();
+        let w = window(vec![b(1_350, 1_400, 10_000_000)]);
+        let f = peer_features(&cfg, &w, 1_000 * MS, Some(950 * MS));
+        assert_eq!(f.silence_ns, Some(400.0 * MS as f64));
+        // A last phase older than one window is idleness, not silence.
+        let w = window(vec![b(3_350, 3_400, 10_000_000)]);
+        let f = peer_features(&cfg, &w, 3_000 * MS, Some(1_950 * MS));
+        assert_eq!(f.silence_ns, None);
+    }
+
+    #[test]
+    fn lateness_is_relative_to_the_other_peers_same_step() {
+        let cfg = DetectorConfig::default();
+        let mk = |offset_ms: u64| {
+            let w = window((0..5).map(|k| b(k * 200 + offset_ms, k * 200 + offset_ms + 80, 10_000_000)).collect());
+            peer_features(&cfg, &w, 0, None)
+        };
+        let mut peers = vec![mk(10), mk(11), mk(9), mk(60)];
+        fill_lateness(&cfg, &mut peers, &vec![Vec::new(); 4]);
+        assert_eq!(peers[3].lateness_ns, Some(50.0 * MS as f64));
+        assert_eq!(peers[0].lateness_ns, Some(-1.0 * MS as f64), "median of 11, 9, 60 ms is 11 ms");
+        assert_eq!(peers[1].lateness_ns, Some(1.0 * MS as f64));
+    }
+}

@@ -1,0 +1,199 @@
+//! Gray failure: a peer whose path is degraded while the job's other peers are fine.
+//!
+//! Compared with the other peers of the same job in the same window (leave-one-out median and
+//! MAD), so whatever the whole job does (a slower step, a shared CPU hiccup) cancels out. Three
+//! signals, any of which makes the window anomalous:
+//! - in-burst goodput well below the others (a rate cap, a bad link, heavy loss);
+//! - loss rate well above the others *and* above an absolute floor (healthy veth reorders);
+//! - a stall: a silence far longer than the others' *with* excess loss (a flap); a silence
+//!   without loss is the worker pausing, not the network.
+//! A peer whose link is congested in the same window is not judged here: the congestion detector
+//! owns that window (several peers degrading together is the link, not each peer).
+
+use super::config::GrayConfig;
+use super::features::{PeerFeatures, PeerStats};
+use super::lifecycle::{Assessment, WindowState};
+use super::robust::Robust;
+use super::verdict::{Evidence, Metric, Reference, Severity, WindowCount};
+
+pub(crate) fn evidence(metric: Metric, value: f64, r: &Robust, reference_kind: Reference) -> Evidence {
+    Evidence {
+        metric,
+        value,
+        reference: r.median,
+        reference_kind,
+        mad: r.mad,
+        peers: None,
+        windows: WindowCount { anomalous: 0, of: 0 },
+    }
+}
+
+/// Folds per-metric states: any anomalous wins, then ambiguous, then clean.
+#[derive(Default)]
+pub(crate) struct Fold {
+    evaluated: bool,
+    ambiguous: bool,
+    anomalous: bool,
+    severe: bool,
+    evidence: Vec<Evidence>,
+}
+
+impl Fold {
+    pub fn clean(&mut self) {
+        self.evaluated = true;
+    }
+
+    pub fn ambiguous(&mut self) {
+        self.evaluated = true;
+        self.ambiguous = true;
+    }
+
+    pub fn anomalous(&mut self, severe: bool, e: Evidence) {
+        self.evaluated = true;
+        self.anomalous = true;
+        self.severe |= severe;
+        self.evidence.push(e);
+    }
+
+    /// `None` when no metric could be evaluated.
+    pub fn finish(self, severity: impl FnOnce(bool) -> Severity) -> Option<Assessment> {
+        if !self.evaluated {
+            return None;
+        }
+        Some(if self.anomalous {
+            Assessment {
+                state: WindowState::Anomalous { severe: self.severe },
+                severity: severity(self.severe),
+                evidence: self.evidence,
+            }
+        } else if self.ambiguous {
+            Assessment::ambiguous()
+        } else {
+            Assessment::clean()
+        })
+    }
+}
+
+pub(crate) fn assess(cfg: &GrayConfig, f: &PeerFeatures, s: &PeerStats) -> Option<Assessment> {
+    let mut fold = Fold::default();
+    if let (Some(g), Some(r)) = (f.goodput_bps, s.goodput.filter(|r| r.median > 0.0)) {
+        let ratio = g / r.median;
+        let z = (r.median - g) / r.scale(cfg.rel_scale_floor, 0.0);
+        if ratio <= cfg.goodput_open_ratio && z >= cfg.z_open {
+            let e = evidence(Metric::InBurstGoodputBps, g, &r, Reference::PeerMedian);
+            fold.anomalous(ratio <= cfg.goodput_severe_ratio, e);
+        } else if ratio >= cfg.goodput_clear_ratio || z < cfg.z_clear {
+            fold.clean();
+        } else {
+            fold.ambiguous();
+        }
+    }
+    if let (Some(l), Some(r)) = (f.loss_rate, s.loss_rate) {
+        let z = (l - r.median) / r.scale(cfg.rel_scale_floor, cfg.loss_scale_floor);
+        if l >= cfg.loss_open_floor && l >= cfg.loss_open_ratio * r.median && z >= cfg.z_open {
+            let e = evidence(Metric::LossRate, l, &r, Reference::PeerMedian);
+            fold.anomalous(l >= cfg.loss_severe, e);
+        } else if l < cfg.loss_clear_floor || z < cfg.z_clear {
+            fold.clean();
+        } else {
+            fold.ambiguous();
+        }
+    }
+    if let (Some(sil), Some(r), Some(lp)) = (f.silence_ns, s.silence, s.loss_packets) {
+        let excess = sil - r.median;
+        let z = excess / r.scale(0.0, cfg.stall_scale_floor_ns as f64);
+        let lossy = f.loss_packets as f64 - lp.median >= cfg.stall_min_loss_packets as f64;
+        if lossy && excess >= cfg.stall_open_ns as f64 && z >= cfg.z_open {
+            let e = evidence(Metric::SilenceNs, sil, &r, Reference::PeerMedian);
+            fold.anomalous(excess >= cfg.stall_severe_ns as f64, e);
+        } else if !lossy || excess < cfg.stall_clear_ns as f64 || z < cfg.z_clear {
+            fold.clean();
+        } else {
+            fold.ambiguous();
+        }
+    }
+    fold.finish(|severe| if severe { Severity::Critical } else { Severity::Warning })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn features(goodput: f64, loss: f64) -> PeerFeatures {
+        PeerFeatures {
+            peer: "10.0.0.9".parse().unwrap(),
+            link: "eth0".into(),
+            goodput_bps: Some(goodput),
+            loss_rate: Some(loss),
+            loss_packets: (loss * 30_000.0) as u64,
+            data_packets: 30_000,
+            ce_marks: 0,
+            cnps: 0,
+            silence_ns: None,
+            phase_starts: vec![],
+            last_phase_end_ns: None,
+            lateness_ns: None,
+        }
+    }
+
+    fn stats(goodputs: &[f64], losses: &[f64]) -> PeerStats {
+        PeerStats {
+            goodput: Robust::of(goodputs.iter().copied()),
+            loss_rate: Robust::of(losses.iter().copied()),
+            ..Default::default()
+        }
+    }
+
+    const G: [f64; 5] = [100e6, 104e6, 97e6, 101e6, 99e6];
+    const L: [f64; 5] = [1e-4, 2e-4, 0.0, 1e-4, 3e-4];
+
+    #[test]
+    fn normal_peer_is_clean() {
+        let a = assess(&GrayConfig::default(), &features(98e6, 2e-4), &stats(&G, &L)).unwrap();
+        assert_eq!(a.state, WindowState::Clean);
+    }
+
+    #[test]
+    fn spurious_retransmissions_do_not_open() {
+        // 0.15 %: 15× the median but below the absolute floor.
+        let a = assess(&GrayConfig::default(), &features(98e6, 1.5e-3), &stats(&G, &L)).unwrap();
+        assert!(!a.is_anomalous(), "{a:?}");
+    }
+
+    #[test]
+    fn one_percent_loss_is_anomalous_not_severe() {
+        let a = assess(&GrayConfig::default(), &features(90e6, 0.01), &stats(&G, &L)).unwrap();
+        assert_eq!(a.state, WindowState::Anomalous { severe: false });
+        assert_eq!(a.evidence.len(), 1);
+        assert_eq!(a.evidence[0].metric, Metric::LossRate);
+        assert_eq!(a.evidence[0].reference, 1e-4);
+    }
+
+    #[test]
+    fn quarter_goodput_is_severe() {
+        let a = assess(&GrayConfig::default(), &features(25e6, 1e-4), &stats(&G, &L)).unwrap();
+        assert_eq!(a.state, WindowState::Anomalous { severe: true });
+        assert_eq!(a.severity, Severity::Critical);
+        assert_eq!(a.evidence[0].metric, Metric::InBurstGoodputBps);
+    }
+
+    #[test]
+    fn between_thresholds_is_ambiguous() {
+        let a = assess(&GrayConfig::default(), &features(78e6, 1e-4), &stats(&G, &L)).unwrap();
+        assert_eq!(a.state, WindowState::Ambiguous);
+    }
+
+    #[test]
+    fn silence_without_loss_is_not_a_network_fault() {
+        let mut f = features(100e6, 1e-4);
+        f.silence_ns = Some(450e6);
+        let mut s = stats(&G, &L);
+        s.silence = Robust::of([120e6, 118e6, 125e6, 121e6]);
+        s.loss_packets = Robust::of([3.0, 4.0, 2.0, 5.0]);
+        assert_eq!(assess(&GrayConfig::default(), &f, &s).unwrap().state, WindowState::Clean);
+        f.loss_packets = 45;
+        let a = assess(&GrayConfig::default(), &f, &s).unwrap();
+        assert_eq!(a.state, WindowState::Anomalous { severe: true });
+        assert_eq!(a.evidence[0].metric, Metric::SilenceNs);
+    }
+}

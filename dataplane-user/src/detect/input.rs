@@ -1,0 +1,168 @@
+//! What the collector feeds the detectors: one [`JobWindow`] per job per detection window.
+//!
+//! The collector reads the flow counters every poll (100 ms), groups flows into jobs and peers
+//! (remote hosts), and every detection window (default 1 s) emits, per job, one [`PeerWindow`] per
+//! peer that exchanged traffic with this host in the window. All counters are *deltas over the
+//! window*, summed over both directions and over all of the job's flows with that peer.
+//!
+//! Invariants the detectors rely on (checked by [`crate::detect::DetectorSet::observe`]):
+//! - `window_start_ns < window_end_ns`, one clock for everything (`bpf_ktime_get_ns`, i.e.
+//!   CLOCK_MONOTONIC), windows of one job arrive in time order and do not overlap;
+//! - a peer appears at most once per window.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// One burst (communication phase) exchanged with a peer.
+///
+/// Fill from the `BURST_END` events of the peer's flows whose burst *ended* in this window
+/// (`start_ns`, `last_ns` as `end_ns`, `bytes`). The kernel ends a burst after a 1 ms idle gap, so
+/// one step's communication phase usually arrives as many bursts, across several flows; pass them
+/// all unmerged: the detectors merge a peer's bursts separated by less than
+/// [`crate::detect::DetectorConfig::phase_merge_gap_ns`] (overlapping ones included) into phases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BurstSummary {
+    /// Time of the burst's first packet.
+    pub start_ns: u64,
+    /// Time of the burst's last packet.
+    pub end_ns: u64,
+    /// L3 bytes carried by the burst.
+    pub bytes: u64,
+}
+
+/// One peer's traffic in one window.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerWindow {
+    /// The remote host.
+    pub peer: IpAddr,
+    /// The local link (interface name, or a path id such as `eth0/leaf2` when the collector knows
+    /// the topology) this peer's traffic crosses. Peers sharing a link id are assumed to share a
+    /// bottleneck: congestion is attributed to the link when several of them degrade together.
+    pub link: String,
+    /// L3 bytes exchanged in the window (both directions). A peer below
+    /// [`crate::detect::DetectorConfig::min_window_bytes`] is treated as idle.
+    pub bytes: u64,
+    /// Packets carrying payload (TCP segments with data, RoCEv2 data packets), both directions:
+    /// the denominator of the loss and CE rates.
+    pub data_packets: u64,
+    /// Retransmitted data packets: `FlowStats::tcp_retrans` (segments below the highest sequence
+    /// seen) plus `roce_psn_out_of_order`. Includes reordering on veth: the detectors expect a
+    /// few per window on healthy links.
+    pub retrans: u64,
+    /// Packets with ECN CE (`FlowStats::ce_marks`).
+    pub ce_marks: u64,
+    /// RoCEv2 Congestion Notification Packets (`roce_cnps`).
+    pub cnps: u64,
+    /// RoCEv2 packets presumed lost from PSN jumps (`roce_psn_gap_packets`).
+    pub psn_gap_packets: u64,
+    /// RoCEv2 NAKs (`roce_naks`).
+    pub naks: u64,
+    /// Bursts that ended in this window, in any order.
+    pub bursts: Vec<BurstSummary>,
+}
+
+impl PeerWindow {
+    /// Packets that are evidence of loss: retransmissions, PSN gaps and NAKs. The three come from
+    /// different vantage points (sender, receiver, receiver's reply), so one loss can count up to
+    /// three times on RoCE; thresholds are relative to the job's other peers, which count the
+    /// same way.
+    pub fn loss_packets(&self) -> u64 {
+        self.retrans
+            .saturating_add(self.psn_gap_packets)
+            .saturating_add(self.naks)
+    }
+}
+
+/// All peers of one job in one window.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobWindow {
+    /// Job id (as registered through `POST /v1/jobs`).
+    pub job: String,
+    pub window_start_ns: u64,
+    pub window_end_ns: u64,
+    /// Peers with traffic in the window; a peer absent for
+    /// [`crate::detect::DetectorConfig::forget_after_ns`] is forgotten.
+    pub peers: Vec<PeerWindow>,
+}
+
+/// A peer's communication phases in one window: its bursts merged across flows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Phase {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub bytes: u64,
+}
+
+/// Merges bursts whose gap is below `merge_gap_ns` (overlaps included) into phases sorted by
+/// start. Bursts with `end_ns < start_ns` are clamped to zero length. Keeps at most `max_phases`
+/// (the earliest), so a pathological input cannot grow memory.
+pub(crate) fn merge_phases(bursts: &[BurstSummary], merge_gap_ns: u64, max_phases: usize) -> Vec<Phase> {
+    let mut sorted: Vec<BurstSummary> = bursts.to_vec();
+    sorted.sort_by_key(|b| (b.start_ns, b.end_ns));
+    let mut phases: Vec<Phase> = Vec::new();
+    for b in sorted {
+        let end = b.end_ns.max(b.start_ns);
+        match phases.last_mut() {
+            Some(p) if b.start_ns <= p.end_ns.saturating_add(merge_gap_ns) => {
+                p.end_ns = p.end_ns.max(end);
+                p.bytes = p.bytes.saturating_add(b.bytes);
+            }
+            _ => {
+                if phases.len() == max_phases {
+                    break;
+                }
+                phases.push(Phase { start_ns: b.start_ns, end_ns: end, bytes: b.bytes });
+            }
+        }
+    }
+    phases
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(start_ns: u64, end_ns: u64, bytes: u64) -> BurstSummary {
+        BurstSummary { start_ns, end_ns, bytes }
+    }
+
+    #[test]
+    fn merges_close_and_overlapping_bursts_only() {
+        let phases = merge_phases(
+            &[b(100, 200, 1), b(0, 50, 2), b(55, 120, 3), b(300, 310, 4)],
+            10,
+            16,
+        );
+        assert_eq!(
+            phases,
+            vec![
+                Phase { start_ns: 0, end_ns: 200, bytes: 6 },
+                Phase { start_ns: 300, end_ns: 310, bytes: 4 },
+            ]
+        );
+    }
+
+    #[test]
+    fn caps_phase_count() {
+        let bursts: Vec<_> = (0..10).map(|i| b(i * 100, i * 100 + 1, 1)).collect();
+        assert_eq!(merge_phases(&bursts, 0, 3).len(), 3);
+    }
+
+    #[test]
+    fn loss_packets_sums_all_evidence() {
+        let w = PeerWindow {
+            peer: "10.0.0.1".parse().unwrap(),
+            link: "eth0".into(),
+            bytes: 0,
+            data_packets: 0,
+            retrans: 1,
+            ce_marks: 0,
+            cnps: 0,
+            psn_gap_packets: 2,
+            naks: 3,
+            bursts: vec![],
+        };
+        assert_eq!(w.loss_packets(), 6);
+    }
+}

@@ -1,0 +1,337 @@
+//! Detectors: turn windows of per-peer counters into verdicts (congestion, gray failure,
+//! straggler), as pure, deterministic functions of their input. No I/O, no clock: time is what the
+//! windows say, so the collector can feed recorded windows and get the same verdicts.
+//!
+//! Pipeline per [`JobWindow`] (see [`DetectorSet::observe`]):
+//! 1. features per peer ([`PeerWindow`] → in-burst goodput, loss rate, silence, phase-start
+//!    lateness against the other peers of the same step);
+//! 2. leave-one-out median/MAD of the job's *other* peers, per peer;
+//! 3. per link: congestion (several peers degrading together, CE/CNP growth, loss spread);
+//! 4. per peer: gray failure (outlier against the other peers, unless its link is congested in
+//!    that window) and straggler (late start at normal goodput; never while the peer's own
+//!    network metrics are anomalous);
+//! 5. each (scope, detector) has a [`lifecycle`] track: raise on k of n anomalous windows (or one
+//!    severe one), clear after m clean windows, classify gray failures.
+//!
+//! Invariants: memory per job is bounded by `max_peers_per_job` × (fixed history per peer) plus
+//! one entry per link; scopes not seen for `forget_after_ns` are dropped; the same input sequence
+//! always gives the same output (ordered maps, no randomness).
+
+mod config;
+mod congestion;
+mod features;
+mod gray;
+mod input;
+mod lifecycle;
+mod robust;
+mod straggler;
+mod verdict;
+
+#[cfg(test)]
+mod scenarios;
+#[cfg(test)]
+mod sim;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+pub use config::{CongestionConfig, DetectorConfig, GrayConfig, PersistenceConfig, StragglerConfig};
+pub use input::{BurstSummary, JobWindow, PeerWindow};
+pub use verdict::{
+    Classification, EndReason, Evidence, Metric, PeerCount, Reference, Scope, Severity, Verdict,
+    VerdictChange, VerdictKind, WindowCount,
+};
+
+use congestion::{LinkInput, LinkPeer};
+use features::{fill_lateness, peer_features, peer_stats};
+use lifecycle::{Assessment, Track, TrackCtx};
+use robust::{Robust, Ring};
+
+/// Why a window was rejected. Every variant is a collector bug or a capacity limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DetectError {
+    #[error("window of job {job} ends at {end_ns} ns, not after its start at {start_ns} ns: emit non-empty windows")]
+    EmptyWindow { job: String, start_ns: u64, end_ns: u64 },
+    #[error("window of job {job} lasts {len_ns} ns, outside [{min_ns}, {max_ns}] ns: emit windows of about `window_ns` or change it")]
+    WindowLength { job: String, len_ns: u64, min_ns: u64, max_ns: u64 },
+    #[error("window of job {job} starts at {start_ns} ns, before the previous one ended at {last_end_ns} ns: feed each job's windows in time order")]
+    OutOfOrder { job: String, start_ns: u64, last_end_ns: u64 },
+    #[error("peer {peer} appears twice in a window of job {job}: aggregate all of a peer's flows into one PeerWindow")]
+    DuplicatePeer { job: String, peer: IpAddr },
+    #[error("{max} jobs are already tracked: raise `max_jobs` or let finished jobs expire")]
+    TooManyJobs { max: usize },
+}
+
+#[derive(Debug)]
+struct PeerState {
+    link: String,
+    last_seen_ns: u64,
+    goodput_baseline: Ring,
+    prev_phase_starts: Vec<u64>,
+    last_phase_end_ns: Option<u64>,
+    gray: Track,
+    straggler: Track,
+}
+
+#[derive(Debug)]
+struct LinkState {
+    last_seen_ns: u64,
+    ce_baseline: Ring,
+    cnp_baseline: Ring,
+    congestion: Track,
+}
+
+#[derive(Debug)]
+struct JobState {
+    last_end_ns: u64,
+    peers: BTreeMap<IpAddr, PeerState>,
+    links: BTreeMap<String, LinkState>,
+}
+
+fn warm(ring: &Ring, cfg: &DetectorConfig) -> Option<Robust> {
+    (ring.len() >= cfg.congestion.baseline_min_windows.max(1)).then(|| ring.robust()).flatten()
+}
+
+impl JobState {
+    fn new() -> Self {
+        Self { last_end_ns: 0, peers: BTreeMap::new(), links: BTreeMap::new() }
+    }
+
+    fn observe(
+        &mut self,
+        cfg: &DetectorConfig,
+        w: &JobWindow,
+        next_id: &mut u64,
+        ignored_peers: &mut u64,
+    ) -> Vec<VerdictChange> {
+        let mut changes = Vec::new();
+        self.last_end_ns = w.window_end_ns;
+        let mut order: Vec<&PeerWindow> = w.peers.iter().collect();
+        order.sort_by_key(|p| p.peer);
+
+        // 1. Features of the active peers.
+        let mut feats = Vec::new();
+        let mut prev_starts = Vec::new();
+        for pw in order {
+            if pw.bytes < cfg.min_window_bytes {
+                if let Some(ps) = self.peers.get_mut(&pw.peer) {
+                    ps.last_seen_ns = w.window_end_ns;
+                }
+                continue;
+            }
+            if !self.peers.contains_key(&pw.peer) && self.peers.len() >= cfg.max_peers_per_job {
+                *ignored_peers += 1;
+                continue;
+            }
+            let ps = self.peers.entry(pw.peer).or_insert_with(|| PeerState {
+                link: pw.link.clone(),
+                last_seen_ns: w.window_end_ns,
+                goodput_baseline: Ring::new(cfg.congestion.baseline_windows),
+                prev_phase_starts: Vec::new(),
+                last_phase_end_ns: None,
+                gray: Track::default(),
+                straggler: Track::default(),
+            });
+            if ps.link != pw.link {
+                // The peer moved to another path: its goodput history describes the old one.
+                ps.link = pw.link.clone();
+                ps.goodput_baseline = Ring::new(cfg.congestion.baseline_windows);
+            }
+            ps.last_seen_ns = w.window_end_ns;
+            feats.push(peer_features(cfg, pw, w.window_start_ns, ps.last_phase_end_ns));
+            prev_starts.push(std::mem::take(&mut ps.prev_phase_starts));
+        }
+        fill_lateness(cfg, &mut feats, &prev_starts);
+        let stats = peer_stats(cfg, &feats);
+
+        // 2. Links.
+        let mut by_link: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (i, f) in feats.iter().enumerate() {
+            by_link.entry(f.link.as_str()).or_default().push(i);
+        }
+        let window_s = (w.window_end_ns - w.window_start_ns) as f64 / 1e9;
+        let mut congested: BTreeSet<&str> = BTreeSet::new();
+        for (link, idxs) in &by_link {
+            let ls = self.links.entry((*link).to_owned()).or_insert_with(|| LinkState {
+                last_seen_ns: w.window_end_ns,
+                ce_baseline: Ring::new(cfg.congestion.baseline_windows),
+                cnp_baseline: Ring::new(cfg.congestion.baseline_windows),
+                congestion: Track::default(),
+            });
+            ls.last_seen_ns = w.window_end_ns;
+            let input = LinkInput {
+                peers: idxs
+                    .iter()
+                    .map(|&i| LinkPeer {
+                        f: &feats[i],
+                        stats: &stats[i],
+                        baseline: self.peers.get(&feats[i].peer).and_then(|p| warm(&p.goodput_baseline, cfg)),
+                    })
+                    .collect(),
+                ce_baseline: warm(&ls.ce_baseline, cfg),
+                cnp_baseline: warm(&ls.cnp_baseline, cfg),
+                window_s,
+            };
+            let (assessment, rates) =
+                congestion::assess(&cfg.congestion, &cfg.gray, cfg.min_data_packets, &input);
+            let Some(a) = assessment else { continue };
+            if a.is_anomalous() {
+                congested.insert(link);
+            } else {
+                rates.ce_rate.inspect(|&x| ls.ce_baseline.push(x));
+                rates.cnp_per_s.inspect(|&x| ls.cnp_baseline.push(x));
+            }
+            let scope = Scope::Link { link: (*link).to_owned() };
+            let ctx = TrackCtx {
+                job: &w.job,
+                kind: VerdictKind::Congestion,
+                scope: &scope,
+                window_start_ns: w.window_start_ns,
+                window_end_ns: w.window_end_ns,
+            };
+            changes.extend(ls.congestion.observe(&cfg.persistence, &ctx, a, false, true, next_id));
+        }
+
+        // 3. Peers.
+        for (f, s) in feats.iter().zip(&stats) {
+            let Some(ps) = self.peers.get_mut(&f.peer) else { continue };
+            let link_congested = congested.contains(f.link.as_str());
+            let gray_a = gray::assess(&cfg.gray, f, s);
+            let gray_anomalous = gray_a.as_ref().is_some_and(Assessment::is_anomalous);
+            let straggler_a = straggler::assess(&cfg.straggler, f, s, gray_anomalous);
+            let scope = Scope::Peer { peer: f.peer, link: f.link.clone() };
+            let ctx = |kind| TrackCtx {
+                job: &w.job,
+                kind,
+                scope: &scope,
+                window_start_ns: w.window_start_ns,
+                window_end_ns: w.window_end_ns,
+            };
+            if let Some(a) = gray_a {
+                // A congested link explains its peers' degradation: not a gray failure.
+                let a = if link_congested && a.is_anomalous() { Assessment::ambiguous() } else { a };
+                let ctx = ctx(VerdictKind::GrayFailure);
+                changes.extend(ps.gray.observe(&cfg.persistence, &ctx, a, true, true, next_id));
+            }
+            if let Some(a) = straggler_a {
+                let ctx = ctx(VerdictKind::Straggler);
+                changes.extend(ps.straggler.observe(&cfg.persistence, &ctx, a, false, false, next_id));
+            }
+            if !link_congested && !gray_anomalous {
+                f.goodput_bps.inspect(|&g| ps.goodput_baseline.push(g));
+            }
+            ps.last_phase_end_ns = f.last_phase_end_ns;
+            ps.prev_phase_starts.clone_from(&f.phase_starts);
+        }
+        changes
+    }
+
+    /// Drops peers and links not seen since `now_ns - forget_after_ns`, closing their verdicts.
+    fn expire_members(&mut self, now_ns: u64, forget_after_ns: u64) -> Vec<VerdictChange> {
+        let stale = |last: u64| last.saturating_add(forget_after_ns) < now_ns;
+        let mut changes = Vec::new();
+        self.links.retain(|_, l| {
+            if !stale(l.last_seen_ns) {
+                return true;
+            }
+            changes.extend(l.congestion.expire(l.last_seen_ns));
+            false
+        });
+        self.peers.retain(|_, p| {
+            if !stale(p.last_seen_ns) {
+                return true;
+            }
+            changes.extend(p.gray.expire(p.last_seen_ns));
+            changes.extend(p.straggler.expire(p.last_seen_ns));
+            false
+        });
+        changes
+    }
+
+    fn tracks(&self) -> impl Iterator<Item = &Track> {
+        self.links
+            .values()
+            .map(|l| &l.congestion)
+            .chain(self.peers.values().flat_map(|p| [&p.gray, &p.straggler]))
+    }
+}
+
+/// All detectors for all jobs of this host.
+#[derive(Debug)]
+pub struct DetectorSet {
+    cfg: DetectorConfig,
+    jobs: BTreeMap<String, JobState>,
+    next_id: u64,
+    ignored_peers_total: u64,
+}
+
+impl DetectorSet {
+    pub fn new(cfg: DetectorConfig) -> Self {
+        Self { cfg, jobs: BTreeMap::new(), next_id: 1, ignored_peers_total: 0 }
+    }
+
+    pub fn config(&self) -> &DetectorConfig {
+        &self.cfg
+    }
+
+    /// Feeds one window of one job; returns the verdicts opened, updated and closed by it
+    /// (including those of any job, peer or link that expired by `window_end_ns`), ordered:
+    /// expiries, then links by id, then peers by address (gray failure before straggler).
+    pub fn observe(&mut self, w: &JobWindow) -> Result<Vec<VerdictChange>, DetectError> {
+        let (start, end) = (w.window_start_ns, w.window_end_ns);
+        if end <= start {
+            return Err(DetectError::EmptyWindow { job: w.job.clone(), start_ns: start, end_ns: end });
+        }
+        let (min_ns, max_ns) = (self.cfg.window_ns / 2, self.cfg.window_ns.saturating_mul(2));
+        if !(min_ns..=max_ns).contains(&(end - start)) {
+            return Err(DetectError::WindowLength { job: w.job.clone(), len_ns: end - start, min_ns, max_ns });
+        }
+        let mut seen = BTreeSet::new();
+        if let Some(p) = w.peers.iter().find(|p| !seen.insert(p.peer)) {
+            return Err(DetectError::DuplicatePeer { job: w.job.clone(), peer: p.peer });
+        }
+        let forget = self.cfg.forget_after_ns;
+        match self.jobs.get(&w.job) {
+            Some(j) if start < j.last_end_ns => {
+                return Err(DetectError::OutOfOrder { job: w.job.clone(), start_ns: start, last_end_ns: j.last_end_ns });
+            }
+            None => {
+                let live = self.jobs.values().filter(|j| j.last_end_ns.saturating_add(forget) >= end).count();
+                if live >= self.cfg.max_jobs {
+                    return Err(DetectError::TooManyJobs { max: self.cfg.max_jobs });
+                }
+            }
+            _ => {}
+        }
+        let mut changes = self.expire(end);
+        let job = self.jobs.entry(w.job.clone()).or_insert_with(JobState::new);
+        changes.extend(job.observe(&self.cfg, w, &mut self.next_id, &mut self.ignored_peers_total));
+        Ok(changes)
+    }
+
+    /// Forgets jobs, peers and links not seen since `now_ns - forget_after_ns`, closing their
+    /// open verdicts with `end_reason = expired`. `observe` calls it; call it directly to expire
+    /// a job whose windows stopped coming.
+    pub fn expire(&mut self, now_ns: u64) -> Vec<VerdictChange> {
+        let forget = self.cfg.forget_after_ns;
+        let mut changes = Vec::new();
+        self.jobs.retain(|_, j| {
+            changes.extend(j.expire_members(now_ns, forget));
+            j.last_end_ns.saturating_add(forget) >= now_ns || {
+                changes.extend(j.expire_members(u64::MAX, 0));
+                false
+            }
+        });
+        changes
+    }
+
+    /// The open verdicts, with the evidence of their latest anomalous window.
+    pub fn open_verdicts(&self) -> impl Iterator<Item = &Verdict> {
+        self.jobs.values().flat_map(|j| j.tracks()).filter_map(Track::open_verdict)
+    }
+
+    /// Peers ignored because a job already had `max_peers_per_job` (for a metric).
+    pub fn ignored_peers_total(&self) -> u64 {
+        self.ignored_peers_total
+    }
+}
