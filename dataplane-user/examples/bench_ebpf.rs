@@ -41,6 +41,9 @@ struct Args {
     /// Interleaved rounds; the median is reported.
     #[arg(long, default_value_t = 9)]
     rounds: usize,
+    /// Load this flowmon object file instead of the embedded one (A/B comparisons of builds).
+    #[arg(long)]
+    object: Option<PathBuf>,
 }
 
 struct Case {
@@ -92,9 +95,14 @@ fn main() -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("bench_ebpf loads eBPF programs and runs BPF_PROG_TEST_RUN: run it as root (e.g. `cargo xtask bench`)");
     }
-    let object = dataplane_user::object::flowmon_object()
-        .context("set RINGSIDE_EBPF_OBJECT to the built flowmon object")?;
-    let mut ebpf = EbpfLoader::new().load(object).context("load the flowmon object")?;
+    let mut ebpf = match &args.object {
+        Some(path) => EbpfLoader::new().load_file(path).with_context(|| format!("load {}", path.display()))?,
+        None => {
+            let object = dataplane_user::object::flowmon_object()
+                .context("set RINGSIDE_EBPF_OBJECT to the built flowmon object")?;
+            EbpfLoader::new().load(object).context("load the flowmon object")?
+        }
+    };
     for name in [programs::FLOWMON, programs::NOOP] {
         let prog: &mut SchedClassifier = ebpf.program_mut(name).context("program missing")?.try_into()?;
         prog.load().with_context(|| format!("verifier rejected {name}"))?;
