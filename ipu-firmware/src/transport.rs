@@ -7,10 +7,10 @@
 //! scheduling. Blocking `write_all`/`read_exact` on dedicated threads go straight to the kernel with one
 //! copy into a frame buffer and no reactor wake-ups, keep the hot loop synchronous and easy to bound
 //! (every wait has a deadline), and let the engine be called from plain threads (the emulated training
-//! job and tests run ranks as threads). A quick loopback comparison of one 16 MiB transfer in 1 MiB
-//! frames showed the threaded version at least as fast as a tokio `write_all`/`read_exact` pair, so the
-//! extra runtime and dependency bought nothing. An RDMA transport will implement the same trait behind
-//! a cargo feature later.
+//! job and tests run ranks as threads). No head-to-head tokio measurement was made (time box); the
+//! loopback numbers of `ringside-collective-bench busbw` are the baseline a tokio transport behind the
+//! same trait would have to beat. An RDMA transport will implement the same trait behind a cargo
+//! feature later.
 //!
 //! ## Structure and invariants
 //! - The mesh is complete: for every pair (i < j) rank j opens `channels` connections to rank i. Each

@@ -15,10 +15,15 @@ fn config(timeout: Duration) -> CommunicatorConfig {
 #[test]
 fn crashed_peer_fails_every_rank_quickly() {
     let timeout = Duration::from_secs(10);
+    // Everyone finishes the first allreduce before rank 2 "dies" (a crash earlier than that may
+    // legitimately fail the first allreduce on the others instead).
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
     let res = run_ranks_in_process(4, TcpOptions { channels: 2, timeout }, move |rank, t| {
         let mut c = Communicator::new(t, config(timeout))?;
         let mut b = vec![1.0f32; 1000];
         c.allreduce_f32(&mut b)?;
+        assert_eq!(b, vec![4.0; 1000]);
+        barrier.wait();
         if rank == 2 {
             c.abort(); // as if the process died
             return Ok(Duration::ZERO);
