@@ -231,6 +231,18 @@ mod tests {
     }
 
     #[test]
+    fn cnp_growth_is_congestion() {
+        let mut p = peer(1, 100e6, 0.0, 0);
+        p.cnps = 500;
+        let a = assess_link(&[p.clone()], 100e6).unwrap();
+        assert_eq!(a.state, WindowState::Anomalous { severe: false });
+        assert_eq!(a.evidence[0].metric, Metric::CnpPerS);
+        assert_eq!(a.evidence[0].value, 500.0);
+        p.cnps = 20;
+        assert_eq!(assess_link(&[p], 100e6).unwrap().state, WindowState::Clean);
+    }
+
+    #[test]
     fn few_ce_marks_are_clean() {
         let a = assess_link(&[peer(1, 100e6, 0.0, 3), peer(2, 100e6, 0.0, 0)], 100e6).unwrap();
         assert_eq!(a.state, WindowState::Clean);

@@ -166,6 +166,17 @@ fn flap_is_a_transient_gray_failure() {
 }
 
 #[test]
+fn worker_pause_without_loss_is_not_a_network_fault() {
+    // The flap's silence without its retransmissions: the worker stopped, not the network.
+    for seed in [1, 2, 3] {
+        let pause = Fault::Pause { peer: 1, at_ns: 30 * S + 100 * MS, duration_ns: 300 * MS };
+        let s = Scenario::two_leaves(seed).with(pause, 30, 31);
+        let changes = run(&s, 50);
+        assert!(changes.is_empty(), "seed {seed}: {changes:#?}");
+    }
+}
+
+#[test]
 fn recurring_loss_is_intermittent() {
     let mut s = Scenario::two_leaves(8);
     for start in [20, 24, 28, 32] {

@@ -75,6 +75,8 @@ pub enum Fault {
     /// No traffic to the peer in [at_ns, at_ns + duration_ns); in-flight data is retransmitted
     /// after it. Applies to the window containing `at_ns`; the window range is ignored.
     Flap { peer: usize, at_ns: u64, duration_ns: u64 },
+    /// The same silence without loss: the peer's worker paused mid-phase (no retransmissions).
+    Pause { peer: usize, at_ns: u64, duration_ns: u64 },
 }
 
 #[derive(Clone, Debug)]
@@ -150,6 +152,7 @@ impl Scenario {
                     rate *= 0.85;
                 }
                 let (mut loss, mut ce, mut delay, mut flap, mut flap_retrans) = (0.0, 0.0, 0u64, None, 0u64);
+                let mut lossy_flap = true;
                 let mut storm = 0;
                 match spike {
                     Some((p, 0)) if p == pi => storm = rng.range(100, 250),
@@ -175,6 +178,10 @@ impl Scenario {
                         Fault::Flap { peer, at_ns, duration_ns } if peer == pi && at_ns / S == w as u64 => {
                             flap = Some((at_ns, at_ns + duration_ns));
                         }
+                        Fault::Pause { peer, at_ns, duration_ns } if peer == pi && at_ns / S == w as u64 => {
+                            flap = Some((at_ns, at_ns + duration_ns));
+                            lossy_flap = false;
+                        }
                         _ => {}
                     }
                 }
@@ -196,7 +203,7 @@ impl Scenario {
                             let first = (p.bytes as f64 * (a - p.start) as f64 / (p.end - p.start) as f64) as u64;
                             moved.push(P { start: p.start, end: a, bytes: first });
                             moved.push(P { start: b, end: b + (p.end - a), bytes: p.bytes - first });
-                            flap_retrans += 40;
+                            flap_retrans += if lossy_flap { 40 } else { 0 };
                         } else if (a..b).contains(&p.start) {
                             moved.push(P { start: b, end: b + (p.end - p.start), bytes: p.bytes });
                         } else {
