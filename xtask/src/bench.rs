@@ -8,6 +8,9 @@ use crate::{build, setup, util::{cargo, sh}};
 pub enum Which {
     /// ns per packet of the flow monitor vs an empty classifier (BPF_PROG_TEST_RUN, many repeats).
     Ebpf,
+    /// Allreduce busbw (nccl-tests definition) of ring/tree/rhd on a 4-host star, 1 KiB..64 MiB,
+    /// next to iperf3 point-to-point and OpenMPI's MPI_Allreduce on the same rig; codec GB/s.
+    Collectives(crate::bench_collectives::Opts),
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -21,5 +24,6 @@ pub fn run(which: Which) -> Result<()> {
                 .env(build::OBJECT_ENV, object);
             sh(&mut cmd)
         }
+        Which::Collectives(opts) => crate::bench_collectives::run(opts),
     }
 }

@@ -3,6 +3,7 @@
 //! Everything privileged or nightly-only lives here, so plain `cargo build` / `cargo test` at the
 //! workspace root stay on stable and need no root.
 mod bench;
+mod bench_collectives;
 mod build;
 mod demo;
 mod setup;
