@@ -31,12 +31,13 @@ fn preconditions() {
 struct AgentProcess {
     child: Option<Child>,
     pin_dir: PathBuf,
+    config: Option<PathBuf>,
 }
 
 impl AgentProcess {
-    fn start(mut cmd: Command, pin_dir: PathBuf) -> AgentProcess {
+    fn start(mut cmd: Command, pin_dir: PathBuf, config: Option<PathBuf>) -> AgentProcess {
         let child = cmd.spawn().expect("spawning the ringside binary");
-        AgentProcess { child: Some(child), pin_dir }
+        AgentProcess { child: Some(child), pin_dir, config }
     }
 
     /// SIGTERM, then wait up to 10 s; returns whether it exited successfully.
@@ -68,6 +69,9 @@ impl Drop for AgentProcess {
             let _ = std::fs::remove_file(self.pin_dir.join(name));
         }
         let _ = std::fs::remove_dir(&self.pin_dir);
+        if let Some(c) = &self.config {
+            let _ = std::fs::remove_file(c);
+        }
     }
 }
 
@@ -143,7 +147,7 @@ fn agent_reports_what_senders_sent() {
         .arg("--pin-dir")
         .arg(&pin_dir)
         .env("RUST_LOG", "info");
-    let mut agent = AgentProcess::start(cmd, pin_dir.clone());
+    let mut agent = AgentProcess::start(cmd, pin_dir.clone(), Some(config.clone()));
 
     // Ready: attached and polled.
     let status: StatusResponse = wait_for(Duration::from_secs(15), "the agent to become ready", || {
@@ -254,7 +258,6 @@ fn agent_reports_what_senders_sent() {
     let out = star.hosts[0].ns.command("tc").args(["qdisc", "show", "dev", "eth0"]).output().unwrap();
     let qdiscs = String::from_utf8_lossy(&out.stdout);
     assert!(!qdiscs.contains("clsact"), "clsact left behind: {qdiscs}");
-    let _ = std::fs::remove_file(&config);
 }
 
 #[test]
