@@ -232,6 +232,7 @@ fn assert_stats(m: &Monitor, expect: &[(u32, u64)]) {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn rocev2_psn_gaps_out_of_order_naks_and_cnps() {
     let m = Monitor::load(Config::default(), &[]);
     let mut l3_total = 0;
@@ -272,6 +273,7 @@ fn rocev2_psn_gaps_out_of_order_naks_and_cnps() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn rocev2_psn_wraps_at_2_pow_24_and_resets_on_new_qp() {
     let m = Monitor::load(Config::default(), &[]);
     let qp = |qp: u32, psn: u32| {
@@ -304,6 +306,7 @@ fn rocev2_psn_wraps_at_2_pow_24_and_resets_on_new_qp() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn tcp_retransmissions_acks_flags_and_ce() {
     let m = Monitor::load(nccl_config(), &[]);
     let data = |seq: u32, len: usize, tos: u8| {
@@ -355,6 +358,7 @@ fn tcp_retransmissions_acks_flags_and_ce() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn tcp_sequence_comparison_wraps_at_2_pow_32() {
     let m = Monitor::load(nccl_config(), &[]);
     let data = |seq: u32, len: usize| {
@@ -372,6 +376,7 @@ fn tcp_sequence_comparison_wraps_at_2_pow_32() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn tcp_options_and_gso_super_packets() {
     let m = Monitor::load(nccl_config(), &[]);
     // Data offset 8 (12 option bytes): payload excludes options.
@@ -391,6 +396,7 @@ fn tcp_options_and_gso_super_packets() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn direction_comes_from_ingress_ifindex() {
     let m = Monitor::load(Config::default(), &[]);
     m.run_n(&write(1), &SkbContext::ingress(), 1);
@@ -404,6 +410,7 @@ fn direction_comes_from_ingress_ifindex() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn unmatched_packets_leave_no_flow_state() {
     // All-zero config (the kernel's initial value): only RoCEv2.
     let m = Monitor::load(Config { burst_gap_ns: 0, ..Config::default() }, &[]);
@@ -424,6 +431,7 @@ fn unmatched_packets_leave_no_flow_state() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn port_ranges_match_either_port_and_respect_protocol() {
     let mut c = Config::default();
     c.n_port_ranges = 3;
@@ -452,6 +460,7 @@ fn port_ranges_match_either_port_and_respect_protocol() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn prefixes_match_source_or_destination() {
     let mut c = Config::default();
     c.n_prefixes = 2;
@@ -481,6 +490,7 @@ fn prefixes_match_source_or_destination() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn vlan_single_and_double_tags() {
     let m = Monitor::load(Config::default(), &[]);
     let ip = frames::ipv4(A, B, 17, &Ipv4Opts::default(), &frames::udp(50000, ROCEV2_UDP_PORT, &frames::rocev2_payload(&frames::bth(0x07, 3, 1, false), &[], &[0; 32])));
@@ -497,6 +507,7 @@ fn vlan_single_and_double_tags() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn ipv6_transport_ecn_and_extension_headers() {
     let m = Monitor::load(nccl_config(), &[]);
     let seg = frames::tcp(40000, NCCL_PORT, 5, 1, wire::TCP_ACK, &[0; 100]);
@@ -518,6 +529,7 @@ fn ipv6_transport_ecn_and_extension_headers() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn ipv4_fragments_and_other_protocols_are_unsupported() {
     let m = Monitor::load(nccl_config(), &[]);
     let seg = frames::tcp(40000, NCCL_PORT, 5, 1, wire::TCP_ACK, &[0; 64]);
@@ -559,6 +571,7 @@ fn full_frames() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn truncated_frames_at_every_length_are_malformed() {
     for (name, full) in full_frames() {
         let m = Monitor::load(nccl_config(), &[]);
@@ -577,6 +590,7 @@ fn truncated_frames_at_every_length_are_malformed() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn inconsistent_headers_are_malformed() {
     let m = Monitor::load(nccl_config(), &[]);
     let good = frames::tcp4(A, B, 40000, NCCL_PORT, 1, 1, wire::TCP_ACK, 0, &[0; 8]);
@@ -617,6 +631,7 @@ fn inconsistent_headers_are_malformed() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn garbage_never_breaks_the_contract() {
     let m = Monitor::load(nccl_config(), &[(96 + 8, ipv4_mapped([10, 0, 0, 0]))]);
     // Deterministic xorshift: reproducible garbage.
@@ -651,6 +666,7 @@ fn garbage_never_breaks_the_contract() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn bursts_end_after_the_idle_gap_and_reach_the_ring_buffer() {
     // A gap large enough that back-to-back runs on a loaded 2-core machine stay in one burst.
     const GAP_NS: u64 = 150_000_000;
@@ -692,6 +708,7 @@ fn bursts_end_after_the_idle_gap_and_reach_the_ring_buffer() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn burst_events_are_off_unless_configured() {
     const GAP_NS: u64 = 20_000_000;
     let mut m = Monitor::load(Config { burst_gap_ns: GAP_NS, flags: 0, ..Config::default() }, &[]);
@@ -706,6 +723,7 @@ fn burst_events_are_off_unless_configured() {
 }
 
 #[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
 fn noop_baseline_passes_packets_untouched() {
     let m = Monitor::load(Config::default(), &[]);
     let f = write(1);

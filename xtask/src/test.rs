@@ -15,7 +15,7 @@ use clap::ValueEnum;
 
 use crate::{
     build, setup,
-    util::{cargo, is_root, sh},
+    util::{cargo, is_root},
 };
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
@@ -64,18 +64,86 @@ pub fn run(tiers: &[Tier], no_setup: bool) -> Result<()> {
                     .args(["--ignored", "--test-threads=2"]);
             }
         }
-        let ok = sh(&mut cmd).is_ok();
-        results.push((tier, ok, started.elapsed()));
+        let (ok, counts) = run_counting(&mut cmd)?;
+        // A tier that ran nothing proves nothing (e.g. root-only tests that lost their #[ignore]
+        // marker run in T0 and leave T1 empty): that is a failure, not a pass.
+        let ok = ok && counts.passed > 0;
+        results.push((tier, ok, counts, started.elapsed()));
     }
 
     println!("\n==> summary");
-    for (tier, ok, took) in &results {
-        println!("{:<28} {:<6} {:>6.0} s", tier.describe(), if *ok { "ok" } else { "FAILED" }, took.as_secs_f64());
+    let mut total = Counts::default();
+    for (tier, ok, c, took) in &results {
+        let verdict = if *ok { "ok" } else if c.passed == 0 && c.failed == 0 { "FAILED (ran no test)" } else { "FAILED" };
+        println!(
+            "{:<24} {:<22} {:>4} passed {:>3} failed {:>3} ignored {:>6.0} s",
+            tier.describe(), verdict, c.passed, c.failed, c.ignored, took.as_secs_f64()
+        );
+        total.add(c);
     }
+    println!("xtask: {} passed, {} failed", total.passed, total.failed);
     let failed: Vec<_> = results.iter().filter(|r| !r.1).map(|r| r.0.describe()).collect();
     if !failed.is_empty() {
         bail!("failed tiers: {}", failed.join(", "));
     }
     Ok(())
+}
+
+#[derive(Default, Clone, Copy)]
+struct Counts {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl Counts {
+    fn add(&mut self, o: &Counts) {
+        self.passed += o.passed;
+        self.failed += o.failed;
+        self.ignored += o.ignored;
+    }
+
+    /// Adds the counts of a libtest line `test result: ok. 3 passed; 0 failed; 1 ignored; ...`.
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else { return };
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(what), Some(n)) = (words.next(), words.next()) else { continue };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Runs `cargo test`, echoing its stdout line by line while summing its `test result:` lines.
+fn run_counting(cmd: &mut std::process::Command) -> Result<(bool, Counts)> {
+    use std::io::{BufRead, BufReader};
+    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
+    let mut counts = Counts::default();
+    for line in BufReader::new(child.stdout.take().expect("piped stdout")).lines() {
+        let line = line?;
+        println!("{line}");
+        counts.add_line(&line);
+    }
+    Ok((child.wait()?.success(), counts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Counts;
+
+    #[test]
+    fn sums_libtest_result_lines() {
+        let mut c = Counts::default();
+        c.add_line("test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.1s");
+        c.add_line("test result: FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 5 filtered out; finished in 1s");
+        c.add_line("running 3 tests");
+        assert_eq!((c.passed, c.failed, c.ignored), (4, 2, 1));
+    }
 }
 
