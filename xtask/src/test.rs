@@ -15,7 +15,7 @@ use clap::ValueEnum;
 
 use crate::{
     build, setup,
-    util::{cargo, is_root},
+    util::{cargo, is_root, sh},
 };
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
@@ -59,6 +59,10 @@ pub fn run(tiers: &[Tier], no_setup: bool) -> Result<()> {
                 cmd.args(["--workspace", "--exclude", "dataplane-ebpf", "--test", "t1_*", "--", "--ignored"]);
             }
             Tier::T2 => {
+                // The emulated training job's rank process, in release: a debug rank is
+                // compute-bound on its reductions, which would distort step timing in detection tests.
+                sh(cargo().args(["build", "--release", "-p", "ipu-firmware", "--bin", "ringside-rank"]))?;
+                cmd.env("RINGSIDE_RANK_BIN", build::bin_path("ringside-rank", true));
                 // Namespaced traffic tests share 2 cores; two at a time keeps them from starving.
                 cmd.args(["--workspace", "--exclude", "dataplane-ebpf", "--test", "t2_*", "--"])
                     .args(["--ignored", "--test-threads=2"]);
