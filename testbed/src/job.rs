@@ -1,5 +1,7 @@
-//! The emulated training job: one `ringside-rank` process per host of a [`Star`], each talking
-//! to its peers over the star's links, then a summary of their step and communication times.
+//! The emulated training job: one `ringside-rank` process per host of a rig ([`crate::Star`],
+//! [`crate::LeafSpine`], anything that implements [`Rig`]), each talking to its peers over the
+//! rig's links, then a summary of their step and communication times. A straggler is recorded in
+//! the rig's fault log (kind `straggler`, start = job start, end = job end).
 //!
 //! `ringside-rank` (built in ipu-firmware) is started as
 //! `ringside-rank --rank R --world N --peers IP:PORT,... --size 16MiB --steps S --compute-ms C
@@ -19,7 +21,8 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::size::ByteSize;
-use crate::star::Star;
+use crate::fault::{self, FaultKind, FaultLog};
+use crate::rig::Rig;
 
 /// Name of the rank binary.
 pub const RANK_BINARY: &str = "ringside-rank";
@@ -49,6 +52,9 @@ pub struct JobConfig {
     pub out_dir: Option<PathBuf>,
     /// Extra arguments appended to every rank's command line.
     pub extra_args: Vec<String>,
+    /// Host index of each rank (`hosts[r]` runs rank r); `None` = rank r on host r. Lets a job
+    /// leave hosts free for cross traffic, e.g. ranks on hosts 0,1,3,4 of a 2×3 leaf-spine.
+    pub hosts: Option<Vec<usize>>,
 }
 
 impl Default for JobConfig {
@@ -67,6 +73,7 @@ impl Default for JobConfig {
             timeout: Duration::from_secs(300),
             out_dir: None,
             extra_args: Vec::new(),
+            hosts: None,
         }
     }
 }
@@ -97,6 +104,8 @@ pub struct RunningJob {
     started: Instant,
     started_unix_ms: u64,
     timeout: Duration,
+    /// The straggler's record in the rig's fault log, ended when the job ends.
+    straggler_fault: Option<(FaultLog, u64)>,
 }
 
 #[derive(Debug)]
@@ -108,16 +117,32 @@ struct RankProcess {
     status: Option<std::process::ExitStatus>,
 }
 
-/// The ranks' peer list: `10.77.0.1:29500,10.77.0.2:29500,...` (index = rank).
-pub fn peer_list(star: &Star, ranks: usize, port: u16) -> String {
-    star.hosts[..ranks].iter().map(|h| format!("{}:{port}", h.addr)).collect::<Vec<_>>().join(",")
+/// The ranks' peer list: `10.77.0.1:29500,10.77.0.2:29500,...` (index = rank, rank r on host r).
+pub fn peer_list<R: Rig + ?Sized>(rig: &R, ranks: usize, port: u16) -> String {
+    (0..ranks.min(rig.host_count())).filter_map(|i| rig.host_ipv4(i).ok()).map(|a| format!("{a}:{port}")).collect::<Vec<_>>().join(",")
 }
 
-/// Starts one rank per host (rank r in host r's namespace).
-pub fn spawn_job(star: &Star, cfg: &JobConfig) -> Result<RunningJob> {
-    if cfg.ranks < 2 || cfg.ranks > star.hosts.len() {
-        return Err(Error::InvalidArgument { field: "ranks", reason: format!("{} (need 2..={} for this star)", cfg.ranks, star.hosts.len()) });
+/// Host of each rank under `cfg` on `rig`, validated.
+pub fn rank_hosts<R: Rig + ?Sized>(rig: &R, cfg: &JobConfig) -> Result<Vec<usize>> {
+    let n = rig.host_count();
+    if cfg.ranks < 2 || cfg.ranks > n {
+        return Err(Error::InvalidArgument { field: "ranks", reason: format!("{} (need 2..={n} for this rig)", cfg.ranks) });
     }
+    let hosts = cfg.hosts.clone().unwrap_or_else(|| (0..cfg.ranks).collect());
+    if hosts.len() != cfg.ranks {
+        return Err(Error::InvalidArgument { field: "hosts", reason: format!("{} hosts for {} ranks", hosts.len(), cfg.ranks) });
+    }
+    for (k, &h) in hosts.iter().enumerate() {
+        if h >= n || hosts[..k].contains(&h) {
+            return Err(Error::InvalidArgument { field: "hosts", reason: format!("{hosts:?}: each must be a distinct host below {n}") });
+        }
+    }
+    Ok(hosts)
+}
+
+/// Starts one rank per host (rank r in the namespace of host r, or of `cfg.hosts[r]`).
+pub fn spawn_job<R: Rig + ?Sized>(rig: &R, cfg: &JobConfig) -> Result<RunningJob> {
+    let hosts = rank_hosts(rig, cfg)?;
     if let Some((r, _)) = cfg.straggler {
         if r >= cfg.ranks {
             return Err(Error::InvalidArgument { field: "straggler", reason: format!("rank {r} does not exist in a job of {}", cfg.ranks) });
@@ -129,21 +154,29 @@ pub fn spawn_job(star: &Star, cfg: &JobConfig) -> Result<RunningJob> {
         None => std::env::temp_dir().join(format!("ringside-job-{}-{}", std::process::id(), JOB_COUNTER.fetch_add(1, Ordering::Relaxed))),
     };
     std::fs::create_dir_all(&out_dir).map_err(|e| Error::file(&out_dir, e))?;
-    let peers = peer_list(star, cfg.ranks, cfg.port);
+    let peers = hosts.iter().map(|&h| rig.host_ipv4(h).map(|a| format!("{a}:{}", cfg.port))).collect::<Result<Vec<_>>>()?.join(",");
     let mut job = RunningJob {
         ranks: Vec::with_capacity(cfg.ranks),
         out_dir: out_dir.clone(),
         started: Instant::now(),
         started_unix_ms: crate::fault::unix_ms(std::time::SystemTime::now()),
         timeout: cfg.timeout,
+        straggler_fault: None,
     };
+    if let Some((r, extra_ms)) = cfg.straggler {
+        let log = rig.fault_log_handle();
+        let ns = rig.host_netns(hosts[r])?.name().to_string();
+        let id = fault::record_fault(&log, Some(hosts[r]), &ns, FaultKind::Straggler { rank: r, extra_ms });
+        job.straggler_fault = Some((log, id));
+    }
     for r in 0..cfg.ranks {
+        let ns = rig.host_netns(hosts[r])?;
         let out = out_dir.join(format!("rank-{r}.json"));
         let log = out_dir.join(format!("rank-{r}.log"));
         let _ = std::fs::remove_file(&out);
         let logf = std::fs::File::create(&log).map_err(|e| Error::file(&log, e))?;
         let logf2 = logf.try_clone().map_err(|e| Error::file(&log, e))?;
-        let mut cmd = star.hosts[r].ns.command(&bin);
+        let mut cmd = ns.command(&bin);
         cmd.arg("--rank").arg(r.to_string())
             .arg("--world").arg(cfg.ranks.to_string())
             .arg("--peers").arg(&peers)
@@ -167,7 +200,7 @@ pub fn spawn_job(star: &Star, cfg: &JobConfig) -> Result<RunningJob> {
         cmd.arg("--out").arg(&out).args(&cfg.extra_args);
         cmd.stdin(Stdio::null()).stdout(logf).stderr(logf2);
         let command = crate::cmd::describe(&cmd);
-        tracing::info!(rank = r, netns = star.hosts[r].ns.name(), %command, "starting rank");
+        tracing::info!(rank = r, netns = ns.name(), %command, "starting rank");
         // On error `job` is dropped here, killing the ranks already started.
         let child = cmd.spawn().map_err(|source| Error::Spawn { command, source })?;
         job.ranks.push(RankProcess { rank: r, child: Some(child), out, log, status: None });
@@ -304,6 +337,7 @@ impl RunningJob {
             std::thread::sleep(poll);
         }
         let wall_ms = self.started.elapsed().as_secs_f64() * 1e3;
+        self.end_straggler();
         let mut ranks = Vec::new();
         let (mut all_step, mut all_comm) = (Vec::new(), Vec::new());
         for r in &self.ranks {
@@ -361,8 +395,17 @@ fn log_tail(path: &Path) -> String {
     lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
 }
 
+impl RunningJob {
+    fn end_straggler(&mut self) {
+        if let Some((log, id)) = self.straggler_fault.take() {
+            fault::end_fault(&log, id);
+        }
+    }
+}
+
 impl Drop for RunningJob {
     fn drop(&mut self) {
+        self.end_straggler();
         for r in &mut self.ranks {
             if let Some(mut c) = r.child.take() {
                 if r.status.is_none() && matches!(c.try_wait(), Ok(None)) {
@@ -374,9 +417,9 @@ impl Drop for RunningJob {
     }
 }
 
-/// Builds nothing: runs `cfg` on an existing star and waits for it.
-pub fn run_job(star: &Star, cfg: &JobConfig, stop: Option<&std::sync::atomic::AtomicBool>) -> Result<JobReport> {
-    spawn_job(star, cfg)?.wait(stop)
+/// Builds nothing: runs `cfg` on an existing rig and waits for it.
+pub fn run_job<R: Rig + ?Sized>(rig: &R, cfg: &JobConfig, stop: Option<&std::sync::atomic::AtomicBool>) -> Result<JobReport> {
+    spawn_job(rig, cfg)?.wait(stop)
 }
 
 #[cfg(test)]

@@ -3,7 +3,12 @@
 //! - [`Netns`]: an RAII network namespace (`rs-<pid>-<n>-<label>`), entered with `setns` only.
 //! - [`Star`]: N host namespaces cabled to a bridge in a switch namespace, 10.77.0.(i+1)/24 and
 //!   fd77::(i+1)/64, tuned against reordering (RPS, raised backlog).
-//! - Faults: [`Star::add_loss`] (nftables random drop), [`Star::rate_cap`] (tc tbf).
+//! - [`LeafSpine`]: leaves of k hosts (bridges) joined by a routing spine, so cross-leaf traffic
+//!   shares an uplink per leaf.
+//! - [`Rig`]: what both have in common (hosts, named links, fault log); faults on any link:
+//!   [`Rig::link_loss`] (nftables random drop), [`Rig::link_rate_cap`] (tc tbf),
+//!   [`Rig::link_flap`] (link down/up), [`Rig::cross_traffic`] (bulk TCP between two hosts);
+//!   the star's older [`Star::add_loss`] / [`Star::rate_cap`] take a host index.
 //! - Traffic with exact ground truth: [`tcp_send`] / [`TcpSink`], [`roce_send`] / [`RoceSink`].
 //! - [`job`]: launches one emulated training rank (`ringside-rank`) per host.
 //! - [`clean`]: removes namespaces left behind by crashed runs.
@@ -16,7 +21,9 @@ pub mod cmd;
 pub mod error;
 pub mod fault;
 pub mod job;
+pub mod leaf_spine;
 pub mod netns;
+pub mod rig;
 pub mod roce;
 pub mod signals;
 pub mod size;
@@ -27,7 +34,12 @@ pub mod tuning;
 pub use cmd::require_root;
 pub use error::{Error, Result};
 pub use job::{run_job, spawn_job, JobConfig, JobReport, RunningJob};
-pub use fault::{DropCounters, FaultKind, FaultRecord, LossGuard, LossSite, RateCapGuard};
+pub use fault::{
+    CrossTraffic, CrossTrafficReport, CrossTrafficSpec, DropCounters, FaultKind, FaultRecord, FlapGuard, FlapSpec, LossGuard, LossSite,
+    RateCapGuard,
+};
+pub use leaf_spine::{LeafSpine, LeafSpineConfig, LeafSpineHost};
+pub use rig::{Link, Rig};
 pub use netns::{clean, CleanReport, Netns, NetnsHandle};
 pub use roce::{roce_send, RoceRecvReport, RoceSendReport, RoceSink, RoceSpec, ROCEV2_UDP_PORT};
 pub use size::ByteSize;

@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 use testbed::job::JobConfig;
-use testbed::{ByteSize, RoceSpec, Star, StarConfig};
+use testbed::{ByteSize, CrossTrafficSpec, FlapSpec, LeafSpine, LeafSpineConfig, Rig, RoceSpec, Star, StarConfig};
 
 /// Network-namespace rigs for ringside: a star of hosts on a bridge, TCP and RoCEv2 traffic that
 /// reports exactly what it sent, and an emulated training job.
@@ -25,6 +25,18 @@ use testbed::{ByteSize, RoceSpec, Star, StarConfig};
 ///   ringside-testbed --netns rs-<pid>-0-h1 tcp-sink     # terminal 2
 ///
 ///   ringside-testbed --netns rs-<pid>-0-h0 tcp-send --to 10.77.0.2:5201 --bytes 1GiB
+///
+/// Faults (on `star`, `leaf-spine` and `job`; each recorded with its start time, printed as
+/// "faults", and removed when the command ends):
+///
+///   --loss h1:2.5           random loss on host 1's link      (leaf-spine: also up0, up1)
+///   --rate-cap up0:200      tbf cap on leaf 0's uplink
+///   --flap h2:500:5000      host 2's link down 500 ms every 5 s (no period: once)
+///   --cross-traffic         bulk TCP between two hosts outside the job, across the uplinks
+///   --faults-after 10       start all of them 10 s after the rig (or job) is up
+///
+///   ringside-testbed leaf-spine --hosts-per-leaf 3 --rate-cap up0:500 --cross-traffic
+///   ringside-testbed job --topology leaf-spine --ranks 4 --rate-cap up0:300 --cross-traffic --faults-after 5
 #[derive(Debug, Parser)]
 #[command(name = "ringside-testbed", version, verbatim_doc_comment)]
 struct Cli {
@@ -46,6 +58,14 @@ enum Command {
     /// Host i (0-based) is namespace `rs-<pid>-<n>-h<i>` with eth0 = 10.77.0.(i+1)/24 and
     /// fd77::(i+1)/64; its cable ends in port p<i> of bridge br0 in namespace `rs-<pid>-<n>-sw`.
     Star(StarArgs),
+
+    /// Bring up a leaf-spine fabric, print how to use it, keep it until Ctrl-C, then tear it down.
+    ///
+    /// Leaf L is a bridge in namespace `rs-<pid>-<n>-leafL`; its hosts (global index i = L*k + j)
+    /// are `rs-<pid>-<n>-h<i>` with eth0 = 10.77.L.(j+1)/24 and fd77:0:0:L::(j+1)/64. Each leaf's
+    /// bridge port `uplink` is cabled to `l<L>` (10.77.L.254, the hosts' gateway) in the routing
+    /// spine `rs-<pid>-<n>-spine`: cross-leaf traffic shares the uplinks `up0`, `up1`, ...
+    LeafSpine(LeafSpineArgs),
 
     /// Delete namespaces left behind by testbed runs that died (rs-<pid>-... whose pid is gone),
     /// and restore net.core.netdev_max_backlog if a dead run left it raised.
@@ -105,8 +125,11 @@ enum Command {
         timeout: u64,
     },
 
-    /// Run an emulated training job: build a star of --ranks hosts, start one `ringside-rank` per
-    /// host namespace, wait, and summarize step and communication times (JSON on stdout).
+    /// Run an emulated training job: build a rig (a star of --ranks hosts, or with --topology
+    /// leaf-spine two leaves with the ranks split between them), start one `ringside-rank` per
+    /// host namespace, inject the faults, wait, and summarize step and communication times and the
+    /// fault log (JSON on stdout). With --cross-traffic the rig gets spare hosts for it (one per
+    /// leaf, or two on the star) that take no part in the job.
     Job(JobArgs),
 }
 
@@ -129,18 +152,143 @@ struct StarArgs {
     /// Link MTU.
     #[arg(long, default_value_t = 1500)]
     mtu: u32,
-    /// Add random loss (percent, both directions) on host 0's link, e.g. 1.5.
-    #[arg(long, value_name = "PERCENT")]
-    loss: Option<f64>,
-    /// Cap host 0's link at this many Mbit/s in both directions.
-    #[arg(long, value_name = "MBIT")]
-    rate_cap: Option<u64>,
+    #[command(flatten)]
+    faults: FaultArgs,
     /// Tear down after this many seconds even without Ctrl-C.
     #[arg(long, default_value_t = 12 * 3600)]
     max_seconds: u64,
     /// Print the rig description as JSON instead of text.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Debug, Args)]
+struct LeafSpineArgs {
+    /// Number of leaves (2..=8).
+    #[arg(long, default_value_t = 2)]
+    leaves: usize,
+    /// Hosts per leaf (1..=200).
+    #[arg(long, default_value_t = 2)]
+    hosts_per_leaf: usize,
+    /// Leave RPS off on the links.
+    #[arg(long)]
+    no_rps: bool,
+    /// Do not raise net.core.netdev_max_backlog while the rig is up.
+    #[arg(long)]
+    no_backlog: bool,
+    /// Turn TSO/GSO/GRO off on every link.
+    #[arg(long)]
+    no_offloads: bool,
+    /// Link MTU.
+    #[arg(long, default_value_t = 1500)]
+    mtu: u32,
+    #[command(flatten)]
+    faults: FaultArgs,
+    /// Tear down after this many seconds even without Ctrl-C.
+    #[arg(long, default_value_t = 12 * 3600)]
+    max_seconds: u64,
+    /// Print the rig description as JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Fault flags shared by `star`, `leaf-spine` and `job`. LINK is `h<i>` (host i's access link),
+/// `up<L>` (leaf L's uplink, leaf-spine only), or a bare number: host i (in `job`: rank i's host).
+#[derive(Debug, Args, Default)]
+struct FaultArgs {
+    /// Random loss on a link, both directions: LINK:PERCENT, e.g. h1:2.5 or up0:1 (repeatable).
+    /// A bare PERCENT means host 0 (rank 0 in `job`).
+    #[arg(long, value_name = "LINK:PCT", value_parser = parse_link_f64)]
+    loss: Vec<(Option<String>, f64)>,
+    /// tbf rate cap on a link, both directions: LINK:MBIT, e.g. up0:200 (repeatable). A bare
+    /// MBIT means host 0 (rank 0 in `job`).
+    #[arg(long, value_name = "LINK:MBIT", value_parser = parse_link_u64)]
+    rate_cap: Vec<(Option<String>, u64)>,
+    /// Link flap: LINK:DOWN_MS[:PERIOD_MS]: the link goes down for DOWN_MS, then up; again every
+    /// PERIOD_MS if given (repeatable). The link is brought up when the command ends.
+    #[arg(long, value_name = "LINK:DOWN_MS[:PERIOD_MS]", value_parser = parse_flap)]
+    flap: Vec<(String, u64, Option<u64>)>,
+    /// Cross traffic: bulk TCP from host FROM to host TO at MBIT (0 or absent: unbounded). Bare
+    /// --cross-traffic picks two hosts on different leaves that are not in the job (star: the
+    /// last two hosts).
+    #[arg(long, value_name = "FROM:TO[:MBIT]", num_args = 0..=1, default_missing_value = "auto", value_parser = parse_cross)]
+    cross_traffic: Option<CrossArg>,
+    /// Parallel TCP connections of the cross traffic.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    cross_streams: usize,
+    /// Stop the cross traffic after this many seconds (default: while the command runs).
+    #[arg(long, value_name = "S")]
+    cross_seconds: Option<u64>,
+    /// Inject every fault this many seconds after the rig (job: the ranks) started, so the
+    /// first part of a run is a fault-free baseline.
+    #[arg(long, default_value_t = 0, value_name = "S")]
+    faults_after: u64,
+}
+
+impl FaultArgs {
+    fn any(&self) -> bool {
+        !self.loss.is_empty() || !self.rate_cap.is_empty() || !self.flap.is_empty() || self.cross_traffic.is_some()
+    }
+}
+
+/// The guards of the faults a command injected; dropping it removes them all.
+#[derive(Default)]
+struct ActiveFaults {
+    _loss: Vec<testbed::LossGuard>,
+    _caps: Vec<testbed::RateCapGuard>,
+    _flaps: Vec<testbed::FlapGuard>,
+    cross: Option<testbed::CrossTraffic>,
+}
+
+/// Injects `f` on `rig`. `rank_hosts` maps a bare-number LINK to a rank's host (job); `auto_cross`
+/// is the (from, to) a bare --cross-traffic uses.
+fn inject_faults(rig: &dyn Rig, f: &FaultArgs, rank_hosts: Option<&[usize]>, auto_cross: Option<(usize, usize)>) -> anyhow::Result<ActiveFaults> {
+    let link = |l: &Option<String>| -> anyhow::Result<String> {
+        let l = l.clone().unwrap_or_else(|| "0".into());
+        match (l.parse::<usize>(), rank_hosts) {
+            (Ok(r), Some(hosts)) => Ok(format!("h{}", hosts.get(r).with_context(|| format!("rank {r} does not exist"))?)),
+            _ => Ok(l),
+        }
+    };
+    let mut out = ActiveFaults::default();
+    for (l, p) in &f.loss {
+        out._loss.push(rig.link_loss(&link(l)?, *p)?);
+    }
+    for (l, m) in &f.rate_cap {
+        out._caps.push(rig.link_rate_cap(&link(l)?, *m)?);
+    }
+    for (l, down, period) in &f.flap {
+        let spec = match period {
+            Some(p) => FlapSpec::periodic(Duration::from_millis(*down), Duration::from_millis(*p)),
+            None => FlapSpec::once(Duration::from_millis(*down)),
+        };
+        out._flaps.push(rig.link_flap(&link(&Some(l.clone()))?, spec)?);
+    }
+    if let Some(c) = &f.cross_traffic {
+        let (from, to, rate) = match c {
+            CrossArg::Hosts(a, b, r) => (*a, *b, *r),
+            CrossArg::Auto => {
+                let (a, b) = auto_cross.context("--cross-traffic without FROM:TO needs at least two hosts outside the job")?;
+                (a, b, None)
+            }
+        };
+        let spec = CrossTrafficSpec { from, to, streams: f.cross_streams, rate_mbit: rate, duration: f.cross_seconds.map(Duration::from_secs), port: 0 };
+        out.cross = Some(rig.cross_traffic(spec)?);
+    }
+    Ok(out)
+}
+
+/// Sleeps `secs` unless a stop is requested first; false if stopped.
+fn interruptible_sleep(secs: u64) -> bool {
+    let end = Instant::now() + Duration::from_secs(secs);
+    for _ in 0..(secs * 10 + 1) {
+        if testbed::signals::stop_requested() {
+            return false;
+        }
+        let Some(left) = end.checked_duration_since(Instant::now()) else { break };
+        std::thread::sleep(left.min(Duration::from_millis(100)));
+    }
+    !testbed::signals::stop_requested()
 }
 
 #[derive(Debug, Args)]
@@ -230,9 +378,15 @@ struct JobArgs {
     /// Directory for rank-R.json and rank-R.log (default: a new directory under /tmp).
     #[arg(long)]
     out_dir: Option<PathBuf>,
-    /// Add random loss (percent) on this rank's link while the job runs: RANK:PERCENT.
-    #[arg(long, value_parser = parse_loss)]
-    loss: Option<(usize, f64)>,
+    /// Rig to run on: `star` (one bridge) or `leaf-spine` (ranks split over two leaves, so
+    /// half the ring crosses the uplinks).
+    #[arg(long, value_enum, default_value_t = Topology::Star)]
+    topology: Topology,
+    /// Leaf-spine only: hosts per leaf (default: enough for the ranks, plus one for cross traffic).
+    #[arg(long)]
+    hosts_per_leaf: Option<usize>,
+    #[command(flatten)]
+    faults: FaultArgs,
     /// Turn TSO/GSO/GRO off on every link.
     #[arg(long)]
     no_offloads: bool,
@@ -268,9 +422,69 @@ fn parse_straggler(s: &str) -> Result<(usize, u64), String> {
     Ok((r.parse().map_err(|e| format!("rank {r:?}: {e}"))?, ms.parse().map_err(|e| format!("extra ms {ms:?}: {e}"))?))
 }
 
-fn parse_loss(s: &str) -> Result<(usize, f64), String> {
-    let (r, p) = s.split_once(':').ok_or_else(|| format!("{s:?}: expected RANK:PERCENT, e.g. 1:2.5"))?;
-    Ok((r.parse().map_err(|e| format!("rank {r:?}: {e}"))?, p.parse().map_err(|e| format!("percent {p:?}: {e}"))?))
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Topology {
+    Star,
+    LeafSpine,
+}
+
+/// `LINK:VALUE` or a bare `VALUE` (link None).
+fn split_link(s: &str) -> (Option<String>, &str) {
+    match s.rsplit_once(':') {
+        Some((l, v)) => (Some(l.to_string()), v),
+        None => (None, s),
+    }
+}
+
+fn parse_link_f64(s: &str) -> Result<(Option<String>, f64), String> {
+    let (l, v) = split_link(s);
+    Ok((l, v.parse().map_err(|e| format!("{s:?}: expected LINK:PERCENT, e.g. h1:2.5 ({e})"))?))
+}
+
+fn parse_link_u64(s: &str) -> Result<(Option<String>, u64), String> {
+    let (l, v) = split_link(s);
+    Ok((l, v.parse().map_err(|e| format!("{s:?}: expected LINK:MBIT, e.g. up0:200 ({e})"))?))
+}
+
+fn parse_flap(s: &str) -> Result<(String, u64, Option<u64>), String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let bad = |e: String| format!("{s:?}: expected LINK:DOWN_MS[:PERIOD_MS], e.g. up0:500 or h1:200:2000 ({e})");
+    match parts.as_slice() {
+        [l, d] => Ok((l.to_string(), d.parse().map_err(|e| bad(format!("{e}")))?, None)),
+        [l, d, p] => Ok((l.to_string(), d.parse().map_err(|e| bad(format!("{e}")))?, Some(p.parse().map_err(|e| bad(format!("{e}")))?))),
+        _ => Err(bad("wrong number of fields".into())),
+    }
+}
+
+/// `--cross-traffic` value: `Auto` (bare flag) or explicit hosts and rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CrossArg {
+    Auto,
+    Hosts(usize, usize, Option<u64>),
+}
+
+fn parse_cross(s: &str) -> Result<CrossArg, String> {
+    parse_cross_inner(s).map(|c| match c {
+        None => CrossArg::Auto,
+        Some((a, b, r)) => CrossArg::Hosts(a, b, r),
+    })
+}
+
+fn parse_cross_inner(s: &str) -> Result<Option<(usize, usize, Option<u64>)>, String> {
+    if s == "auto" {
+        return Ok(None);
+    }
+    let parts: Vec<&str> = s.split(':').collect();
+    let bad = |e: String| format!("{s:?}: expected FROM:TO[:MBIT] host indices, e.g. 1:3 or 1:3:500 ({e})");
+    let num = |x: &str| x.parse::<u64>().map_err(|e| bad(e.to_string()));
+    match parts.as_slice() {
+        [a, b] => Ok(Some((num(a)? as usize, num(b)? as usize, None))),
+        [a, b, r] => {
+            let r = num(r)?;
+            Ok(Some((num(a)? as usize, num(b)? as usize, (r > 0).then_some(r))))
+        }
+        _ => Err(bad("wrong number of fields".into())),
+    }
 }
 
 fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
@@ -301,12 +515,51 @@ struct HostView<'a> {
     switch_port: &'a str,
 }
 
+/// Waits until Ctrl-C or `max_seconds`, injecting the faults after `faults.faults_after` seconds.
+fn hold(rig: &dyn Rig, faults: &FaultArgs, auto_cross: Option<(usize, usize)>, max_seconds: u64) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let mut active = None;
+    if faults.any() {
+        if faults.faults_after > 0 {
+            eprintln!("injecting faults in {} s", faults.faults_after);
+        }
+        if interruptible_sleep(faults.faults_after.min(max_seconds)) {
+            active = Some(inject_faults(rig, faults, None, auto_cross)?);
+            for f in rig.faults() {
+                eprintln!("fault started: {}", serde_json::to_string(&f)?);
+            }
+        }
+    }
+    let max = Duration::from_secs(max_seconds);
+    while !testbed::signals::stop_requested() && start.elapsed() < max {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    if let Some(c) = active.as_mut().and_then(|a| a.cross.take()) {
+        eprintln!("cross traffic: {}", serde_json::to_string(&c.stop())?);
+    }
+    drop(active);
+    eprintln!("tearing down {}; faults: {}", rig.rig_prefix(), serde_json::to_string(&rig.faults())?);
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct LinkView {
+    name: String,
+    near: String,
+    far: String,
+}
+
+fn link_views(rig: &dyn Rig) -> Vec<LinkView> {
+    rig.links()
+        .into_iter()
+        .map(|l| LinkView { name: l.name, near: format!("{} {}", l.near.ns.name(), l.near.iface), far: format!("{} {}", l.far.ns.name(), l.far.iface) })
+        .collect()
+}
+
 fn cmd_star(a: StarArgs) -> anyhow::Result<()> {
     // Install the handlers before building the rig, so Ctrl-C during setup also tears down.
     testbed::signals::stop_flag();
     let star = Star::new(star_config(a.hosts, a.no_rps, a.no_backlog, a.no_offloads, a.mtu))?;
-    let _loss = a.loss.map(|p| star.add_loss(0, p)).transpose()?;
-    let _cap = a.rate_cap.map(|r| star.rate_cap(0, r)).transpose()?;
     let hosts: Vec<HostView> = star
         .hosts
         .iter()
@@ -322,16 +575,13 @@ fn cmd_star(a: StarArgs) -> anyhow::Result<()> {
         })
         .collect();
     if a.json {
-        print_json(&serde_json::json!({ "switch": star.switch.name(), "bridge": testbed::star::BRIDGE, "hosts": hosts, "faults": star.fault_log() }))?;
+        print_json(&serde_json::json!({ "switch": star.switch.name(), "bridge": testbed::star::BRIDGE, "hosts": hosts, "links": link_views(&star) }))?;
     } else {
         println!("star {} is up: {} hosts on bridge {} in namespace {}", star.prefix(), hosts.len(), testbed::star::BRIDGE, star.switch.name());
         println!();
         println!("  {:<22} {:<6} {:<12} {:<12} switch port", "namespace", "iface", "ipv4", "ipv6");
         for h in &hosts {
             println!("  {:<22} {:<6} {:<12} {:<12} {}", h.netns, h.iface, h.addr, h.addr6, h.switch_port);
-        }
-        for f in star.fault_log() {
-            println!("  fault on host {}: {:?}", f.host, f.kind);
         }
         let h0 = &hosts[0];
         let peer = hosts.get(1).map(|h| h.addr.clone()).unwrap_or_else(|| h0.addr.clone());
@@ -346,13 +596,57 @@ fn cmd_star(a: StarArgs) -> anyhow::Result<()> {
         println!();
         println!("Ctrl-C tears the rig down.");
     }
-    let start = Instant::now();
-    let max = Duration::from_secs(a.max_seconds);
-    while !testbed::signals::stop_requested() && start.elapsed() < max {
-        std::thread::sleep(Duration::from_millis(200));
+    let n = star.hosts.len();
+    let auto = (n >= 2).then(|| (n - 2, n - 1));
+    hold(&star, &a.faults, auto, a.max_seconds)
+}
+
+fn cmd_leaf_spine(a: LeafSpineArgs) -> anyhow::Result<()> {
+    testbed::signals::stop_flag();
+    let ls = LeafSpine::new(LeafSpineConfig {
+        leaves: a.leaves,
+        hosts_per_leaf: a.hosts_per_leaf,
+        rps: !a.no_rps,
+        raise_backlog: !a.no_backlog,
+        offloads: !a.no_offloads,
+        mtu: a.mtu,
+        ..Default::default()
+    })?;
+    let hosts: Vec<serde_json::Value> = ls
+        .hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| serde_json::json!({"index": i, "netns": h.ns.name(), "iface": h.iface, "addr": h.addr.to_string(), "addr6": h.addr6.to_string(), "leaf": h.leaf, "leaf_port": h.leaf_port, "mac": h.mac}))
+        .collect();
+    let leaves: Vec<serde_json::Value> = ls
+        .leaves
+        .iter()
+        .map(|l| serde_json::json!({"netns": l.ns.name(), "hosts": l.hosts, "uplink_iface": l.uplink_iface, "spine_iface": l.spine_iface, "gateway": l.gateway.to_string()}))
+        .collect();
+    if a.json {
+        print_json(&serde_json::json!({ "spine": ls.spine.name(), "leaves": leaves, "hosts": hosts, "links": link_views(&ls) }))?;
+    } else {
+        println!("leaf-spine {} is up: {} leaves x {} hosts, spine (router) in namespace {}", ls.prefix(), ls.leaves.len(), a.hosts_per_leaf, ls.spine.name());
+        println!();
+        println!("  {:<22} {:<5} {:<12} {:<16} leaf port", "namespace", "leaf", "ipv4", "ipv6");
+        for h in &ls.hosts {
+            println!("  {:<22} {:<5} {:<12} {:<16} {}", h.ns.name(), h.leaf, h.addr, h.addr6, h.leaf_port);
+        }
+        println!();
+        println!("  links (use these names with --loss/--rate-cap/--flap):");
+        for l in link_views(&ls) {
+            println!("    {:<5} {}  <->  {}", l.name, l.near, l.far);
+        }
+        let (a0, b0) = (&ls.hosts[0], &ls.hosts[ls.leaves[1].hosts[0]]);
+        println!();
+        println!("cross-leaf traffic:  ringside-testbed --netns {} tcp-sink &", b0.ns.name());
+        println!("                     ringside-testbed --netns {} tcp-send --to {}:5201 --bytes 1GiB", a0.ns.name(), b0.addr);
+        println!("uplink counters:     ip -n {} -s link show dev {}", ls.spine.name(), ls.leaves[0].spine_iface);
+        println!();
+        println!("Ctrl-C tears the rig down.");
     }
-    eprintln!("tearing down {}", star.prefix());
-    Ok(())
+    let auto = Some((ls.leaves[0].hosts[ls.leaves[0].hosts.len() - 1], ls.leaves[1].hosts[ls.leaves[1].hosts.len() - 1]));
+    hold(&ls, &a.faults, auto, a.max_seconds)
 }
 
 fn cmd_job(a: JobArgs) -> anyhow::Result<()> {
@@ -371,18 +665,41 @@ fn cmd_job(a: JobArgs) -> anyhow::Result<()> {
         timeout: Duration::from_secs(a.timeout),
         out_dir: a.out_dir,
         extra_args: a.rank_args,
+        hosts: None,
     };
     // Find the binary before building a rig for it.
     let bin = testbed::job::find_rank_binary(cfg.rank_bin.as_deref())?;
-    let cfg = JobConfig { rank_bin: Some(bin), ..cfg };
-    let star = Star::new(star_config(cfg.ranks, false, false, a.no_offloads, 1500))?;
-    let _loss = match a.loss {
-        Some((rank, p)) => Some(star.add_loss(rank, p)?),
-        None => None,
+    let auto_cross = a.faults.cross_traffic == Some(CrossArg::Auto);
+    let (rig, hosts, auto): (Box<dyn Rig>, Vec<usize>, Option<(usize, usize)>) = match a.topology {
+        Topology::Star => {
+            let extra = if auto_cross { 2 } else { 0 };
+            let star = Star::new(star_config(cfg.ranks + extra, false, false, a.no_offloads, 1500))?;
+            (Box::new(star), (0..cfg.ranks).collect(), auto_cross.then_some((cfg.ranks, cfg.ranks + 1)))
+        }
+        Topology::LeafSpine => {
+            let (r0, r1) = (cfg.ranks.div_ceil(2), cfg.ranks / 2);
+            let k = a.hosts_per_leaf.unwrap_or(r0 + usize::from(auto_cross));
+            if k < r0 {
+                bail!("--hosts-per-leaf {k} is too small for {} ranks on two leaves", cfg.ranks);
+            }
+            let ls = LeafSpine::new(LeafSpineConfig { hosts_per_leaf: k, offloads: !a.no_offloads, ..Default::default() })?;
+            let hosts: Vec<usize> = (0..r0).chain(k..k + r1).collect();
+            let auto = (k > r0).then_some((k - 1, 2 * k - 1));
+            (Box::new(ls), hosts, auto)
+        }
     };
-    eprintln!("job on star {}: {} ranks, {} per collective, {} steps", star.prefix(), cfg.ranks, cfg.size, cfg.steps);
-    let report = testbed::run_job(&star, &cfg, Some(stop))?;
-    print_json(&serde_json::json!({ "job": report, "faults": star.fault_log() }))?;
+    let cfg = JobConfig { rank_bin: Some(bin), hosts: Some(hosts.clone()), ..cfg };
+    eprintln!("job on {:?} {}: {} ranks on hosts {:?}, {} per collective, {} steps", a.topology, rig.rig_prefix(), cfg.ranks, hosts, cfg.size, cfg.steps);
+    let job = testbed::spawn_job(rig.as_ref(), &cfg)?;
+    let mut active = None;
+    if a.faults.any() && interruptible_sleep(a.faults.faults_after) {
+        active = Some(inject_faults(rig.as_ref(), &a.faults, Some(&hosts), auto)?);
+    }
+    let result = job.wait(Some(stop));
+    let cross = active.as_mut().and_then(|f| f.cross.take()).map(|c| c.stop());
+    drop(active);
+    let report = result?;
+    print_json(&serde_json::json!({ "job": report, "faults": rig.faults(), "cross_traffic": cross }))?;
     eprintln!(
         "step ms: mean {:.1} p50 {:.1} p99 {:.1} | comm ms: mean {:.1} p50 {:.1} p99 {:.1} | logs in {}",
         report.step_ms.mean,
@@ -408,6 +725,7 @@ fn main() -> anyhow::Result<()> {
     }
     match cli.command {
         Command::Star(a) => cmd_star(a)?,
+        Command::LeafSpine(a) => cmd_leaf_spine(a)?,
         Command::Clean { all } => {
             let r = testbed::clean(all)?;
             for n in &r.removed {
@@ -480,5 +798,27 @@ mod tests {
         assert!(parse_straggler("2").is_err());
         assert_eq!(parse_roce_dest("10.77.0.2").unwrap().port(), 4791);
         assert_eq!(parse_roce_dest("[fd77::2]:5000").unwrap().port(), 5000);
+        assert_eq!(parse_link_f64("h1:2.5").unwrap(), (Some("h1".into()), 2.5));
+        assert_eq!(parse_link_f64("1.5").unwrap(), (None, 1.5));
+        assert_eq!(parse_link_u64("up0:200").unwrap(), (Some("up0".into()), 200));
+        assert_eq!(parse_flap("up1:500").unwrap(), ("up1".into(), 500, None));
+        assert_eq!(parse_flap("h2:200:2000").unwrap(), ("h2".into(), 200, Some(2000)));
+        assert!(parse_flap("h2").is_err());
+        assert_eq!(parse_cross("auto").unwrap(), CrossArg::Auto);
+        assert_eq!(parse_cross("1:3").unwrap(), CrossArg::Hosts(1, 3, None));
+        assert_eq!(parse_cross("1:3:0").unwrap(), CrossArg::Hosts(1, 3, None));
+        assert_eq!(parse_cross("1:3:500").unwrap(), CrossArg::Hosts(1, 3, Some(500)));
+    }
+
+    #[test]
+    fn fault_flags_parse() {
+        let cli = Cli::try_parse_from(["ringside-testbed", "job", "--topology", "leaf-spine", "--loss", "1:2", "--rate-cap", "up0:100", "--flap", "up1:300:3000", "--cross-traffic"]).unwrap();
+        let Command::Job(j) = cli.command else { panic!() };
+        assert_eq!(j.topology, Topology::LeafSpine);
+        assert_eq!(j.faults.cross_traffic, Some(CrossArg::Auto));
+        assert_eq!(j.faults.flap, vec![("up1".to_string(), 300, Some(3000))]);
+        let cli = Cli::try_parse_from(["ringside-testbed", "star", "--cross-traffic", "0:1:50"]).unwrap();
+        let Command::Star(s) = cli.command else { panic!() };
+        assert_eq!(s.faults.cross_traffic, Some(CrossArg::Hosts(0, 1, Some(50))));
     }
 }

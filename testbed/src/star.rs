@@ -246,3 +246,44 @@ impl Star {
 pub(crate) fn parse_json(command: &str, out: &str) -> Result<serde_json::Value> {
     serde_json::from_str(out).map_err(|e| Error::BadOutput { command: command.into(), detail: e.to_string() })
 }
+
+impl crate::rig::Rig for Star {
+    fn rig_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn host_count(&self) -> usize {
+        self.hosts.len()
+    }
+
+    fn host_netns(&self, index: usize) -> Result<&Netns> {
+        Ok(&self.host(index)?.ns)
+    }
+
+    fn host_ipv4(&self, index: usize) -> Result<Ipv4Addr> {
+        Ok(self.host(index)?.addr)
+    }
+
+    fn host_ipv6(&self, index: usize) -> Result<Ipv6Addr> {
+        Ok(self.host(index)?.addr6)
+    }
+
+    fn links(&self) -> Vec<crate::rig::Link> {
+        use crate::rig::{Endpoint, Link, Side};
+        self.hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| Link {
+                name: format!("h{i}"),
+                host: Some(i),
+                near: Endpoint { ns: h.ns.handle(), iface: HOST_IFACE.into() },
+                far: Endpoint { ns: self.switch.handle(), iface: h.switch_port.clone() },
+                flap_side: Side::Far,
+            })
+            .collect()
+    }
+
+    fn fault_log_handle(&self) -> Arc<Mutex<Vec<FaultRecord>>> {
+        self.faults.clone()
+    }
+}

@@ -5,7 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use testbed::job::JobConfig;
-use testbed::{Star, StarConfig};
+use testbed::{FaultKind, LeafSpine, LeafSpineConfig, Rig, Star, StarConfig};
 
 const FAKE_RANK: &str = r#"#!/bin/sh
 # Stand-in for ringside-rank: parse the flags, check our address, write per-step times.
@@ -64,6 +64,11 @@ fn job_runs_one_rank_per_host_and_summarizes() {
     assert_eq!(report.ranks[2].step_ms.mean, 40.0);
     assert_eq!(report.comm_ms.p50, 4.0);
     assert_eq!(report.step_ms.max, 40.0);
+    // The straggler is a recorded fault spanning the job.
+    let log = star.fault_log();
+    let s = log.iter().find(|r| matches!(r.kind, FaultKind::Straggler { rank: 2, extra_ms: 30 })).expect("straggler recorded");
+    assert_eq!(s.host, Some(2));
+    assert!(s.started_unix_ms >= report.started_unix_ms && s.ended_unix_ms.unwrap() >= s.started_unix_ms, "{s:?}");
 
     // A failing rank fails the job with its log named.
     let bad = JobConfig { extra_args: vec!["--peers".into(), "1.2.3.4:1,1.2.3.5:1,1.2.3.6:1".into()], ..cfg.clone() };
@@ -72,7 +77,18 @@ fn job_runs_one_rank_per_host_and_summarizes() {
         other => panic!("expected a rank failure, got {other:?}"),
     }
     // A missing binary is reported before anything starts.
-    let missing = JobConfig { rank_bin: Some(dir.join("nope")), ..cfg };
+    let missing = JobConfig { rank_bin: Some(dir.join("nope")), ..cfg.clone() };
     assert!(matches!(testbed::run_job(&star, &missing, None), Err(testbed::Error::RankBinaryMissing { .. })));
+
+    // The launcher works on any rig, with ranks on chosen hosts: here a 2×3 leaf-spine with
+    // ranks on hosts 0,1 (leaf 0) and 3,4 (leaf 1); the fake rank checks it runs on its address.
+    let ls = LeafSpine::new(LeafSpineConfig { hosts_per_leaf: 3, ..Default::default() }).unwrap();
+    let cfg = JobConfig { ranks: 4, hosts: Some(vec![0, 1, 3, 4]), straggler: Some((3, 5)), ..cfg };
+    let report = testbed::run_job(&ls, &cfg, None).unwrap();
+    assert_eq!(report.ranks.len(), 4);
+    assert_eq!(report.ranks[3].step_ms.mean, 15.0);
+    assert_eq!(ls.faults()[0].host, Some(4));
+    let dup = JobConfig { hosts: Some(vec![0, 1, 1, 4]), ..cfg };
+    assert!(matches!(testbed::run_job(&ls, &dup, None), Err(testbed::Error::InvalidArgument { .. })));
     std::fs::remove_dir_all(&dir).unwrap();
 }
