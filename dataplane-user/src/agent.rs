@@ -11,6 +11,7 @@ use crate::{
     api,
     collector::{self, CollectError, KernelMaps},
     config::{self, AttachMode, ConfigError, ConfigFile, MatchSettings},
+    detection::{self, DetectSettings},
     flow_table::TableSettings,
     loader::{AttachRequest, Attachment, LoaderError},
     state::AgentState,
@@ -54,6 +55,9 @@ pub struct AgentArgs {
     /// How to attach: clsact (tc filter) or tcx (bpf link) [default: clsact].
     #[arg(long, value_enum)]
     pub attach: Option<AttachMode>,
+    /// Directory for state that survives a restart (open events) [default: /var/lib/ringside].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Fully resolved agent settings.
@@ -68,6 +72,7 @@ pub struct AgentSettings {
     pub burst_gap: Duration,
     pub table: TableSettings,
     pub matching: MatchSettings,
+    pub detect: DetectSettings,
 }
 
 impl AgentSettings {
@@ -104,6 +109,13 @@ impl AgentSettings {
                 ewma_tau: Duration::from_millis(file.ewma_tau_ms.unwrap_or(config::DEFAULT_EWMA_TAU_MS)),
             },
             matching: MatchSettings::from_file(file.match_.as_ref()),
+            detect: {
+                let mut d = DetectSettings::from_file(file);
+                if let Some(dir) = &args.state_dir {
+                    d.state_dir = dir.clone();
+                }
+                d
+            },
         })
     }
 }
@@ -162,13 +174,18 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
     state.attached = true;
     let state = state.shared();
 
+    detection::prepare(&state, &settings.detect);
     let stop = Arc::new(AtomicBool::new(false));
     let collector = collector::spawn(kernel_maps, state.clone(), settings.poll_interval, stop.clone());
+    let detector = settings.detect.enabled.then(|| detection::spawn(settings.detect.clone(), state.clone(), stop.clone()));
     tracing::info!(listen = %local, interfaces = ?settings.interfaces, pin_dir = %settings.pin_dir.display(), "ringside agent running");
 
     let served = serve(listener, state.clone());
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = collector.join();
+    if let Some(d) = detector {
+        let _ = d.join();
+    }
     state.write().unwrap_or_else(|p| p.into_inner()).attached = false;
     let problems = attachment.teardown();
     for p in &problems {

@@ -1,4 +1,5 @@
-//! The agent's HTTP API (axum): `/metrics`, `/v1/flows`, `/v1/status`, `/healthz`, `/readyz`.
+//! The agent's HTTP API (axum): `/metrics`, `/v1/flows`, `/v1/status`, `/v1/events`, `/healthz`,
+//! `/readyz`.
 //!
 //! Handlers copy what they need out of [`SharedState`] under a short read lock and render outside
 //! it. Every error is JSON `{"error": "..."}` with a status code that says whose fault it is.
@@ -13,11 +14,35 @@ use axum::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    events::Event,
     flow_table::{direction_name, format_addr, kind_name, BurstRecord, FlowEntry, Rates},
     metrics,
     state::{AgentState, AttachedInterface, SharedState},
 };
 use dataplane_common::{flow_kind, stats};
+
+/// Default and maximum `limit` of `/v1/events`.
+pub const DEFAULT_EVENTS_LIMIT: usize = 100;
+pub const MAX_EVENTS_LIMIT: usize = 1000;
+
+/// `/v1/events` response.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EventsResponse {
+    /// `open` or `all` (the query's `state`).
+    pub state: String,
+    pub limit: usize,
+    /// Open events in total (the list may be cut by `limit`).
+    pub open_count: usize,
+    /// Closed events retained (`detect.recent_events` at most).
+    pub closed_retained: usize,
+    /// Detection windows run since start.
+    pub windows: u64,
+    /// Configured jobs.
+    pub jobs: Vec<String>,
+    /// Open events (oldest first), then, with `state=all`, closed ones (newest first); at most
+    /// `limit`.
+    pub events: Vec<Event>,
+}
 
 /// Default and maximum `limit` of `/v1/flows`.
 pub const DEFAULT_FLOWS_LIMIT: usize = 20;
@@ -214,6 +239,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/readyz", get(readyz))
         .route("/v1/flows", get(flows))
         .route("/v1/status", get(status))
+        .route("/v1/events", get(events))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -270,6 +296,55 @@ async fn flows(State(state): State<SharedState>, q: Result<Query<FlowsQuery>, Qu
     Json(resp).into_response()
 }
 
+#[derive(Debug, Deserialize)]
+pub struct EventsQuery {
+    state: Option<String>,
+    limit: Option<String>,
+}
+
+/// Builds the `/v1/events` body; `all` adds the retained closed events.
+pub fn events_of(s: &AgentState, all: bool, limit: usize) -> EventsResponse {
+    let log = &s.events;
+    let open = log.open_events().cloned();
+    let events: Vec<Event> =
+        if all { open.chain(log.recent_closed().cloned()).take(limit).collect() } else { open.take(limit).collect() };
+    EventsResponse {
+        state: if all { "all" } else { "open" }.to_owned(),
+        limit,
+        open_count: log.open_events().count(),
+        closed_retained: log.recent_closed().count(),
+        windows: log.counters.windows,
+        jobs: s.jobs.clone(),
+        events,
+    }
+}
+
+async fn events(State(state): State<SharedState>, q: Result<Query<EventsQuery>, QueryRejection>) -> Response {
+    let q = match q {
+        Ok(Query(q)) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid query string: {e}")),
+    };
+    let all = match q.state.as_deref().map(str::trim) {
+        None | Some("all") => true,
+        Some("open") => false,
+        Some(other) => return error(StatusCode::BAD_REQUEST, format!("invalid state `{other}`: give `open` or `all` (default all)")),
+    };
+    let limit = match q.limit.as_deref() {
+        None => DEFAULT_EVENTS_LIMIT,
+        Some(raw) => match raw.trim().parse::<usize>() {
+            Ok(n) if (1..=MAX_EVENTS_LIMIT).contains(&n) => n,
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("invalid limit `{raw}`: give a whole number from 1 to {MAX_EVENTS_LIMIT} (default {DEFAULT_EVENTS_LIMIT})"),
+                )
+            }
+        },
+    };
+    let body = events_of(&read(&state), all, limit);
+    Json(body).into_response()
+}
+
 /// Builds the `/v1/status` body.
 pub fn status_of(s: &AgentState) -> StatusResponse {
     let ready = s.readiness();
@@ -296,7 +371,7 @@ async fn status(State(state): State<SharedState>) -> Response {
 async fn not_found(uri: axum::http::Uri) -> Response {
     error(
         StatusCode::NOT_FOUND,
-        format!("no such endpoint `{}`; try /metrics, /v1/flows, /v1/status, /healthz or /readyz", uri.path()),
+        format!("no such endpoint `{}`; try /metrics, /v1/flows, /v1/status, /v1/events, /healthz or /readyz", uri.path()),
     )
 }
 
@@ -404,6 +479,53 @@ mod tests {
         assert_eq!(st, StatusCode::OK);
         assert_eq!(ct, metrics::CONTENT_TYPE);
         assert!(body.contains("ringside_dataplane_packets_total{result=\"matched\"} 80"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn events_endpoint_filters_and_limits() {
+        use crate::detect::{EndReason, VerdictChange, VerdictKind};
+        use crate::events::{tests::verdict, Clock, EventState};
+        let state = sample_state();
+        {
+            let clock = Clock { mono_ns: 20_000_000_000, unix_ms: 1_700_000_020_000 };
+            let mut s = state.write().unwrap();
+            let mut v = verdict(2, VerdictKind::Straggler, "10.77.0.4");
+            s.events.apply(&[VerdictChange::Opened(v.clone())], &clock);
+            v.end_reason = Some(EndReason::Cleared);
+            s.events.apply(&[VerdictChange::Closed(v)], &clock);
+            s.jobs = vec!["train".into()];
+        }
+        let (st, ct, body) = get(state.clone(), "/v1/events").await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        assert!(ct.starts_with("application/json"));
+        let r: EventsResponse = serde_json::from_str(&body).unwrap();
+        assert_eq!((r.state.as_str(), r.open_count, r.closed_retained, r.events.len()), ("all", 1, 1, 2));
+        assert_eq!(r.jobs, vec!["train"]);
+        let open = &r.events[0];
+        assert_eq!((open.kind, open.state, open.job.as_str()), (VerdictKind::GrayFailure, EventState::Open, "train"));
+        assert_eq!(r.events[1].state, EventState::Closed);
+        // The JSON names the peer in the scope, with the evidence.
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["events"][0]["scope"]["type"], "peer");
+        assert_eq!(v["events"][0]["scope"]["peer"], "10.77.0.3");
+        assert_eq!(v["events"][0]["kind"], "gray_failure");
+        assert_eq!(v["events"][0]["evidence"][0]["metric"], "loss_rate");
+        assert_eq!(v["events"][1]["end_reason"], "cleared");
+
+        let (_, _, body) = get(state.clone(), "/v1/events?state=open").await;
+        let r: EventsResponse = serde_json::from_str(&body).unwrap();
+        assert_eq!((r.state.as_str(), r.events.len()), ("open", 1));
+        let (_, _, body) = get(state.clone(), "/v1/events?state=all&limit=1").await;
+        let r: EventsResponse = serde_json::from_str(&body).unwrap();
+        assert_eq!((r.limit, r.events.len()), (1, 1));
+
+        for q in ["state=closed", "limit=0", "limit=x", "limit=1001", "state="] {
+            let (st, ct, body) = get(state.clone(), &format!("/v1/events?{q}")).await;
+            assert_eq!(st, StatusCode::BAD_REQUEST, "{q}: {body}");
+            assert!(ct.starts_with("application/json"), "{q}");
+            let e: ApiError = serde_json::from_str(&body).unwrap();
+            assert!(e.error.contains("state") || e.error.contains("limit"), "{q}: {}", e.error);
+        }
     }
 
     #[tokio::test]

@@ -66,6 +66,109 @@ pub struct ConfigFile {
     /// Which traffic the kernel counts.
     #[serde(rename = "match")]
     pub match_: Option<MatchFile>,
+    /// Directory for state that survives a restart (open detection events), default
+    /// `/var/lib/ringside`.
+    pub state_dir: Option<PathBuf>,
+    /// Detection settings (`[detect]`).
+    pub detect: Option<DetectFile>,
+    /// Jobs (`[[job]]`); without any, one job `default` holds every matched flow.
+    #[serde(rename = "job")]
+    pub jobs: Option<Vec<JobFile>>,
+}
+
+/// Default directory for state that survives a restart.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/ringside";
+/// Default detection window.
+pub const DEFAULT_DETECT_WINDOW_MS: u64 = 1_000;
+/// Default number of closed events kept for `/v1/events`.
+pub const DEFAULT_RECENT_EVENTS: usize = 256;
+/// Default windows a carried-over event waits for the detectors to re-raise it.
+pub const DEFAULT_CARRY_OVER_WINDOWS: u32 = 10;
+
+/// The `[detect]` section. The subsections tune the detectors (see `detect::DetectorConfig`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetectFile {
+    /// Run the detectors, default true.
+    pub enabled: Option<bool>,
+    /// Detection window in milliseconds, default 1000.
+    pub window_ms: Option<u64>,
+    /// Closed events kept for `/v1/events`, default 256.
+    pub recent_events: Option<usize>,
+    /// Windows an event carried over from before a restart stays open without the detectors
+    /// raising it again, default 10.
+    pub carry_over_windows: Option<u32>,
+    /// A peer with fewer bytes in a window is idle (detector default 64 KiB).
+    pub min_window_bytes: Option<u64>,
+    /// Data packets a loss or CE rate needs in a window (detector default 1000).
+    pub min_data_packets: Option<u64>,
+    pub persistence: Option<crate::detect::PersistenceConfig>,
+    pub gray: Option<crate::detect::GrayConfig>,
+    pub congestion: Option<crate::detect::CongestionConfig>,
+    pub straggler: Option<crate::detect::StragglerConfig>,
+}
+
+/// One `[[job]]`: which flows belong to a job.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobFile {
+    /// Job name, unique (the `job` of its events).
+    pub name: String,
+    /// Member hosts: addresses (`"10.77.0.2"`) or CIDR prefixes (`"10.77.0.0/24"`).
+    pub members: Vec<MemberSpec>,
+    /// TCP port ranges of the job's flows (either end). With neither `tcp_ports` nor `udp_ports`,
+    /// every port matches; with one of them, only flows of that protocol on those ports.
+    pub tcp_ports: Option<Vec<PortSpec>>,
+    /// UDP port ranges (RoCEv2 is UDP 4791: list it to include RoCE flows).
+    pub udp_ports: Option<Vec<PortSpec>>,
+}
+
+/// A job member: one address or a prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberSpec(pub PrefixSpec);
+
+impl FromStr for MemberSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.contains('/') {
+            return s.parse().map(MemberSpec);
+        }
+        let addr: IpAddr = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{s}` is neither an IP address nor a CIDR prefix (\"10.77.0.2\" or \"10.77.0.0/24\")"))?;
+        Ok(MemberSpec(PrefixSpec { addr, len: if addr.is_ipv4() { 32 } else { 128 } }))
+    }
+}
+
+impl<'de> Deserialize<'de> for MemberSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(de::Error::custom)
+    }
+}
+
+impl PrefixSpec {
+    /// Whether `addr` is inside the prefix (IPv4 and IPv6 never match each other).
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        let bits = |a: IpAddr| -> (u128, u32) {
+            match a {
+                IpAddr::V4(v) => (u128::from(u32::from(v)) << 96, 32),
+                IpAddr::V6(v) => (u128::from(v), 128),
+            }
+        };
+        let (net, width) = bits(self.addr);
+        let (a, w2) = bits(addr);
+        if width != w2 {
+            return false;
+        }
+        let len = u32::from(self.len).min(width);
+        if len == 0 {
+            return true;
+        }
+        let mask = u128::MAX << (128 - len);
+        net & mask == a & mask
+    }
 }
 
 /// The `[match]` section.
@@ -246,7 +349,30 @@ impl ConfigFile {
                 message,
             }
         })?;
+        file.validate_jobs().map_err(|(index, key, message)| ConfigError::Invalid {
+            path: path.to_owned(),
+            line: find_job_key_line(text, index, key).unwrap_or(0),
+            key: format!("job.{key}"),
+            message,
+        })?;
         Ok(file)
+    }
+
+    /// `[[job]]` checks: (job index, key, message).
+    fn validate_jobs(&self) -> Result<(), (usize, &'static str, String)> {
+        let jobs = self.jobs.as_deref().unwrap_or_default();
+        for (i, j) in jobs.iter().enumerate() {
+            if j.name.trim().is_empty() {
+                return Err((i, "name", "must not be empty".to_owned()));
+            }
+            if let Some(first) = jobs[..i].iter().position(|o| o.name == j.name) {
+                return Err((i, "name", format!("job `{}` is defined twice (also job #{}); give each job its own name", j.name, first + 1)));
+            }
+            if j.members.is_empty() {
+                return Err((i, "members", "must list at least one address or prefix".to_owned()));
+            }
+        }
+        Ok(())
     }
 
     fn validate(&self) -> Result<(), (&'static str, String)> {
@@ -261,6 +387,11 @@ impl ConfigFile {
         positive(self.max_flows.map(|v| v as u64), "max_flows")?;
         positive(self.max_peers.map(|v| v as u64), "max_peers")?;
         positive(self.burst_history.map(|v| v as u64), "burst_history")?;
+        if let Some(d) = &self.detect {
+            positive(d.window_ms, "detect.window_ms")?;
+            positive(d.recent_events.map(|v| v as u64), "detect.recent_events")?;
+            positive(d.carry_over_windows.map(u64::from), "detect.carry_over_windows")?;
+        }
         if let Some(m) = &self.match_ {
             let n = m.tcp_ports.as_ref().map_or(0, Vec::len) + m.udp_ports.as_ref().map_or(0, Vec::len);
             if n > MAX_PORT_RANGES {
@@ -329,6 +460,33 @@ fn find_key_line(text: &str, section: &str, name: &str) -> Option<usize> {
         }
     }
     None
+}
+
+/// Line (1-based) of `key` inside the `index`-th `[[job]]` table (or of its header).
+fn find_job_key_line(text: &str, index: usize, key: &str) -> Option<usize> {
+    let mut seen = 0usize;
+    let mut header = None;
+    for (i, l) in text.lines().enumerate() {
+        let t = l.trim();
+        if t.starts_with('[') {
+            if header.is_some() {
+                break;
+            }
+            if t.trim_matches(|c| c == '[' || c == ']').trim() == "job" {
+                if seen == index {
+                    header = Some(i + 1);
+                }
+                seen += 1;
+            }
+        } else if header.is_some() {
+            if let Some((k, _)) = t.split_once('=') {
+                if k.trim().trim_matches('"') == key {
+                    return Some(i + 1);
+                }
+            }
+        }
+    }
+    header
 }
 
 /// The resolved match configuration handed to the kernel.
@@ -428,6 +586,40 @@ mod tests {
         let m = MatchSettings::from_file(f.match_.as_ref());
         assert_eq!(m.tcp_ports, vec![PortSpec { lo: 29500, hi: 29600 }, PortSpec { lo: 12345, hi: 12345 }]);
         assert!(!m.prefixes.is_empty());
+        assert_eq!(f.state_dir.as_deref(), Some(Path::new(DEFAULT_STATE_DIR)));
+        let d = f.detect.as_ref().unwrap();
+        assert_eq!(d.window_ms, Some(DEFAULT_DETECT_WINDOW_MS));
+        assert_eq!(d.recent_events, Some(DEFAULT_RECENT_EVENTS));
+        assert_eq!(d.carry_over_windows, Some(DEFAULT_CARRY_OVER_WINDOWS));
+        let defaults = crate::detect::DetectorConfig::default();
+        assert_eq!((d.min_window_bytes, d.min_data_packets), (Some(defaults.min_window_bytes), Some(defaults.min_data_packets)));
+        let jobs = f.jobs.as_ref().unwrap();
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(jobs[0].name, "train");
+        assert_eq!(jobs[0].members.len(), 2);
+        assert!(jobs[0].members[0].0.contains("10.77.0.9".parse().unwrap()));
+        assert!(!jobs[0].members[0].0.contains("10.78.0.9".parse().unwrap()));
+        assert_eq!(jobs[0].members[1].0.len, 128);
+    }
+
+    #[test]
+    fn job_errors_name_line_and_key() {
+        let two = "[[job]]\nname = \"a\"\nmembers = [\"10.0.0.1\"]\n\n[[job]]\nname = \"a\"\nmembers = [\"10.0.0.2\"]\n";
+        let msg = parse(two).unwrap_err().to_string();
+        assert!(msg.contains("line 6") && msg.contains("job.name") && msg.contains("twice"), "{msg}");
+        let msg = parse("[[job]]\nname = \"a\"\nmembers = []\n").unwrap_err().to_string();
+        assert!(msg.contains("line 3") && msg.contains("job.members"), "{msg}");
+        let msg = parse("[[job]]\nname = \"a\"\nmembers = [\"10.0.0.300\"]\n").unwrap_err().to_string();
+        assert!(msg.contains("line 3") && msg.contains("members") && msg.contains("neither"), "{msg}");
+        let msg = parse("[[job]]\nname = \"a\"\nmembers = [\"10.0.0.1\"]\ntcp_port = [1]\n").unwrap_err().to_string();
+        assert!(msg.contains("line 4") && msg.contains("tcp_port"), "{msg}");
+        let msg = parse("[detect]\nwindow_ms = 0\n").unwrap_err().to_string();
+        assert!(msg.contains("line 2") && msg.contains("detect.window_ms"), "{msg}");
+        let msg = parse("[detect.gray]\nz_opn = 1.0\n").unwrap_err().to_string();
+        assert!(msg.contains("line 2") && msg.contains("z_opn"), "{msg}");
+        let p = "::1/128".parse::<PrefixSpec>().unwrap();
+        assert!(p.contains("::1".parse().unwrap()) && !p.contains("127.0.0.1".parse().unwrap()));
+        assert!("0.0.0.0/0".parse::<PrefixSpec>().unwrap().contains("1.2.3.4".parse().unwrap()));
     }
 
     #[test]

@@ -316,6 +316,27 @@ pub struct FlowTable {
     events: EventCounts,
     evictions: Evictions,
     last_mono_ns: Option<u64>,
+    /// Per-flow deltas and ended bursts since the last [`FlowTable::take_window`]; `None` until
+    /// [`FlowTable::enable_windows`] (nothing drains them otherwise).
+    window: Option<WindowAccumulator>,
+}
+
+/// Most ended bursts held for one detection window; further ones are counted and dropped.
+pub const MAX_WINDOW_BURSTS: usize = 65_536;
+
+/// What happened between two [`FlowTable::take_window`] calls: the input of the detectors.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WindowAccumulator {
+    /// CLOCK_MONOTONIC of the poll that started the window (the previous take, or the first poll).
+    pub start_ns: Option<u64>,
+    /// CLOCK_MONOTONIC of the last poll folded in.
+    pub end_ns: u64,
+    /// Counter growth per flow over the window (bounded by the flows seen in it, ≤ `FLOWS`' size).
+    pub deltas: HashMap<FlowKey, Counters>,
+    /// `BURST_END` events drained in the window, with their flow key.
+    pub bursts: Vec<(FlowKey, BurstRecord)>,
+    /// Bursts dropped because the window already held [`MAX_WINDOW_BURSTS`].
+    pub bursts_dropped: u64,
 }
 
 impl FlowTable {
@@ -342,6 +363,11 @@ impl FlowTable {
                 _ => totals.counters,
             };
             self.account(key, &delta);
+            if let Some(w) = &mut self.window {
+                if delta != Counters::default() {
+                    w.deltas.entry(*key).or_default().add(&delta);
+                }
+            }
             let tau = self.settings.ewma_tau;
             let entry = self.flows.entry(*key).or_insert_with(|| FlowEntry {
                 key: *key,
@@ -366,7 +392,34 @@ impl FlowTable {
         for ev in &snap.events {
             self.apply_event(ev);
         }
+        if let Some(w) = &mut self.window {
+            w.start_ns.get_or_insert(snap.mono_ns);
+            w.end_ns = snap.mono_ns;
+        }
         self.evict(snap.mono_ns)
+    }
+
+    /// Starts accumulating per-window deltas and bursts for the detectors (the agent calls it
+    /// once when detection is on). The first window starts at the next applied snapshot.
+    pub fn enable_windows(&mut self) {
+        self.window.get_or_insert_with(WindowAccumulator::default);
+    }
+
+    /// How much time the current window spans so far (0 when windows are off or no poll came).
+    pub fn pending_window_ns(&self) -> u64 {
+        self.window.as_ref().and_then(|w| w.start_ns.map(|s| w.end_ns.saturating_sub(s))).unwrap_or(0)
+    }
+
+    /// Returns what accumulated since the previous call and starts a new window at the last
+    /// applied poll. `None` when windows are not enabled or no poll was applied since.
+    pub fn take_window(&mut self) -> Option<WindowAccumulator> {
+        let w = self.window.as_mut()?;
+        let start = w.start_ns?;
+        if w.end_ns <= start {
+            return None;
+        }
+        let next = WindowAccumulator { start_ns: Some(w.end_ns), end_ns: w.end_ns, ..Default::default() };
+        Some(std::mem::replace(w, next))
     }
 
     fn account(&mut self, key: &FlowKey, delta: &Counters) {
@@ -399,6 +452,13 @@ impl FlowTable {
                 let k = &ev.key;
                 let ik = InterfaceKey { ifindex: k.ifindex, direction: k.direction, kind: k.kind };
                 self.bursts.entry(ik).or_default().observe(&rec);
+                if let Some(w) = &mut self.window {
+                    if w.bursts.len() < MAX_WINDOW_BURSTS {
+                        w.bursts.push((*k, rec));
+                    } else {
+                        w.bursts_dropped += 1;
+                    }
+                }
                 if let Some(e) = self.flows.get_mut(k) {
                     let h = &mut e.bursts;
                     h.count += 1;

@@ -5,7 +5,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use dataplane_user::{
     agent::{self, AgentArgs, AgentSettings},
-    api::{FlowsResponse, StatusResponse},
+    api::{EventsResponse, FlowsResponse, StatusResponse},
     client,
     config::{ConfigFile, DEFAULT_PIN_DIR},
     loader,
@@ -18,6 +18,7 @@ use dataplane_user::{
 ///   ringside agent --iface eth0          # attach and serve on 127.0.0.1:9464
 ///   ringside flows --limit 10            # top flows by bytes
 ///   ringside status                      # attached interfaces, data-plane counters, poll age
+///   ringside events --all                # detection events (congestion, gray failure, straggler)
 ///   curl -s 127.0.0.1:9464/metrics       # Prometheus / OpenMetrics text
 ///
 /// Logging: RUST_LOG=info (default), RUST_LOG=debug for more.
@@ -60,6 +61,27 @@ enum Command {
         #[arg(long, default_value_t = client::default_agent_url())]
         agent: String,
         /// Print the raw JSON instead of a report.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the agent's detection events: open ones, and with --all the recently closed ones.
+    ///
+    /// Examples:
+    ///   ringside events
+    ///   ringside events --all --agent http://10.0.0.5:9464
+    ///   ringside events --json | jq '.events[] | select(.kind == "gray_failure") | .scope'
+    #[command(verbatim_doc_comment)]
+    Events {
+        /// The agent's base URL.
+        #[arg(long, default_value_t = client::default_agent_url())]
+        agent: String,
+        /// Also list recently closed events.
+        #[arg(long)]
+        all: bool,
+        /// How many events at most (1-1000).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Print the raw JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -127,6 +149,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 print!("{}", client::render_status(&r));
+            }
+        }
+        Command::Events { agent, all, limit, json } => {
+            let state = if all { "all" } else { "open" };
+            let r: EventsResponse = client::get_json(&agent, &format!("/v1/events?state={state}&limit={limit}"))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                print!("{}", client::render_events(&r));
             }
         }
         Command::Detach { interfaces, pin_dir, remove_qdisc } => {

@@ -8,6 +8,8 @@
 //!
 //! Labels are bounded: `interface` (attached interfaces), `direction` (2), `kind` (tcp, udp,
 //! rocev2), `peer` (at most `max_peers` addresses plus `other`), `result`/`reason` (fixed sets).
+//! Detection metrics carry only `kind`, `severity` and `operation` (fixed sets): which peer or link
+//! an event names is in `/v1/events`, not in labels.
 //! The raw 5-tuple is never a label; it is available from `/v1/flows`.
 use prometheus_client::{
     collector::Collector,
@@ -90,6 +92,18 @@ metric!(AGENT_FLOWS_EVICTED, "ringside_agent_flows_evicted", Counter,
 metric!(AGENT_INTERFACES_ATTACHED, "ringside_agent_interfaces_attached", Gauge,
     "Interfaces the flow monitor is attached to");
 
+// --- detection ---
+metric!(VERDICTS_OPEN, "ringside_verdicts_open", Gauge,
+    "Open detection events (/v1/events), by kind (congestion, gray_failure, straggler) and severity (info, warning, critical); carried-over events included");
+metric!(VERDICTS, "ringside_verdicts", Counter,
+    "Detection events opened since the agent started, by kind (events carried over from before a restart are not counted again)");
+metric!(DETECT_WINDOWS, "ringside_detect_windows", Counter,
+    "Detection windows run (detect.window_ms each)");
+metric!(DETECT_INPUT_ERRORS, "ringside_detect_input_errors", Counter,
+    "Job windows the detectors rejected (window too short or long, out of order, too many jobs); see the agent log");
+metric!(DETECT_STATE_FILE_ERRORS, "ringside_detect_state_file_errors", Counter,
+    "Problems with the events state file in state_dir, by operation: load (unreadable or corrupt at start: the agent started fresh) or save (open events may not survive a restart)");
+
 /// Every metric, in exposition order.
 pub const ALL: &[&Metric] = &[
     &DATAPLANE_PACKETS, &DATAPLANE_MAP_FULL, &DATAPLANE_RINGBUF_FULL, &DATAPLANE_EVENTS,
@@ -98,6 +112,7 @@ pub const ALL: &[&Metric] = &[
     &INTERFACE_BYTES, &INTERFACE_PACKETS, &BURSTS, &BURST_BYTES, &BURST_DURATION,
     &AGENT_EVENTS, &AGENT_POLLS, &AGENT_POLL_ERRORS, &AGENT_POLL_DURATION, &AGENT_LAST_POLL,
     &AGENT_FLOWS_EVICTED, &AGENT_INTERFACES_ATTACHED,
+    &VERDICTS_OPEN, &VERDICTS, &DETECT_WINDOWS, &DETECT_INPUT_ERRORS, &DETECT_STATE_FILE_ERRORS,
 ];
 
 /// The `Content-Type` of [`render`]'s output.
@@ -235,6 +250,33 @@ fn families(state: &AgentState) -> Vec<Family> {
     });
     let attached = if state.attached { state.interfaces.len() } else { 0 };
     out.push(single(&AGENT_INTERFACES_ATTACHED, Value::Count(attached as u64)));
+
+    // Detection: labels are the fixed kind × severity sets, never a peer or a job.
+    use crate::detect::{Severity, VerdictKind};
+    let kinds = [(VerdictKind::Congestion, "congestion"), (VerdictKind::GrayFailure, "gray_failure"), (VerdictKind::Straggler, "straggler")];
+    let severities = [(Severity::Info, "info"), (Severity::Warning, "warning"), (Severity::Critical, "critical")];
+    let ev = &state.events;
+    let mut open = Vec::new();
+    for (k, kn) in kinds {
+        for (sev, sn) in severities {
+            let n = ev.open_events().filter(|e| e.kind == k && e.severity == sev).count() as u64;
+            open.push((vec![("kind", kn.to_owned()), ("severity", sn.to_owned())], Value::Count(n)));
+        }
+    }
+    out.push(Family { metric: &VERDICTS_OPEN, series: open });
+    out.push(Family {
+        metric: &VERDICTS,
+        series: kinds.iter().map(|(k, kn)| (vec![("kind", (*kn).to_owned())], Value::Counter(ev.opened_total(*k)))).collect(),
+    });
+    out.push(single(&DETECT_WINDOWS, Value::Counter(ev.counters.windows)));
+    out.push(single(&DETECT_INPUT_ERRORS, Value::Counter(ev.counters.input_errors)));
+    out.push(Family {
+        metric: &DETECT_STATE_FILE_ERRORS,
+        series: vec![
+            (vec![("operation", "load".to_owned())], Value::Counter(ev.counters.state_load_errors)),
+            (vec![("operation", "save".to_owned())], Value::Counter(ev.counters.state_write_errors)),
+        ],
+    });
     out
 }
 
@@ -329,6 +371,9 @@ pub(crate) mod tests {
             }],
         });
         s.record_poll(Duration::from_micros(700));
+        let clock = crate::events::Clock { mono_ns: 20_000_000_000, unix_ms: 1_700_000_020_000 };
+        let v = crate::events::tests::verdict(1, crate::detect::VerdictKind::GrayFailure, "10.77.0.3");
+        s.events.apply(&[crate::detect::VerdictChange::Opened(v)], &clock);
         s.shared()
     }
 
@@ -358,6 +403,13 @@ pub(crate) mod tests {
             "ringside_agent_poll_duration_seconds_bucket{le=\"0.001\"} 1",
             "ringside_agent_events_total{kind=\"burst_end\"} 1",
             "ringside_agent_interfaces_attached 1",
+            "ringside_verdicts_open{kind=\"gray_failure\",severity=\"critical\"} 1",
+            "ringside_verdicts_open{kind=\"straggler\",severity=\"info\"} 0",
+            "ringside_verdicts_total{kind=\"gray_failure\"} 1",
+            "ringside_verdicts_total{kind=\"congestion\"} 0",
+            "ringside_detect_windows_total 0",
+            "ringside_detect_input_errors_total 0",
+            "ringside_detect_state_file_errors_total{operation=\"load\"} 0",
             "# TYPE ringside_peer_bytes counter",
             "# EOF",
         ] {

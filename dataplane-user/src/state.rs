@@ -10,7 +10,10 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use crate::flow_table::{FlowTable, TableSettings};
+use crate::{
+    events::EventLog,
+    flow_table::{FlowTable, TableSettings},
+};
 
 /// Upper bounds (seconds) of the poll-duration histogram buckets; the last bucket is +Inf.
 pub const POLL_DURATION_BUCKETS: [f64; 8] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1];
@@ -63,6 +66,10 @@ pub struct AgentState {
     pub last_poll: Option<Instant>,
     pub last_poll_unix_seconds: f64,
     pub poll_times: PollTimes,
+    /// Detection events (open, recently closed) and detection counters.
+    pub events: EventLog,
+    /// Names of the configured jobs.
+    pub jobs: Vec<String>,
 }
 
 pub type SharedState = Arc<RwLock<AgentState>>;
@@ -82,6 +89,8 @@ impl AgentState {
             last_poll: None,
             last_poll_unix_seconds: 0.0,
             poll_times: PollTimes::default(),
+            events: EventLog::new(crate::config::DEFAULT_RECENT_EVENTS, crate::config::DEFAULT_CARRY_OVER_WINDOWS),
+            jobs: Vec::new(),
         }
     }
 

@@ -2,10 +2,10 @@
 
 use std::net::IpAddr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What was detected.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum VerdictKind {
     /// A link (shared bottleneck) is congested.
@@ -24,7 +24,7 @@ impl VerdictKind {
 }
 
 /// What a verdict is about.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Scope {
     /// A local link id, as given in [`crate::detect::PeerWindow::link`].
@@ -36,7 +36,7 @@ pub enum Scope {
 }
 
 /// How bad. Ordered: `Info < Warning < Critical`. An open verdict's severity only escalates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Severity {
     /// Worth knowing, no action (stragglers below `warning_lateness_ns`).
@@ -48,7 +48,7 @@ pub enum Severity {
 }
 
 /// Time pattern of a gray failure; operators act differently on each.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Classification {
     /// One short episode so far (a flap): log it, no action unless it recurs. Every gray verdict
@@ -62,7 +62,7 @@ pub enum Classification {
 }
 
 /// Why a verdict closed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EndReason {
     /// `clear_windows` consecutive clean windows.
@@ -72,7 +72,7 @@ pub enum EndReason {
 }
 
 /// Which number an [`Evidence`] is about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Metric {
     /// Bytes per second within communication phases.
@@ -90,7 +90,7 @@ pub enum Metric {
 }
 
 /// What `Evidence::reference` was computed from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reference {
     /// Median over the job's other peers in the same window.
@@ -100,7 +100,7 @@ pub enum Reference {
 }
 
 /// A count of peers (for link-scoped evidence).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerCount {
     /// Peers whose metric crossed the threshold.
     pub affected: u32,
@@ -109,7 +109,7 @@ pub struct PeerCount {
 }
 
 /// A count of windows.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WindowCount {
     /// Anomalous windows among the last `of` observed windows of the scope.
     pub anomalous: u32,
@@ -117,7 +117,7 @@ pub struct WindowCount {
 }
 
 /// One number that made a window anomalous.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Evidence {
     pub metric: Metric,
     /// The scope's value in the latest anomalous window (for links: median over the affected
@@ -135,7 +135,7 @@ pub struct Evidence {
 }
 
 /// A detected condition, open or closed.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Verdict {
     /// Unique within one [`crate::detect::DetectorSet`], increasing in opening order.
     pub id: u64,

@@ -1,0 +1,288 @@
+//! The detection loop: every `detect.window_ms`, take the flow table's window (counter deltas and
+//! bursts, see [`crate::flow_table::WindowAccumulator`]), build each job's
+//! [`JobWindow`](crate::detect::JobWindow) ([`crate::jobs`]), run the detectors, fold their
+//! verdicts into the [`EventLog`], and persist the open events when they change.
+//!
+//! It runs on its own thread and holds the state's write lock only to take the window and to
+//! update the log; the detectors and the state-file write run outside it.
+use std::{
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    config::{self, ConfigFile},
+    detect::{DetectorConfig, DetectorSet, VerdictChange},
+    events::{self, Clock, EventLog},
+    jobs::JobSet,
+    state::SharedState,
+};
+
+/// Resolved detection settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DetectSettings {
+    pub enabled: bool,
+    pub window: Duration,
+    pub recent_events: usize,
+    pub carry_over_windows: u32,
+    pub detectors: DetectorConfig,
+    pub jobs: JobSet,
+    pub state_dir: PathBuf,
+}
+
+impl DetectSettings {
+    /// Defaults, overridden by the file's `[detect]`, `[[job]]` and `state_dir`.
+    pub fn from_file(file: &ConfigFile) -> Self {
+        let d = file.detect.clone().unwrap_or_default();
+        let window = Duration::from_millis(d.window_ms.unwrap_or(config::DEFAULT_DETECT_WINDOW_MS));
+        let mut detectors = DetectorConfig { window_ns: window.as_nanos() as u64, ..DetectorConfig::default() };
+        if let Some(v) = d.min_window_bytes {
+            detectors.min_window_bytes = v;
+        }
+        if let Some(v) = d.min_data_packets {
+            detectors.min_data_packets = v;
+        }
+        if let Some(v) = d.persistence {
+            detectors.persistence = v;
+        }
+        if let Some(v) = d.gray {
+            detectors.gray = v;
+        }
+        if let Some(v) = d.congestion {
+            detectors.congestion = v;
+        }
+        if let Some(v) = d.straggler {
+            detectors.straggler = v;
+        }
+        DetectSettings {
+            enabled: d.enabled.unwrap_or(true),
+            window,
+            recent_events: d.recent_events.unwrap_or(config::DEFAULT_RECENT_EVENTS),
+            carry_over_windows: d.carry_over_windows.unwrap_or(config::DEFAULT_CARRY_OVER_WINDOWS),
+            detectors,
+            jobs: JobSet::from_config(file.jobs.as_deref()),
+            state_dir: file.state_dir.clone().unwrap_or_else(|| config::DEFAULT_STATE_DIR.into()),
+        }
+    }
+}
+
+/// Sets up the event log (carrying over the open events of the previous run) and window
+/// accumulation in `state`. Never fails: a bad state file is logged and counted.
+pub fn prepare(state: &SharedState, settings: &DetectSettings) {
+    let mut log = EventLog::new(settings.recent_events, settings.carry_over_windows);
+    match events::load(&settings.state_dir) {
+        Ok(Some(saved)) => {
+            tracing::info!(open = saved.open.len(), file = %events::state_path(&settings.state_dir).display(), "carrying over open events from the previous run");
+            log.carry_over(saved);
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!("{e}");
+            log.counters.state_load_errors += 1;
+        }
+    }
+    let mut s = state.write().unwrap_or_else(|p| p.into_inner());
+    s.events = log;
+    s.jobs = settings.jobs.names();
+    if settings.enabled {
+        s.table.enable_windows();
+    }
+}
+
+/// The detectors and the last persisted state, owned by the detection thread.
+pub struct Detection {
+    settings: DetectSettings,
+    detectors: DetectorSet,
+}
+
+impl Detection {
+    pub fn new(settings: DetectSettings) -> Self {
+        let detectors = DetectorSet::new(settings.detectors.clone());
+        Detection { settings, detectors }
+    }
+
+    /// Runs one detection window if the table has accumulated at least 90 % of one. Returns
+    /// whether a window ran.
+    pub fn tick(&mut self, state: &SharedState) -> bool {
+        let min_ns = (self.settings.window.as_nanos() as u64) * 9 / 10;
+        let (window, ifnames) = {
+            let mut s = state.write().unwrap_or_else(|p| p.into_inner());
+            if s.table.pending_window_ns() < min_ns {
+                return false;
+            }
+            let Some(w) = s.table.take_window() else { return false };
+            (w, s.ifnames.clone())
+        };
+        let clock = Clock::now();
+        let job_windows = self.settings.jobs.windows(&window, |i| ifnames.get(&i).cloned().unwrap_or_else(|| format!("if{i}")));
+        let mut changes: Vec<VerdictChange> = Vec::new();
+        let mut errors = 0u64;
+        for jw in &job_windows {
+            match self.detectors.observe(jw) {
+                Ok(c) => changes.extend(c),
+                Err(e) => {
+                    errors += 1;
+                    tracing::warn!("detectors rejected a window: {e}");
+                }
+            }
+        }
+        if job_windows.is_empty() {
+            changes.extend(self.detectors.expire(window.end_ns));
+        }
+        for c in &changes {
+            let v = c.verdict();
+            let what = match c {
+                VerdictChange::Opened(_) => "opened",
+                VerdictChange::Updated(_) => "updated",
+                VerdictChange::Closed(_) => "closed",
+            };
+            tracing::info!(job = %v.job, kind = ?v.kind, scope = ?v.scope, severity = ?v.severity, "verdict {what}");
+        }
+        let persisted = {
+            let mut s = state.write().unwrap_or_else(|p| p.into_inner());
+            s.events.counters.windows += 1;
+            s.events.counters.input_errors += errors;
+            let mut dirty = s.events.apply(&changes, &clock);
+            s.events.refresh(self.detectors.open_verdicts());
+            dirty |= s.events.end_window(&clock);
+            dirty.then(|| s.events.persisted(clock.unix_ms))
+        };
+        if let Some(p) = persisted {
+            if let Err(e) = events::save(&self.settings.state_dir, &p) {
+                tracing::warn!("{e}");
+                state.write().unwrap_or_else(|p| p.into_inner()).events.counters.state_write_errors += 1;
+            }
+        }
+        true
+    }
+}
+
+/// Runs the detection loop on a thread until `stop` is set.
+pub fn spawn(settings: DetectSettings, state: SharedState, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
+    thread::Builder::new()
+        .name("ringside-detect".into())
+        .spawn(move || {
+            let step = (settings.window / 10).clamp(Duration::from_millis(10), Duration::from_millis(50));
+            let mut d = Detection::new(settings);
+            let mut last = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                thread::sleep(step);
+                if last.elapsed() >= d.settings.window.mul_f64(0.9) && d.tick(&state) {
+                    last = Instant::now();
+                }
+            }
+        })
+        .expect("spawning the detection thread")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        events::{tests::tempdir, EventState},
+        flow_table::{
+            tests::{key, stats},
+            PollSnapshot, TableSettings,
+        },
+        state::AgentState,
+    };
+    use dataplane_common::{direction, event_kind, flow_kind, BurstState, Event, FlowStats};
+    use std::path::Path;
+
+    const MS: u64 = 1_000_000;
+
+    /// One second of a 5-peer job seen from host 10.77.0.1: peer 10.77.0.3 loses 5 %.
+    fn second(t: u64, sec: u64, n: u64, lossy: Option<u8>) -> PollSnapshot {
+        let mut flows = Vec::new();
+        let mut events = Vec::new();
+        for p in 2..(2 + n as u8) {
+            let k = key(1, p, 29500, direction::EGRESS, flow_kind::TCP);
+            let retrans = if Some(p) == lossy { 100 * sec } else { 0 };
+            flows.push((k, vec![FlowStats { tcp_retrans: retrans, ..stats(2000 * sec, 3_000_000 * sec, 1, t) }]));
+            for step in 0..5u64 {
+                let s = t - 1000 * MS + step * 200 * MS;
+                events.push(Event {
+                    kind: event_kind::BURST_END,
+                    key: k,
+                    burst: BurstState { start_ns: s, last_ns: s + 100 * MS, bytes: 600_000, packets: 400 },
+                    ..Default::default()
+                });
+            }
+        }
+        PollSnapshot { mono_ns: t, flows, events, ..Default::default() }
+    }
+
+    #[test]
+    fn settings_from_file() {
+        let f = ConfigFile::parse(
+            "state_dir = \"/tmp/x\"\n[detect]\nwindow_ms = 500\nrecent_events = 3\n[detect.gray]\nz_open = 6.0\n\
+             [[job]]\nname = \"a\"\nmembers = [\"10.0.0.1\"]\n",
+            Path::new("t.toml"),
+        )
+        .unwrap();
+        let s = DetectSettings::from_file(&f);
+        assert_eq!((s.window, s.recent_events, s.carry_over_windows), (Duration::from_millis(500), 3, config::DEFAULT_CARRY_OVER_WINDOWS));
+        assert_eq!(s.detectors.window_ns, 500 * MS);
+        assert_eq!(s.detectors.gray.z_open, 6.0);
+        assert_eq!(s.detectors.gray.z_clear, crate::detect::GrayConfig::default().z_clear);
+        assert_eq!(s.state_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(s.jobs.names(), vec!["a"]);
+        let d = DetectSettings::from_file(&ConfigFile::default());
+        assert!(d.enabled);
+        assert_eq!(d.detectors, DetectorConfig::default());
+        assert_eq!(d.state_dir, PathBuf::from(config::DEFAULT_STATE_DIR));
+    }
+
+    #[test]
+    fn lossy_peer_becomes_a_persisted_event() {
+        let dir = tempdir("detect");
+        let f = ConfigFile::parse(&format!("state_dir = \"{}\"\n", dir.display()), Path::new("t.toml")).unwrap();
+        let settings = DetectSettings::from_file(&f);
+        let state = AgentState::new(TableSettings::default(), Duration::from_millis(100)).shared();
+        prepare(&state, &settings);
+        let mut d = Detection::new(settings.clone());
+        let t0 = 100_000 * MS;
+        state.write().unwrap().table.apply(&second(t0, 0, 5, None));
+        let _ = state.write().unwrap().table.take_window();
+        assert!(!d.tick(&state), "no window accumulated yet");
+        for sec in 1..=6u64 {
+            let lossy = (sec >= 3).then_some(3u8);
+            state.write().unwrap().table.apply(&second(t0 + sec * 1000 * MS, sec, 5, lossy));
+            assert!(d.tick(&state));
+        }
+        let s = state.read().unwrap();
+        assert_eq!(s.events.counters.windows, 6);
+        assert_eq!(s.events.counters.input_errors, 0);
+        let open: Vec<_> = s.events.open_events().collect();
+        assert!(!open.is_empty(), "a 5 % loss peer raises a verdict");
+        assert!(open.iter().all(|e| e.kind.is_network_fault()), "{open:?}");
+        assert!(
+            open.iter().any(|e| matches!(&e.scope, crate::detect::Scope::Peer { peer, .. } if peer.to_string() == "10.77.0.3")),
+            "{open:?}"
+        );
+        let saved = events::load(&dir).unwrap().unwrap();
+        assert_eq!(saved.open.len(), open.len());
+        assert!(saved.open.iter().all(|e| e.state == EventState::Open));
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn corrupt_state_file_is_counted_and_the_agent_starts_fresh() {
+        let dir = tempdir("detect-corrupt");
+        std::fs::write(events::state_path(&dir), "not json").unwrap();
+        let f = ConfigFile::parse(&format!("state_dir = \"{}\"\n", dir.display()), Path::new("t.toml")).unwrap();
+        let state = AgentState::new(TableSettings::default(), Duration::from_millis(100)).shared();
+        prepare(&state, &DetectSettings::from_file(&f));
+        let s = state.read().unwrap();
+        assert_eq!(s.events.counters.state_load_errors, 1);
+        assert_eq!(s.events.open_events().count(), 0);
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

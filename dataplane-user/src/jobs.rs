@@ -1,0 +1,320 @@
+//! Jobs and detection windows: which flows belong to which job, and how one window of the flow
+//! table (per-flow counter deltas and `BURST_END` events, see
+//! [`WindowAccumulator`](crate::flow_table::WindowAccumulator)) becomes one
+//! [`JobWindow`] per job for the detectors.
+//!
+//! Pure functions over the accumulator; the agent's detection thread calls them.
+//!
+//! Rules (documented for operators in `ringside.example.toml`):
+//! - a flow's *peer* is its remote end (source of an ingress packet, destination of an egress
+//!   one); on a switch's bridge ports that is the host cabled to the port;
+//! - a flow belongs to the first `[[job]]` (in file order) whose `members` contain its peer and
+//!   whose ports match (no `tcp_ports`/`udp_ports`: any port; otherwise TCP flows need a port in
+//!   `tcp_ports`, UDP and RoCEv2 flows one in `udp_ports`, on either end);
+//! - without `[[job]]`, every flow belongs to the job `default`;
+//! - a [`PeerWindow`] sums, over both directions and all of the job's flows with that peer, the
+//!   counter growth of the window; its `link` is the interface carrying most of those bytes;
+//! - bursts are the `BURST_END` events drained in the window (the kernel reports a burst when the
+//!   flow's next packet arrives, so a burst can land in the window after the one it ended in).
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv6Addr},
+};
+
+use dataplane_common::{flow_kind, FlowKey};
+
+use crate::{
+    config::{JobFile, PortSpec, PrefixSpec},
+    detect::{BurstSummary, JobWindow, PeerWindow},
+    flow_table::{Counters, FlowEntry, WindowAccumulator, OTHER_PEER},
+};
+
+/// Name of the job that holds every flow when no `[[job]]` is configured.
+pub const DEFAULT_JOB: &str = "default";
+
+/// One job's membership rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobSpec {
+    pub name: String,
+    pub members: Vec<PrefixSpec>,
+    pub tcp_ports: Option<Vec<PortSpec>>,
+    pub udp_ports: Option<Vec<PortSpec>>,
+}
+
+impl JobSpec {
+    fn matches(&self, key: &FlowKey) -> bool {
+        let peer = peer_ip(key);
+        if !self.members.iter().any(|m| m.contains(peer)) {
+            return false;
+        }
+        if self.tcp_ports.is_none() && self.udp_ports.is_none() {
+            return true;
+        }
+        let ranges = match key.kind {
+            flow_kind::TCP => self.tcp_ports.as_deref(),
+            flow_kind::UDP | flow_kind::ROCEV2 => self.udp_ports.as_deref(),
+            _ => None,
+        };
+        ranges.is_some_and(|r| {
+            r.iter().any(|p| (p.lo..=p.hi).contains(&key.src_port) || (p.lo..=p.hi).contains(&key.dst_port))
+        })
+    }
+}
+
+/// The configured jobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobSet {
+    /// Empty: one implicit job, [`DEFAULT_JOB`], with every flow.
+    jobs: Vec<JobSpec>,
+}
+
+impl JobSet {
+    pub fn from_config(jobs: Option<&[JobFile]>) -> Self {
+        let jobs = jobs
+            .unwrap_or_default()
+            .iter()
+            .map(|j| JobSpec {
+                name: j.name.clone(),
+                members: j.members.iter().map(|m| m.0).collect(),
+                tcp_ports: j.tcp_ports.clone(),
+                udp_ports: j.udp_ports.clone(),
+            })
+            .collect();
+        JobSet { jobs }
+    }
+
+    /// The job a flow belongs to, if any.
+    pub fn job_of(&self, key: &FlowKey) -> Option<&str> {
+        if self.jobs.is_empty() {
+            return (peer_of_key(key) != OTHER_PEER).then_some(DEFAULT_JOB);
+        }
+        self.jobs.iter().find(|j| j.matches(key)).map(|j| j.name.as_str())
+    }
+
+    /// Job names (for the API), in configuration order.
+    pub fn names(&self) -> Vec<String> {
+        if self.jobs.is_empty() {
+            vec![DEFAULT_JOB.to_owned()]
+        } else {
+            self.jobs.iter().map(|j| j.name.clone()).collect()
+        }
+    }
+
+    /// Builds one [`JobWindow`] per job with traffic in the window, ordered by job name; peers
+    /// ordered by address. `ifname` names an interface index (the `link` of a peer).
+    pub fn windows(&self, w: &WindowAccumulator, ifname: impl Fn(u32) -> String) -> Vec<JobWindow> {
+        let Some(start) = w.start_ns else { return Vec::new() };
+        #[derive(Default)]
+        struct Acc {
+            c: Counters,
+            bytes_by_if: BTreeMap<u32, u64>,
+            bursts: Vec<BurstSummary>,
+        }
+        let mut jobs: BTreeMap<&str, BTreeMap<IpAddr, Acc>> = BTreeMap::new();
+        for (key, delta) in &w.deltas {
+            let Some(job) = self.job_of(key) else { continue };
+            let acc = jobs.entry(job).or_default().entry(peer_ip(key)).or_default();
+            acc.c.add(delta);
+            *acc.bytes_by_if.entry(key.ifindex).or_default() += delta.bytes;
+        }
+        for (key, b) in &w.bursts {
+            let Some(job) = self.job_of(key) else { continue };
+            let acc = jobs.entry(job).or_default().entry(peer_ip(key)).or_default();
+            acc.bytes_by_if.entry(key.ifindex).or_default();
+            acc.bursts.push(BurstSummary { start_ns: b.start_ns, end_ns: b.start_ns.saturating_add(b.duration_ns), bytes: b.bytes });
+        }
+        jobs.into_iter()
+            .map(|(job, peers)| JobWindow {
+                job: job.to_owned(),
+                window_start_ns: start,
+                window_end_ns: w.end_ns,
+                peers: peers
+                    .into_iter()
+                    .map(|(peer, a)| {
+                        // The interface with most bytes; ties to the lowest index (stable).
+                        let ifindex = a
+                            .bytes_by_if
+                            .iter()
+                            .max_by(|x, y| x.1.cmp(y.1).then(y.0.cmp(x.0)))
+                            .map(|(i, _)| *i)
+                            .unwrap_or(0);
+                        peer_window(peer, ifname(ifindex), &a.c, a.bursts)
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+/// The detector input of one peer from its summed counter growth.
+pub fn peer_window(peer: IpAddr, link: String, c: &Counters, bursts: Vec<BurstSummary>) -> PeerWindow {
+    // Data packets: everything but TCP pure ACKs and RoCE control packets (CNPs, NAKs). SYN/FIN
+    // without data are too few to matter.
+    let control = c.tcp_pure_acks.saturating_add(c.roce_cnps).saturating_add(c.roce_naks);
+    PeerWindow {
+        peer,
+        link,
+        bytes: c.bytes,
+        data_packets: c.packets.saturating_sub(control),
+        retrans: c.tcp_retrans.saturating_add(c.roce_psn_out_of_order),
+        ce_marks: c.ce_marks,
+        cnps: c.roce_cnps,
+        psn_gap_packets: c.roce_psn_gap_packets,
+        naks: c.roce_naks,
+        bursts,
+    }
+}
+
+fn peer_of_key(key: &FlowKey) -> [u8; 16] {
+    // Same rule as FlowEntry::peer.
+    FlowEntry { key: *key, totals: Default::default(), rates: Default::default(), bursts: Default::default(), in_kernel: false }
+        .peer()
+}
+
+/// The peer of a flow as an address (IPv4-mapped addresses as IPv4).
+pub fn peer_ip(key: &FlowKey) -> IpAddr {
+    let v6 = Ipv6Addr::from(peer_of_key(key));
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        config::ConfigFile,
+        flow_table::{
+            tests::{key, stats},
+            FlowTable, PollSnapshot, TableSettings,
+        },
+    };
+    use dataplane_common::{direction, event_kind, BurstState, Event, FlowStats};
+    use std::path::Path;
+
+    const MS: u64 = 1_000_000;
+
+    fn jobs(toml: &str) -> JobSet {
+        let f = ConfigFile::parse(toml, Path::new("t.toml")).unwrap();
+        JobSet::from_config(f.jobs.as_deref())
+    }
+
+    #[test]
+    fn membership_by_prefix_address_and_ports() {
+        let j = jobs(
+            "[[job]]\nname = \"a\"\nmembers = [\"10.77.0.2\"]\ntcp_ports = [29500]\n\
+             [[job]]\nname = \"b\"\nmembers = [\"10.77.0.0/24\"]\n",
+        );
+        // Egress to 10.77.0.2 port 29500: job a (first match).
+        assert_eq!(j.job_of(&key(1, 2, 29500, direction::EGRESS, flow_kind::TCP)), Some("a"));
+        // Same peer, other port: a's ports do not match, b takes it.
+        assert_eq!(j.job_of(&key(1, 2, 80, direction::EGRESS, flow_kind::TCP)), Some("b"));
+        // UDP with only tcp_ports on a: not a.
+        assert_eq!(j.job_of(&key(1, 2, 4791, direction::EGRESS, flow_kind::ROCEV2)), Some("b"));
+        // Ingress: the peer is the source (10.77.0.3), so a does not match.
+        assert_eq!(j.job_of(&key(3, 2, 29500, direction::INGRESS, flow_kind::TCP)), Some("b"));
+        let mut outside = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        outside.dst_addr = dataplane_common::ipv4_mapped([10, 78, 0, 2]);
+        assert_eq!(j.job_of(&outside), None);
+        // The source port counts too.
+        let mut k = key(1, 2, 40000, direction::EGRESS, flow_kind::TCP);
+        k.src_port = 29500;
+        assert_eq!(j.job_of(&k), Some("a"));
+
+        let d = jobs("");
+        assert_eq!(d.job_of(&key(1, 2, 80, direction::EGRESS, flow_kind::UDP)), Some(DEFAULT_JOB));
+        assert_eq!(d.names(), vec![DEFAULT_JOB]);
+        let u = jobs("[[job]]\nname = \"r\"\nmembers = [\"10.77.0.0/16\"]\nudp_ports = [4791]\n");
+        assert_eq!(u.job_of(&key(1, 2, 4791, direction::EGRESS, flow_kind::ROCEV2)), Some("r"));
+        assert_eq!(u.job_of(&key(1, 2, 29500, direction::EGRESS, flow_kind::TCP)), None);
+    }
+
+    fn burst(k: FlowKey, start: u64, end: u64, bytes: u64) -> Event {
+        Event {
+            kind: event_kind::BURST_END,
+            key: k,
+            burst: BurstState { start_ns: start, last_ns: end, bytes, packets: 1 },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn counter_deltas_become_peer_windows_over_both_directions() {
+        let mut t = FlowTable::new(TableSettings::default());
+        t.enable_windows();
+        let out = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        let inb = key(2, 1, 29500, direction::INGRESS, flow_kind::TCP);
+        let other = key(1, 3, 29500, direction::EGRESS, flow_kind::TCP);
+        let base = FlowStats { tcp_retrans: 1, tcp_pure_acks: 2, ..stats(10, 10_000, 1, MS) };
+        t.apply(&PollSnapshot { mono_ns: 1000 * MS, flows: vec![(out, vec![base]), (inb, vec![stats(5, 300, 1, MS)])], ..Default::default() });
+        // One poll spans no time: no window yet. The window starts at that poll, and a flow new to
+        // the table counts its whole totals as growth (the kernel map starts empty at attach).
+        assert!(t.take_window().is_none());
+        assert_eq!(t.pending_window_ns(), 0);
+
+        t.apply(&PollSnapshot {
+            mono_ns: 1500 * MS,
+            flows: vec![
+                (out, vec![FlowStats { tcp_retrans: 4, tcp_pure_acks: 2, ..stats(110, 160_000, 1, 1499 * MS) }]),
+                (inb, vec![FlowStats { tcp_pure_acks: 50, ..stats(55, 3_300, 1, 1499 * MS) }]),
+                (other, vec![stats(7, 7_000, 1200 * MS, 1499 * MS)]),
+            ],
+            events: vec![burst(out, 1100 * MS, 1110 * MS, 100_000), burst(inb, 1100 * MS, 1111 * MS, 2_000)],
+            ..Default::default()
+        });
+        t.apply(&PollSnapshot {
+            mono_ns: 2000 * MS,
+            flows: vec![(out, vec![FlowStats { tcp_retrans: 4, tcp_pure_acks: 2, ..stats(120, 170_000, 1, 1999 * MS) }])],
+            events: vec![burst(out, 1600 * MS, 1605 * MS, 10_000)],
+            ..Default::default()
+        });
+        let w = t.take_window().unwrap();
+        assert_eq!((w.start_ns, w.end_ns), (Some(1000 * MS), 2000 * MS));
+        let js = jobs("[[job]]\nname = \"train\"\nmembers = [\"10.77.0.2\"]\n");
+        let windows = js.windows(&w, |i| format!("if{i}"));
+        assert_eq!(windows.len(), 1);
+        let jw = &windows[0];
+        assert_eq!((jw.job.as_str(), jw.window_start_ns, jw.window_end_ns), ("train", 1000 * MS, 2000 * MS));
+        assert_eq!(jw.peers.len(), 1, "10.77.0.3 is not a member");
+        let p = &jw.peers[0];
+        assert_eq!(p.peer, "10.77.0.2".parse::<IpAddr>().unwrap());
+        assert_eq!(p.link, "if2");
+        assert_eq!(p.bytes, 170_000 + 3_300);
+        // 120 + 55 packets, of which 2 + 50 pure ACKs.
+        assert_eq!(p.data_packets, 120 + 55 - 52);
+        assert_eq!(p.retrans, 4);
+        assert_eq!(p.bursts.len(), 3);
+        assert!(p.bursts.contains(&BurstSummary { start_ns: 1100 * MS, end_ns: 1111 * MS, bytes: 2_000 }));
+
+        // The next window starts where this one ended, empty.
+        let same = FlowStats { tcp_retrans: 4, tcp_pure_acks: 2, ..stats(120, 170_000, 1, 1999 * MS) };
+        t.apply(&PollSnapshot { mono_ns: 3000 * MS, flows: vec![(out, vec![same])], ..Default::default() });
+        let w2 = t.take_window().unwrap();
+        assert_eq!(w2.start_ns, Some(2000 * MS));
+        assert!(w2.bursts.is_empty());
+        assert!(w2.deltas.is_empty(), "no growth, no delta");
+        assert!(js.windows(&w2, |i| format!("if{i}")).is_empty());
+    }
+
+    #[test]
+    fn bursts_go_to_the_window_that_drained_them() {
+        let mut t = FlowTable::new(TableSettings::default());
+        let k = key(1, 2, 4791, direction::EGRESS, flow_kind::ROCEV2);
+        // Not enabled: nothing accumulates.
+        t.apply(&PollSnapshot { mono_ns: MS, events: vec![burst(k, 0, 1, 1)], ..Default::default() });
+        assert!(t.take_window().is_none());
+        t.enable_windows();
+        t.apply(&PollSnapshot { mono_ns: 100 * MS, events: vec![burst(k, 50 * MS, 60 * MS, 5)], ..Default::default() });
+        t.apply(&PollSnapshot { mono_ns: 200 * MS, events: vec![burst(k, 150 * MS, 160 * MS, 6)], ..Default::default() });
+        let w = t.take_window().unwrap();
+        assert_eq!(w.bursts.iter().map(|(_, b)| b.bytes).collect::<Vec<_>>(), vec![5, 6]);
+        t.apply(&PollSnapshot { mono_ns: 300 * MS, events: vec![burst(k, 190 * MS, 250 * MS, 7)], ..Default::default() });
+        let w = t.take_window().unwrap();
+        assert_eq!(w.bursts.len(), 1);
+        let jw = JobSet::from_config(None).windows(&w, |_| "eth0".into());
+        assert_eq!(jw[0].job, DEFAULT_JOB);
+        assert_eq!(jw[0].peers[0].bursts, vec![BurstSummary { start_ns: 190 * MS, end_ns: 250 * MS, bytes: 7 }]);
+        assert_eq!(jw[0].peers[0].bytes, 0, "a burst without counter growth still names its peer");
+    }
+}
