@@ -75,10 +75,14 @@ pub(crate) fn log_start(log: &FaultLog, rec: FaultRecord) {
 }
 
 pub(crate) fn log_end(log: &FaultLog, id: u64) -> Option<FaultRecord> {
+    log_end_at(log, id, unix_ms(SystemTime::now()))
+}
+
+fn log_end_at(log: &FaultLog, id: u64, ended_unix_ms: u64) -> Option<FaultRecord> {
     let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
     let r = l.iter_mut().find(|r| r.id == id)?;
     if r.ended_unix_ms.is_none() {
-        r.ended_unix_ms = Some(unix_ms(SystemTime::now()));
+        r.ended_unix_ms = Some(ended_unix_ms.max(r.started_unix_ms));
     }
     Some(r.clone())
 }
@@ -613,6 +617,8 @@ pub struct CrossTraffic {
     sent: Arc<AtomicU64>,
     received: Arc<AtomicU64>,
     started: Instant,
+    /// When the traffic stops by itself.
+    deadline: Instant,
     record: FaultRecord,
     log: FaultLog,
 }
@@ -656,7 +662,7 @@ pub fn cross_traffic(spec: &CrossTrafficSpec, from: NetnsHandle, to: NetnsHandle
     let deadline = started + duration;
     let stop = Arc::new(AtomicBool::new(false));
     let (sent, received) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let mut ct = CrossTraffic { stop: stop.clone(), threads: Vec::new(), sent: sent.clone(), received: received.clone(), started, record, log };
+    let mut ct = CrossTraffic { stop: stop.clone(), threads: Vec::new(), sent: sent.clone(), received: received.clone(), started, deadline, record, log };
     // Receiver: accept `streams` connections (bounded by the deadline), read each to EOF.
     {
         let (stop, received) = (stop.clone(), received.clone());
@@ -788,13 +794,16 @@ impl CrossTraffic {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        // The traffic ended at its deadline if that has passed, else now.
+        let now = Instant::now();
+        let ended = SystemTime::now() - now.saturating_duration_since(self.deadline.min(now));
+        log_end_at(&self.log, self.record.id, unix_ms(ended));
     }
 }
 
 impl Drop for CrossTraffic {
     fn drop(&mut self) {
         self.halt();
-        log_end(&self.log, self.record.id);
     }
 }
 

@@ -104,6 +104,7 @@ fn uplink_flap_stalls_a_transfer_which_then_completes() {
     let mut b = [0u8; 16];
     assert_eq!(s.read(&mut b).unwrap(), 0, "sink closes after reading everything");
     let took = t0.elapsed();
+    eprintln!("16 MiB across a 1 s uplink outage took {took:?}");
     let got = recv.join().unwrap().unwrap();
     assert_eq!(got.total_bytes, 64 * 1024 + bytes);
     // Nothing can be delivered while the uplink is down: the transfer stalled at least that long
@@ -173,6 +174,9 @@ fn cross_traffic_on_a_shared_uplink_cuts_cross_leaf_goodput() {
     let r = paced.stop();
     let mbit = r.bytes_sent as f64 * 8.0 / 1.5 / 1e6;
     assert!(mbit < 60.0 && mbit > 10.0, "paced at 40 Mbit/s but sent {mbit:.1} Mbit/s: {r:?}");
+    // The record ends when the traffic did (its duration), not when we collected the report.
+    let span = r.record.ended_unix_ms.unwrap() - r.record.started_unix_ms;
+    assert!((1400..=2500).contains(&span), "{:?}", r.record);
 }
 
 #[test]
