@@ -467,6 +467,37 @@ fn topk_decode<const M: u8>(pairs: &[u8], dst: &mut [f32]) -> Result<(), FrameEr
     Ok(())
 }
 
+/// For `1 ≤ k ≤ src.len()`: the k-th largest `|x|` bit pattern `t` and how many elements are strictly
+/// above it.
+fn kth_largest_magnitude(src: &[f32], k: usize) -> (u32, usize) {
+    const SHIFT: u32 = 19; // 31 magnitude bits -> 4096 bins (16 KiB, L1-resident)
+    let mag = |x: &f32| x.to_bits() & 0x7fff_ffff;
+    // Four interleaved histograms so runs of equal bins do not serialise on one counter.
+    let mut hist = vec![[0u32; 4]; 1 << (31 - SHIFT)];
+    let mut quads = src.chunks_exact(4);
+    for q in &mut quads {
+        for (lane, x) in q.iter().enumerate() {
+            hist[(mag(x) >> SHIFT) as usize][lane] += 1;
+        }
+    }
+    for x in quads.remainder() {
+        hist[(mag(x) >> SHIFT) as usize][0] += 1;
+    }
+    let mut above = 0usize;
+    let mut bin = 0usize;
+    for (b, h) in hist.iter().enumerate().rev() {
+        let n = h.iter().map(|&c| c as usize).sum::<usize>();
+        if above + n >= k {
+            bin = b;
+            break;
+        }
+        above += n;
+    }
+    let mut cand: Vec<u32> = src.iter().map(mag).filter(|m| (m >> SHIFT) as usize == bin).collect();
+    let (_, &mut t, _) = cand.select_nth_unstable_by(k - above - 1, |a, b| b.cmp(a));
+    (t, above + cand.iter().filter(|&&m| m > t).count())
+}
+
 impl ChunkCodec for TopKCodec {
     fn kind(&self) -> CodecKind {
         CodecKind::TopK { ratio: self.ratio }
@@ -476,20 +507,36 @@ impl ChunkCodec for TopKCodec {
     }
     fn encode(&self, src: &[f32], out: &mut Vec<u8>) {
         let k = self.kept(src.len());
-        let mut idx: Vec<u32> = (0..src.len() as u32).collect();
-        if k < src.len() {
-            // Magnitude order on the bit patterns; ties broken by index so encoding is deterministic.
-            let key = |i: &u32| (std::cmp::Reverse(src[*i as usize].to_bits() & 0x7fff_ffff), *i);
-            idx.select_nth_unstable_by_key(k - 1, key);
-            idx.truncate(k);
-            idx.sort_unstable();
-        }
-        out.reserve(4 + 8 * k);
+        out.reserve(4 + 8 * k + 8);
         out.extend_from_slice(&(k as u32).to_le_bytes());
-        for i in idx {
-            out.extend_from_slice(&i.to_le_bytes());
-            out.extend_from_slice(&src[i as usize].to_le_bytes());
+        if k == 0 {
+            return;
         }
+        // Magnitude order on the bit patterns (for non-negative floats the integer order is the float
+        // order); ties broken by the lower index, so encoding is deterministic. Rather than selecting
+        // and then sorting indices, find the k-th largest magnitude `t` (radix select: a histogram of
+        // the top 12 bits, then an O(n) selection among the few keys in the bin holding rank k), then
+        // emit in one index-ordered pass everything above `t` and the first `k − above` equal to `t`.
+        let (t, above) = kth_largest_magnitude(src, k);
+        let mut ties = k - above;
+        // Branch-free emission: every element is written at the cursor, which only advances for kept
+        // ones; one spare slot absorbs the write after the last kept element.
+        let start = out.len();
+        out.resize(start + 8 * k + 8, 0);
+        let o = &mut out[start..];
+        let mut pos = 0usize;
+        for (i, &x) in src.iter().enumerate() {
+            let m = x.to_bits() & 0x7fff_ffff;
+            let tie = m == t && ties > 0;
+            let keep = m > t || tie;
+            ties -= usize::from(tie);
+            let slot = &mut o[pos.min(8 * k)..][..8];
+            slot[..4].copy_from_slice(&(i as u32).to_le_bytes());
+            slot[4..].copy_from_slice(&x.to_le_bytes());
+            pos += 8 * usize::from(keep);
+        }
+        debug_assert_eq!(pos, 8 * k);
+        out.truncate(start + 8 * k);
     }
     fn decode(&self, p: &[u8], dst: &mut [f32], mode: DecodeMode) -> Result<(), FrameError> {
         if p.len() < 4 {
@@ -746,6 +793,26 @@ mod tests {
             }
             prop_assert!(kept.len() >= nonzero_out);
             if ratio >= 1.0 { prop_assert_eq!(&d, &src); }
+        }
+
+        #[test]
+        fn topk_matches_the_sort_reference(src in proptest::collection::vec(
+            prop_oneof![finite(), (-3i32..=3).prop_map(|v| v as f32), Just(-0.0f32)], 0..600), ratio in 0.01f32..=1.0) {
+            // Reference: full sort by (magnitude descending, index ascending), keep k, emit by index.
+            let c = TopKCodec { ratio };
+            let k = c.kept(src.len());
+            let mut idx: Vec<u32> = (0..src.len() as u32).collect();
+            idx.sort_by_key(|&i| (std::cmp::Reverse(src[i as usize].to_bits() & 0x7fff_ffff), i));
+            idx.truncate(k);
+            idx.sort_unstable();
+            let mut want = (k as u32).to_le_bytes().to_vec();
+            for i in idx {
+                want.extend_from_slice(&i.to_le_bytes());
+                want.extend_from_slice(&src[i as usize].to_le_bytes());
+            }
+            let mut got = vec![7u8];
+            c.encode(&src, &mut got);
+            prop_assert_eq!(&got[1..], &want[..]);
         }
 
         #[test]
