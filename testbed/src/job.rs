@@ -169,8 +169,8 @@ pub fn spawn_job<R: Rig + ?Sized>(rig: &R, cfg: &JobConfig) -> Result<RunningJob
         let id = fault::record_fault(&log, Some(hosts[r]), &ns, FaultKind::Straggler { rank: r, extra_ms });
         job.straggler_fault = Some((log, id));
     }
-    for r in 0..cfg.ranks {
-        let ns = rig.host_netns(hosts[r])?;
+    for (r, &host) in hosts.iter().enumerate() {
+        let ns = rig.host_netns(host)?;
         let out = out_dir.join(format!("rank-{r}.json"));
         let log = out_dir.join(format!("rank-{r}.log"));
         let _ = std::fs::remove_file(&out);

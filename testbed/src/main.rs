@@ -670,7 +670,9 @@ fn cmd_job(a: JobArgs) -> anyhow::Result<()> {
     // Find the binary before building a rig for it.
     let bin = testbed::job::find_rank_binary(cfg.rank_bin.as_deref())?;
     let auto_cross = a.faults.cross_traffic == Some(CrossArg::Auto);
-    let (rig, hosts, auto): (Box<dyn Rig>, Vec<usize>, Option<(usize, usize)>) = match a.topology {
+    // The rig, the host of each rank, and the (from, to) hosts of a bare --cross-traffic.
+    type Built = (Box<dyn Rig>, Vec<usize>, Option<(usize, usize)>);
+    let (rig, hosts, auto): Built = match a.topology {
         Topology::Star => {
             let extra = if auto_cross { 2 } else { 0 };
             let star = Star::new(star_config(cfg.ranks + extra, false, false, a.no_offloads, 1500))?;
