@@ -44,11 +44,11 @@ pub struct Opts {
     pub max_mib: u64,
     /// Bytes moved per (algorithm, size) cell, in MiB; bounds the step count (between --min-steps
     /// and --max-steps).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 512)]
     pub budget_mib: u64,
-    #[arg(long, default_value_t = 12)]
+    #[arg(long, default_value_t = 10)]
     pub min_steps: u32,
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 200)]
     pub max_steps: u32,
     /// Skip the OpenMPI baseline.
     #[arg(long)]
@@ -125,7 +125,11 @@ fn human(b: u64) -> String {
 
 /// (measured steps, warm-up steps) for a size.
 fn steps_for(o: &Opts, size: u64) -> (u32, u32) {
-    let n = ((o.budget_mib << 20) / size).clamp(o.min_steps as u64, o.max_steps as u64) as u32;
+    steps_for_budget(o, o.budget_mib, size)
+}
+
+fn steps_for_budget(o: &Opts, budget_mib: u64, size: u64) -> (u32, u32) {
+    let n = ((budget_mib << 20) / size).clamp(o.min_steps as u64, o.max_steps as u64) as u32;
     (n, (n / 10).max(2))
 }
 
@@ -186,10 +190,12 @@ pub fn run(o: Opts) -> Result<()> {
                 for &size in &size_list {
                     check_stop(stop)?;
                     port += 1;
+                    let t0 = Instant::now();
                     let cell = ringside_cell(&star, &rank_bin, &o, alg, size, &[], None, port, stop);
+                    let took = t0.elapsed().as_secs_f64();
                     match &cell {
                         Ok(c) => println!(
-                            "  ringside {alg:<4} {:>8}: {:>10.1} us  busbw {:>7.3} GB/s  ({} steps)",
+                            "  ringside {alg:<4} {:>8}: {:>10.1} us  busbw {:>7.3} GB/s  ({} steps, {took:.1} s)",
                             human(size),
                             c.time_s * 1e6,
                             c.busbw / 1e9,
@@ -227,12 +233,14 @@ pub fn run(o: Opts) -> Result<()> {
             if mpi_ready.is_ok() {
                 for (name, id) in MPI_ALGORITHMS {
                     check_stop(stop)?;
+                    let t0 = Instant::now();
                     let r = run_mpi(&star, &bench_dir, &mpi_bin, &o, &size_list, id, stop);
+                    let took = t0.elapsed().as_secs_f64();
                     match &r {
                         Ok(cells) => {
                             let line: Vec<String> =
                                 cells.iter().map(|c| format!("{}={:.3}", human(c.size).replace(' ', ""), c.busbw / 1e9)).collect();
-                            println!("  OpenMPI {name:<18} busbw GB/s: {}", line.join(" "));
+                            println!("  OpenMPI {name:<18} busbw GB/s: {}  [{took:.1} s]", line.join(" "));
                         }
                         Err(e) => println!("  OpenMPI {name:<18}: FAILED: {e:#}"),
                     }
@@ -491,9 +499,9 @@ fn ringside_cell(
 }
 
 /// Compute phase (ms) that covers a rank's gradient fill of `size` bytes with margin, on a busy
-/// 2-core machine (measured fill: about 1 ms per 4 MiB when the core is free).
+/// 2-core machine (measured with 4 ranks on 2 busy cores: about 13 ms at 16 MiB, up to 30).
 fn fill_ms(size: u64) -> u64 {
-    1 + (size >> 20) * 3 / 4
+    1 + (size >> 20) * 3 / 2
 }
 
 // ---- iperf3 --------------------------------------------------------------------------------------
@@ -614,14 +622,24 @@ fn run_mpi(star: &Star, dir: &Path, bin: &Path, o: &Opts, sizes: &[u64], algorit
         .args(["--mca", "btl", "tcp,self"])
         .args(["--mca", "btl_tcp_if_include", net])
         .args(["--mca", "oob_tcp_if_include", net])
-        .args(["--mca", "pml", "ob1"]);
+        .args(["--mca", "pml", "ob1"])
+        // Each "node" has one slot, so OpenMPI thinks it is not oversubscribed and busy-polls; four
+        // spinning ranks on two shared cores are then an order of magnitude slower. Yield instead.
+        .args(["--mca", "mpi_yield_when_idle", "1"]);
+    // Extra mpirun arguments for experiments, e.g. RINGSIDE_BENCH_MPI_EXTRA="--mca mpi_yield_when_idle 0".
+    if let Ok(extra) = std::env::var("RINGSIDE_BENCH_MPI_EXTRA") {
+        cmd.args(extra.split_whitespace());
+    }
     if algorithm != 0 {
         cmd.args(["--mca", "coll_tuned_use_dynamic_rules", "1"])
             .args(["--mca", "coll_tuned_allreduce_algorithm", &algorithm.to_string()]);
     }
     cmd.arg(bin);
+    // OpenMPI's own choice gets the full budget; the six forced algorithms half of it each (they
+    // only compete for "best"), which keeps the whole bench near 10 minutes on 2 cores.
+    let budget = if algorithm == 0 { o.budget_mib } else { (o.budget_mib / 2).max(1) };
     for &s in sizes {
-        let (n, warm) = steps_for(o, s);
+        let (n, warm) = steps_for_budget(o, budget, s);
         cmd.arg(format!("{s}:{n}:{warm}"));
     }
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -792,7 +810,7 @@ fn markdown(
          - busbw as nccl-tests defines it: `busbw = size / time · 2(n−1)/n` with n = {WORLD}; GB/s = 10^9 B/s. `time` is the\n  \
          median over measured steps of the slowest rank's allreduce time in that step (warm-up steps discarded).\n\
          - ringside: `ringside-rank` (release) per host via `testbed::run_job`, f32 buffers, chunk 1 MiB and 1 channel unless\n  \
-         stated; steps per size = clamp({} MiB / size, {}, {}) plus 10% (min 2) warm-up. Every step the ranks regenerate\n  \
+         stated; steps per size = clamp({} MiB / size, {}, {}) plus 10% (min 2) warm-up (OpenMPI's forced algorithms: half the budget). Every step the ranks regenerate\n  \
          their gradients; the compute phase is set just long enough to cover that fill ({} ms at 16 MiB) so that ranks enter\n  \
          the allreduce together and a rank's time is not its wait for a slower filler.\n\
          - OpenMPI: `xtask/bench/mpi_allreduce.c` (compiled with `mpicc -O2`), `MPI_Allreduce(MPI_FLOAT, MPI_SUM)` out of place,\n  \
