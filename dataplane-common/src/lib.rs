@@ -16,7 +16,8 @@ pub mod wire;
 /// Names of the maps in the eBPF object; the agent finds and pins them by these names.
 pub mod maps {
     pub const FLOWS: &str = "FLOWS";
-    pub const BURSTS: &str = "BURSTS";
+    /// Shared (not per-CPU) per-flow state: the open burst and the sequence tracking state.
+    pub const FLOW_STATE: &str = "FLOW_STATE";
     pub const CONFIG: &str = "CONFIG";
     pub const MATCH_PREFIXES: &str = "MATCH_PREFIXES";
     pub const EVENTS: &str = "EVENTS";
@@ -31,7 +32,7 @@ pub mod programs {
     pub const NOOP: &str = "noop";
 }
 
-/// Capacity of `FLOWS` and `BURSTS` (entries). LRU maps evict the least recently used flow when
+/// Capacity of `FLOWS` and `FLOW_STATE` (entries). LRU maps evict the least recently used flow when
 /// full; an eviction of a live flow is counted in `STATS[MAP_FULL]` when the update itself fails.
 pub const MAX_FLOWS: u32 = 16_384;
 /// Capacity of the `MATCH_PREFIXES` LPM trie.
@@ -72,7 +73,7 @@ pub mod stats {
     pub const MALFORMED: u32 = 3;
     /// Packets the parser skips by design: non-IP, IPv6 extension headers, IP fragments, other L4.
     pub const UNSUPPORTED: u32 = 4;
-    /// A `FLOWS` or `BURSTS` insert failed (map full and eviction impossible).
+    /// A `FLOWS` or `FLOW_STATE` insert failed (map full and eviction impossible).
     pub const MAP_FULL: u32 = 5;
     /// A ring-buffer reservation failed (consumer too slow): the event is lost, the packet is not.
     pub const RINGBUF_FULL: u32 = 6;
@@ -95,7 +96,7 @@ pub mod event_kind {
     pub const MAP_FULL: u32 = 3;
 }
 
-/// Key of `FLOWS` and `BURSTS`: 5-tuple + interface + direction. 44 bytes, no implicit padding.
+/// Key of `FLOWS` and `FLOW_STATE`: 5-tuple + interface + direction. 44 bytes, no implicit padding.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct FlowKey {
@@ -118,15 +119,15 @@ pub struct FlowKey {
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 44);
 
 /// Per-flow counters, one copy per CPU (`FLOWS` is a per-CPU LRU hash). Counters (`u64`) are summed
-/// across CPUs by the agent. The `*_state` fields are per-CPU tracking state, not counters: the agent
-/// ignores them. Because state is per CPU, a retransmission or PSN gap is only seen when the CPU that
-/// handles it also saw the packets before it; a flow that migrates between CPUs can hide some
-/// anomalies (never invent them). 176 bytes.
+/// across CPUs by the agent. Detections that need history (retransmissions, duplicate ACKs, PSN
+/// gaps) compare against the shared [`FlowState`] in `FLOW_STATE`, so they work when a flow's
+/// packets are handled by several CPUs; only the counts live here. 176 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FlowStats {
+    /// Wire packets (a GSO skb counts its `gso_segs`).
     pub packets: u64,
-    /// L3 bytes (IP header included), so rates match what the IP layer carried.
+    /// L3 bytes (IP header included, once per wire packet), so rates match what the IP layer carried.
     pub bytes: u64,
     /// Transport payload bytes (TCP/UDP payload; for RoCEv2 the UDP payload).
     pub payload_bytes: u64,
@@ -137,12 +138,13 @@ pub struct FlowStats {
     pub ce_marks: u64,
 
     // --- TCP ---
-    /// Data segments whose sequence number is below the highest sequence end already seen
-    /// (retransmission or reordering).
+    /// Data segments sent again: wire segments whose sequence range starts below the highest
+    /// sequence end already seen on any CPU (retransmission or reordering). A GSO skb counts the
+    /// segments that lie below that end.
     pub tcp_retrans: u64,
     /// Segments without payload carrying ACK and no SYN/FIN/RST.
     pub tcp_pure_acks: u64,
-    /// Pure ACKs repeating the previous ACK number.
+    /// Pure ACKs repeating the ACK number of the last pure ACK seen (on any CPU).
     pub tcp_dup_acks: u64,
     pub tcp_ece: u64,
     pub tcp_cwr: u64,
@@ -162,32 +164,21 @@ pub struct FlowStats {
     /// Congestion Notification Packets (BTH opcode 0x81).
     pub roce_cnps: u64,
 
-    // --- per-CPU tracking state (not counters) ---
-    /// TCP: highest `seq + payload_len` seen (wrapping).
+    // --- unused (formerly per-CPU tracking state, now in `FlowState`) ---
+    /// Always 0: the monitor no longer writes the `*_state` fields and `state_flags`. They keep
+    /// the layout (and the agent's code that names them) unchanged; the agent ignores them.
     pub tcp_seq_end_state: u32,
-    /// TCP: last ACK number seen on a pure ACK.
     pub tcp_last_ack_state: u32,
-    /// RoCEv2: next expected PSN (24 bits).
     pub roce_next_psn_state: u32,
-    /// RoCEv2: destination QP the PSN state belongs to (24 bits).
     pub roce_dest_qp_state: u32,
-    /// Bit 0: TCP seq state valid; bit 1: TCP ack state valid; bit 2: PSN state valid.
     pub state_flags: u32,
     pub _pad: u32,
 }
 const _: () = assert!(core::mem::size_of::<FlowStats>() == 176);
 
-/// `FlowStats::state_flags` bits.
-pub mod state_flags {
-    pub const TCP_SEQ_VALID: u32 = 1;
-    pub const TCP_ACK_VALID: u32 = 2;
-    pub const PSN_VALID: u32 = 4;
-}
-
-/// The current (open) burst of a flow, in the shared (not per-CPU) LRU hash `BURSTS`, so a burst
-/// that is handled by several CPUs is still one burst. Byte/packet counts are added atomically;
-/// the timestamps are written without a lock, and a race can make `last_ns` a few ns stale, which
-/// is far below the 1 ms idle gap that ends a burst. 32 bytes.
+/// The current (open) burst of a flow. Byte/packet counts are added atomically; the timestamps
+/// are written without a lock, and a race can make `last_ns` a few ns stale, which is far below the
+/// 1 ms idle gap that ends a burst. 32 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct BurstState {
@@ -197,6 +188,59 @@ pub struct BurstState {
     pub packets: u64,
 }
 const _: () = assert!(core::mem::size_of::<BurstState>() == 32);
+
+/// The state of a flow shared by all CPUs: the value of the LRU hash `FLOW_STATE` (key
+/// [`FlowKey`]). It holds what must not be split per CPU: the open burst (a burst handled by
+/// several CPUs is one burst) and the tracking state the retransmission, duplicate-ACK and PSN
+/// detections compare against (a retransmission is seen whichever CPU saw the original).
+///
+/// Each tracking field is one 64-bit word holding a value *and* its [`track::VALID`] bit, written
+/// with a single store, so a reader on another CPU never sees a half-written state (no separate
+/// flags word that could be valid before its value is). See [`track`] for the encodings. 56 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowState {
+    pub burst: BurstState,
+    /// TCP: highest `seq + payload_len` seen (wrapping), low 32 bits; `track::VALID`.
+    pub tcp_seq_end: u64,
+    /// TCP: ACK number of the last pure ACK seen, low 32 bits; `track::VALID`.
+    pub tcp_last_ack: u64,
+    /// RoCEv2: next expected PSN (bits 0..24), destination QP it belongs to (bits 24..48);
+    /// `track::VALID`.
+    pub roce_psn: u64,
+}
+const _: () = assert!(core::mem::size_of::<FlowState>() == 56);
+
+/// Encodings of the tracking words of [`FlowState`].
+pub mod track {
+    /// The word holds an observed value (0 = nothing observed yet, or resynchronising).
+    pub const VALID: u64 = 1 << 63;
+    /// `FlowState::roce_psn`: the destination QP starts at this bit.
+    pub const QP_SHIFT: u32 = 24;
+    /// 24-bit mask of a PSN or QP number.
+    pub const MASK24: u64 = 0xff_ffff;
+
+    /// The 32-bit value of a TCP word, if valid.
+    pub const fn tcp(word: u64) -> Option<u32> {
+        if word & VALID != 0 { Some(word as u32) } else { None }
+    }
+
+    /// `(next expected PSN, destination QP)` of a RoCEv2 word, if valid.
+    pub const fn psn(word: u64) -> Option<(u32, u32)> {
+        if word & VALID != 0 {
+            Some(((word & MASK24) as u32, ((word >> QP_SHIFT) & MASK24) as u32))
+        } else {
+            None
+        }
+    }
+
+    /// The RoCEv2 word for `next_psn` on `dest_qp` (both 24 bits), valid or not.
+    pub const fn psn_word(next_psn: u32, dest_qp: u32, valid: bool) -> u64 {
+        (next_psn as u64 & MASK24)
+            | ((dest_qp as u64 & MASK24) << QP_SHIFT)
+            | if valid { VALID } else { 0 }
+    }
+}
 
 /// A record on the `EVENTS` ring buffer. For `BURST_END` the burst fields describe the burst that
 /// ended; for `FLOW_START` and `MAP_FULL` they are zero except `start_ns`. 88 bytes.
@@ -293,6 +337,7 @@ mod pod {
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::FlowStats {}
     unsafe impl aya::Pod for super::BurstState {}
+    unsafe impl aya::Pod for super::FlowState {}
     unsafe impl aya::Pod for super::Event {}
     unsafe impl aya::Pod for super::PortRange {}
     unsafe impl aya::Pod for super::Config {}
@@ -335,6 +380,26 @@ mod tests {
         assert_eq!(offset_of!(FlowStats, roce_cnps), 144);
         assert_eq!(offset_of!(FlowStats, tcp_seq_end_state), 152);
         assert_eq!(offset_of!(FlowStats, state_flags), 168);
+    }
+
+    #[test]
+    fn flow_state_layout() {
+        assert_eq!(offset_of!(FlowState, burst), 0);
+        assert_eq!(offset_of!(FlowState, tcp_seq_end), 32);
+        assert_eq!(offset_of!(FlowState, tcp_last_ack), 40);
+        assert_eq!(offset_of!(FlowState, roce_psn), 48);
+        assert_eq!(core::mem::align_of::<FlowState>(), 8);
+    }
+
+    #[test]
+    fn tracking_words() {
+        assert_eq!(track::tcp(0), None);
+        assert_eq!(track::tcp(track::VALID | 0xffff_ffff), Some(0xffff_ffff));
+        let w = track::psn_word(0xff_ffff, 0x12_3456, true);
+        assert_eq!(track::psn(w), Some((0xff_ffff, 0x12_3456)));
+        assert_eq!(track::psn(track::psn_word(1, 2, false)), None);
+        // Out-of-range inputs are masked to 24 bits, never spill into the other field.
+        assert_eq!(track::psn(track::psn_word(0x100_0001, 0x100_0002, true)), Some((1, 2)));
     }
 
     #[test]

@@ -8,8 +8,11 @@
 //!   them, and only when headers are not already linear.
 //! - Work is bounded: no loop depends on packet contents (VLAN tags: at most two, unrolled; port
 //!   ranges: at most `MAX_PORT_RANGES`; IPv6 extension headers: not walked, counted as unsupported).
-//! - Nothing is emitted per packet. Counters are aggregated in `FLOWS` (per-CPU) and `BURSTS`
-//!   (shared); `EVENTS` carries only flow starts (opt-in), burst ends and map-full records.
+//! - Nothing is emitted per packet. Counters are aggregated in `FLOWS` (per-CPU); the open burst
+//!   and the sequence tracking state live in `FLOW_STATE` (shared by all CPUs); `EVENTS` carries
+//!   only flow starts (opt-in), burst ends and map-full records.
+//! - A matched packet costs one `bpf_ktime_get_ns`, one `FLOWS` lookup and one `FLOW_STATE`
+//!   lookup (plus an insert the first time a flow is seen); an unmatched one no hash lookup.
 //! - Every outcome is counted once in `STATS`: SEEN always, then exactly one of MALFORMED,
 //!   UNSUPPORTED, UNREADABLE, or PARSED (and MATCHED when the packet was counted in `FLOWS`).
 //!
@@ -23,7 +26,7 @@
 
 mod parse;
 
-use core::intrinsics::{atomic_xadd, AtomicOrdering};
+use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering};
 
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_PIPE},
@@ -33,9 +36,9 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use dataplane_common::{
-    config_flags, direction, event_kind, state_flags, stats, wire, BurstState, Config, Event,
-    FlowKey, FlowStats, PrefixKey, PrefixValue, DEFAULT_BURST_GAP_NS, EVENTS_RING_BYTES, MAX_FLOWS,
-    MAX_PORT_RANGES, MAX_PREFIXES,
+    config_flags, direction, event_kind, stats, track, wire, BurstState, Config, Event, FlowKey,
+    FlowState, FlowStats, PrefixKey, PrefixValue, DEFAULT_BURST_GAP_NS, EVENTS_RING_BYTES,
+    MAX_FLOWS, MAX_PORT_RANGES, MAX_PREFIXES,
 };
 
 use crate::parse::{Bth, Packet, Skip, TcpInfo, Transport};
@@ -44,9 +47,11 @@ use crate::parse::{Bth, Packet, Skip, TcpInfo, Transport};
 #[map(name = "FLOWS")]
 static FLOWS: LruPerCpuHashMap<FlowKey, FlowStats> = LruPerCpuHashMap::with_max_entries(MAX_FLOWS, 0);
 
-/// The open burst of each flow, shared across CPUs so a burst spread over CPUs is one burst.
-#[map(name = "BURSTS")]
-static BURSTS: LruHashMap<FlowKey, BurstState> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
+/// Per-flow state shared across CPUs: the open burst (a burst spread over CPUs is one burst) and
+/// the tracking state of the retransmission / duplicate-ACK / PSN detections (a retransmission is
+/// seen whichever CPU handled the original). See "Races on FLOW_STATE" below.
+#[map(name = "FLOW_STATE")]
+static FLOW_STATE: LruHashMap<FlowKey, FlowState> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
 
 /// The agent's match configuration (one entry).
 #[map(name = "CONFIG")]
@@ -112,6 +117,7 @@ fn monitor(ctx: &TcContext) -> Result<(), Skip> {
         key: FlowKey::default(),
         ecn: 0,
         segments: 1,
+        gso_size: 0,
         l3_bytes: 0,
         payload_bytes: 0,
         transport: Transport::Udp,
@@ -132,8 +138,17 @@ fn monitor(ctx: &TcContext) -> Result<(), Skip> {
 
     set_interface(ctx, &mut pkt.key);
     let now = unsafe { bpf_ktime_get_ns() };
-    update_flow(&pkt.key, &pkt, now, cfg.flags)?;
-    update_burst(&pkt.key, &pkt, now, cfg);
+    let s = update_flow(&pkt.key, &pkt, now, cfg.flags)?;
+    let st = match shared_state(&pkt.key, &pkt, now, cfg) {
+        Some(st) => st,
+        // Could not be created (map full, counted): the counters above still hold.
+        None => return Ok(()),
+    };
+    match pkt.transport {
+        Transport::Tcp(ref t) => tcp_track(s, st, t, &pkt),
+        Transport::Udp => {}
+        Transport::Rocev2(ref b) => rocev2_track(s, st, b),
+    }
     Ok(())
 }
 
@@ -200,11 +215,13 @@ fn set_interface(ctx: &TcContext, key: &mut FlowKey) {
 }
 
 #[inline(always)]
-fn update_flow(key: &FlowKey, pkt: &Packet, now: u64, flags: u32) -> Result<(), Skip> {
+fn update_flow(key: &FlowKey, pkt: &Packet, now: u64, flags: u32) -> Result<&'static mut FlowStats, Skip> {
     let stats = match FLOWS.get_ptr_mut(key) {
         Some(s) => s,
         None => new_flow(key, now, flags).ok_or(Skip::MapFull)?,
     };
+    // SAFETY: a map value pointer stays valid for the rest of this program run (RCU); this CPU's
+    // copy is written only by this CPU, with BH disabled.
     let s = unsafe { &mut *stats };
     s.packets += pkt.segments as u64;
     s.bytes += pkt.l3_bytes as u64;
@@ -216,12 +233,7 @@ fn update_flow(key: &FlowKey, pkt: &Packet, now: u64, flags: u32) -> Result<(), 
     if pkt.ecn == wire::ECN_CE {
         s.ce_marks += 1;
     }
-    match pkt.transport {
-        Transport::Tcp(ref t) => tcp_update(s, t, pkt.payload_bytes),
-        Transport::Udp => {}
-        Transport::Rocev2(ref b) => rocev2_update(s, b),
-    }
-    Ok(())
+    Ok(s)
 }
 
 /// The initial value of a flow, in .rodata: a map value may be read from global data, which keeps
@@ -250,9 +262,84 @@ fn new_flow(key: &FlowKey, now: u64, flags: u32) -> Option<*mut FlowStats> {
     }
 }
 
+// Races on FLOW_STATE. Several CPUs may handle packets of one flow at the same time and update
+// its entry without a lock. The tracking state is built so a race can only *lose* a detection,
+// never invent one:
+// - Each tracking word (`FlowState::tcp_seq_end`, `tcp_last_ack`, `roce_psn`) is read once and
+//   written with one aligned 64-bit store of a value *and* its VALID bit, so every word a reader
+//   sees is exactly what some earlier packet of the flow wrote: only observed values are stored.
+// - TCP retransmission: counted when `seq` is before the stored end. The stored end is the end of
+//   a segment that was seen, so it is at most the true highest end: the segment really starts
+//   below data already seen. Two CPUs raising the end at once may leave the smaller of the two
+//   (a lost update): later retransmissions between the two ends are then missed, none are added.
+// - Duplicate ACK: counted when the ACK number equals the stored one, which another pure ACK of
+//   this flow carried: two pure ACKs with that number were seen. A lost store only hides one.
+// - RoCEv2 PSN: here a stale expectation *would* invent a gap (the next in-order PSN would look
+//   ahead of it), so the word is advanced with compare-and-exchange from the value the decision
+//   was made on; if another CPU changed it in between, this packet's detection is dropped and the
+//   other CPU's state stands. "Behind" needs no store: the stored expectation came from a PSN that
+//   was seen, so a PSN behind it really arrived after a later one.
+// Counters stay per CPU in FLOWS, so none of this contends on the counters' cache lines.
+
+/// TCP flag counters and the retransmission / duplicate-ACK detections.
 #[inline(always)]
-fn tcp_update(s: &mut FlowStats, t: &TcpInfo, payload: u32) {
+fn tcp_track(s: &mut FlowStats, st: &mut FlowState, t: &TcpInfo, pkt: &Packet) {
     let f = t.flags;
+    // Rare flags behind one test: data segments and ACKs usually carry none of them.
+    if f & (wire::TCP_SYN | wire::TCP_FIN | wire::TCP_RST | wire::TCP_ECE | wire::TCP_CWR) != 0 {
+        tcp_rare_flags(s, f);
+    }
+    let payload = pkt.payload_bytes;
+    if payload > 0 {
+        let end = t.seq.wrapping_add(payload);
+        let cur = load(&st.tcp_seq_end);
+        if cur & track::VALID == 0 {
+            store(&mut st.tcp_seq_end, track::VALID | end as u64);
+            return;
+        }
+        let high = cur as u32;
+        // Serial-number comparison (RFC 1982 / RFC 9293 §3.4): a difference whose i32 value is
+        // negative means "before", across the 2^32 wrap.
+        if (t.seq.wrapping_sub(high) as i32) < 0 {
+            s.tcp_retrans += retransmitted_segments(t.seq, end, high, pkt) as u64;
+        }
+        if (end.wrapping_sub(high) as i32) > 0 {
+            store(&mut st.tcp_seq_end, track::VALID | end as u64);
+        }
+    } else if f & wire::TCP_ACK != 0 && f & (wire::TCP_SYN | wire::TCP_FIN | wire::TCP_RST) == 0 {
+        s.tcp_pure_acks += 1;
+        let cur = load(&st.tcp_last_ack);
+        let word = track::VALID | t.ack as u64;
+        if cur == word {
+            s.tcp_dup_acks += 1;
+        } else {
+            store(&mut st.tcp_last_ack, word);
+        }
+    }
+}
+
+/// Wire segments of a data skb `[seq, end)` that lie below `high` (`seq` is before `high`). A
+/// plain segment is 1; a GSO super-packet counts the `gso_size` segments that start below `high`
+/// (a retransmission the stack batched, or one overlapping new data), as the sender's
+/// RetransSegs does (tcp_skb_pcount of the retransmitted skb).
+#[inline(always)]
+fn retransmitted_segments(seq: u32, end: u32, high: u32, pkt: &Packet) -> u32 {
+    let segs = pkt.segments;
+    if segs <= 1 || (end.wrapping_sub(high) as i32) <= 0 {
+        return segs;
+    }
+    let mss = pkt.gso_size;
+    if mss == 0 {
+        return 1;
+    }
+    let below = high.wrapping_sub(seq);
+    let n = (below + mss - 1) / mss;
+    if n > segs { segs } else { n }
+}
+
+/// SYN, FIN, RST, ECE and CWR counters. Out of the common path's way.
+#[inline(always)]
+fn tcp_rare_flags(s: &mut FlowStats, f: u8) {
     if f & wire::TCP_SYN != 0 {
         s.tcp_syn += 1;
     }
@@ -268,35 +355,12 @@ fn tcp_update(s: &mut FlowStats, t: &TcpInfo, payload: u32) {
     if f & wire::TCP_CWR != 0 {
         s.tcp_cwr += 1;
     }
-    if payload > 0 {
-        let end = t.seq.wrapping_add(payload);
-        if s.state_flags & state_flags::TCP_SEQ_VALID == 0 {
-            s.tcp_seq_end_state = end;
-            s.state_flags |= state_flags::TCP_SEQ_VALID;
-        } else {
-            // Serial-number comparison (RFC 1982 / RFC 9293 §3.4): a difference whose i32 value is
-            // negative means "before", across the 2^32 wrap.
-            if (t.seq.wrapping_sub(s.tcp_seq_end_state) as i32) < 0 {
-                s.tcp_retrans += 1;
-            }
-            if (end.wrapping_sub(s.tcp_seq_end_state) as i32) > 0 {
-                s.tcp_seq_end_state = end;
-            }
-        }
-    } else if f & wire::TCP_ACK != 0 && f & (wire::TCP_SYN | wire::TCP_FIN | wire::TCP_RST) == 0 {
-        s.tcp_pure_acks += 1;
-        if s.state_flags & state_flags::TCP_ACK_VALID != 0 && s.tcp_last_ack_state == t.ack {
-            s.tcp_dup_acks += 1;
-        }
-        s.tcp_last_ack_state = t.ack;
-        s.state_flags |= state_flags::TCP_ACK_VALID;
-    }
 }
 
 /// RoCEv2 reliability signals. PSNs are 24-bit serial numbers (IBA §9.7.2): the distance
 /// `(psn - expected) mod 2^24` is "ahead" below 2^23 and "behind" above it.
 #[inline(always)]
-fn rocev2_update(s: &mut FlowStats, b: &Bth) {
+fn rocev2_track(s: &mut FlowStats, st: &mut FlowState, b: &Bth) {
     use wire::bth_opcode;
     if b.opcode == bth_opcode::CNP {
         // CNPs carry no meaningful PSN (Annex A17.9.3).
@@ -313,31 +377,34 @@ fn rocev2_update(s: &mut FlowStats, b: &Bth) {
     if b.opcode == RC_ATOMIC_ACK {
         return;
     }
-    let valid = s.state_flags & state_flags::PSN_VALID != 0;
-    if !valid || s.roce_dest_qp_state != b.dest_qp {
-        // First packet, or a new queue pair reusing the 5-tuple: PSN spaces are per QP.
-        s.roce_dest_qp_state = b.dest_qp;
-    } else {
-        let delta = b.psn.wrapping_sub(s.roce_next_psn_state) & wire::PSN_MASK;
-        if delta != 0 {
-            if delta < PSN_HALF {
-                s.roce_psn_gap_events += 1;
-                s.roce_psn_gap_packets += delta as u64;
-            } else {
-                // Behind the expected PSN: retransmission (go-back-N) or reordering. The
-                // expectation is not moved back, so the rest of a go-back-N replay counts too.
-                s.roce_psn_out_of_order += 1;
-                return;
-            }
+    let cur = load(&st.roce_psn);
+    let mut gap = 0;
+    let expected = cur as u32 & wire::PSN_MASK;
+    let qp = (cur >> track::QP_SHIFT) as u32 & wire::PSN_MASK;
+    if cur & track::VALID != 0 && qp == b.dest_qp {
+        let delta = b.psn.wrapping_sub(expected) & wire::PSN_MASK;
+        if delta >= PSN_HALF {
+            // Behind the expected PSN: retransmission (go-back-N) or reordering. The
+            // expectation is not moved back, so the rest of a go-back-N replay counts too.
+            s.roce_psn_out_of_order += 1;
+            return;
         }
+        gap = delta;
     }
-    s.roce_next_psn_state = b.psn.wrapping_add(1) & wire::PSN_MASK;
-    if b.opcode == RC_RDMA_READ_REQUEST {
-        // A read request consumes one PSN per response packet, a count the BTH does not carry
-        // (RETH length / path MTU): resynchronise on the next request instead of guessing.
-        s.state_flags &= !state_flags::PSN_VALID;
-    } else {
-        s.state_flags |= state_flags::PSN_VALID;
+    // Otherwise: first packet, resynchronisation, or a new queue pair reusing the 5-tuple (PSN
+    // spaces are per QP): take this PSN as the reference.
+    //
+    // A read request consumes one PSN per response packet, a count the BTH does not carry (RETH
+    // length / path MTU): resynchronise on the next request instead of guessing.
+    let valid = b.opcode != RC_RDMA_READ_REQUEST;
+    let next = track::psn_word(b.psn.wrapping_add(1), b.dest_qp, valid);
+    if next != cur && !cas(&mut st.roce_psn, cur, next) {
+        // Another CPU moved the expectation since we read it: drop this packet's detection.
+        return;
+    }
+    if gap != 0 {
+        s.roce_psn_gap_events += 1;
+        s.roce_psn_gap_packets += gap as u64;
     }
 }
 
@@ -347,42 +414,83 @@ const RC_RDMA_READ_REQUEST: u8 = 0x0C;
 const RC_ATOMIC_ACK: u8 = 0x12;
 const PSN_HALF: u32 = 1 << 23;
 
+/// Finds (or creates) the flow's shared state and accounts the packet to its open burst.
 #[inline(always)]
-fn update_burst(key: &FlowKey, pkt: &Packet, now: u64, cfg: &Config) {
-    let gap = if cfg.burst_gap_ns == 0 { DEFAULT_BURST_GAP_NS } else { cfg.burst_gap_ns };
+fn shared_state(key: &FlowKey, pkt: &Packet, now: u64, cfg: &Config) -> Option<&'static mut FlowState> {
     let bytes = pkt.l3_bytes as u64;
     let packets = pkt.segments as u64;
-    match BURSTS.get_ptr_mut(key) {
-        Some(b) => {
-            let b = unsafe { &mut *b };
-            let last = b.last_ns;
-            // Signed difference: another CPU may have stored a `last_ns` a few ns after our `now`.
-            if (now.wrapping_sub(last) as i64) > gap as i64 {
-                if cfg.flags & config_flags::BURST_EVENTS != 0 {
-                    emit(event_kind::BURST_END, key, now, Some(b));
-                }
-                // Not atomic as a whole: a packet another CPU adds between these stores can land
-                // in either burst. It cannot be lost, and the burst boundary stays within the gap.
-                b.start_ns = now;
-                b.last_ns = now;
-                b.bytes = bytes;
-                b.packets = packets;
-            } else {
-                // Shared entry: atomic adds (BPF_ATOMIC | BPF_ADD, no fetch) so CPUs never lose counts.
-                atomic_add(&mut b.bytes, bytes);
-                atomic_add(&mut b.packets, packets);
-                if (now.wrapping_sub(last) as i64) > 0 {
-                    b.last_ns = now;
-                }
-            }
+    let st = match FLOW_STATE.get_ptr_mut(key) {
+        // SAFETY: a map value pointer stays valid for the rest of this program run (RCU); the
+        // fields are shared with other CPUs and written as described in "Races on FLOW_STATE".
+        Some(st) => unsafe { &mut *st },
+        None => return new_flow_state(key, bytes, packets, now),
+    };
+    let gap = if cfg.burst_gap_ns == 0 { DEFAULT_BURST_GAP_NS } else { cfg.burst_gap_ns };
+    let b = &mut st.burst;
+    let last = b.last_ns;
+    let since = now.wrapping_sub(last) as i64;
+    // Signed difference: another CPU may have stored a `last_ns` a few ns after our `now`.
+    if since > gap as i64 {
+        if cfg.flags & config_flags::BURST_EVENTS != 0 {
+            emit(event_kind::BURST_END, key, now, Some(b));
         }
-        None => {
-            let fresh = BurstState { start_ns: now, last_ns: now, bytes, packets };
-            if BURSTS.insert(key, &fresh, BPF_NOEXIST as u64).is_err() && BURSTS.get_ptr(key).is_none() {
-                count(stats::MAP_FULL, 1);
-            }
+        // Not atomic as a whole: a packet another CPU adds between these stores can land
+        // in either burst. It cannot be lost, and the burst boundary stays within the gap.
+        b.start_ns = now;
+        b.last_ns = now;
+        b.bytes = bytes;
+        b.packets = packets;
+    } else {
+        // Shared entry: atomic adds (BPF_ATOMIC | BPF_ADD, no fetch) so CPUs never lose counts.
+        atomic_add(&mut b.bytes, bytes);
+        atomic_add(&mut b.packets, packets);
+        if since > 0 {
+            b.last_ns = now;
         }
     }
+    Some(st)
+}
+
+/// First packet of a flow in `FLOW_STATE`: the burst starts with it and no tracking state is
+/// known yet. Out of line: it is rare.
+#[inline(never)]
+fn new_flow_state(key: &FlowKey, bytes: u64, packets: u64, now: u64) -> Option<&'static mut FlowState> {
+    let fresh = FlowState {
+        burst: BurstState { start_ns: now, last_ns: now, bytes, packets },
+        tcp_seq_end: 0,
+        tcp_last_ack: 0,
+        roce_psn: 0,
+    };
+    // BPF_NOEXIST: another CPU may have created the entry since our lookup; then its entry
+    // stands and this packet is missing from the first burst's bytes/packets (at most one packet
+    // per racing CPU, at a flow's very first packets; the FLOWS counters have it).
+    let _ = FLOW_STATE.insert(key, &fresh, BPF_NOEXIST as u64);
+    match FLOW_STATE.get_ptr_mut(key) {
+        // SAFETY: as in `shared_state`.
+        Some(st) => Some(unsafe { &mut *st }),
+        None => {
+            count(stats::MAP_FULL, 1);
+            None
+        }
+    }
+}
+
+/// One 64-bit load the compiler may not split, repeat or move: the value a decision is made on.
+#[inline(always)]
+fn load(src: &u64) -> u64 {
+    unsafe { core::ptr::read_volatile(src) }
+}
+
+/// One 64-bit store (a single BPF_STX | BPF_DW), so another CPU sees the old or the new word.
+#[inline(always)]
+fn store(dst: &mut u64, v: u64) {
+    unsafe { core::ptr::write_volatile(dst, v) };
+}
+
+/// `*dst = new` if `*dst == old`, as one BPF_ATOMIC | BPF_CMPXCHG; true if it was written.
+#[inline(always)]
+fn cas(dst: &mut u64, old: u64, new: u64) -> bool {
+    unsafe { atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(dst, old, new).1 }
 }
 
 /// `*dst += v` as one BPF_ATOMIC | BPF_ADD instruction (the result is unused, so LLVM emits the

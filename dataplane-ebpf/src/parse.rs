@@ -59,6 +59,8 @@ pub struct Packet {
     pub ecn: u8,
     /// Wire packets this skb stands for (`gso_segs`, at least 1).
     pub segments: u32,
+    /// Payload bytes per segment of a GSO skb (`gso_size`); 0 when `segments` is 1.
+    pub gso_size: u32,
     /// L3 bytes of all those packets (headers counted once per segment).
     pub l3_bytes: u32,
     /// Transport payload bytes.
@@ -228,7 +230,12 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<(), Skip> {
     pkt.key.protocol = protocol;
 
     let gso_segs = unsafe { (*ctx.skb.skb).gso_segs };
-    let segments = if gso_segs > 1 { gso_segs } else { 1 };
+    let segments = if gso_segs > 1 {
+        pkt.gso_size = unsafe { (*ctx.skb.skb).gso_size };
+        gso_segs
+    } else {
+        1
+    };
     pkt.segments = segments;
 
     // --- TCP / UDP / RoCEv2 ---

@@ -33,7 +33,7 @@ use dataplane_common::{maps, programs, PrefixKey, PrefixValue};
 use crate::{config::AttachMode, object, state::AttachedInterface};
 
 /// Maps pinned under the pin directory.
-pub const PINNED_MAPS: [&str; 6] = [maps::FLOWS, maps::BURSTS, maps::CONFIG, maps::MATCH_PREFIXES, maps::EVENTS, maps::STATS];
+pub const PINNED_MAPS: [&str; 6] = [maps::FLOWS, maps::FLOW_STATE, maps::CONFIG, maps::MATCH_PREFIXES, maps::EVENTS, maps::STATS];
 
 /// `statfs` magic of bpffs (include/uapi/linux/magic.h).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;

@@ -2,7 +2,7 @@
 //!
 //! Each test loads its own instance of the embedded object (maps are per load, so tests running in
 //! parallel never share state), writes `CONFIG` / `MATCH_PREFIXES`, runs frames through `flowmon`,
-//! and asserts the exact contents of `FLOWS`, `BURSTS`, `STATS` and `EVENTS`. Nothing is attached
+//! and asserts the exact contents of `FLOWS`, `FLOW_STATE`, `STATS` and `EVENTS`. Nothing is attached
 //! to an interface. Every run also checks the fail-open contract: verdict `TC_ACT_PIPE` and the
 //! packet bytes unchanged.
 //!
@@ -20,7 +20,8 @@ use aya::{
 use dataplane_common::{
     config_flags, direction, event_kind, flow_kind, ipv4_mapped, maps, programs, stats,
     wire::{self, bth_opcode},
-    BurstState, Config, Event, FlowKey, FlowStats, PortRange, PrefixValue, ROCEV2_UDP_PORT,
+    track, BurstState, Config, Event, FlowKey, FlowState, FlowStats, PortRange, PrefixValue,
+    ROCEV2_UDP_PORT,
 };
 use dataplane_user::{
     frames::{self, Ipv4Opts, VlanTag, MAC_A, MAC_B},
@@ -69,8 +70,8 @@ impl Monitor {
                 trie.insert(&Key::new(*len, *addr), i as PrefixValue + 1, 0).unwrap();
             }
         }
-        // Per-CPU tracking state (TCP highest sequence, PSN expectation) only sees the packets of
-        // its CPU, and a test run executes on the caller's CPU: keep this test on one CPU.
+        // FLOWS is per CPU and a test run executes on the caller's CPU: keep the test on one CPU
+        // so `flow` finds the counters in one place (tests of several CPUs re-pin with `on_cpu`).
         // SAFETY: sched_getcpu has no preconditions.
         let cpu = unsafe { libc::sched_getcpu() }.max(0) as usize;
         testrun::pin_current_thread(cpu).expect("pin the test thread to its CPU");
@@ -125,25 +126,48 @@ impl Monitor {
         m.keys().map(Result::unwrap).collect()
     }
 
-    /// The flow's stats from the one CPU that saw it (the test thread is pinned).
-    fn flow(&self, key: &FlowKey) -> FlowStats {
+    /// The flow's stats on every CPU (index = CPU).
+    fn flow_per_cpu(&self, key: &FlowKey) -> Vec<FlowStats> {
         let m: PerCpuHashMap<&MapData, FlowKey, FlowStats> =
             PerCpuHashMap::try_from(self.ebpf.map(maps::FLOWS).unwrap()).unwrap();
         let values = m.get(key, 0).unwrap_or_else(|e| panic!("flow {key:?} not in FLOWS: {e}"));
+        for s in values.iter() {
+            // The former per-CPU tracking fields are no longer written.
+            assert_eq!(
+                (s.tcp_seq_end_state, s.tcp_last_ack_state, s.roce_next_psn_state, s.roce_dest_qp_state, s.state_flags),
+                (0, 0, 0, 0, 0),
+                "per-CPU tracking fields written"
+            );
+        }
+        values.iter().copied().collect()
+    }
+
+    /// The flow's stats from the one CPU that saw it (the test thread is pinned).
+    fn flow(&self, key: &FlowKey) -> FlowStats {
+        let values = self.flow_per_cpu(key);
         let seen: Vec<&FlowStats> = values.iter().filter(|s| s.packets > 0).collect();
         assert_eq!(seen.len(), 1, "flow counted on {} CPUs despite pinning", seen.len());
         *seen[0]
     }
 
-    fn burst(&self, key: &FlowKey) -> Option<BurstState> {
-        let m: HashMap<&MapData, FlowKey, BurstState> =
-            HashMap::try_from(self.ebpf.map(maps::BURSTS).unwrap()).unwrap();
+    /// The flow's shared state (`FLOW_STATE`).
+    fn state(&self, key: &FlowKey) -> FlowState {
+        self.try_state(key).unwrap_or_else(|| panic!("flow {key:?} not in FLOW_STATE"))
+    }
+
+    fn try_state(&self, key: &FlowKey) -> Option<FlowState> {
+        let m: HashMap<&MapData, FlowKey, FlowState> =
+            HashMap::try_from(self.ebpf.map(maps::FLOW_STATE).unwrap()).unwrap();
         m.get(key, 0).ok()
     }
 
+    fn burst(&self, key: &FlowKey) -> Option<BurstState> {
+        self.try_state(key).map(|st| st.burst)
+    }
+
     fn burst_count(&self) -> usize {
-        let m: HashMap<&MapData, FlowKey, BurstState> =
-            HashMap::try_from(self.ebpf.map(maps::BURSTS).unwrap()).unwrap();
+        let m: HashMap<&MapData, FlowKey, FlowState> =
+            HashMap::try_from(self.ebpf.map(maps::FLOW_STATE).unwrap()).unwrap();
         m.keys().count()
     }
 
@@ -250,7 +274,7 @@ fn rocev2_psn_gaps_out_of_order_naks_and_cnps() {
     assert_eq!(s.roce_psn_gap_packets, 4);
     assert_eq!(s.roce_psn_out_of_order, 1);
     assert_eq!((s.roce_naks, s.roce_cnps), (0, 0));
-    assert_eq!(s.roce_next_psn_state, 21);
+    assert_eq!(track::psn(m.state(&rkey(A, B, 50000)).roce_psn), Some((21, 0x11)));
     assert!(s.first_seen_ns > 0 && s.first_seen_ns <= s.last_seen_ns);
 
     // The responder's direction: ACK, NAK (PSN sequence error), RNR NAK (not a NAK), CNP.
@@ -301,8 +325,7 @@ fn rocev2_psn_wraps_at_2_pow_24_and_resets_on_new_qp() {
     assert_eq!(s.packets, 9);
     assert_eq!(s.roce_psn_out_of_order, 1);
     assert_eq!((s.roce_psn_gap_events, s.roce_psn_gap_packets), (2, 4));
-    assert_eq!(s.roce_next_psn_state, 3);
-    assert_eq!(s.roce_dest_qp_state, 9);
+    assert_eq!(track::psn(m.state(&rkey(A, B, 50000)).roce_psn), Some((3, 9)));
 }
 
 #[test]
@@ -332,7 +355,9 @@ fn tcp_retransmissions_acks_flags_and_ce() {
     assert_eq!(s.tcp_retrans, 2);
     assert_eq!(s.tcp_fin, 1);
     assert_eq!(s.tcp_pure_acks, 0, "FIN is not a pure ACK");
-    assert_eq!(s.tcp_seq_end_state, 1400);
+    let st = m.state(&key4(A, B, 40000, NCCL_PORT, wire::IPPROTO_TCP, flow_kind::TCP));
+    assert_eq!(track::tcp(st.tcp_seq_end), Some(1400));
+    assert_eq!(track::tcp(st.tcp_last_ack), None, "no pure ACK in this direction");
 
     // Reverse direction: pure ACKs, duplicates, ECE/CWR, RST, SYN.
     let ack = |ackno: u32, flags: u8| frames::tcp4(B, A, NCCL_PORT, 40000, 1, ackno, flags, 0, &[]);
@@ -354,6 +379,8 @@ fn tcp_retransmissions_acks_flags_and_ce() {
     assert_eq!(r.tcp_dup_acks, 2);
     assert_eq!((r.tcp_ece, r.tcp_cwr, r.tcp_rst, r.tcp_syn, r.tcp_fin), (1, 1, 1, 1, 0));
     assert_eq!(r.tcp_retrans, 0);
+    let st = m.state(&key4(B, A, NCCL_PORT, 40000, wire::IPPROTO_TCP, flow_kind::TCP));
+    assert_eq!((track::tcp(st.tcp_seq_end), track::tcp(st.tcp_last_ack)), (None, Some(1400)));
     assert_stats(&m, &[(stats::SEEN, 14), (stats::MATCHED, 14)]);
 }
 
@@ -372,7 +399,7 @@ fn tcp_sequence_comparison_wraps_at_2_pow_32() {
     m.run(&data(0xffff_ffa0, 0x10)); // before the wrap: behind
     let s = m.flow(&key);
     assert_eq!(s.tcp_retrans, 1);
-    assert_eq!(s.tcp_seq_end_state, 0x90);
+    assert_eq!(track::tcp(m.state(&key).tcp_seq_end), Some(0x90));
 }
 
 #[test]
@@ -393,6 +420,76 @@ fn tcp_options_and_gso_super_packets() {
     assert_eq!(s.packets, 1 + 3);
     assert_eq!(s.payload_bytes, 300 + 3000);
     assert_eq!(s.bytes, l3(&f) + l3(&gso) + 2 * 40);
+    assert_eq!(s.tcp_retrans, 0);
+    assert_eq!(track::tcp(m.state(&key).tcp_seq_end), Some(3301));
+
+    // Retransmissions inside GSO super-packets count the wire segments below the highest end
+    // (3301), as the sender's RetransSegs does: [1301, 4301) overlaps 2 segments of old data and
+    // carries 1 new one; [301, 3301) is entirely old: 3.
+    let gso_ctx = SkbContext { gso_segs: 3, gso_size: 1000, ..SkbContext::ingress() };
+    m.run_n(&frames::tcp4(A, B, 40002, NCCL_PORT, 1301, 1, wire::TCP_ACK, 0, &[1; 3000]), &gso_ctx, 1);
+    assert_eq!(m.flow(&key).tcp_retrans, 2);
+    assert_eq!(track::tcp(m.state(&key).tcp_seq_end), Some(4301));
+    m.run_n(&gso, &gso_ctx, 1);
+    assert_eq!(m.flow(&key).tcp_retrans, 2 + 3);
+    // A partial overlap rounds up: [4001, 5001) has 300 old bytes in its first segment of 500.
+    let half = SkbContext { gso_segs: 2, gso_size: 500, ..SkbContext::ingress() };
+    m.run_n(&frames::tcp4(A, B, 40002, NCCL_PORT, 4001, 1, wire::TCP_ACK, 0, &[1; 1000]), &half, 1);
+    let s = m.flow(&key);
+    assert_eq!((s.tcp_retrans, s.packets), (2 + 3 + 1, 1 + 3 + 3 + 3 + 2));
+    assert_eq!(track::tcp(m.state(&key).tcp_seq_end), Some(5001));
+}
+
+/// The detections compare against state shared by all CPUs: a retransmission, duplicate ACK or
+/// PSN gap is seen on a CPU that never saw the packets before it. Counters stay per CPU.
+#[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
+fn detections_see_packets_handled_by_other_cpus() {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    assert!(cpus >= 2, "this test needs 2 CPUs to run packets on two of them; this machine has {cpus}");
+    let on_cpu = |cpu: usize| testrun::pin_current_thread(cpu).expect("pin the test thread");
+    // A burst gap far above the time the test takes (migrating between CPUs takes milliseconds
+    // on a loaded machine), so all packets of a flow fall into one burst.
+    let m = Monitor::load(Config { burst_gap_ns: 60_000_000_000, ..nccl_config() }, &[]);
+    let data = |seq: u32| frames::tcp4(A, B, 40003, NCCL_PORT, seq, 1, wire::TCP_ACK, 0, &[0; 100]);
+    let ack = |ackno: u32| frames::tcp4(B, A, NCCL_PORT, 40003, 1, ackno, wire::TCP_ACK, 0, &[]);
+
+    on_cpu(0);
+    m.run(&data(1000));
+    m.run(&data(1100));
+    m.run(&ack(1100));
+    m.run(&write(10));
+    m.run(&write(11));
+    on_cpu(1);
+    m.run(&data(1000)); // original on CPU 0
+    m.run(&data(1200)); // new data
+    m.run(&ack(1100)); // duplicate of CPU 0's ACK
+    m.run(&write(13)); // 12 never seen: gap of 1
+    m.run(&write(11)); // behind the expectation (14) CPU 1 set from CPU 0's state
+    on_cpu(0);
+    m.run(&data(1250)); // starts below the end (1300) CPU 1 raised; ends at 1350
+    m.run(&write(14)); // in order after CPU 1's 13: no gap
+
+    let tcp = m.flow_per_cpu(&key4(A, B, 40003, NCCL_PORT, wire::IPPROTO_TCP, flow_kind::TCP));
+    assert_eq!((tcp[0].packets, tcp[0].tcp_retrans), (3, 1));
+    assert_eq!((tcp[1].packets, tcp[1].tcp_retrans), (2, 1));
+    assert!(tcp[2..].iter().all(|s| *s == FlowStats::default()));
+    let acks = m.flow_per_cpu(&key4(B, A, NCCL_PORT, 40003, wire::IPPROTO_TCP, flow_kind::TCP));
+    assert_eq!((acks[0].tcp_pure_acks, acks[0].tcp_dup_acks), (1, 0));
+    assert_eq!((acks[1].tcp_pure_acks, acks[1].tcp_dup_acks), (1, 1));
+    let roce = m.flow_per_cpu(&rkey(A, B, 50000));
+    let psn = |s: &FlowStats| (s.packets, s.roce_psn_gap_events, s.roce_psn_gap_packets, s.roce_psn_out_of_order);
+    assert_eq!(psn(&roce[0]), (3, 0, 0, 0));
+    assert_eq!(psn(&roce[1]), (2, 1, 1, 1));
+
+    // One shared entry per flow, holding the state of all CPUs' packets (bursts included).
+    let st = m.state(&key4(A, B, 40003, NCCL_PORT, wire::IPPROTO_TCP, flow_kind::TCP));
+    assert_eq!(track::tcp(st.tcp_seq_end), Some(1350));
+    assert_eq!(st.burst.packets, 5, "one burst across CPUs");
+    let st = m.state(&rkey(A, B, 50000));
+    assert_eq!(track::psn(st.roce_psn), Some((15, 0x11)));
+    assert_eq!(st.burst.packets, 5);
+    assert_eq!(m.burst_count(), 3);
 }
 
 #[test]

@@ -117,8 +117,8 @@ fn within_1pct(got: u64, want: u64) -> bool {
     (got as f64 - want as f64).abs() <= want as f64 * 0.01
 }
 
-/// Pins the calling thread to CPU 0, so per-CPU PSN state in the kernel sees every packet of the
-/// flow (a flow that migrates CPUs can hide a gap — see `FlowStats` docs).
+/// Pins the calling thread to CPU 0, so the sender's packets reach the monitor in the order they
+/// were sent (the PSN state in the kernel is shared by all CPUs; see `FlowState` docs).
 fn pin_to_cpu0() {
     let mut set = nix::sched::CpuSet::new();
     set.set(0).unwrap();
@@ -191,6 +191,16 @@ fn agent_reports_what_senders_sent() {
     // --- RoCEv2 host0 → host2 with known gaps, CNPs, NAKs and CE marks ---
     let h2: IpAddr = star.hosts[2].addr.into();
     let rsink = star.hosts[2].ns.run(|| RoceSink::bind(SocketAddr::new(h2, testbed::ROCEV2_UDP_PORT))).unwrap();
+    // Resolve host2's neighbour entry first. Otherwise the first RoCE packets wait in the ARP
+    // queue and are transmitted from the ARP reply's softirq, possibly on the other CPU, while the
+    // sender's next packets go out directly: the monitor (whose PSN state is shared by all CPUs)
+    // then sees a real reordering at TC egress, a gap plus an out-of-order, that the sender's
+    // report cannot know about. UDP port 9 (discard) is not a collective flow.
+    star.hosts[0].ns.run(|| {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.send_to(b"arp", SocketAddr::new(h2, 9)).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    });
     let spec = RoceSpec {
         to: SocketAddr::new(h2, testbed::ROCEV2_UDP_PORT),
         src_port: 49152,
