@@ -15,18 +15,23 @@
 //! - a [`PeerWindow`] sums, over both directions and all of the job's flows with that peer, the
 //!   counter growth of the window; its `link` is the interface carrying most of those bytes;
 //! - bursts are the `BURST_END` events drained in the window (the kernel reports a burst when the
-//!   flow's next packet arrives, so a burst can land in the window after the one it ended in).
+//!   flow's next packet arrives, so a burst can land in the window after the one it ended in), and
+//!   a peer's bursts are only the *data the peer sent*: ingress flows (whose source is the peer, on
+//!   a host NIC and on a switch port alike) with an average packet of at least
+//!   [`MIN_DATA_BURST_PACKET_BYTES`]. A rank that computes late still ACKs (its kernel does) and
+//!   still receives its neighbour's data on time (socket buffers absorb it); only its own sends
+//!   start late, so counting the other bursts would hide a compute straggler.
 use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv6Addr},
 };
 
-use dataplane_common::{flow_kind, FlowKey};
+use dataplane_common::{direction, flow_kind, FlowKey};
 
 use crate::{
     config::{JobFile, PortSpec, PrefixSpec},
     detect::{BurstSummary, JobWindow, PeerWindow},
-    flow_table::{Counters, FlowEntry, WindowAccumulator, OTHER_PEER},
+    flow_table::{BurstRecord, Counters, FlowEntry, WindowAccumulator, OTHER_PEER},
 };
 
 /// Name of the job that holds every flow when no `[[job]]` is configured.
@@ -121,6 +126,9 @@ impl JobSet {
             let Some(job) = self.job_of(key) else { continue };
             let acc = jobs.entry(job).or_default().entry(peer_ip(key)).or_default();
             acc.bytes_by_if.entry(key.ifindex).or_default();
+            if !sent_by_peer_with_data(key, b) {
+                continue;
+            }
             acc.bursts.push(BurstSummary { start_ns: b.start_ns, end_ns: b.start_ns.saturating_add(b.duration_ns), bytes: b.bytes });
         }
         jobs.into_iter()
@@ -144,6 +152,14 @@ impl JobSet {
             })
             .collect()
     }
+}
+
+/// Smallest average packet of a burst that counts as data (a TCP pure-ACK burst averages 52-66 B).
+pub const MIN_DATA_BURST_PACKET_BYTES: u64 = 256;
+
+/// Whether a burst is data sent by the flow's peer (see the module docs).
+fn sent_by_peer_with_data(key: &FlowKey, b: &BurstRecord) -> bool {
+    key.direction == direction::INGRESS && b.bytes >= b.packets.saturating_mul(MIN_DATA_BURST_PACKET_BYTES)
 }
 
 /// The detector input of one peer from its summed counter growth.
@@ -284,8 +300,8 @@ mod tests {
         // 120 + 55 packets, of which 2 + 50 pure ACKs.
         assert_eq!(p.data_packets, 120 + 55 - 52);
         assert_eq!(p.retrans, 4);
-        assert_eq!(p.bursts.len(), 3);
-        assert!(p.bursts.contains(&BurstSummary { start_ns: 1100 * MS, end_ns: 1111 * MS, bytes: 2_000 }));
+        // Only the data the peer sent (ingress) is a burst of the peer; its egress bursts are ours.
+        assert_eq!(p.bursts, vec![BurstSummary { start_ns: 1100 * MS, end_ns: 1111 * MS, bytes: 2_000 }]);
 
         // The next window starts where this one ended, empty.
         let same = FlowStats { tcp_retrans: 4, tcp_pure_acks: 2, ..stats(120, 170_000, 1, 1999 * MS) };
@@ -300,7 +316,7 @@ mod tests {
     #[test]
     fn bursts_go_to_the_window_that_drained_them() {
         let mut t = FlowTable::new(TableSettings::default());
-        let k = key(1, 2, 4791, direction::EGRESS, flow_kind::ROCEV2);
+        let k = key(2, 1, 4791, direction::INGRESS, flow_kind::ROCEV2);
         // Not enabled: nothing accumulates.
         t.apply(&PollSnapshot { mono_ns: MS, events: vec![burst(k, 0, 1, 1)], ..Default::default() });
         assert!(t.take_window().is_none());
@@ -309,12 +325,40 @@ mod tests {
         t.apply(&PollSnapshot { mono_ns: 200 * MS, events: vec![burst(k, 150 * MS, 160 * MS, 6)], ..Default::default() });
         let w = t.take_window().unwrap();
         assert_eq!(w.bursts.iter().map(|(_, b)| b.bytes).collect::<Vec<_>>(), vec![5, 6]);
-        t.apply(&PollSnapshot { mono_ns: 300 * MS, events: vec![burst(k, 190 * MS, 250 * MS, 7)], ..Default::default() });
+        t.apply(&PollSnapshot { mono_ns: 300 * MS, events: vec![burst(k, 190 * MS, 250 * MS, 7_000)], ..Default::default() });
         let w = t.take_window().unwrap();
         assert_eq!(w.bursts.len(), 1);
         let jw = JobSet::from_config(None).windows(&w, |_| "eth0".into());
         assert_eq!(jw[0].job, DEFAULT_JOB);
-        assert_eq!(jw[0].peers[0].bursts, vec![BurstSummary { start_ns: 190 * MS, end_ns: 250 * MS, bytes: 7 }]);
+        assert_eq!(jw[0].peers[0].bursts, vec![BurstSummary { start_ns: 190 * MS, end_ns: 250 * MS, bytes: 7_000 }]);
         assert_eq!(jw[0].peers[0].bytes, 0, "a burst without counter growth still names its peer");
+    }
+
+    #[test]
+    fn ack_bursts_and_our_own_sends_are_not_the_peers_bursts() {
+        let mut t = FlowTable::new(TableSettings::default());
+        t.enable_windows();
+        let data_in = key(2, 1, 29500, direction::INGRESS, flow_kind::TCP);
+        let acks_in = key(2, 1, 29501, direction::INGRESS, flow_kind::TCP);
+        let data_out = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        let ev = |k, start: u64, bytes, packets| Event {
+            kind: event_kind::BURST_END,
+            key: k,
+            burst: BurstState { start_ns: start, last_ns: start + MS, bytes, packets },
+            ..Default::default()
+        };
+        t.apply(&PollSnapshot { mono_ns: 10 * MS, ..Default::default() });
+        t.apply(&PollSnapshot {
+            mono_ns: 500 * MS,
+            events: vec![
+                ev(data_in, 100 * MS, 1_448_000, 1000),
+                ev(acks_in, 90 * MS, 52_000, 1000),
+                ev(data_out, 80 * MS, 1_448_000, 1000),
+            ],
+            ..Default::default()
+        });
+        let jw = JobSet::from_config(None).windows(&t.take_window().unwrap(), |_| "eth0".into());
+        let starts: Vec<u64> = jw[0].peers[0].bursts.iter().map(|b| b.start_ns).collect();
+        assert_eq!(starts, vec![100 * MS], "only the data 10.77.0.2 sent");
     }
 }
