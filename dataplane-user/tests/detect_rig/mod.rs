@@ -1,0 +1,167 @@
+//! The rig shared by the detection end-to-end tests (`t2_detect.rs`, `t3_detect_straggler.rs`): a
+//! 6-host testbed star, the `ringside` agent in the switch namespace on every bridge port, and the
+//! emulated training job (`ringside-rank`, ring allreduce over TCP port 29500).
+#![allow(dead_code)]
+use std::{
+    net::IpAddr,
+    path::PathBuf,
+    process::Child,
+    time::{Duration, Instant},
+};
+
+use dataplane_user::{api::EventsResponse, client, detect::Scope, events::Event};
+use testbed::{ByteSize, JobConfig, Star};
+
+pub const HOSTS: usize = 6;
+
+pub fn preconditions() -> PathBuf {
+    if let Err(e) = testbed::require_root() {
+        panic!("the detection tests attach eBPF programs in network namespaces and needs root: {e}");
+    }
+    if let Err(e) = dataplane_user::object::flowmon_object() {
+        panic!("the detection tests run the real agent: {e}");
+    }
+    rank_binary()
+}
+
+/// `RINGSIDE_RANK_BIN`, else target/{release,debug}/ringside-rank.
+pub fn rank_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("RINGSIDE_RANK_BIN") {
+        let p = PathBuf::from(p);
+        assert!(p.is_file(), "RINGSIDE_RANK_BIN={} is not a file", p.display());
+        return p;
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    for profile in ["release", "debug"] {
+        let p = target.join(profile).join("ringside-rank");
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!(
+        "t2_detect runs the emulated job and needs the ringside-rank binary, not found in {}/{{release,debug}}; \
+         run `cargo build -p ipu-firmware --bin ringside-rank` (or set RINGSIDE_RANK_BIN)",
+        target.display()
+    );
+}
+
+/// The agent in the switch namespace; SIGTERM + bounded wait (then SIGKILL) on drop, and its
+/// pins, config and state directory removed.
+pub struct Agent {
+    child: Option<Child>,
+    port: u16,
+    pin_dir: PathBuf,
+    config: PathBuf,
+    state_dir: PathBuf,
+}
+
+impl Agent {
+    pub fn start(star: &Star, tag: &str, port: u16) -> Agent {
+        let id = format!("{}-{tag}", std::process::id());
+        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/ringside-t2d-{id}"));
+        let state_dir = std::env::temp_dir().join(format!("ringside-t2d-state-{id}"));
+        let config = std::env::temp_dir().join(format!("ringside-t2d-{id}.toml"));
+        let _ = std::fs::remove_dir_all(&state_dir);
+        std::fs::write(
+            &config,
+            format!(
+                "state_dir = \"{}\"\n[match]\ntcp_ports = [29500]\n\
+                 [[job]]\nname = \"t2\"\nmembers = [\"10.77.0.0/24\"]\ntcp_ports = [29500]\n",
+                state_dir.display()
+            ),
+        )
+        .unwrap();
+        let mut cmd = star.switch.command(env!("CARGO_BIN_EXE_ringside"));
+        cmd.args(["agent", "--listen", &format!("127.0.0.1:{port}"), "--config"]).arg(&config).arg("--pin-dir").arg(&pin_dir);
+        for h in &star.hosts {
+            cmd.args(["--iface", &h.switch_port]);
+        }
+        cmd.env("RUST_LOG", "info");
+        let child = cmd.spawn().expect("spawning the ringside binary");
+        let agent = Agent { child: Some(child), port, pin_dir, config, state_dir };
+        wait_for(Duration::from_secs(15), "the agent to become ready", || {
+            star.switch
+                .run(|| client::get_json::<dataplane_user::api::StatusResponse>(&agent.url(), "/v1/status"))
+                .ok()
+                .filter(|s| s.ready)
+        });
+        agent
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn events(&self, star: &Star) -> EventsResponse {
+        let url = self.url();
+        star.switch.run(|| client::get_json::<EventsResponse>(&url, "/v1/events?state=all&limit=1000")).expect("GET /v1/events")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && !matches!(child.try_wait(), Ok(Some(_))) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for name in dataplane_user::loader::PINNED_MAPS {
+            let _ = std::fs::remove_file(self.pin_dir.join(name));
+        }
+        let _ = std::fs::remove_dir(&self.pin_dir);
+        let _ = std::fs::remove_file(&self.config);
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
+}
+
+pub fn wait_for<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {limit:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+pub fn names_peer(e: &Event, addr: IpAddr) -> bool {
+    matches!(&e.scope, Scope::Peer { peer, .. } if *peer == addr)
+}
+
+pub fn summary(r: &EventsResponse) -> String {
+    r.events.iter().map(|e| format!("\n  {}", serde_json::to_string(e).unwrap())).collect()
+}
+
+pub fn job(rank_bin: PathBuf, straggler: Option<(usize, u64)>) -> JobConfig {
+    JobConfig {
+        ranks: HOSTS,
+        size: ByteSize(4 << 20),
+        steps: 100_000,
+        compute_ms: 50,
+        straggler,
+        rank_bin: Some(rank_bin),
+        timeout: Duration::from_secs(120),
+        ..Default::default()
+    }
+}
+
+/// Runs the job healthy for `warmup`, asserting no network-fault event appears; returns the job.
+pub fn warm_up(star: &Star, agent: &Agent, cfg: &JobConfig, warmup: Duration) -> testbed::RunningJob {
+    let running = testbed::spawn_job(star, cfg).expect("starting the emulated job");
+    std::thread::sleep(warmup);
+    let r = agent.events(star);
+    eprintln!("after {warmup:?} of the job: {} windows, events:{}", r.windows, summary(&r));
+    assert!(r.windows >= 3, "the detectors ran only {} windows", r.windows);
+    running
+}
+
