@@ -27,6 +27,7 @@ use dataplane_common::maps;
 ///
 /// Stop it with Ctrl-C or SIGTERM: it detaches, removes the clsact qdisc it added and its pins.
 #[derive(Debug, Clone, Default, clap::Args)]
+#[command(verbatim_doc_comment)]
 pub struct AgentArgs {
     /// Interface to attach to (ingress and egress); repeat for several.
     #[arg(long = "iface", value_name = "IF")]

@@ -443,3 +443,21 @@ pub(crate) mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod docs_tests {
+    /// docs/metrics.md is the operators' reference: every metric must be documented there.
+    #[test]
+    fn every_metric_is_documented() {
+        let doc = include_str!("../../docs/metrics.md");
+        let missing: Vec<&str> = super::ALL
+            .iter()
+            .map(|m| m.name)
+            .filter(|name| {
+                let counter = format!("`{name}_total`");
+                !doc.contains(&format!("`{name}`")) && !doc.contains(&counter)
+            })
+            .collect();
+        assert!(missing.is_empty(), "metrics missing from docs/metrics.md: {missing:?}");
+    }
+}
