@@ -26,7 +26,11 @@
 
 mod parse;
 
-use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering};
+use core::{
+    intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering},
+    mem::MaybeUninit,
+    ptr::{addr_of_mut, write_volatile},
+};
 
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_PIPE},
@@ -113,16 +117,7 @@ fn try_flowmon(ctx: &TcContext) -> Result<(), ()> {
 
 #[inline(always)]
 fn monitor(ctx: &TcContext) -> Result<(), Skip> {
-    let mut pkt = Packet {
-        key: FlowKey::default(),
-        ecn: 0,
-        segments: 1,
-        gso_size: 0,
-        l3_bytes: 0,
-        payload_bytes: 0,
-        transport: Transport::Udp,
-    };
-    parse::parse(ctx, &mut pkt)?;
+    let mut pkt = parse::parse(ctx)?;
     count(stats::PARSED, 1);
 
     // Safety: `CONFIG` is an array map with one entry; index 0 always exists.
@@ -455,16 +450,25 @@ fn shared_state(key: &FlowKey, pkt: &Packet, now: u64, cfg: &Config) -> Option<&
 /// known yet. Out of line: it is rare.
 #[inline(never)]
 fn new_flow_state(key: &FlowKey, bytes: u64, packets: u64, now: u64) -> Option<&'static mut FlowState> {
-    let fresh = FlowState {
-        burst: BurstState { start_ns: now, last_ns: now, bytes, packets },
-        tcp_seq_end: 0,
-        tcp_last_ack: 0,
-        roce_psn: 0,
+    // Field by field with volatile stores: LLVM would turn the zero fields of a struct literal
+    // into a call to a byte-loop `memset`.
+    let mut fresh = MaybeUninit::<FlowState>::uninit();
+    let p = fresh.as_mut_ptr();
+    // SAFETY: every field of the plain-integer struct is written before `assume_init`.
+    let fresh = unsafe {
+        write_volatile(addr_of_mut!((*p).burst.start_ns), now);
+        write_volatile(addr_of_mut!((*p).burst.last_ns), now);
+        write_volatile(addr_of_mut!((*p).burst.bytes), bytes);
+        write_volatile(addr_of_mut!((*p).burst.packets), packets);
+        write_volatile(addr_of_mut!((*p).tcp_seq_end), 0);
+        write_volatile(addr_of_mut!((*p).tcp_last_ack), 0);
+        write_volatile(addr_of_mut!((*p).roce_psn), 0);
+        fresh.assume_init_ref()
     };
     // BPF_NOEXIST: another CPU may have created the entry since our lookup; then its entry
     // stands and this packet is missing from the first burst's bytes/packets (at most one packet
     // per racing CPU, at a flow's very first packets; the FLOWS counters have it).
-    let _ = FLOW_STATE.insert(key, &fresh, BPF_NOEXIST as u64);
+    let _ = FLOW_STATE.insert(key, fresh, BPF_NOEXIST as u64);
     match FLOW_STATE.get_ptr_mut(key) {
         // SAFETY: as in `shared_state`.
         Some(st) => Some(unsafe { &mut *st }),

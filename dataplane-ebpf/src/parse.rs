@@ -101,29 +101,26 @@ fn rd32(p: *const u8, at: usize) -> u32 {
     u32::from_be(unsafe { p.add(at).cast::<u32>().read() })
 }
 
-/// Copies a 16-byte address as four 32-bit words (no byte order change).
+/// A 16-byte address as four 32-bit words in memory order (no byte order change). Addresses
+/// travel in registers as words and are stored into the key once, when the packet is complete.
+type Addr = [u32; 4];
+
 #[inline(always)]
-fn copy_addr6(dst: &mut [u8; 16], p: *const u8, at: usize) {
-    let d = dst.as_mut_ptr().cast::<u32>();
+fn read_addr6(p: *const u8, at: usize) -> Addr {
     let s = unsafe { p.add(at) }.cast::<u32>();
-    unsafe {
-        d.write(s.read());
-        d.add(1).write(s.add(1).read());
-        d.add(2).write(s.add(2).read());
-        d.add(3).write(s.add(3).read());
-    }
+    unsafe { [s.read(), s.add(1).read(), s.add(2).read(), s.add(3).read()] }
 }
 
-/// Writes an IPv4 address as IPv4-mapped IPv6 (`::ffff:a.b.c.d`).
+/// An IPv4 address as IPv4-mapped IPv6 (`::ffff:a.b.c.d`).
 #[inline(always)]
-fn copy_addr4(dst: &mut [u8; 16], p: *const u8, at: usize) {
-    let d = dst.as_mut_ptr().cast::<u32>();
-    unsafe {
-        d.write(0);
-        d.add(1).write(0);
-        d.add(2).write(u32::from_be(0x0000_ffff));
-        d.add(3).write(p.add(at).cast::<u32>().read());
-    }
+fn read_addr4(p: *const u8, at: usize) -> Addr {
+    [0, 0, u32::from_be(0x0000_ffff), unsafe { p.add(at).cast::<u32>().read() }]
+}
+
+#[inline(always)]
+fn addr_bytes(a: Addr) -> [u8; 16] {
+    // SAFETY: same size, every bit pattern valid for both.
+    unsafe { core::mem::transmute::<Addr, [u8; 16]>(a) }
 }
 
 #[inline(always)]
@@ -131,10 +128,12 @@ fn is_vlan(ethertype: u16) -> bool {
     ethertype == wire::ETH_P_8021Q || ethertype == wire::ETH_P_8021AD
 }
 
-/// Parses the packet into `pkt`. On `Ok`, every field of `pkt` is set except `key.ifindex` and
-/// `key.direction`; on `Err`, `pkt` holds partial data and must not be used.
+/// Parses the packet. The returned key has `ifindex` and `direction` 0; the caller fills them in.
+///
+/// The packet is assembled from registers at the end, field by field: no zero-initialised
+/// `Packet` up front, whose 44-byte key LLVM turns into a call to a byte-loop `memset` on BPF.
 #[inline(always)]
-pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<(), Skip> {
+pub fn parse(ctx: &TcContext) -> Result<Packet, Skip> {
     let skb_len = ctx.len();
     // Headers in page fragments: pull (at most) PULL_LEN bytes into the linear area. This does
     // not change the packet's bytes; it may reallocate the head (net/core/filter.c,
@@ -168,7 +167,7 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<(), Skip> {
     let l3_avail = skb_len.wrapping_sub(l3_off as u32);
 
     // --- IPv4 / IPv6 ---
-    let (protocol, l3_hlen, l3_len, l4_off) = if ethertype == wire::ETH_P_IP {
+    let (protocol, l3_hlen, l3_len, l4_off, src, dst, ecn) = if ethertype == wire::ETH_P_IP {
         let ip: *const u8 = ptr_at::<[u8; wire::IPV4_MIN_HLEN]>(data, end, l3_off)?.cast();
         let vhl = rd8(ip, 0);
         if vhl >> 4 != 4 {
@@ -195,10 +194,10 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<(), Skip> {
         if l3_len < ihl as u32 || l3_len > l3_avail {
             return Err(Skip::Malformed);
         }
-        copy_addr4(&mut pkt.key.src_addr, ip, wire::IPV4_SRC_OFF);
-        copy_addr4(&mut pkt.key.dst_addr, ip, wire::IPV4_DST_OFF);
-        pkt.ecn = rd8(ip, wire::IPV4_TOS_OFF) & wire::ECN_MASK;
-        (proto, ihl as u32, l3_len, l3_off + ihl)
+        let src = read_addr4(ip, wire::IPV4_SRC_OFF);
+        let dst = read_addr4(ip, wire::IPV4_DST_OFF);
+        let ecn = rd8(ip, wire::IPV4_TOS_OFF) & wire::ECN_MASK;
+        (proto, ihl as u32, l3_len, l3_off + ihl, src, dst, ecn)
     } else if ethertype == wire::ETH_P_IPV6 {
         let ip: *const u8 = ptr_at::<[u8; wire::IPV6_HLEN]>(data, end, l3_off)?.cast();
         let b0 = rd8(ip, 0);
@@ -218,43 +217,39 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<(), Skip> {
         if l3_len < wire::IPV6_HLEN as u32 || l3_len > l3_avail {
             return Err(Skip::Malformed);
         }
-        copy_addr6(&mut pkt.key.src_addr, ip, wire::IPV6_SRC_OFF);
-        copy_addr6(&mut pkt.key.dst_addr, ip, wire::IPV6_DST_OFF);
+        let src = read_addr6(ip, wire::IPV6_SRC_OFF);
+        let dst = read_addr6(ip, wire::IPV6_DST_OFF);
         // Traffic class straddles bytes 0 and 1; ECN is its low two bits (RFC 8200 §7, RFC 3168).
-        pkt.ecn = (rd8(ip, 1) >> 4) & wire::ECN_MASK;
-        (next, wire::IPV6_HLEN as u32, l3_len, l3_off + wire::IPV6_HLEN)
+        let ecn = (rd8(ip, 1) >> 4) & wire::ECN_MASK;
+        (next, wire::IPV6_HLEN as u32, l3_len, l3_off + wire::IPV6_HLEN, src, dst, ecn)
     } else {
         return Err(Skip::Unsupported);
     };
     let l4_len = l3_len - l3_hlen;
-    pkt.key.protocol = protocol;
 
     let gso_segs = unsafe { (*ctx.skb.skb).gso_segs };
-    let segments = if gso_segs > 1 {
-        pkt.gso_size = unsafe { (*ctx.skb.skb).gso_size };
-        gso_segs
-    } else {
-        1
-    };
-    pkt.segments = segments;
+    let (segments, gso_size) =
+        if gso_segs > 1 { (gso_segs, unsafe { (*ctx.skb.skb).gso_size }) } else { (1, 0) };
 
     // --- TCP / UDP / RoCEv2 ---
-    if protocol == wire::IPPROTO_TCP {
+    let (src_port, dst_port, kind, l3_bytes, payload_bytes, transport) = if protocol == wire::IPPROTO_TCP {
         let tcp: *const u8 = ptr_at::<[u8; wire::TCP_MIN_HLEN]>(data, end, l4_off)?.cast();
         let doff = ((rd8(tcp, wire::TCP_DOFF_OFF) >> 4) as u32) << 2;
         if doff < wire::TCP_MIN_HLEN as u32 || doff > l4_len {
             return Err(Skip::Malformed);
         }
-        pkt.key.src_port = rd16(tcp, 0);
-        pkt.key.dst_port = rd16(tcp, 2);
-        pkt.key.kind = flow_kind::TCP;
-        pkt.l3_bytes = l3_len + (segments - 1) * (l3_hlen + doff);
-        pkt.payload_bytes = l4_len - doff;
-        pkt.transport = Transport::Tcp(TcpInfo {
-            seq: rd32(tcp, wire::TCP_SEQ_OFF),
-            ack: rd32(tcp, wire::TCP_ACK_OFF),
-            flags: rd8(tcp, wire::TCP_FLAGS_OFF),
-        });
+        (
+            rd16(tcp, 0),
+            rd16(tcp, 2),
+            flow_kind::TCP,
+            l3_len + (segments - 1) * (l3_hlen + doff),
+            l4_len - doff,
+            Transport::Tcp(TcpInfo {
+                seq: rd32(tcp, wire::TCP_SEQ_OFF),
+                ack: rd32(tcp, wire::TCP_ACK_OFF),
+                flags: rd8(tcp, wire::TCP_FLAGS_OFF),
+            }),
+        )
     } else {
         let udp: *const u8 = ptr_at::<[u8; wire::UDP_HLEN]>(data, end, l4_off)?.cast();
         let ulen = rd16(udp, 4) as u32;
@@ -262,11 +257,9 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<(), Skip> {
             return Err(Skip::Malformed);
         }
         let dst_port = rd16(udp, 2);
-        pkt.key.src_port = rd16(udp, 0);
-        pkt.key.dst_port = dst_port;
-        pkt.l3_bytes = l3_len + (segments - 1) * (l3_hlen + wire::UDP_HLEN as u32);
-        pkt.payload_bytes = ulen - wire::UDP_HLEN as u32;
-        if dst_port == ROCEV2_UDP_PORT {
+        let l3_bytes = l3_len + (segments - 1) * (l3_hlen + wire::UDP_HLEN as u32);
+        let payload = ulen - wire::UDP_HLEN as u32;
+        let (kind, transport) = if dst_port == ROCEV2_UDP_PORT {
             let bth: *const u8 =
                 ptr_at::<[u8; wire::BTH_LEN]>(data, end, l4_off + wire::UDP_HLEN)?.cast();
             let opcode = rd8(bth, wire::BTH_OPCODE_OFF);
@@ -281,17 +274,35 @@ pub fn parse(ctx: &TcContext, pkt: &mut Packet) -> Result<(), Skip> {
             } else {
                 0
             };
-            pkt.key.kind = flow_kind::ROCEV2;
-            pkt.transport = Transport::Rocev2(Bth {
+            let bth = Bth {
                 opcode,
                 syndrome,
                 dest_qp: rd32(bth, 4) & wire::PSN_MASK,
                 psn: rd32(bth, 8) & wire::PSN_MASK,
-            });
+            };
+            (flow_kind::ROCEV2, Transport::Rocev2(bth))
         } else {
-            pkt.key.kind = flow_kind::UDP;
-            pkt.transport = Transport::Udp;
-        }
-    }
-    Ok(())
+            (flow_kind::UDP, Transport::Udp)
+        };
+        (rd16(udp, 0), dst_port, kind, l3_bytes, payload, transport)
+    };
+    Ok(Packet {
+        key: FlowKey {
+            src_addr: addr_bytes(src),
+            dst_addr: addr_bytes(dst),
+            src_port,
+            dst_port,
+            ifindex: 0,
+            protocol,
+            direction: 0,
+            kind,
+            _pad: 0,
+        },
+        ecn,
+        segments,
+        gso_size,
+        l3_bytes,
+        payload_bytes,
+        transport,
+    })
 }

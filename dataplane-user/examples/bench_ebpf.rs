@@ -11,6 +11,10 @@
 //! the "existing flow, same burst" path that dominates real traffic (for TCP the repeated sequence
 //! number also exercises the retransmission branch, for RoCEv2 the out-of-order branch).
 //!
+//! A/B comparisons of builds: give `--object PATH` several times; every object's `flowmon` and
+//! `noop` then run interleaved in the same rounds, and each object's delta is reported (the
+//! machine is shared and noisy: only deltas measured in the same run are comparable).
+//!
 //! Needs root. Run: `RINGSIDE_EBPF_OBJECT=target/ebpf/bpfel-unknown-none/release/flowmon
 //! cargo run --release -p dataplane-user --example bench_ebpf -- --out target/bench/ebpf.json`
 use std::{fs, path::PathBuf};
@@ -41,9 +45,10 @@ struct Args {
     /// Interleaved rounds; the median is reported.
     #[arg(long, default_value_t = 9)]
     rounds: usize,
-    /// Load this flowmon object file instead of the embedded one (A/B comparisons of builds).
+    /// Load this flowmon object file instead of the embedded one; repeat the option to compare
+    /// several builds in the same interleaved rounds.
     #[arg(long)]
-    object: Option<PathBuf>,
+    object: Vec<PathBuf>,
 }
 
 struct Case {
@@ -74,7 +79,43 @@ struct Report {
     cpu: usize,
     repeat: u32,
     rounds: usize,
+    /// `/proc/loadavg` before and after the run.
+    loadavg_before: String,
+    loadavg_after: String,
+    /// The first (or only) object's results.
     cases: Vec<CaseReport>,
+    /// With several `--object`s: every object's results, in the order given.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    variants: Vec<VariantReport>,
+}
+
+#[derive(Serialize)]
+struct VariantReport {
+    object: String,
+    cases: Vec<CaseReport>,
+}
+
+fn loadavg() -> String {
+    fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string()
+}
+
+/// Loads an object (or the embedded one), loads both programs and writes the benchmark config.
+fn load(object: Option<&PathBuf>, config: Config) -> Result<aya::Ebpf> {
+    let mut ebpf = match object {
+        Some(path) => EbpfLoader::new().load_file(path).with_context(|| format!("load {}", path.display()))?,
+        None => {
+            let object = dataplane_user::object::flowmon_object()
+                .context("set RINGSIDE_EBPF_OBJECT to the built flowmon object")?;
+            EbpfLoader::new().load(object).context("load the flowmon object")?
+        }
+    };
+    for name in [programs::FLOWMON, programs::NOOP] {
+        let prog: &mut SchedClassifier = ebpf.program_mut(name).context("program missing")?.try_into()?;
+        prog.load().with_context(|| format!("verifier rejected {name}"))?;
+    }
+    let mut cfg: Array<&mut MapData, Config> = Array::try_from(ebpf.map_mut(maps::CONFIG).context("CONFIG")?)?;
+    cfg.set(0, config, 0)?;
+    Ok(ebpf)
 }
 
 const NCCL_PORT: u16 = 29500;
@@ -95,24 +136,16 @@ fn main() -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("bench_ebpf loads eBPF programs and runs BPF_PROG_TEST_RUN: run it as root (e.g. `cargo xtask bench`)");
     }
-    let mut ebpf = match &args.object {
-        Some(path) => EbpfLoader::new().load_file(path).with_context(|| format!("load {}", path.display()))?,
-        None => {
-            let object = dataplane_user::object::flowmon_object()
-                .context("set RINGSIDE_EBPF_OBJECT to the built flowmon object")?;
-            EbpfLoader::new().load(object).context("load the flowmon object")?
-        }
-    };
-    for name in [programs::FLOWMON, programs::NOOP] {
-        let prog: &mut SchedClassifier = ebpf.program_mut(name).context("program missing")?.try_into()?;
-        prog.load().with_context(|| format!("verifier rejected {name}"))?;
-    }
+    let loadavg_before = loadavg();
     let mut config = Config::default();
     config.n_port_ranges = 1;
     config.port_ranges[0] = PortRange { lo: NCCL_PORT, hi: NCCL_PORT + 10, protocol: 0, _pad: [0; 3] };
-    {
-        let mut cfg: Array<&mut MapData, Config> = Array::try_from(ebpf.map_mut(maps::CONFIG).context("CONFIG")?)?;
-        cfg.set(0, config, 0)?;
+    let objects: Vec<Option<&PathBuf>> =
+        if args.object.is_empty() { vec![None] } else { args.object.iter().map(Some).collect() };
+    let mut loaded = Vec::new();
+    for o in &objects {
+        let label = o.map_or_else(|| "embedded".to_string(), |p| p.display().to_string());
+        loaded.push((label, load(*o, config)?));
     }
 
     // SAFETY: sched_getcpu has no preconditions.
@@ -139,34 +172,86 @@ fn main() -> Result<()> {
         },
     ];
 
-    let flowmon: &SchedClassifier = ebpf.program(programs::FLOWMON).unwrap().try_into()?;
-    let noop: &SchedClassifier = ebpf.program(programs::NOOP).unwrap().try_into()?;
+    let mut progs: Vec<(&SchedClassifier, &SchedClassifier)> = Vec::new();
+    for (_, ebpf) in &loaded {
+        let flowmon: &SchedClassifier = ebpf.program(programs::FLOWMON).unwrap().try_into()?;
+        let noop: &SchedClassifier = ebpf.program(programs::NOOP).unwrap().try_into()?;
+        progs.push((flowmon, noop));
+    }
     let ctx = SkbContext::ingress();
     let measure = |prog: &SchedClassifier, frame: &[u8]| -> Result<u32> {
         let out = testrun::run(prog, frame, Some(&ctx), args.repeat)?;
         Ok(out.duration.as_nanos() as u32)
     };
     // Warm up: create the flows, fault in the maps, settle the CPU frequency.
-    for c in &cases {
-        measure(flowmon, &c.frame)?;
-        measure(noop, &c.frame)?;
+    for &(flowmon, noop) in &progs {
+        for c in &cases {
+            measure(flowmon, &c.frame)?;
+            measure(noop, &c.frame)?;
+        }
     }
 
-    let mut noop_ns = vec![Vec::new(); cases.len()];
-    let mut flowmon_ns = vec![Vec::new(); cases.len()];
+    let nv = progs.len();
+    // [variant][case] -> one sample per round
+    let mut noop_ns = vec![vec![Vec::new(); cases.len()]; nv];
+    let mut flowmon_ns = vec![vec![Vec::new(); cases.len()]; nv];
     for round in 0..args.rounds {
         for (i, c) in cases.iter().enumerate() {
-            // Alternate the order each round so neither program always runs on a warmer cache.
-            if round % 2 == 0 {
-                noop_ns[i].push(measure(noop, &c.frame)?);
-                flowmon_ns[i].push(measure(flowmon, &c.frame)?);
-            } else {
-                flowmon_ns[i].push(measure(flowmon, &c.frame)?);
-                noop_ns[i].push(measure(noop, &c.frame)?);
+            for k in 0..nv {
+                // Rotate the variants and alternate the program order each round, so no variant
+                // and neither program always runs on a warmer cache.
+                let v = (k + round) % nv;
+                let (flowmon, noop) = progs[v];
+                if round % 2 == 0 {
+                    noop_ns[v][i].push(measure(noop, &c.frame)?);
+                    flowmon_ns[v][i].push(measure(flowmon, &c.frame)?);
+                } else {
+                    flowmon_ns[v][i].push(measure(flowmon, &c.frame)?);
+                    noop_ns[v][i].push(measure(noop, &c.frame)?);
+                }
             }
         }
     }
 
+    let mut variants = Vec::new();
+    for (v, (label, _)) in loaded.iter().enumerate() {
+        variants.push(VariantReport { object: label.clone(), cases: case_reports(&cases, &noop_ns[v], &flowmon_ns[v]) });
+    }
+
+    println!("flowmon vs noop, BPF_PROG_TEST_RUN, repeat {} x {} rounds, CPU {cpu} (median ns/packet)", args.repeat, args.rounds);
+    println!("loadavg before: {loadavg_before}");
+    for v in &variants {
+        if nv > 1 {
+            println!("object {}", v.object);
+        }
+        print_table(&v.cases);
+    }
+    let loadavg_after = loadavg();
+    println!("loadavg after:  {loadavg_after}");
+
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+    let cases_first = case_reports(&cases, &noop_ns[0], &flowmon_ns[0]);
+    let report = Report {
+        tool: "bench_ebpf",
+        kernel,
+        cpu,
+        repeat: args.repeat,
+        rounds: args.rounds,
+        loadavg_before,
+        loadavg_after,
+        cases: cases_first,
+        variants: if nv > 1 { variants } else { Vec::new() },
+    };
+    if let Some(dir) = args.out.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
+    fs::write(&args.out, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("write {}", args.out.display()))?;
+    println!("wrote {}", args.out.display());
+    Ok(())
+}
+
+fn case_reports(cases: &[Case], noop_ns: &[Vec<u32>], flowmon_ns: &[Vec<u32>]) -> Vec<CaseReport> {
     let mut reports = Vec::new();
     for (i, c) in cases.iter().enumerate() {
         let n: Vec<f64> = noop_ns[i].iter().map(|&x| f64::from(x)).collect();
@@ -186,10 +271,12 @@ fn main() -> Result<()> {
             delta_ns_rounds: d.iter().map(|&x| x as i64).collect(),
         });
     }
+    reports
+}
 
-    println!("flowmon vs noop, BPF_PROG_TEST_RUN, repeat {} x {} rounds, CPU {cpu} (median ns/packet)", args.repeat, args.rounds);
+fn print_table(reports: &[CaseReport]) {
     println!("{:<16} {:>7} {:>9} {:>11} {:>10} {:>8}", "case", "bytes", "noop", "flowmon", "delta", "target");
-    for r in &reports {
+    for r in reports {
         println!(
             "{:<16} {:>7} {:>9.1} {:>11.1} {:>10.1} {:>6}{}",
             r.case,
@@ -201,14 +288,4 @@ fn main() -> Result<()> {
             if r.within_target { "" } else { "  OVER" }
         );
     }
-
-    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
-    let report = Report { tool: "bench_ebpf", kernel, cpu, repeat: args.repeat, rounds: args.rounds, cases: reports };
-    if let Some(dir) = args.out.parent() {
-        fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    }
-    fs::write(&args.out, serde_json::to_string_pretty(&report)? + "\n")
-        .with_context(|| format!("write {}", args.out.display()))?;
-    println!("wrote {}", args.out.display());
-    Ok(())
 }
