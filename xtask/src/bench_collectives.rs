@@ -61,6 +61,11 @@ pub struct Opts {
     pub no_codecs: bool,
 }
 
+/// A 16 MiB ring variant: (name, extra rank args, compression, result).
+type Extra<'a> = (&'a str, String, Option<&'a str>, std::result::Result<Cell, String>);
+/// One OpenMPI run: (name, coll_tuned_allreduce_algorithm, cells or why not).
+type MpiRun<'a> = (&'a str, u32, std::result::Result<Vec<Cell>, String>);
+
 /// What one measured cell produced.
 #[derive(Clone, Debug)]
 struct Cell {
@@ -788,9 +793,9 @@ fn markdown(
     machine: &Value,
     iperf_line: &str,
     table: &str,
-    extras: &[(&str, String, Option<&str>, std::result::Result<Cell, String>)],
+    extras: &[Extra],
     mpi_ready: &std::result::Result<(), String>,
-    mpi: &[(&str, u32, Result<Vec<Cell>, String>)],
+    mpi: &[MpiRun],
     codecs: &std::result::Result<(Vec<Value>, String), String>,
     target: &str,
     codec_target: &str,
@@ -908,7 +913,9 @@ fn markdown(
         "- Two shared cores run four ranks, the bridge and the kernel's TCP stack: these numbers are CPU-bound, and the\n  \
          iperf3 line is a CPU-bound veth/bridge limit, not a NIC's. Other work on the machine during the run shows up as noise.\n\
          - The per-step allreduce times of ringside are measured inside `ringside-rank` (after a compute phase);\n  \
-         OpenMPI's are measured back to back after a barrier. Both take the slowest rank per step/iteration and the median.\n",
+         OpenMPI's are measured back to back after a barrier. Both take the slowest rank per step/iteration and the median.\n\
+         - Run-to-run variation on this shared 2-core machine is large (while this bench was written, the same 16 MiB ring\n  \
+         cell moved by 2-3× between runs): compare columns of one run, and repeat a run before trusting a small difference.\n",
     );
     m
 }
