@@ -6,9 +6,6 @@
 //! CNPs, shows the agent's live flow table, then a sample of /metrics, and tears everything down
 //! (also on Ctrl-C: the rig is dropped, the agent gets SIGINT and detaches).
 use std::{
-    io::{Read, Write},
-    net::TcpStream,
-    process::{Child, Stdio},
     sync::atomic::Ordering,
     thread,
     time::{Duration, Instant},
@@ -18,6 +15,7 @@ use anyhow::{bail, Context, Result};
 use testbed::{JobConfig, RoceSpec, Star, StarConfig};
 
 use crate::{
+    agent::{Agent, AgentSpec},
     build, setup,
     util::{cargo, sh},
 };
@@ -41,24 +39,21 @@ pub fn run(seconds: u64) -> Result<()> {
         println!("    h{i}  {:<15} netns {}  (bridge port {})", h.addr, h.ns.name(), h.switch_port);
     }
 
-    let work = std::env::temp_dir().join(format!("ringside-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&work)?;
-    let config = work.join("ringside.toml");
-    std::fs::write(
-        &config,
-        "# demo: count the job's TCP ports inside the testbed prefix; RoCEv2 always counts\n\
-         [match]\ntcp_ports = [\"29500-29599\"]\nprefixes = [\"10.77.0.0/24\"]\n",
-    )?;
-    let pin_dir = format!("/sys/fs/bpf/ringside-demo-{}", std::process::id());
-
     println!("\n==> starting the agent in the switch namespace on p0..p3 (ingress + egress)");
-    let mut cmd = star.switch.command(&ringside);
-    cmd.arg("agent").arg("--config").arg(&config).args(["--listen", AGENT_ADDR, "--pin-dir", &pin_dir]);
-    for h in &star.hosts {
-        cmd.args(["--iface", &h.switch_port]);
-    }
-    let mut agent = AgentGuard(cmd.stdout(Stdio::null()).spawn().context("cannot start the agent")?);
-    wait_ready(&star, &mut agent)?;
+    let mut agent = Agent::start(
+        &star.switch,
+        &AgentSpec {
+            bin: &ringside,
+            ifaces: star.hosts.iter().map(|h| h.switch_port.clone()).collect(),
+            listen: AGENT_ADDR.into(),
+            config_toml: "# demo: count the job's TCP ports inside the testbed prefix; RoCEv2 always counts\n\
+                          [match]\ntcp_ports = [\"29500-29599\"]\nprefixes = [\"10.77.0.0/24\"]\n"
+                .into(),
+            tag: "demo".into(),
+            log: None,
+        },
+    )?;
+    agent.wait_ready(Duration::from_secs(20))?;
     println!("    agent ready: http://{AGENT_ADDR} inside netns {}", star.switch.name());
 
     println!("\n==> emulated training job: 4 ranks, 4 MiB ring allreduce per step, 60 ms compute");
@@ -121,7 +116,7 @@ pub fn run(seconds: u64) -> Result<()> {
     print!("{}", String::from_utf8_lossy(&out.stdout));
 
     println!("\n--- a sample of GET /metrics ---");
-    let metrics = star.switch.try_run(|| http_get("/metrics"))??;
+    let metrics = agent.get("/metrics")?;
     let wanted = ["ringside_dataplane_packets_total", "ringside_peer_", "ringside_flows"];
     for line in metrics.lines().filter(|l| wanted.iter().any(|w| l.starts_with(w))).take(30) {
         println!("{line}");
@@ -130,53 +125,6 @@ pub fn run(seconds: u64) -> Result<()> {
     println!("\n==> tearing down (agent detaches, namespaces deleted)");
     drop(agent);
     drop(star);
-    std::fs::remove_dir_all(&work).ok();
     println!("done. Next: `cargo xtask test`, docs/operator-guide.md");
     Ok(())
-}
-
-/// The agent process; SIGINT on drop (it detaches and removes its pins), SIGKILL if it lingers.
-struct AgentGuard(Child);
-
-impl Drop for AgentGuard {
-    fn drop(&mut self) {
-        // SAFETY: plain kill(2) on our own child's pid.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
-        for _ in 0..50 {
-            if matches!(self.0.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_ready(star: &Star, agent: &mut AgentGuard) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if star.switch.try_run(|| http_get("/readyz").is_ok())? {
-            return Ok(());
-        }
-        if let Some(status) = agent.0.try_wait()? {
-            bail!("the agent exited ({status}) before it became ready; its error is above");
-        }
-        thread::sleep(Duration::from_millis(200));
-    }
-    bail!("the agent did not become ready within 20 s (see its log above)")
-}
-
-/// A minimal HTTP/1.0 GET against the agent (run inside the switch namespace); Err on non-200.
-fn http_get(path: &str) -> Result<String> {
-    let mut s = TcpStream::connect(AGENT_ADDR)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {AGENT_ADDR}\r\n\r\n")?;
-    let mut body = String::new();
-    s.read_to_string(&mut body)?;
-    let (head, rest) = body.split_once("\r\n\r\n").unwrap_or((&body, ""));
-    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-        bail!("GET {path}: {}", head.lines().next().unwrap_or("no response"));
-    }
-    Ok(rest.to_string())
 }

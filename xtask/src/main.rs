@@ -2,10 +2,12 @@
 //!
 //! Everything privileged or nightly-only lives here, so plain `cargo build` / `cargo test` at the
 //! workspace root stay on stable and need no root.
+mod agent;
 mod bench;
 mod bench_collectives;
 mod build;
 mod demo;
+mod eval_detection;
 mod setup;
 mod test;
 mod util;
@@ -57,12 +59,26 @@ enum Command {
         #[command(subcommand)]
         which: bench::Which,
     },
+    /// Evaluations on the testbed with the real agent; results are printed and written under
+    /// target/eval/ (and docs/).
+    Eval {
+        #[command(subcommand)]
+        which: EvalWhich,
+    },
     /// Run the testbed tool (`ringside-testbed`), e.g. `cargo xtask testbed clean`.
     Testbed {
         /// Arguments passed to ringside-testbed (try `cargo xtask testbed --help`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+}
+
+#[derive(Subcommand)]
+enum EvalWhich {
+    /// The detection scenario matrix (issue 4): healthy, loss-0.5/1/2/5, ratecap-quarter, flap,
+    /// uplink-congestion, straggler; latency, precision, recall, localization, false alarms.
+    /// target/eval/detection.{json,png,md}; docs/eval-detection.md for a full run.
+    Detection(eval_detection::Opts),
 }
 
 fn main() -> Result<()> {
@@ -73,6 +89,7 @@ fn main() -> Result<()> {
         Command::Test { tiers, no_setup } => test::run(&tiers, no_setup),
         Command::Demo { seconds } => demo::run(seconds),
         Command::Bench { which } => bench::run(which),
+        Command::Eval { which: EvalWhich::Detection(opts) } => eval_detection::run(opts),
         Command::Testbed { args } => build::testbed(&args),
     }
 }

@@ -1,0 +1,1049 @@
+//! `cargo xtask eval detection`: the detection scenario matrix of issue 4, measured end to end on
+//! the testbed with the real agent and the emulated training job, scored against the testbed's
+//! fault log.
+//!
+//! Vantage (the same as the T2 detection tests): the agent runs in the switch namespace of a
+//! 6-host star, attached to every bridge port, so each port's flows have the host cabled to it as
+//! their peer; the job is 6 ranks (ring allreduce, 4 MiB, 50 ms compute) on the 6 hosts. Uplink
+//! congestion needs a shared link: a 2×3 leaf-spine, job ranks on hosts 0,1 (leaf 0) and 3,4
+//! (leaf 1), one agent per leaf namespace attached to its host ports and its uplink, the faulted
+//! leaf's uplink capped from the start (the fabric's bottleneck), and the fault is unbounded cross
+//! traffic (4 TCP streams, port not in the job's match) from the faulted leaf's spare host to the
+//! other leaf's spare host.
+//!
+//! One run: rig up → agent(s) ready → job starts → healthy warm-up (+ 0–2 s jitter) → fault
+//! injected (its start is the testbed's record) → fault held → fault cleared (end recorded) →
+//! cool-down → `GET /v1/events?state=all` → everything torn down (RAII, also on Ctrl-C).
+//! The compute straggler is a job parameter, so it is active from the job's start (recorded so).
+//!
+//! Scoring (per scenario, over its runs): an event *matches* a fault when it is a network-fault
+//! event (congestion, gray_failure) raised in [fault start, fault end + grace]; the straggler
+//! "fault" is matched by straggler events only. Detection latency = first matching event's
+//! `raised_unix_ms` − fault start. Precision = matching network events / all network events
+//! (events raised in warm-ups, after the grace, or on a straggler run are false). Recall = faults
+//! with a matching event / faults. Localization = detected faults with a matching event that names
+//! the faulted place (peer = the faulted host's address or link = its bridge port `p<i>`; for the
+//! uplink a link-scoped event on the faulted leaf's `uplink`), plus the per-event share. False
+//! alarms per hour: network events raised in healthy time (healthy runs and all warm-ups) per hour
+//! of healthy time.
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicBool, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use testbed::{ByteSize, CrossTrafficSpec, FaultRecord, FlapSpec, JobConfig, LeafSpine, LeafSpineConfig, Rig, Star, StarConfig};
+
+use crate::{
+    agent::{Agent, AgentSpec},
+    build, setup,
+    util::{cargo, output, sh, workspace_root},
+};
+
+const STAR_HOSTS: usize = 6;
+const JOB_PORT: u16 = 29500;
+const AGENT_LISTEN: &str = "127.0.0.1:9464";
+/// An event raised up to this long after the fault ended still counts as detecting it.
+const GRACE_MS: u64 = 3000;
+const STRAGGLER_EXTRA_MS: u64 = 60;
+const LEAF_HOSTS: usize = 3;
+
+/// Options of `cargo xtask eval detection`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Opts {
+    /// Runs per scenario (each with its own target host/link/rank and injection time).
+    #[arg(long, default_value_t = 2)]
+    pub repeats: u32,
+    /// Smoke run (~3 minutes): one run per scenario, shorter phases.
+    #[arg(long)]
+    pub quick: bool,
+    /// Run only this scenario (see the list in `--help` of `eval`; repeatable).
+    #[arg(long = "scenario")]
+    pub scenarios: Vec<String>,
+    /// Seed of the target and injection-time choices.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Healthy warm-up before the fault, seconds (default 12, --quick 6).
+    #[arg(long)]
+    pub warmup_s: Option<u64>,
+    /// How long each fault is held, seconds (default 15, --quick 8).
+    #[arg(long)]
+    pub fault_s: Option<u64>,
+    /// Length of each healthy run, seconds (default 60, --quick 15). 600 checks the
+    /// "no false alarm in a 10-minute healthy run" target in one run.
+    #[arg(long)]
+    pub healthy_s: Option<u64>,
+    /// Write docs/eval-detection.md even for a --quick or --scenario run (default: only for the
+    /// full matrix).
+    #[arg(long)]
+    pub write_docs: bool,
+    /// Skip `cargo xtask setup` and the builds (binaries must exist).
+    #[arg(long)]
+    pub no_build: bool,
+}
+
+/// The scenario matrix.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Scenario {
+    Healthy,
+    Loss(f64),
+    RateCapQuarter,
+    Flap,
+    UplinkCongestion,
+    Straggler,
+}
+
+const ALL: [Scenario; 9] = [
+    Scenario::Healthy,
+    Scenario::Loss(0.5),
+    Scenario::Loss(1.0),
+    Scenario::Loss(2.0),
+    Scenario::Loss(5.0),
+    Scenario::RateCapQuarter,
+    Scenario::Flap,
+    Scenario::UplinkCongestion,
+    Scenario::Straggler,
+];
+
+impl Scenario {
+    fn name(self) -> String {
+        match self {
+            Scenario::Healthy => "healthy".into(),
+            Scenario::Loss(p) => format!("loss-{p}"),
+            Scenario::RateCapQuarter => "ratecap-quarter".into(),
+            Scenario::Flap => "flap".into(),
+            Scenario::UplinkCongestion => "uplink-congestion".into(),
+            Scenario::Straggler => "straggler".into(),
+        }
+    }
+    fn describe(self) -> String {
+        match self {
+            Scenario::Healthy => "no fault (star, 6 ranks)".into(),
+            Scenario::Loss(p) => format!("{p} % random loss both directions on one host link (star)"),
+            Scenario::RateCapQuarter => "tbf cap to 1/4 of the measured link capacity on one host link (star)".into(),
+            Scenario::Flap => "host link down 400 ms every 3 s (star)".into(),
+            Scenario::UplinkCongestion => "cross traffic through a capped uplink (leaf-spine 2x3)".into(),
+            Scenario::Straggler => format!("one rank computes +{STRAGGLER_EXTRA_MS} ms per step (star)"),
+        }
+    }
+    fn is_network_fault(self) -> bool {
+        !matches!(self, Scenario::Healthy | Scenario::Straggler)
+    }
+}
+
+/// Phase lengths of one run.
+#[derive(Clone, Copy, Debug)]
+struct Phases {
+    warmup: Duration,
+    fault: Duration,
+    cooldown: Duration,
+    healthy: Duration,
+}
+
+/// splitmix64: reproducible choices without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// Where the ground truth says the fault is.
+#[derive(Clone, Debug)]
+enum Place {
+    /// Host access link: (the agent that sees it, host address, bridge port name).
+    HostLink { agent: usize, addr: String, port: String },
+    /// Leaf uplink: the faulted leaf's agent and the uplink's interface name there.
+    Uplink { agent: usize, iface: String },
+    /// A straggler rank's host.
+    Host { addr: String },
+    None,
+}
+
+/// What one run produced.
+struct RunResult {
+    scenario: Scenario,
+    repeat: u32,
+    target: String,
+    place: Place,
+    /// The scored fault (None for healthy runs).
+    fault: Option<FaultRecord>,
+    /// Every record of the rig's fault log (including setup conditions like the uplink cap).
+    fault_log: Vec<FaultRecord>,
+    /// (agent index, event JSON).
+    events: Vec<(usize, Value)>,
+    /// Healthy observation: [from, to) unix ms.
+    healthy_from_ms: u64,
+    healthy_to_ms: u64,
+    windows: Vec<u64>,
+    job: Value,
+    error: Option<String>,
+}
+
+pub fn run(opts: Opts) -> Result<()> {
+    testbed::require_root().context("the evaluation creates network namespaces and loads eBPF programs")?;
+    let stop = testbed::signals::stop_flag();
+    let phases = if opts.quick {
+        Phases { warmup: secs(opts.warmup_s.unwrap_or(6)), fault: secs(opts.fault_s.unwrap_or(8)), cooldown: secs(2), healthy: secs(opts.healthy_s.unwrap_or(15)) }
+    } else {
+        Phases { warmup: secs(opts.warmup_s.unwrap_or(12)), fault: secs(opts.fault_s.unwrap_or(15)), cooldown: secs(4), healthy: secs(opts.healthy_s.unwrap_or(60)) }
+    };
+    let repeats = if opts.quick { 1 } else { opts.repeats.max(1) };
+    let scenarios: Vec<Scenario> = if opts.scenarios.is_empty() {
+        ALL.to_vec()
+    } else {
+        opts.scenarios
+            .iter()
+            .map(|n| {
+                ALL.iter().copied().find(|s| s.name() == *n).with_context(|| {
+                    format!("unknown scenario {n:?}; known: {}", ALL.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "))
+                })
+            })
+            .collect::<Result<_>>()?
+    };
+
+    if !opts.no_build {
+        setup::run()?;
+        build::all(true)?;
+        sh(cargo().args(["build", "--release", "-p", "ipu-firmware", "--bin", "ringside-rank"]))?;
+    }
+    let ringside = build::bin_path("ringside", true);
+    let rank_bin = build::bin_path("ringside-rank", true);
+    for b in [&ringside, &rank_bin] {
+        if !b.is_file() {
+            bail!("{} is missing (run without --no-build)", b.display());
+        }
+    }
+    let out_dir = workspace_root().join("target/eval");
+    std::fs::create_dir_all(&out_dir)?;
+    let logs = out_dir.join("detection-logs");
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir_all(&logs)?;
+
+    let load_before = loadavg();
+    let started = Instant::now();
+    println!("\n==> measuring the veth link capacity (1 TCP stream, 2-host star, offloads off)");
+    let capacity_mbit = measure_capacity().context("link capacity measurement")?;
+    let cap_mbit = (capacity_mbit / 4.0).round().max(10.0) as u64;
+    println!("    {capacity_mbit:.0} Mbit/s → rate caps at 1/4: {cap_mbit} Mbit/s");
+
+    let mut rng = Rng(opts.seed);
+    let mut results = Vec::new();
+    let total = scenarios.len() as u32 * repeats;
+    let mut n = 0;
+    for &sc in &scenarios {
+        for rep in 0..repeats {
+            n += 1;
+            if stop.load(Ordering::SeqCst) {
+                bail!("interrupted; the testbed is torn down");
+            }
+            println!("\n==> [{n}/{total}] {} #{rep} ({:.0} s elapsed)", sc.name(), started.elapsed().as_secs_f64());
+            let ctx = RunCtx { ringside: &ringside, rank_bin: &rank_bin, phases, cap_mbit, logs: &logs, stop };
+            let r = run_one(&ctx, sc, rep, &mut rng);
+            if let Some(e) = &r.error {
+                println!("    run failed: {e}");
+            } else {
+                let net = r.events.iter().filter(|(_, e)| is_network(e)).count();
+                let strag = r.events.iter().filter(|(_, e)| kind(e) == "straggler").count();
+                println!("    target {}: {} events ({net} network, {strag} straggler)", r.target, r.events.len());
+                for (a, e) in &r.events {
+                    println!("      agent{a} {}", brief(e, r.fault.as_ref()));
+                }
+            }
+            results.push(r);
+            if stop.load(Ordering::SeqCst) {
+                bail!("interrupted; the testbed is torn down");
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    let load_after = loadavg();
+
+    let summaries: Vec<Summary> = scenarios.iter().map(|&sc| summarize(sc, &results)).collect();
+    let overall = overall(&summaries);
+    let table = render_table(&summaries);
+    println!("\n{table}");
+    let targets = targets(&summaries, &overall);
+    for (name, value, ok) in &targets {
+        println!("  {:<58} {:<28} {}", name, value, if *ok == Some(true) { "met" } else if *ok == Some(false) { "NOT MET" } else { "not measured" });
+    }
+
+    let machine = machine();
+    let command = command_line(&opts);
+    let report = json!({
+        "command": command,
+        "machine": machine,
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+        "run_seconds": elapsed.as_secs_f64(),
+        "phases_s": {"warmup": phases.warmup.as_secs(), "fault": phases.fault.as_secs(), "cooldown": phases.cooldown.as_secs(), "healthy": phases.healthy.as_secs()},
+        "repeats": repeats,
+        "seed": opts.seed,
+        "link_capacity_mbit": capacity_mbit,
+        "rate_cap_mbit": cap_mbit,
+        "grace_ms": GRACE_MS,
+        "scenarios": summaries.iter().map(Summary::to_json).collect::<Vec<_>>(),
+        "overall": overall.to_json(),
+        "targets": targets.iter().map(|(n, v, ok)| json!({"target": n, "measured": v, "met": ok})).collect::<Vec<_>>(),
+        "runs": results.iter().map(run_json).collect::<Vec<_>>(),
+    });
+    let json_path = out_dir.join("detection.json");
+    std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
+    println!("\nwrote {}", json_path.display());
+    let png_path = out_dir.join("detection.png");
+    match plot(&summaries, &png_path) {
+        Ok(()) => println!("wrote {}", png_path.display()),
+        Err(e) => println!("no plot: {e:#}"),
+    }
+    let md = render_markdown(&command, &machine, &load_before, &load_after, elapsed, phases, repeats, capacity_mbit, cap_mbit, &table, &targets, &results);
+    std::fs::write(out_dir.join("detection.md"), &md)?;
+    let full = opts.scenarios.is_empty() && !opts.quick;
+    if full || opts.write_docs {
+        let doc = workspace_root().join("docs/eval-detection.md");
+        std::fs::write(&doc, &md)?;
+        println!("wrote {}", doc.display());
+    } else {
+        println!("wrote {} (docs/eval-detection.md is only written by a full run or with --write-docs)", out_dir.join("detection.md").display());
+    }
+    println!("agent logs and job outputs: {}", logs.display());
+    println!("run time {:.0} s, load average before {} after {}", elapsed.as_secs_f64(), load_before, load_after);
+    Ok(())
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+struct RunCtx<'a> {
+    ringside: &'a Path,
+    rank_bin: &'a Path,
+    phases: Phases,
+    cap_mbit: u64,
+    logs: &'a Path,
+    stop: &'static AtomicBool,
+}
+
+fn now_ms() -> u64 {
+    testbed::fault::unix_ms(std::time::SystemTime::now())
+}
+
+/// Sleeps `d` in small steps; false when a stop was requested.
+fn sleep_checked(d: Duration, stop: &AtomicBool) -> bool {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        if stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        thread::sleep((end - Instant::now()).min(Duration::from_millis(100)));
+    }
+    !stop.load(Ordering::SeqCst)
+}
+
+fn agent_config(members: &str) -> String {
+    format!(
+        "[match]\ntcp_ports = [{JOB_PORT}]\nprefixes = [\"{members}\"]\n\
+         [[job]]\nname = \"eval\"\nmembers = [\"{members}\"]\ntcp_ports = [{JOB_PORT}]\n"
+    )
+}
+
+fn job_config(ctx: &RunCtx, ranks: usize, hosts: Option<Vec<usize>>, straggler: Option<(usize, u64)>, out: PathBuf) -> JobConfig {
+    let p = ctx.phases;
+    let budget = p.warmup + p.fault + p.cooldown + p.healthy + Duration::from_secs(60);
+    JobConfig {
+        ranks,
+        size: ByteSize(4 << 20),
+        steps: 1_000_000,
+        compute_ms: 50,
+        straggler,
+        rank_bin: Some(ctx.rank_bin.to_path_buf()),
+        port: JOB_PORT,
+        timeout: budget,
+        out_dir: Some(out),
+        hosts,
+        ..Default::default()
+    }
+}
+
+fn run_one(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng) -> RunResult {
+    let mut r = RunResult {
+        scenario: sc,
+        repeat: rep,
+        target: String::new(),
+        place: Place::None,
+        fault: None,
+        fault_log: Vec::new(),
+        events: Vec::new(),
+        healthy_from_ms: 0,
+        healthy_to_ms: 0,
+        windows: Vec::new(),
+        job: Value::Null,
+        error: None,
+    };
+    let res = if sc == Scenario::UplinkCongestion { run_leaf_spine(ctx, rep, rng, &mut r) } else { run_star(ctx, sc, rep, rng, &mut r) };
+    if let Err(e) = res {
+        r.error = Some(format!("{e:#}"));
+    }
+    r
+}
+
+fn run_star(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng, r: &mut RunResult) -> Result<()> {
+    let tag = format!("{}-{rep}", sc.name());
+    let star = Star::new(StarConfig { hosts: STAR_HOSTS, offloads: false, ..Default::default() })?;
+    let mut agent = Agent::start(
+        &star.switch,
+        &AgentSpec {
+            bin: ctx.ringside,
+            ifaces: star.hosts.iter().map(|h| h.switch_port.clone()).collect(),
+            listen: AGENT_LISTEN.into(),
+            config_toml: agent_config("10.77.0.0/24"),
+            tag: format!("eval-{tag}"),
+            log: Some(ctx.logs.join(format!("{tag}-agent.log"))),
+        },
+    )?;
+    agent.wait_ready(Duration::from_secs(30))?;
+    let target = rng.below(STAR_HOSTS as u64) as usize;
+    let jitter = Duration::from_millis(rng.below(2000));
+    let host = &star.hosts[target];
+    let straggler = (sc == Scenario::Straggler).then_some((target, STRAGGLER_EXTRA_MS));
+    let job = testbed::spawn_job(&star, &job_config(ctx, STAR_HOSTS, None, straggler, ctx.logs.join(format!("{tag}-job"))))?;
+    let job_start = now_ms();
+    r.healthy_from_ms = job_start;
+    let p = ctx.phases;
+    let stop = ctx.stop;
+    match sc {
+        Scenario::Healthy => {
+            r.target = "-".into();
+            if !sleep_checked(p.healthy, stop) {
+                bail!("interrupted");
+            }
+            r.healthy_to_ms = now_ms();
+        }
+        Scenario::Straggler => {
+            r.target = format!("rank {target} on h{target} ({})", host.addr);
+            r.place = Place::Host { addr: host.addr.to_string() };
+            r.healthy_to_ms = job_start; // active from the job's start: no healthy time
+            if !sleep_checked(p.warmup + jitter + p.fault, stop) {
+                bail!("interrupted");
+            }
+            // The straggler's record ends when the job does; score it up to now.
+            let mut f = star.faults().into_iter().find(|f| matches!(f.kind, testbed::FaultKind::Straggler { .. })).context("no straggler record")?;
+            f.ended_unix_ms = Some(now_ms());
+            r.fault = Some(f);
+        }
+        _ => {
+            let link = format!("h{target}");
+            r.target = format!("{link} ({}, port {})", host.addr, host.switch_port);
+            r.place = Place::HostLink { agent: 0, addr: host.addr.to_string(), port: host.switch_port.clone() };
+            if !sleep_checked(p.warmup + jitter, stop) {
+                bail!("interrupted");
+            }
+            r.healthy_to_ms = now_ms();
+            // The guard clears the fault when dropped (also on an early return).
+            let guard: Box<dyn std::any::Any> = match sc {
+                Scenario::Loss(pct) => Box::new(star.link_loss(&link, pct)?),
+                Scenario::RateCapQuarter => Box::new(star.link_rate_cap(&link, ctx.cap_mbit)?),
+                Scenario::Flap => Box::new(star.link_flap(&link, FlapSpec::periodic(Duration::from_millis(400), Duration::from_secs(3)))?),
+                _ => unreachable!(),
+            };
+            let held = sleep_checked(p.fault, stop);
+            drop(guard);
+            if !held {
+                bail!("interrupted");
+            }
+            r.fault = star.faults().into_iter().last();
+        }
+    }
+    if !sleep_checked(p.cooldown, stop) {
+        bail!("interrupted");
+    }
+    let mut agents = [agent];
+    collect(&mut agents, r)?;
+    r.fault_log = star.faults();
+    r.job = job_summary(job, stop);
+    drop(agents);
+    Ok(())
+}
+
+fn run_leaf_spine(ctx: &RunCtx, rep: u32, rng: &mut Rng, r: &mut RunResult) -> Result<()> {
+    let tag = format!("uplink-congestion-{rep}");
+    let ls = LeafSpine::new(LeafSpineConfig { leaves: 2, hosts_per_leaf: LEAF_HOSTS, offloads: false, ..Default::default() })?;
+    let mut agents = Vec::new();
+    for (l, leaf) in ls.leaves.iter().enumerate() {
+        let mut ifaces: Vec<String> = leaf.hosts.iter().map(|&h| ls.hosts[h].leaf_port.clone()).collect();
+        ifaces.push(leaf.uplink_iface.to_string());
+        let mut a = Agent::start(
+            &leaf.ns,
+            &AgentSpec {
+                bin: ctx.ringside,
+                ifaces,
+                listen: AGENT_LISTEN.into(),
+                config_toml: agent_config("10.77.0.0/16"),
+                tag: format!("eval-{tag}-leaf{l}"),
+                log: Some(ctx.logs.join(format!("{tag}-leaf{l}-agent.log"))),
+            },
+        )?;
+        a.wait_ready(Duration::from_secs(30))?;
+        agents.push(a);
+    }
+    let leaf = rng.below(2) as usize;
+    let other = 1 - leaf;
+    let jitter = Duration::from_millis(rng.below(2000));
+    // Capped from the start: the bottleneck of this fabric, not the fault.
+    let _cap = ls.link_rate_cap(&format!("up{leaf}"), ctx.cap_mbit)?;
+    r.target = format!("up{leaf} (capped {} Mbit/s; cross traffic h{} -> h{})", ctx.cap_mbit, leaf * LEAF_HOSTS + 2, other * LEAF_HOSTS + 2);
+    r.place = Place::Uplink { agent: leaf, iface: ls.leaves[leaf].uplink_iface.to_string() };
+    let hosts = vec![0, 1, LEAF_HOSTS, LEAF_HOSTS + 1];
+    let job = testbed::spawn_job(&ls, &job_config(ctx, 4, Some(hosts), None, ctx.logs.join(format!("{tag}-job"))))?;
+    r.healthy_from_ms = now_ms();
+    let p = ctx.phases;
+    if !sleep_checked(p.warmup + jitter, ctx.stop) {
+        bail!("interrupted");
+    }
+    r.healthy_to_ms = now_ms();
+    let ct = ls.cross_traffic(CrossTrafficSpec { from: leaf * LEAF_HOSTS + 2, to: other * LEAF_HOSTS + 2, streams: 4, ..Default::default() })?;
+    let held = sleep_checked(p.fault, ctx.stop);
+    let report = ct.stop();
+    if !held {
+        bail!("interrupted");
+    }
+    let mut f = report.record.clone();
+    f.link = Some(format!("up{leaf}"));
+    r.fault = Some(f);
+    if !sleep_checked(p.cooldown, ctx.stop) {
+        bail!("interrupted");
+    }
+    collect(&mut agents, r)?;
+    r.fault_log = ls.faults();
+    r.job = job_summary(job, ctx.stop);
+    r.job["cross_traffic_goodput_mbit"] = json!(report.goodput_mbit);
+    drop(agents);
+    Ok(())
+}
+
+fn collect(agents: &mut [Agent], r: &mut RunResult) -> Result<()> {
+    for (i, a) in agents.iter_mut().enumerate() {
+        if !a.running() {
+            bail!("agent {i} exited during the run (see its log under target/eval/detection-logs)");
+        }
+        let body = a.get("/v1/events?state=all&limit=1000")?;
+        let v: Value = serde_json::from_str(&body).context("/v1/events is not JSON")?;
+        r.windows.push(v["windows"].as_u64().unwrap_or(0));
+        for e in v["events"].as_array().cloned().unwrap_or_default() {
+            r.events.push((i, e));
+        }
+    }
+    Ok(())
+}
+
+/// Stops the job (it runs until killed) and keeps what the ranks wrote so far.
+fn job_summary(job: testbed::RunningJob, _stop: &AtomicBool) -> Value {
+    drop(job);
+    Value::Null
+}
+
+fn kind(e: &Value) -> &str {
+    e["kind"].as_str().unwrap_or("")
+}
+
+fn is_network(e: &Value) -> bool {
+    matches!(kind(e), "congestion" | "gray_failure")
+}
+
+fn raised(e: &Value) -> u64 {
+    e["raised_unix_ms"].as_u64().unwrap_or(0)
+}
+
+fn scope_str(e: &Value) -> String {
+    let s = &e["scope"];
+    match s["type"].as_str() {
+        Some("peer") => format!("peer {} via {}", s["peer"].as_str().unwrap_or("?"), s["link"].as_str().unwrap_or("?")),
+        Some("link") => format!("link {}", s["link"].as_str().unwrap_or("?")),
+        Some(t) => t.to_string(),
+        None => "?".into(),
+    }
+}
+
+fn brief(e: &Value, fault: Option<&FaultRecord>) -> String {
+    let rel = match fault {
+        Some(f) => format!("{:+.1} s from fault start", (raised(e) as f64 - f.started_unix_ms as f64) / 1e3),
+        None => String::new(),
+    };
+    format!(
+        "{} {} [{}{}] raised {rel}",
+        kind(e),
+        scope_str(e),
+        e["severity"].as_str().unwrap_or("?"),
+        e["classification"].as_str().map(|c| format!(", {c}")).unwrap_or_default()
+    )
+}
+
+/// Whether the event matches the fault in time (and kind class).
+fn matches_fault(e: &Value, f: &FaultRecord, straggler: bool) -> bool {
+    let ok_kind = if straggler { kind(e) == "straggler" } else { is_network(e) };
+    let end = f.ended_unix_ms.unwrap_or(u64::MAX).saturating_add(GRACE_MS);
+    ok_kind && raised(e) >= f.started_unix_ms && raised(e) <= end
+}
+
+fn names_place(agent: usize, e: &Value, place: &Place) -> bool {
+    let s = &e["scope"];
+    let (ty, peer, link) = (s["type"].as_str().unwrap_or(""), s["peer"].as_str().unwrap_or(""), s["link"].as_str().unwrap_or(""));
+    match place {
+        Place::HostLink { agent: a, addr, port } => agent == *a && (peer == addr || (ty == "link" && link == port)),
+        Place::Uplink { agent: a, iface } => agent == *a && ty == "link" && link == iface,
+        Place::Host { addr } => peer == addr,
+        Place::None => false,
+    }
+}
+
+/// The score of one scenario.
+#[derive(Default)]
+struct Summary {
+    name: String,
+    describe: String,
+    runs: usize,
+    failed_runs: usize,
+    faults: usize,
+    detected: usize,
+    latencies_ms: Vec<f64>,
+    network_events: usize,
+    matched_network_events: usize,
+    localized: usize,
+    matched_events_naming: usize,
+    matched_events: usize,
+    healthy_s: f64,
+    healthy_false_alarms: usize,
+    straggler_as_network: usize,
+    straggler_events: usize,
+    network_fault: bool,
+}
+
+impl Summary {
+    fn recall(&self) -> Option<f64> {
+        (self.faults > 0).then(|| self.detected as f64 / self.faults as f64)
+    }
+    fn precision(&self) -> Option<f64> {
+        (self.network_events > 0).then(|| self.matched_network_events as f64 / self.network_events as f64)
+    }
+    fn localization(&self) -> Option<f64> {
+        (self.detected > 0).then(|| self.localized as f64 / self.detected as f64)
+    }
+    fn event_localization(&self) -> Option<f64> {
+        (self.matched_events > 0).then(|| self.matched_events_naming as f64 / self.matched_events as f64)
+    }
+    fn fa_per_hour(&self) -> Option<f64> {
+        (self.healthy_s > 0.0).then(|| self.healthy_false_alarms as f64 * 3600.0 / self.healthy_s)
+    }
+    fn to_json(&self) -> Value {
+        json!({
+            "scenario": self.name, "description": self.describe, "runs": self.runs, "failed_runs": self.failed_runs,
+            "faults": self.faults, "detected": self.detected, "recall": self.recall(),
+            "latency_ms": {"median": percentile(&self.latencies_ms, 0.5), "p90": percentile(&self.latencies_ms, 0.9), "all": self.latencies_ms},
+            "network_events": self.network_events, "matched_network_events": self.matched_network_events, "precision": self.precision(),
+            "localized_faults": self.localized, "localization": self.localization(),
+            "matched_events": self.matched_events, "matched_events_naming_the_place": self.matched_events_naming, "event_localization": self.event_localization(),
+            "healthy_seconds": self.healthy_s, "healthy_false_alarms": self.healthy_false_alarms, "false_alarms_per_hour": self.fa_per_hour(),
+            "straggler_reported_as_network_fault": self.straggler_as_network, "straggler_events": self.straggler_events,
+        })
+    }
+}
+
+fn summarize(sc: Scenario, results: &[RunResult]) -> Summary {
+    let mut s = Summary { name: sc.name(), describe: sc.describe(), network_fault: sc.is_network_fault(), ..Default::default() };
+    let straggler = sc == Scenario::Straggler;
+    for r in results.iter().filter(|r| r.scenario == sc) {
+        s.runs += 1;
+        if r.error.is_some() {
+            s.failed_runs += 1;
+            continue;
+        }
+        s.healthy_s += r.healthy_to_ms.saturating_sub(r.healthy_from_ms) as f64 / 1e3;
+        for (_, e) in &r.events {
+            if is_network(e) {
+                s.network_events += 1;
+                let in_healthy = raised(e) >= r.healthy_from_ms && raised(e) < r.healthy_to_ms;
+                // Events already open when the job started (carried over) count as healthy-time alarms too.
+                if in_healthy || raised(e) < r.healthy_from_ms {
+                    s.healthy_false_alarms += 1;
+                }
+            }
+            if kind(e) == "straggler" {
+                s.straggler_events += 1;
+            }
+        }
+        let Some(f) = &r.fault else { continue };
+        s.faults += 1;
+        let mut matching: Vec<&(usize, Value)> = r.events.iter().filter(|(_, e)| matches_fault(e, f, straggler)).collect();
+        matching.sort_by_key(|(_, e)| raised(e));
+        if straggler {
+            let end = f.ended_unix_ms.unwrap_or(u64::MAX).saturating_add(GRACE_MS);
+            s.straggler_as_network += r.events.iter().filter(|(_, e)| is_network(e) && raised(e) >= f.started_unix_ms && raised(e) <= end).count();
+        } else {
+            s.matched_network_events += matching.len();
+        }
+        s.matched_events += matching.len();
+        s.matched_events_naming += matching.iter().filter(|(a, e)| names_place(*a, e, &r.place)).count();
+        if let Some((_, first)) = matching.first() {
+            s.detected += 1;
+            s.latencies_ms.push(raised(first) as f64 - f.started_unix_ms as f64);
+            if matching.iter().any(|(a, e)| names_place(*a, e, &r.place)) {
+                s.localized += 1;
+            }
+        }
+    }
+    s
+}
+
+/// Totals over the network-fault scenarios (latency, precision, recall, localization) and over
+/// every healthy period (false alarms).
+fn overall(sums: &[Summary]) -> Summary {
+    let mut o = Summary { name: "all network faults".into(), ..Default::default() };
+    for s in sums {
+        o.runs += s.runs;
+        o.failed_runs += s.failed_runs;
+        o.healthy_s += s.healthy_s;
+        o.healthy_false_alarms += s.healthy_false_alarms;
+        o.straggler_as_network += s.straggler_as_network;
+        o.network_events += s.network_events;
+        if s.network_fault {
+            o.faults += s.faults;
+            o.detected += s.detected;
+            o.latencies_ms.extend_from_slice(&s.latencies_ms);
+            o.matched_network_events += s.matched_network_events;
+            o.localized += s.localized;
+            o.matched_events += s.matched_events;
+            o.matched_events_naming += s.matched_events_naming;
+        }
+    }
+    o
+}
+
+fn percentile(v: &[f64], q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    // Nearest rank.
+    let idx = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1;
+    Some(s[idx])
+}
+
+fn f2(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into())
+}
+
+fn secs_opt(v: Option<f64>) -> String {
+    v.map(|x| format!("{:.1}", x / 1e3)).unwrap_or_else(|| "-".into())
+}
+
+fn render_table(sums: &[Summary]) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "| scenario | runs | faults | detected | latency median s | latency p90 s | precision | recall | localization (faults) | localization (events) | net events | false alarms (healthy time) | FA/h | straggler as network | straggler events |"
+    );
+    let _ = writeln!(t, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let row = |t: &mut String, s: &Summary| {
+        let failed = if s.failed_runs > 0 { format!(" ({} failed)", s.failed_runs) } else { String::new() };
+        let _ = writeln!(
+            t,
+            "| {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} in {:.0} s | {} | {} | {} |",
+            s.name,
+            s.runs,
+            failed,
+            s.faults,
+            s.detected,
+            secs_opt(percentile(&s.latencies_ms, 0.5)),
+            secs_opt(percentile(&s.latencies_ms, 0.9)),
+            f2(s.precision()),
+            f2(s.recall()),
+            f2(s.localization()),
+            f2(s.event_localization()),
+            s.network_events,
+            s.healthy_false_alarms,
+            s.healthy_s,
+            s.fa_per_hour().map(|x| format!("{x:.0}")).unwrap_or_else(|| "-".into()),
+            if s.name == "straggler" { s.straggler_as_network.to_string() } else { "-".into() },
+            s.straggler_events,
+        );
+    };
+    for s in sums {
+        row(&mut t, s);
+    }
+    t
+}
+
+type Target = (String, String, Option<bool>);
+
+fn targets(sums: &[Summary], o: &Summary) -> Vec<Target> {
+    let mut v = Vec::new();
+    let med = percentile(&o.latencies_ms, 0.5);
+    v.push(("median detection latency <= 2 s (all network faults)".into(), secs_opt(med) + " s", med.map(|m| m <= 2000.0)));
+    // Precision over the network-fault scenarios only (false alarms of healthy and straggler runs are scored below).
+    let net_events: usize = sums.iter().filter(|s| s.network_fault).map(|s| s.network_events).sum();
+    let p = (net_events > 0).then(|| o.matched_network_events as f64 / net_events as f64);
+    v.push(("precision >= 0.95 (network-fault runs)".into(), f2(p), p.map(|x| x >= 0.95)));
+    v.push(("recall >= 0.9".into(), f2(o.recall()), o.recall().map(|x| x >= 0.9)));
+    v.push(("localization correct in >= 90% of detected faults".into(), f2(o.localization()), o.localization().map(|x| x >= 0.9)));
+    let healthy_runs: Vec<&Summary> = sums.iter().filter(|s| s.name == "healthy").collect();
+    let (hs, hfa) = healthy_runs.iter().fold((0.0, 0), |(a, b), s| (a + s.healthy_s, b + s.healthy_false_alarms));
+    let ten_min = if hfa > 0 { Some(false) } else if hs >= 600.0 { Some(true) } else { None };
+    v.push((
+        "zero false alarms in a 10-minute healthy run".into(),
+        format!("{hfa} in {hs:.0} s of healthy runs; {} in {:.0} s incl. warm-ups", o.healthy_false_alarms, o.healthy_s),
+        ten_min,
+    ));
+    let st: Vec<&Summary> = sums.iter().filter(|s| s.name == "straggler" && s.runs > s.failed_runs).collect();
+    let n: usize = st.iter().map(|s| s.straggler_as_network).sum();
+    v.push(("compute straggler never reported as a network fault".into(), format!("{n} network events"), (!st.is_empty()).then_some(n == 0)));
+    let sr: Vec<String> = st.iter().map(|s| format!("{}/{}", s.detected, s.faults)).collect();
+    v.push(("(straggler detected as straggler naming its host)".into(), sr.join(", "), st.first().and_then(|s| s.recall()).map(|r| r >= 0.9)));
+    v
+}
+
+fn run_json(r: &RunResult) -> Value {
+    json!({
+        "scenario": r.scenario.name(), "repeat": r.repeat, "target": r.target, "error": r.error,
+        "fault": r.fault, "fault_log": r.fault_log, "healthy_from_unix_ms": r.healthy_from_ms, "healthy_to_unix_ms": r.healthy_to_ms,
+        "windows": r.windows,
+        "events": r.events.iter().map(|(a, e)| json!({"agent": a, "event": e, "matches_fault": r.fault.as_ref().is_some_and(|f| matches_fault(e, f, r.scenario == Scenario::Straggler)), "names_place": names_place(*a, e, &r.place)})).collect::<Vec<_>>(),
+        "job": r.job,
+    })
+}
+
+/// Goodput of one TCP stream between two hosts of a fresh 2-host star (offloads off, as the runs).
+fn measure_capacity() -> Result<f64> {
+    let star = Star::new(StarConfig { hosts: 2, offloads: false, ..Default::default() })?;
+    let to = (star.hosts[1].addr, 5201).into();
+    let sink = star.hosts[1].ns.try_run(|| testbed::TcpSink::bind(to))??;
+    let rx = thread::spawn(move || sink.receive(1, Duration::from_secs(30)));
+    let tx = star.hosts[0].ns.try_run(|| testbed::tcp_send_with_timeout(to, 256 << 20, 1, Duration::from_secs(30)))??;
+    let _ = rx.join();
+    Ok(tx.goodput_mbit)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg").map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
+}
+
+fn machine() -> String {
+    let cpus = thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, m)| m.trim().to_string()))
+        .unwrap_or_else(|| "unknown CPU".into());
+    let kernel = output(std::process::Command::new("uname").arg("-r")).map(|s| s.trim().to_string()).unwrap_or_default();
+    format!("{cpus} vCPU ({model}), Linux {kernel}")
+}
+
+fn command_line(o: &Opts) -> String {
+    let mut c = "cargo xtask eval detection".to_string();
+    if o.quick {
+        c += " --quick";
+    } else if o.repeats != 2 {
+        let _ = write!(c, " --repeats {}", o.repeats);
+    }
+    for s in &o.scenarios {
+        let _ = write!(c, " --scenario {s}");
+    }
+    if o.seed != 1 {
+        let _ = write!(c, " --seed {}", o.seed);
+    }
+    for (flag, v) in [("--warmup-s", o.warmup_s), ("--fault-s", o.fault_s), ("--healthy-s", o.healthy_s)] {
+        if let Some(v) = v {
+            let _ = write!(c, " {flag} {v}");
+        }
+    }
+    c
+}
+
+#[allow(clippy::too_many_arguments)]
+fn render_markdown(
+    command: &str,
+    machine: &str,
+    load_before: &str,
+    load_after: &str,
+    elapsed: Duration,
+    p: Phases,
+    repeats: u32,
+    capacity: f64,
+    cap: u64,
+    table: &str,
+    targets: &[Target],
+    results: &[RunResult],
+) -> String {
+    let mut m = String::new();
+    let _ = writeln!(m, "# Detection evaluation\n");
+    let _ = writeln!(m, "Generated by `{command}` (xtask/src/eval_detection.rs); raw runs and events in `target/eval/detection.json`, plot in `target/eval/detection.png`.\n");
+    let _ = writeln!(m, "- Machine: {machine}; load average {load_before} before, {load_after} after (other work shares this machine).");
+    let _ = writeln!(
+        m,
+        "- Run time {:.0} s; {repeats} run(s) per scenario; phases: warm-up {} s (+0–2 s jitter), fault {} s, cool-down {} s, healthy runs {} s.",
+        elapsed.as_secs_f64(),
+        p.warmup.as_secs(),
+        p.fault.as_secs(),
+        p.cooldown.as_secs(),
+        p.healthy.as_secs()
+    );
+    let _ = writeln!(m, "- Measured link capacity (1 TCP stream, veth, offloads off): {capacity:.0} Mbit/s; rate caps at 1/4 = {cap} Mbit/s.\n");
+    let _ = writeln!(m, "## Setup\n");
+    let _ = writeln!(
+        m,
+        "- Star scenarios: 6 hosts, offloads off, the release agent in the switch namespace on every bridge port (the T2 tests' vantage), \
+         one `[[job]]` (members 10.77.0.0/24, TCP 29500), the emulated job: 6 ranks, ring allreduce of 4 MiB, 50 ms compute per step.\n\
+         - Uplink congestion: leaf-spine 2 leaves × 3 hosts; job ranks on h0, h1 (leaf 0) and h3, h4 (leaf 1); one agent per leaf namespace \
+         on its host ports and its `uplink`; the faulted leaf's uplink is capped at {cap} Mbit/s from the start (the fabric's bottleneck, not \
+         scored as a fault); the fault is 4 unbounded TCP streams from that leaf's spare host to the other leaf's spare host.\n\
+         - Targets (host, link, rank) and the injection time are drawn from a seeded generator (`--seed`); nftables' random drop itself is not seedable.\n\
+         - The compute straggler ({STRAGGLER_EXTRA_MS} ms extra per step) is a job parameter: it is active from the job's start, so its runs have no healthy warm-up.\n"
+    );
+    let _ = writeln!(m, "## Scoring\n");
+    let _ = writeln!(
+        m,
+        "- An event *matches* a fault if it is a network-fault event (congestion, gray_failure) raised between the fault's recorded start and \
+         its end + {} s; for the straggler, a straggler event in the same window.\n\
+         - Latency: first matching event's `raised_unix_ms` − the fault's recorded start. Precision: matching network events / all network \
+         events of the scenario (warm-up or late events are false). Recall: faults with a matching event / faults.\n\
+         - Localization (faults): detected faults with at least one matching event that names the faulted host's address or its bridge port \
+         (uplink: a link-scoped event on the faulted leaf agent's `uplink`; a straggler: its host's address). Localization (events): the share \
+         of matching events that name it (neighbours blamed too lower it).\n\
+         - False alarms: network events raised while the job was healthy (whole healthy runs, every warm-up), per hour of that time.\n",
+        GRACE_MS / 1000
+    );
+    let _ = writeln!(m, "## Results\n");
+    m.push_str(table);
+    let _ = writeln!(m, "\n## Targets (issue 4)\n");
+    let _ = writeln!(m, "| target | measured | status |\n|---|---|---|");
+    for (n, v, ok) in targets {
+        let st = match ok {
+            Some(true) => "met",
+            Some(false) => "**NOT MET**",
+            None => "not measured",
+        };
+        let _ = writeln!(m, "| {n} | {v} | {st} |");
+    }
+    let _ = writeln!(m, "\nAnchor: Minder (ByteDance) reports 3.6 s mean reaction with precision 0.904.\n");
+    let _ = writeln!(m, "## Runs\n");
+    let _ = writeln!(m, "| scenario | # | target | events (agent: kind scope, raised relative to the fault start) |\n|---|---|---|---|");
+    for r in results {
+        let ev = if let Some(e) = &r.error {
+            format!("run failed: {e}")
+        } else if r.events.is_empty() {
+            "none".into()
+        } else {
+            r.events.iter().map(|(a, e)| format!("a{a}: {}", brief(e, r.fault.as_ref()))).collect::<Vec<_>>().join("<br>")
+        };
+        let _ = writeln!(m, "| {} | {} | {} | {} |", r.scenario.name(), r.repeat, r.target, ev.replace('|', "/"));
+    }
+    m
+}
+
+/// Latency (median, p90) per scenario on the left, precision / recall / localization on the right.
+fn plot(sums: &[Summary], path: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    let font = ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf"]
+        .iter()
+        .find_map(|p| std::fs::read(p).ok())
+        .context("no TTF font found (DejaVuSans or LiberationSans) for the plot's labels")?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font).map_err(|_| anyhow::anyhow!("cannot load the font"))?;
+
+    let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = root.split_horizontally(650);
+    let names: Vec<String> = sums.iter().map(|s| s.name.clone()).collect();
+    let n = names.len();
+    let max_lat = sums.iter().filter_map(|s| percentile(&s.latencies_ms, 0.9)).fold(2500.0f64, f64::max) / 1e3 * 1.15;
+
+    let label = |names: &[String], x: &f64| -> String {
+        let i = x.round() as isize;
+        if (x - x.round()).abs() < 0.01 && i >= 0 && (i as usize) < names.len() {
+            names[i as usize].clone()
+        } else {
+            String::new()
+        }
+    };
+
+    let mut c = ChartBuilder::on(&left)
+        .caption("Detection latency from fault start (s)", ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(90)
+        .y_label_area_size(45)
+        .build_cartesian_2d(-0.6f64..(n as f64 - 0.4), 0f64..max_lat)?;
+    c.configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|x| label(&names, x))
+        .x_label_style(("sans-serif", 12).into_font().transform(FontTransform::Rotate90))
+        .y_desc("seconds")
+        .draw()?;
+    for (i, s) in sums.iter().enumerate() {
+        let x = i as f64;
+        if let Some(p90) = percentile(&s.latencies_ms, 0.9) {
+            c.draw_series(std::iter::once(Rectangle::new([(x - 0.35, 0.0), (x + 0.35, p90 / 1e3)], BLUE.mix(0.25).filled())))?;
+        }
+        if let Some(med) = percentile(&s.latencies_ms, 0.5) {
+            c.draw_series(std::iter::once(Rectangle::new([(x - 0.25, 0.0), (x + 0.25, med / 1e3)], BLUE.filled())))?;
+        }
+        if s.detected == 0 && s.faults > 0 {
+            c.draw_series(std::iter::once(Text::new("none", (x - 0.3, max_lat * 0.03), ("sans-serif", 12).into_font().color(&RED))))?;
+        }
+    }
+    c.draw_series(LineSeries::new(vec![(-0.6, 2.0), (n as f64 - 0.4, 2.0)], RED.stroke_width(1)))?
+        .label("target 2 s")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], RED));
+    c.draw_series(std::iter::once(Rectangle::new([(-10.0, -1.0), (-9.0, -1.0)], BLUE.filled())))?
+        .label("median")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], BLUE.filled()));
+    c.draw_series(std::iter::once(Rectangle::new([(-10.0, -1.0), (-9.0, -1.0)], BLUE.mix(0.25).filled())))?
+        .label("p90")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], BLUE.mix(0.25).filled()));
+    c.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).label_font(("sans-serif", 12)).draw()?;
+
+    let mut c = ChartBuilder::on(&right)
+        .caption("Precision / recall / localization per scenario", ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(90)
+        .y_label_area_size(45)
+        .build_cartesian_2d(-0.6f64..(n as f64 - 0.4), 0f64..1.1f64)?;
+    c.configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|x| label(&names, x))
+        .x_label_style(("sans-serif", 12).into_font().transform(FontTransform::Rotate90))
+        .draw()?;
+    let series: [(&str, RGBColor, fn(&Summary) -> Option<f64>); 3] = [
+        ("precision", RGBColor(31, 119, 180), Summary::precision),
+        ("recall", RGBColor(44, 160, 44), Summary::recall),
+        ("localization", RGBColor(255, 127, 14), Summary::localization),
+    ];
+    for (k, (name, color, f)) in series.iter().enumerate() {
+        let w = 0.25;
+        let bars: Vec<Rectangle<(f64, f64)>> = sums
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let v = f(s)?;
+                let x0 = i as f64 - 0.375 + k as f64 * w;
+                Some(Rectangle::new([(x0, 0.0), (x0 + w * 0.9, v.max(0.01))], color.filled()))
+            })
+            .collect();
+        let color = *color;
+        c.draw_series(bars)?.label(*name).legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    c.draw_series(LineSeries::new(vec![(-0.6, 0.9), (n as f64 - 0.4, 0.9)], BLACK.mix(0.4).stroke_width(1)))?;
+    c.configure_series_labels().position(SeriesLabelPosition::UpperRight).background_style(WHITE.mix(0.8)).border_style(BLACK).label_font(("sans-serif", 12)).draw()?;
+    root.present()?;
+    Ok(())
+}
