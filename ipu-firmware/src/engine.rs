@@ -25,7 +25,7 @@ use crate::codec::{encode_with_feedback, Bf16, ChunkCodec, CodecKind, DecodeMode
 use crate::error::{CollectiveError, Result};
 use crate::plan::{Algorithm, ControlHeader, Dtype, OpKind, Plan, PlanSchedule, PlanSource};
 use crate::transport::{InFrame, Transport};
-use crate::wire::{FrameHeader, FrameKind, HEADER_LEN};
+use crate::wire::{FrameError, FrameHeader, FrameKind, HEADER_LEN};
 use std::ops::Range;
 use std::time::Duration;
 
@@ -57,6 +57,8 @@ struct OpContext {
     codec: Box<dyn ChunkCodec + Send + Sync>,
     codec_id: u8,
     lossless: bool,
+    /// The wire payload is the chunk's f32 values, little endian ([`CodecKind::None`]).
+    raw_f32: bool,
     chunk_elems: usize,
     channels: usize,
     error_feedback: bool,
@@ -102,8 +104,13 @@ impl<'a, T: Transport> Exchange<'a, T> {
 
     /// Encodes `buf[sub]` (plus residual under error feedback) into a frame buffer.
     fn encode(&mut self, buf: &[f32], sub: &Range<usize>, residual: Residual) -> Vec<u8> {
-        let mut frame = Vec::with_capacity(HEADER_LEN + self.cx.codec.max_encoded_len(sub.len()));
-        frame.resize(HEADER_LEN, 0);
+        let mut frame = self.t.frame_buffer(self.cx.codec.max_encoded_len(sub.len()));
+        debug_assert_eq!(frame.len(), HEADER_LEN);
+        if self.cx.raw_f32 {
+            // Same bytes as the raw codec's encode, without zero-filling the payload first.
+            frame.extend(buf[sub.clone()].iter().flat_map(|x| x.to_le_bytes()));
+            return frame;
+        }
         let res = match residual {
             _ if !self.cx.error_feedback || self.cx.lossless => None,
             Residual::None => None,
@@ -131,7 +138,7 @@ impl<'a, T: Transport> Exchange<'a, T> {
     }
 
     /// Owner side of a final value: encode once, make the owner's copy what everybody will decode,
-    /// and return the payload for forwarding.
+    /// and return the frame (header room + payload) for forwarding.
     fn finalize_chunk(&mut self, sub: Range<usize>, buf: &mut [f32], residual: Residual) -> Vec<u8> {
         let frame = self.encode(buf, &sub, residual);
         if !self.cx.lossless {
@@ -140,19 +147,61 @@ impl<'a, T: Transport> Exchange<'a, T> {
                 .decode(&frame[HEADER_LEN..], &mut buf[sub], DecodeMode::Overwrite)
                 .expect("a payload we just encoded decodes");
         }
-        frame[HEADER_LEN..].to_vec()
+        frame
     }
 
-    fn forward(&mut self, peer: usize, ci: usize, sub: Range<usize>, payload: &[u8]) -> Result<()> {
-        let mut frame = Vec::with_capacity(HEADER_LEN + payload.len());
-        frame.resize(HEADER_LEN, 0);
-        frame.extend_from_slice(payload);
+    /// Sends a frame whose payload is final bytes for `sub` (the transport rewrites the header).
+    fn forward(&mut self, peer: usize, ci: usize, sub: Range<usize>, frame: Vec<u8>) -> Result<()> {
         let h = self.header(&sub);
         self.t.send(peer, self.channel(ci), h, frame)
     }
 
+    /// Like [`Self::forward`] for a frame that is kept: sends a copy.
+    fn forward_copy(&mut self, peer: usize, ci: usize, sub: Range<usize>, frame: &[u8]) -> Result<()> {
+        let payload = &frame[HEADER_LEN..];
+        let mut copy = self.t.frame_buffer(payload.len());
+        copy.extend_from_slice(payload);
+        self.forward(peer, ci, sub, copy)
+    }
+
     /// Receives chunk `ci` = `sub` from `peer`, validates it and applies it to `buf[sub]`.
     fn recv_chunk(&mut self, peer: usize, ci: usize, sub: Range<usize>, buf: &mut [f32], mode: DecodeMode) -> Result<InFrame> {
+        let f = self.recv_frame(peer, ci, &sub)?;
+        let channel = self.channel(ci);
+        self.cx
+            .codec
+            .decode(f.payload(), &mut buf[sub], mode)
+            .map_err(|error| CollectiveError::BadFrame { peer, channel, error })?;
+        Ok(f)
+    }
+
+    /// Receives a reduce-phase chunk from `peer`, adds it into `buf[sub]` and passes the partial sum
+    /// on to `next`. With the raw f32 wire this is one pass: the sum is written both into `buf` and
+    /// over the received payload, whose frame is then sent on (same bytes as decode + re-encode).
+    fn recv_reduce_send(&mut self, peer: usize, next: usize, ci: usize, sub: Range<usize>, buf: &mut [f32]) -> Result<()> {
+        if !self.cx.raw_f32 {
+            let f = self.recv_chunk(peer, ci, sub.clone(), buf, DecodeMode::Accumulate)?;
+            self.t.recycle(f.frame);
+            return self.send_chunk(next, ci, sub, buf, Residual::Reduce);
+        }
+        let mut f = self.recv_frame(peer, ci, &sub)?;
+        let channel = self.channel(ci);
+        let dst = &mut buf[sub.clone()];
+        if f.payload().len() != dst.len() * 4 {
+            let error = FrameError::PayloadLength { what: "f32 chunk", expected: dst.len() * 4, got: f.payload().len() };
+            return Err(CollectiveError::BadFrame { peer, channel, error });
+        }
+        for (d, c) in dst.iter_mut().zip(f.payload_mut().chunks_exact_mut(4)) {
+            let v = *d + f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            *d = v;
+            c.copy_from_slice(&v.to_le_bytes());
+        }
+        let h = self.header(&sub);
+        self.t.send(next, self.channel(ci), h, f.frame)
+    }
+
+    /// Receives chunk `ci` = `sub` from `peer` and validates its header (not yet its payload).
+    fn recv_frame(&mut self, peer: usize, ci: usize, sub: &Range<usize>) -> Result<InFrame> {
         let channel = self.channel(ci);
         let f = self.t.recv(peer, channel, self.cx.timeout, self.cx.op)?;
         let h = &f.header;
@@ -172,16 +221,13 @@ impl<'a, T: Transport> Exchange<'a, T> {
         if h.elem_count as usize != sub.len() {
             return Err(mismatch("elem_count", sub.len() as u64, u64::from(h.elem_count)));
         }
-        self.cx
-            .codec
-            .decode(&f.payload, &mut buf[sub], mode)
-            .map_err(|error| CollectiveError::BadFrame { peer, channel, error })?;
         Ok(f)
     }
 
     fn recv_range(&mut self, peer: usize, r: Range<usize>, buf: &mut [f32], mode: DecodeMode) -> Result<()> {
         for (ci, sub) in self.chunks(r).collect::<Vec<_>>() {
-            self.recv_chunk(peer, ci, sub, buf, mode)?;
+            let f = self.recv_chunk(peer, ci, sub, buf, mode)?;
+            self.t.recycle(f.frame);
         }
         Ok(())
     }
@@ -200,9 +246,11 @@ impl<'a, T: Transport> Exchange<'a, T> {
         for s in 0..n - 1 {
             let recv_seg = seg(r + 2 * n - s - 2);
             for (ci, sub) in self.chunks(recv_seg).collect::<Vec<_>>() {
-                self.recv_chunk(left, ci, sub.clone(), buf, DecodeMode::Accumulate)?;
                 if s < n - 2 {
-                    self.send_chunk(right, ci, sub, buf, Residual::Reduce)?;
+                    self.recv_reduce_send(left, right, ci, sub, buf)?;
+                } else {
+                    let f = self.recv_chunk(left, ci, sub, buf, DecodeMode::Accumulate)?;
+                    self.t.recycle(f.frame);
                 }
             }
         }
@@ -216,15 +264,17 @@ impl<'a, T: Transport> Exchange<'a, T> {
         let len = buf.len();
         let seg = |i: usize| segment(len, n, i % n);
         for (ci, sub) in self.chunks(seg(r)).collect::<Vec<_>>() {
-            let payload = self.finalize_chunk(sub.clone(), buf, residual);
-            self.forward(right, ci, sub, &payload)?;
+            let frame = self.finalize_chunk(sub.clone(), buf, residual);
+            self.forward(right, ci, sub, frame)?;
         }
         for s in 0..n - 1 {
             let recv_seg = seg(r + 2 * n - s - 1);
             for (ci, sub) in self.chunks(recv_seg).collect::<Vec<_>>() {
                 let f = self.recv_chunk(left, ci, sub.clone(), buf, DecodeMode::Overwrite)?;
                 if s < n - 2 {
-                    self.forward(right, ci, sub, &f.payload)?;
+                    self.forward(right, ci, sub, f.frame)?;
+                } else {
+                    self.t.recycle(f.frame);
                 }
             }
         }
@@ -247,7 +297,8 @@ impl<'a, T: Transport> Exchange<'a, T> {
         let (parent, children) = self.tree_links(0);
         for (ci, sub) in self.chunks(0..buf.len()).collect::<Vec<_>>() {
             for &c in &children {
-                self.recv_chunk(c, ci, sub.clone(), buf, DecodeMode::Accumulate)?;
+                let f = self.recv_chunk(c, ci, sub.clone(), buf, DecodeMode::Accumulate)?;
+                self.t.recycle(f.frame);
             }
             if let Some(p) = parent {
                 self.send_chunk(p, ci, sub, buf, Residual::Reduce)?;
@@ -259,12 +310,18 @@ impl<'a, T: Transport> Exchange<'a, T> {
     fn tree_broadcast(&mut self, buf: &mut [f32], root: usize, residual: Residual) -> Result<()> {
         let (parent, children) = self.tree_links(root);
         for (ci, sub) in self.chunks(0..buf.len()).collect::<Vec<_>>() {
-            let payload = match parent {
+            let frame = match parent {
                 None => self.finalize_chunk(sub.clone(), buf, residual),
-                Some(p) => self.recv_chunk(p, ci, sub.clone(), buf, DecodeMode::Overwrite)?.payload,
+                Some(p) => self.recv_chunk(p, ci, sub.clone(), buf, DecodeMode::Overwrite)?.frame,
             };
-            for &c in &children {
-                self.forward(c, ci, sub.clone(), &payload)?;
+            match children.split_last() {
+                None => self.t.recycle(frame),
+                Some((&last, rest)) => {
+                    for &c in rest {
+                        self.forward_copy(c, ci, sub.clone(), &frame)?;
+                    }
+                    self.forward(last, ci, sub, frame)?;
+                }
             }
         }
         Ok(())
@@ -331,14 +388,15 @@ impl<'a, T: Transport> Exchange<'a, T> {
                 let chunks: Vec<_> = self.chunks(Self::rhd_final_range(len, p, q)).collect();
                 for (ci, sub) in chunks {
                     let pl = std::mem::take(&mut payloads[q][ci]);
-                    self.forward(partner, ci, sub, &pl)?;
+                    let sent = self.forward_copy(partner, ci, sub, &pl);
                     payloads[q][ci] = pl;
+                    sent?;
                 }
             }
             for q in group(partner) {
                 for (ci, sub) in self.chunks(Self::rhd_final_range(len, p, q)).collect::<Vec<_>>() {
                     let f = self.recv_chunk(partner, ci, sub, buf, DecodeMode::Overwrite)?;
-                    payloads[q].push(f.payload);
+                    payloads[q].push(f.frame);
                 }
             }
             mask *= 2;
@@ -347,9 +405,12 @@ impl<'a, T: Transport> Exchange<'a, T> {
             for (q, chunks) in payloads.iter().enumerate() {
                 let subs: Vec<_> = self.chunks(Self::rhd_final_range(len, p, q)).collect();
                 for ((ci, sub), pl) in subs.into_iter().zip(chunks) {
-                    self.forward(r + p, ci, sub, pl)?;
+                    self.forward_copy(r + p, ci, sub, pl)?;
                 }
             }
+        }
+        for frame in payloads.into_iter().flatten() {
+            self.t.recycle(frame);
         }
         Ok(())
     }
@@ -493,7 +554,7 @@ impl<T: Transport> Communicator<T> {
             if f.header.op != op {
                 return Err(self.fail(mismatch("op", op, f.header.op)));
             }
-            let c = ControlHeader::parse(&f.payload)
+            let c = ControlHeader::parse(f.payload())
                 .map_err(|error| self.fail(CollectiveError::BadFrame { peer: 0, channel: 0, error }))?;
             let checks = [
                 ("op kind", op_kind as u64, c.op_kind as u64),
@@ -523,6 +584,7 @@ impl<T: Transport> Communicator<T> {
             codec: codec_kind.codec(),
             codec_id: codec_kind.wire_id(),
             lossless: codec_kind.is_lossless(),
+            raw_f32: codec_kind == CodecKind::None,
             chunk_elems: (plan.chunk_bytes as usize / dtype.size()).max(1),
             channels: usize::from(plan.channels),
             error_feedback: plan.compression.error_feedback && op_kind == OpKind::Allreduce,

@@ -44,7 +44,53 @@ pub const POLL_SLICE: Duration = Duration::from_millis(20);
 #[derive(Debug)]
 pub struct InFrame {
     pub header: FrameHeader,
-    pub payload: Vec<u8>,
+    /// The whole frame as received: `HEADER_LEN` header bytes followed by the payload. Kept whole so
+    /// that a frame can be forwarded (or reduced into and forwarded) without copying its payload:
+    /// [`Transport::send`] rewrites the header in place.
+    pub frame: Vec<u8>,
+}
+
+impl InFrame {
+    pub fn payload(&self) -> &[u8] {
+        &self.frame[HEADER_LEN..]
+    }
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        &mut self.frame[HEADER_LEN..]
+    }
+}
+
+/// Idle frame buffers shared by a rank's engine, reader and writer threads. Large frames are
+/// recycled instead of freed: a fresh 1 MiB allocation per frame costs a page fault per 4 KiB page
+/// (glibc serves it from fresh mmap or trimmed heap), which dominated the reader's CPU time.
+#[derive(Default)]
+pub struct BufferPool {
+    idle: Mutex<Vec<Vec<u8>>>,
+}
+
+impl BufferPool {
+    /// At most this many idle buffers are kept.
+    const MAX_IDLE: usize = 64;
+    /// Buffers smaller than this are not worth keeping.
+    const MIN_KEEP: usize = 4096;
+
+    /// A buffer with capacity for at least `cap` bytes, with unspecified length and contents.
+    pub fn take(&self, cap: usize) -> Vec<u8> {
+        let mut v = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
+        if v.capacity() < cap {
+            v.reserve_exact(cap - v.len());
+        }
+        v
+    }
+
+    pub fn put(&self, v: Vec<u8>) {
+        if v.capacity() < Self::MIN_KEEP {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < Self::MAX_IDLE {
+            idle.push(v);
+        }
+    }
 }
 
 /// Reliable, ordered frame delivery per (peer, channel).
@@ -57,6 +103,17 @@ pub trait Transport: Send {
     /// payload; the transport fills in seq, channel, payload length and checksum. Never blocks on the
     /// network.
     fn send(&mut self, peer: usize, channel: usize, header: FrameHeader, frame: Vec<u8>) -> Result<()>;
+    /// An empty frame buffer (length `HEADER_LEN`, capacity for `HEADER_LEN + payload_capacity`
+    /// bytes), possibly recycled; fill the payload after the first `HEADER_LEN` bytes.
+    fn frame_buffer(&mut self, payload_capacity: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(HEADER_LEN + payload_capacity);
+        v.resize(HEADER_LEN, 0);
+        v
+    }
+    /// Hands a frame buffer that is no longer needed back for reuse.
+    fn recycle(&mut self, frame: Vec<u8>) {
+        drop(frame);
+    }
     /// The next frame from `(peer, channel)`, waiting at most `timeout`. `op` is only used in errors.
     fn recv(&mut self, peer: usize, channel: usize, timeout: Duration, op: u64) -> Result<InFrame>;
     /// Bytes queued for sending so far (headers included).
@@ -132,6 +189,7 @@ pub struct TcpTransport {
     /// `conns[peer][channel]`; `None` for `peer == rank`.
     conns: Vec<Vec<Option<Connection>>>,
     shared: Arc<SharedState>,
+    pool: Arc<BufferPool>,
     bytes_sent: u64,
     finished: bool,
 }
@@ -160,7 +218,14 @@ fn read_full_or_eof(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> 
     Ok(true)
 }
 
-fn reader_loop(mut s: TcpStream, peer: usize, channel: usize, tx: Sender<Inbound>, shared: Arc<SharedState>) {
+fn reader_loop(
+    mut s: TcpStream,
+    peer: usize,
+    channel: usize,
+    tx: Sender<Inbound>,
+    shared: Arc<SharedState>,
+    pool: Arc<BufferPool>,
+) {
     let mut hdr = [0u8; HEADER_LEN];
     let fail = |e: CollectiveError| {
         shared.fail(e.clone());
@@ -180,17 +245,32 @@ fn reader_loop(mut s: TcpStream, peer: usize, channel: usize, tx: Sender<Inbound
             let _ = tx.send(Inbound::Goodbye);
             return;
         }
-        let mut payload = vec![0u8; header.payload_len as usize];
-        if let Err(e) = s.read_exact(&mut payload) {
+        let total = HEADER_LEN + header.payload_len as usize;
+        let mut frame = pool.take(total);
+        // A recycled buffer keeps its old length: only bytes never initialised before get zeroed.
+        if frame.len() < total {
+            frame.resize(total, 0);
+        } else {
+            frame.truncate(total);
+        }
+        frame[..HEADER_LEN].copy_from_slice(&hdr);
+        if let Err(e) = s.read_exact(&mut frame[HEADER_LEN..]) {
             return fail(io_to_peer_error(peer, channel, e));
         }
-        if tx.send(Inbound::Frame(InFrame { header, payload })).is_err() {
+        if tx.send(Inbound::Frame(InFrame { header, frame })).is_err() {
             return; // transport dropped
         }
     }
 }
 
-fn writer_loop(mut s: TcpStream, peer: usize, channel: usize, rx: Receiver<Vec<u8>>, shared: Arc<SharedState>) {
+fn writer_loop(
+    mut s: TcpStream,
+    peer: usize,
+    channel: usize,
+    rx: Receiver<Vec<u8>>,
+    shared: Arc<SharedState>,
+    pool: Arc<BufferPool>,
+) {
     for frame in rx {
         if let Err(e) = s.write_all(&frame) {
             let e = match e.kind() {
@@ -205,6 +285,7 @@ fn writer_loop(mut s: TcpStream, peer: usize, channel: usize, rx: Receiver<Vec<u
             shared.fail(e);
             return;
         }
+        pool.put(frame);
     }
 }
 
@@ -317,18 +398,19 @@ impl TcpTransport {
         }
 
         let shared = Arc::new(SharedState::default());
+        let pool = Arc::new(BufferPool::default());
         let mut conns: Vec<Vec<Option<Connection>>> = Vec::with_capacity(world);
         for (peer, per_peer) in streams.into_iter().enumerate() {
             let mut row = Vec::with_capacity(k);
             for (ch, s) in per_peer.into_iter().enumerate() {
                 row.push(match s {
                     None => None,
-                    Some(s) => Some(Self::start_connection(peer, ch, s, &shared, options.timeout)?),
+                    Some(s) => Some(Self::start_connection(peer, ch, s, &shared, &pool, options.timeout)?),
                 });
             }
             conns.push(row);
         }
-        Ok(Self { rank, world, options, conns, shared, bytes_sent: 0, finished: false })
+        Ok(Self { rank, world, options, conns, shared, pool, bytes_sent: 0, finished: false })
     }
 
     fn dial(
@@ -372,6 +454,7 @@ impl TcpTransport {
         channel: usize,
         stream: TcpStream,
         shared: &Arc<SharedState>,
+        pool: &Arc<BufferPool>,
         timeout: Duration,
     ) -> Result<Connection> {
         let err = |e| CollectiveError::io(peer, channel, e);
@@ -382,13 +465,14 @@ impl TcpTransport {
         let ws = stream.try_clone().map_err(err)?;
         let rs = stream.try_clone().map_err(err)?;
         let (sw, sr) = (shared.clone(), shared.clone());
+        let (pw, pr) = (pool.clone(), pool.clone());
         let writer = std::thread::Builder::new()
             .name(format!("tx-r{peer}c{channel}"))
-            .spawn(move || writer_loop(ws, peer, channel, wrx, sw))
+            .spawn(move || writer_loop(ws, peer, channel, wrx, sw, pw))
             .map_err(err)?;
         let reader = std::thread::Builder::new()
             .name(format!("rx-r{peer}c{channel}"))
-            .spawn(move || reader_loop(rs, peer, channel, rtx, sr))
+            .spawn(move || reader_loop(rs, peer, channel, rtx, sr, pr))
             .map_err(err)?;
         Ok(Connection {
             peer,
@@ -461,6 +545,19 @@ impl Transport for TcpTransport {
         }
         self.bytes_sent += len as u64;
         Ok(())
+    }
+
+    fn frame_buffer(&mut self, payload_capacity: usize) -> Vec<u8> {
+        let mut v = self.pool.take(HEADER_LEN + payload_capacity);
+        v.truncate(HEADER_LEN);
+        if v.len() < HEADER_LEN {
+            v.resize(HEADER_LEN, 0);
+        }
+        v
+    }
+
+    fn recycle(&mut self, frame: Vec<u8>) {
+        self.pool.put(frame);
     }
 
     fn recv(&mut self, peer: usize, channel: usize, timeout: Duration, op: u64) -> Result<InFrame> {
