@@ -35,6 +35,20 @@ pub fn segment(n: usize, parts: usize, i: usize) -> Range<usize> {
     at(i)..at(i + 1)
 }
 
+/// Appends the little-endian bytes of `src` (the raw f32 wire payload) to `out`.
+fn extend_le_bytes(out: &mut Vec<u8>, src: &[f32]) {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: any initialised f32 is 4 initialised bytes; u8 has no alignment requirement, and
+        // the byte view covers exactly the memory of `src`. On little-endian targets these bytes are
+        // what `to_le_bytes` yields, so this is a plain memcpy.
+        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src)) };
+        out.extend_from_slice(bytes);
+    }
+    #[cfg(not(target_endian = "little"))]
+    out.extend(src.iter().flat_map(|x| x.to_le_bytes()));
+}
+
 /// Bus bandwidth as nccl-tests defines it for allreduce: `algbw · 2(n−1)/n`.
 pub fn allreduce_busbw(bytes: usize, world: usize, seconds: f64) -> f64 {
     let algbw = bytes as f64 / seconds;
@@ -108,7 +122,7 @@ impl<'a, T: Transport> Exchange<'a, T> {
         debug_assert_eq!(frame.len(), HEADER_LEN);
         if self.cx.raw_f32 {
             // Same bytes as the raw codec's encode, without zero-filling the payload first.
-            frame.extend(buf[sub.clone()].iter().flat_map(|x| x.to_le_bytes()));
+            extend_le_bytes(&mut frame, &buf[sub.clone()]);
             return frame;
         }
         let res = match residual {

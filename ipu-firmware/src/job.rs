@@ -62,6 +62,23 @@ pub fn rank_input(rank: usize, step: u64, i: usize) -> f32 {
     v as f32 - 8.0
 }
 
+/// Fills `out[i] = f(rank_input(rank, step, i))`. The inputs repeat with period 17 in `i` (as long as
+/// the index arithmetic does not wrap), so this copies one period instead of taking a u64 modulo per
+/// element: the fill of a 16 MiB buffer went from ~10 ms to a memcpy, which matters when 4 ranks
+/// share 2 cores and one rank's fill delays the others' allreduce.
+pub fn fill_rank_input<T: Copy>(rank: usize, step: u64, out: &mut [T], f: impl Fn(f32) -> T) {
+    let c = (rank as u64 * 13).wrapping_add(step.wrapping_mul(5));
+    let periodic = (out.len() as u64).checked_mul(7).and_then(|x| x.checked_add(c)).is_some();
+    if !periodic || out.len() < 17 {
+        out.iter_mut().enumerate().for_each(|(i, x)| *x = f(rank_input(rank, step, i)));
+        return;
+    }
+    let period: Vec<T> = (0..17).map(|i| f(rank_input(rank, step, i))).collect();
+    for ch in out.chunks_mut(17) {
+        ch.copy_from_slice(&period[..ch.len()]);
+    }
+}
+
 /// The exact allreduce result for element i at step s.
 pub fn expected_sum(world: usize, step: u64, i: usize) -> f32 {
     (0..world).map(|r| rank_input(r, step, i)).sum()
@@ -190,10 +207,8 @@ pub fn run_job<T: Transport>(cfg: &JobConfig, transport: T, plan_source: Option<
         let compute = Duration::from_secs_f64((cfg.compute_ms + jitter + cfg.straggler_extra_ms).max(0.0) / 1e3);
         // "Backward pass": produce this step's gradients, then spend the rest of the compute budget.
         match &mut grads {
-            Gradients::F32(g) => g.iter_mut().enumerate().for_each(|(i, x)| *x = rank_input(cfg.rank, step, i)),
-            Gradients::Bf16(g) => {
-                g.iter_mut().enumerate().for_each(|(i, x)| *x = Bf16::from_f32(rank_input(cfg.rank, step, i)))
-            }
+            Gradients::F32(g) => fill_rank_input(cfg.rank, step, g, |x| x),
+            Gradients::Bf16(g) => fill_rank_input(cfg.rank, step, g, Bf16::from_f32),
         }
         compute_phase(cfg.compute_mode, t0 + compute);
         let t1 = Instant::now();
@@ -350,6 +365,17 @@ mod tests {
         let d = Distribution::of(&v);
         assert_eq!((d.p50, d.p99), (50.0, 99.0));
         assert!((d.mean - 50.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn fill_matches_rank_input() {
+        for (rank, step) in [(0usize, 0u64), (3, 7), (5, 1 << 40), (1, u64::MAX - 3)] {
+            for n in [0usize, 1, 16, 17, 18, 100, 1001] {
+                let mut v = vec![0f32; n];
+                fill_rank_input(rank, step, &mut v, |x| x);
+                assert!(v.iter().enumerate().all(|(i, &x)| x == rank_input(rank, step, i)), "rank {rank} step {step} n {n}");
+            }
+        }
     }
 
     #[test]
