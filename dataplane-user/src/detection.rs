@@ -123,6 +123,13 @@ impl Detection {
         let mut changes: Vec<VerdictChange> = Vec::new();
         let mut errors = 0u64;
         for jw in &job_windows {
+            // The detectors' exact input, for replaying a testbed run offline
+            // (`RUST_LOG=info,ringside::detect::input=debug`); one line per job and window.
+            if tracing::enabled!(target: "ringside::detect::input", tracing::Level::DEBUG) {
+                if let Ok(json) = serde_json::to_string(jw) {
+                    tracing::debug!(target: "ringside::detect::input", "{json}");
+                }
+            }
             match self.detectors.observe(jw) {
                 Ok(c) => changes.extend(c),
                 Err(e) => {

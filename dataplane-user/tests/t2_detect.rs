@@ -1,8 +1,10 @@
 //! T2: detection end to end. A 6-host testbed star, the `ringside` agent in the switch namespace
 //! on every bridge port (so each port's flows have the host cabled to it as their peer), the
 //! emulated training job (`ringside-rank`, ring allreduce over TCP port 29500), and a fault:
-//! 5 % random loss on one host's link → a gray-failure event naming that host. (The compute-straggler
-//! scenario is in `t3_detect_straggler.rs`: a known gap, not yet part of `cargo xtask test`.)
+//! 5 % random loss on one host's link → a gray-failure event naming that host; a compute straggler
+//! (one rank computes 60 ms longer each step) → a straggler event naming its host, and no network
+//! fault. (The straggler is found from its late first send of each step: the other ranks' steps
+//! split in two behind it, see `detect/features.rs`.)
 //!
 //! Needs root, an agent built with its eBPF object (`cargo xtask test` does both) and the rank
 //! binary (`cargo build -p ipu-firmware --bin ringside-rank`, or `RINGSIDE_RANK_BIN`). Without
@@ -60,4 +62,35 @@ fn loss_on_one_host_link_is_a_gray_failure_naming_it() {
     let out = star.switch.command(env!("CARGO_BIN_EXE_ringside")).args(["events", "--agent", &agent.url()]).output().unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && table.contains("gray_failure") && table.contains(&addr.to_string()), "{table}");
+}
+
+#[test]
+#[ignore = "needs root (T2): run with cargo xtask test"]
+fn compute_straggler_is_a_straggler_not_a_network_fault() {
+    let rank_bin = preconditions();
+    let star = Star::new(StarConfig { hosts: HOSTS, offloads: false, ..Default::default() }).unwrap();
+    let agent = Agent::start(&star, "straggler", 9472);
+    let target = 3usize;
+    let addr: IpAddr = star.hosts[target].addr.into();
+    let started = Instant::now();
+    let _job = testbed::spawn_job(&star, &job(rank_bin, Some((target, 60)))).expect("starting the emulated job");
+    let mut network_seen = Vec::new();
+    let found = wait_for(Duration::from_secs(30), "a straggler event naming the slow rank's host", || {
+        let r = agent.events(&star);
+        network_seen.extend(r.events.iter().filter(|e| e.kind.is_network_fault()).map(|e| e.id));
+        if !network_seen.is_empty() {
+            panic!("a compute straggler was reported as a network fault:{}", summary(&r));
+        }
+        r.events.iter().find(|e| e.kind == VerdictKind::Straggler && names_peer(e, addr)).cloned()
+    });
+    eprintln!("straggler on {addr} detected {:.1} s after the job started", started.elapsed().as_secs_f64());
+    // Keep watching a little: the fabric must not be blamed.
+    std::thread::sleep(Duration::from_secs(5));
+    let r = agent.events(&star);
+    eprintln!("events:{}", summary(&r));
+    assert!(found.kind == VerdictKind::Straggler);
+    let network: Vec<&Event> = r.events.iter().filter(|e| e.kind.is_network_fault()).collect();
+    assert!(network.is_empty(), "a compute straggler was reported as a network fault: {network:?}");
+    let wrong: Vec<&Event> = r.events.iter().filter(|e| e.kind == VerdictKind::Straggler && !names_peer(e, addr)).collect();
+    assert!(wrong.is_empty(), "stragglers named on other hosts: {wrong:?}");
 }

@@ -211,6 +211,7 @@ impl Default for CongestionConfig {
 }
 
 /// Compute straggler: a peer whose phases start late against the other peers' phases of the same
+/// step, or whose first send of a step comes after the other peers' first sends at nearly every
 /// step, at normal in-burst goodput and loss. Reported as `straggler`, never as a network fault.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -220,8 +221,13 @@ pub struct StragglerConfig {
     /// A phase is matched to another peer's phase starting within ±100 ms; steps shorter than
     /// twice this cannot be told apart (lateness is then measured modulo the step).
     pub max_start_offset_ns: u64,
-    /// Phases of this peer matched in the window (2) before its lateness is assessed.
+    /// Phases of this peer matched in the window (2) before its lateness is assessed (both
+    /// statistics: phase-matched and step-start lateness).
     pub min_matched_phases: usize,
+    /// Step-start lateness (see `features`): a phase that follows at least this much of the peer's
+    /// own idle time (20 ms), and at least half of its longest idle gap in the window, is the first
+    /// send of a step. Must exceed `phase_merge_gap_ns` and stay below the compute time of a step.
+    pub min_idle_gap_ns: u64,
     /// Median lateness beyond the others' median: anomalous at ≥ 20 ms (and z ≥ `z_open`),
     /// clean below 10 ms (or z < `z_clear`); `warning` severity from 100 ms, `info` below.
     pub open_lateness_ns: u64,
@@ -242,6 +248,7 @@ impl Default for StragglerConfig {
             min_peers: 3,
             max_start_offset_ns: 100_000_000,
             min_matched_phases: 2,
+            min_idle_gap_ns: 20_000_000,
             open_lateness_ns: 20_000_000,
             clear_lateness_ns: 10_000_000,
             warning_lateness_ns: 100_000_000,

@@ -192,6 +192,8 @@ mod tests {
             phase_starts: vec![],
             last_phase_end_ns: None,
             lateness_ns: None,
+            steps: Default::default(),
+            step_lateness_ns: None,
         }
     }
 

@@ -6,12 +6,25 @@
 //! - silence: the longest gap between the peer's phases that ends in this window (the gap from
 //!   the previous window's last phase counts), i.e. how long the peer went quiet;
 //! - phase-start lateness: for each phase, its start minus the median start of the other peers'
-//!   nearest phases (same step); the peer's lateness is the median over its phases.
+//!   nearest phases (same step); the peer's lateness is the median over its phases;
+//! - step-start lateness: how long after the other peers a peer breaks a compute-like idle gap.
+//!   Phase matching alone misses a compute straggler in a ring allreduce: every other rank sends
+//!   its first chunk(s) when its own compute ends, then stalls until the straggler's data has
+//!   gone round the ring, so its step splits into two phases and the straggler's single late
+//!   phase lines up with (and looks early against) the others' *second* phases. So: a peer's
+//!   *step starts* are its phases after an own idle gap of at least `min_idle_gap_ns` and half its
+//!   longest gap in the window (a compute gap, or a stall behind a straggler); for each step start
+//!   `s` after a gap from `g`, every other active peer contributes `s - (its first step start in
+//!   (max(g, s - max_start_offset_ns), s])`, or 0 if it broke no idle while this peer waited; the
+//!   sample is the median contribution. A compute straggler is the last to break its idle at
+//!   *every* step (all others started their step while it computed), while the ranks stalled
+//!   behind it are late only at their second phase of the step (the ring's chain), never at their
+//!   first; so the peer's step-start lateness is the lower quartile of its samples.
 
 use std::net::IpAddr;
 
 use super::config::DetectorConfig;
-use super::input::{merge_phases, PeerWindow};
+use super::input::{merge_phases, PeerWindow, Phase};
 use super::robust::{leave_one_out, Robust};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -31,17 +44,52 @@ pub(crate) struct PeerFeatures {
     pub last_phase_end_ns: Option<u64>,
     /// Filled by [`fill_lateness`].
     pub lateness_ns: Option<f64>,
+    /// Sends after idle: candidate step starts (see the module docs).
+    pub steps: StepStarts,
+    /// Filled by [`fill_step_lateness`].
+    pub step_lateness_ns: Option<f64>,
+}
+
+/// A peer's sends after a compute-like idle gap, from its phases of at least `min_phase_bytes`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct StepStarts {
+    /// (start of the idle gap, start of the phase that ended it), sorted by phase start.
+    pub starts: Vec<(u64, u64)>,
+    /// End of the peer's last phase with at least `min_phase_bytes` so far (this window or earlier).
+    pub last_end_ns: Option<u64>,
+}
+
+/// Step starts of one peer's phases (`phases` sorted by start), given the end of its last
+/// counted phase before them.
+fn step_starts(cfg: &DetectorConfig, phases: &[Phase], prev_end_ns: Option<u64>) -> StepStarts {
+    let mut end = prev_end_ns;
+    let mut gaps = Vec::new();
+    for p in phases.iter().filter(|p| p.bytes >= cfg.min_phase_bytes) {
+        if let Some(e) = end {
+            // A gap longer than a window is an absent peer coming back, not a step.
+            if p.start_ns > e && p.start_ns - e <= cfg.window_ns {
+                gaps.push((e, p.start_ns));
+            }
+        }
+        end = Some(end.map_or(p.end_ns, |e| e.max(p.end_ns)));
+    }
+    let longest = gaps.iter().map(|(g, s)| s - g).max().unwrap_or(0);
+    let min_gap = cfg.straggler.min_idle_gap_ns.max(longest / 2);
+    gaps.retain(|(g, s)| s - g >= min_gap);
+    StepStarts { starts: gaps, last_end_ns: end }
 }
 
 /// Features of one active peer. `prev_last_end_ns` is the end of its last phase before this
-/// window, if any.
+/// window, if any; `prev_step_end_ns` the end of its last phase of at least `min_phase_bytes`.
 pub(crate) fn peer_features(
     cfg: &DetectorConfig,
     w: &PeerWindow,
     window_start_ns: u64,
     prev_last_end_ns: Option<u64>,
+    prev_step_end_ns: Option<u64>,
 ) -> PeerFeatures {
     let phases = merge_phases(&w.bursts, cfg.phase_merge_gap_ns, cfg.max_phases_per_window);
+    let steps = step_starts(cfg, &phases, prev_step_end_ns);
     let (mut bytes, mut dur) = (0u64, 0u64);
     let mut phase_starts = Vec::new();
     for p in phases.iter().filter(|p| p.bytes >= cfg.min_phase_bytes) {
@@ -84,6 +132,8 @@ pub(crate) fn peer_features(
         phase_starts,
         last_phase_end_ns,
         lateness_ns: None,
+        steps,
+        step_lateness_ns: None,
     }
 }
 
@@ -149,6 +199,55 @@ pub(crate) fn fill_lateness(cfg: &DetectorConfig, peers: &mut [PeerFeatures], pr
     }
 }
 
+/// Fills `step_lateness_ns` for every peer (see the module docs). `prev_starts[i]` are peer `i`'s
+/// step starts of the previous window, so a gap straddling the window boundary still finds the
+/// peers that broke their idle during it.
+pub(crate) fn fill_step_lateness(cfg: &DetectorConfig, peers: &mut [PeerFeatures], prev_starts: &[Vec<u64>]) {
+    let sc = &cfg.straggler;
+    let refs: Vec<Vec<u64>> = peers
+        .iter()
+        .zip(prev_starts)
+        .map(|(f, prev)| {
+            let mut r: Vec<u64> = prev.iter().copied().chain(f.steps.starts.iter().map(|&(_, s)| s)).collect();
+            r.sort_unstable();
+            r.dedup();
+            r
+        })
+        .collect();
+    let others = peers.len().saturating_sub(1);
+    if others < sc.min_peers.saturating_sub(1).max(1) {
+        return;
+    }
+    let lateness: Vec<Option<f64>> = peers
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let mut samples: Vec<f64> = f
+                .steps
+                .starts
+                .iter()
+                .map(|&(gap_start, s)| {
+                    let lo = gap_start.max(s.saturating_sub(sc.max_start_offset_ns));
+                    let contributions = refs.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, r)| {
+                        // The other peer's first step start while this one was still idle.
+                        let k = r.partition_point(|&x| x <= lo);
+                        r.get(k).filter(|&&x| x <= s).map_or(0.0, |&x| (s - x) as f64)
+                    });
+                    Robust::of(contributions).map_or(0.0, |r| r.median)
+                })
+                .collect();
+            if samples.len() < sc.min_matched_phases.max(1) {
+                return None;
+            }
+            samples.sort_by(f64::total_cmp);
+            Some(samples[(samples.len() - 1) / 4])
+        })
+        .collect();
+    for (f, l) in peers.iter_mut().zip(lateness) {
+        f.step_lateness_ns = l;
+    }
+}
+
 /// Leave-one-out statistics of the job's other peers, per peer.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct PeerStats {
@@ -157,6 +256,7 @@ pub(crate) struct PeerStats {
     pub loss_packets: Option<Robust>,
     pub silence: Option<Robust>,
     pub lateness: Option<Robust>,
+    pub step_lateness: Option<Robust>,
 }
 
 pub(crate) fn peer_stats(cfg: &DetectorConfig, peers: &[PeerFeatures]) -> Vec<PeerStats> {
@@ -170,6 +270,7 @@ pub(crate) fn peer_stats(cfg: &DetectorConfig, peers: &[PeerFeatures]) -> Vec<Pe
     let loss_packets = col(&|f| f.loss_rate.map(|_| f.loss_packets as f64), gray_others);
     let silence = col(&|f| f.silence_ns, gray_others);
     let lateness = col(&|f| f.lateness_ns, straggler_others);
+    let step_lateness = col(&|f| f.step_lateness_ns, straggler_others);
     (0..peers.len())
         .map(|i| PeerStats {
             goodput: goodput[i],
@@ -177,6 +278,7 @@ pub(crate) fn peer_stats(cfg: &DetectorConfig, peers: &[PeerFeatures]) -> Vec<Pe
             loss_packets: loss_packets[i],
             silence: silence[i],
             lateness: lateness[i],
+            step_lateness: step_lateness[i],
         })
         .collect()
 }
@@ -212,7 +314,7 @@ mod tests {
         let cfg = DetectorConfig::default();
         // Two kernel bursts 2 ms apart form one 100 ms phase; 10 MB each phase; one tiny phase.
         let w = window(vec![b(0, 49, 5_000_000), b(51, 100, 5_000_000), b(300, 400, 10_000_000), b(600, 601, 100)]);
-        let f = peer_features(&cfg, &w, 0, None);
+        let f = peer_features(&cfg, &w, 0, None, None);
         assert_eq!(f.goodput_bps, Some(20_000_000.0 / 0.2));
         assert_eq!(f.loss_rate, Some(0.001));
         assert_eq!(f.phase_starts, vec![0, 300 * MS]);
@@ -224,11 +326,11 @@ mod tests {
     fn silence_includes_the_gap_from_the_previous_window() {
         let cfg = DetectorConfig::default();
         let w = window(vec![b(1_350, 1_400, 10_000_000)]);
-        let f = peer_features(&cfg, &w, 1_000 * MS, Some(950 * MS));
+        let f = peer_features(&cfg, &w, 1_000 * MS, Some(950 * MS), None);
         assert_eq!(f.silence_ns, Some(400.0 * MS as f64));
         // A last phase older than one window is idleness, not silence.
         let w = window(vec![b(3_350, 3_400, 10_000_000)]);
-        let f = peer_features(&cfg, &w, 3_000 * MS, Some(1_950 * MS));
+        let f = peer_features(&cfg, &w, 3_000 * MS, Some(1_950 * MS), None);
         assert_eq!(f.silence_ns, None);
     }
 
@@ -237,7 +339,7 @@ mod tests {
         let cfg = DetectorConfig::default();
         let mk = |offset_ms: u64| {
             let w = window((0..5).map(|k| b(k * 200 + offset_ms, k * 200 + offset_ms + 80, 10_000_000)).collect());
-            peer_features(&cfg, &w, 0, None)
+            peer_features(&cfg, &w, 0, None, None)
         };
         let mut peers = vec![mk(10), mk(11), mk(9), mk(60)];
         fill_lateness(&cfg, &mut peers, &vec![Vec::new(); 4]);

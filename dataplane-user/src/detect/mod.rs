@@ -4,7 +4,8 @@
 //!
 //! Pipeline per [`JobWindow`] (see [`DetectorSet::observe`]):
 //! 1. features per peer ([`PeerWindow`] → in-burst goodput, loss rate, silence, phase-start
-//!    lateness against the other peers of the same step);
+//!    lateness against the other peers of the same step, step-start lateness: how long after the
+//!    other peers it ends a compute-like idle gap);
 //! 2. leave-one-out median/MAD of the job's *other* peers, per peer;
 //! 3. per link: congestion (several peers degrading together, CE/CNP growth, loss spread);
 //! 4. per peer: gray failure (outlier against the other peers, unless its link is congested in
@@ -43,7 +44,7 @@ pub use verdict::{
 };
 
 use congestion::{LinkInput, LinkPeer};
-use features::{fill_lateness, peer_features, peer_stats};
+use features::{fill_lateness, fill_step_lateness, peer_features, peer_stats};
 use lifecycle::{Assessment, Track, TrackCtx};
 use robust::{Robust, Ring};
 
@@ -69,6 +70,8 @@ struct PeerState {
     goodput_baseline: Ring,
     prev_phase_starts: Vec<u64>,
     last_phase_end_ns: Option<u64>,
+    prev_step_starts: Vec<u64>,
+    last_step_end_ns: Option<u64>,
     gray: Track,
     straggler: Track,
 }
@@ -112,6 +115,7 @@ impl JobState {
         // 1. Features of the active peers.
         let mut feats = Vec::new();
         let mut prev_starts = Vec::new();
+        let mut prev_step_starts = Vec::new();
         for pw in order {
             if pw.bytes < cfg.min_window_bytes {
                 if let Some(ps) = self.peers.get_mut(&pw.peer) {
@@ -129,6 +133,8 @@ impl JobState {
                 goodput_baseline: Ring::new(cfg.congestion.baseline_windows),
                 prev_phase_starts: Vec::new(),
                 last_phase_end_ns: None,
+                prev_step_starts: Vec::new(),
+                last_step_end_ns: None,
                 gray: Track::default(),
                 straggler: Track::default(),
             });
@@ -138,10 +144,12 @@ impl JobState {
                 ps.goodput_baseline = Ring::new(cfg.congestion.baseline_windows);
             }
             ps.last_seen_ns = w.window_end_ns;
-            feats.push(peer_features(cfg, pw, w.window_start_ns, ps.last_phase_end_ns));
+            feats.push(peer_features(cfg, pw, w.window_start_ns, ps.last_phase_end_ns, ps.last_step_end_ns));
             prev_starts.push(std::mem::take(&mut ps.prev_phase_starts));
+            prev_step_starts.push(std::mem::take(&mut ps.prev_step_starts));
         }
         fill_lateness(cfg, &mut feats, &prev_starts);
+        fill_step_lateness(cfg, &mut feats, &prev_step_starts);
         let stats = peer_stats(cfg, &feats);
 
         // 2. Links.
@@ -222,6 +230,8 @@ impl JobState {
             }
             ps.last_phase_end_ns = f.last_phase_end_ns;
             ps.prev_phase_starts.clone_from(&f.phase_starts);
+            ps.last_step_end_ns = f.steps.last_end_ns;
+            ps.prev_step_starts = f.steps.starts.iter().map(|&(_, s)| s).collect();
         }
         changes
     }

@@ -266,6 +266,112 @@ impl Scenario {
     }
 }
 
+/// A ring allreduce job as the detectors see it from a switch port (or host NIC): per peer, only
+/// the data it *sends* (see `jobs.rs`). Each step, every rank computes (`compute_ns`, jitter 0–4
+/// ms), then runs 2 (n − 1) ring steps: its k-th send (one chunk, `chunk_ns` ± 10 % on the wire)
+/// waits for its own (k − 1)-th send and for its predecessor's (k − 1)-th chunk; the step ends
+/// when its last chunk has arrived. With a straggler, every other rank sends its first chunks on
+/// time and then stalls behind it, so its step splits into two phases: the pattern the testbed
+/// shows (`t2_detect.rs`, 6 ranks, 4 MiB, 50 ms compute, +60 ms on one rank).
+#[derive(Clone, Debug)]
+pub struct RingJob {
+    pub seed: u64,
+    pub ranks: usize,
+    pub chunk_bytes: u64,
+    pub chunk_ns: u64,
+    pub compute_ns: u64,
+    /// (rank, extra compute per step, first window, end window): steps starting in
+    /// [first, end) s compute `extra` longer on that rank.
+    pub straggler: Option<(usize, u64, usize, usize)>,
+}
+
+impl RingJob {
+    pub fn testbed(seed: u64) -> Self {
+        Self { seed, ranks: 6, chunk_bytes: 724_000, chunk_ns: 4 * MS, compute_ns: 50 * MS, straggler: None }
+    }
+
+    pub fn peer(&self, r: usize) -> IpAddr {
+        format!("10.77.0.{}", r + 1).parse().unwrap()
+    }
+
+    pub fn link(r: usize) -> String {
+        format!("veth{}", r + 1)
+    }
+
+    pub fn windows(&self, n: usize) -> Vec<JobWindow> {
+        let mut rng = Rng::new(self.seed);
+        let ranks = self.ranks;
+        let sends = 2 * (ranks - 1);
+        let mut bursts: Vec<Vec<Vec<BurstSummary>>> = vec![vec![Vec::new(); ranks]; n];
+        let mut step_end = vec![0u64; ranks];
+        loop {
+            let mut t = vec![vec![0u64; sends]; ranks];
+            let mut done = vec![vec![0u64; sends]; ranks];
+            for r in 0..ranks {
+                let mut compute = self.compute_ns + rng.range(0, 4 * MS);
+                if let Some((sr, extra, from, to)) = self.straggler {
+                    if sr == r && (from as u64 * S..to as u64 * S).contains(&step_end[r]) {
+                        compute += extra;
+                    }
+                }
+                t[r][0] = step_end[r] + compute;
+            }
+            for k in 0..sends {
+                for r in 0..ranks {
+                    let pred = (r + ranks - 1) % ranks;
+                    if k > 0 {
+                        t[r][k] = (done[r][k - 1]).max(done[pred][k - 1]);
+                    }
+                    let wire = self.chunk_ns as f64 * (1.0 + rng.noise(0.033));
+                    done[r][k] = t[r][k] + wire as u64;
+                }
+            }
+            for r in 0..ranks {
+                let pred = (r + ranks - 1) % ranks;
+                step_end[r] = done[r][sends - 1].max(done[pred][sends - 1]);
+                for k in 0..sends {
+                    let wi = (done[r][k] / S) as usize;
+                    if wi < n {
+                        bursts[wi][r].push(BurstSummary { start_ns: t[r][k], end_ns: done[r][k], bytes: self.chunk_bytes });
+                    }
+                }
+            }
+            if step_end.iter().all(|&e| e >= n as u64 * S) {
+                break;
+            }
+        }
+        bursts
+            .into_iter()
+            .enumerate()
+            .map(|(w, per_rank)| JobWindow {
+                job: "ring".into(),
+                window_start_ns: w as u64 * S,
+                window_end_ns: (w as u64 + 1) * S,
+                peers: per_rank
+                    .into_iter()
+                    .enumerate()
+                    .map(|(r, b)| {
+                        let bytes: u64 = b.iter().map(|b| b.bytes).sum();
+                        let packets = bytes.div_ceil(MSS);
+                        PeerWindow {
+                            peer: self.peer(r),
+                            link: Self::link(r),
+                            bytes,
+                            data_packets: packets,
+                            retrans: rng.range(0, 6),
+                            ce_marks: 0,
+                            cnps: 0,
+                            psn_gap_packets: 0,
+                            naks: 0,
+                            bursts: b,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,5 +396,22 @@ mod tests {
         assert_eq!(p.bytes, 50_000_000);
         assert!(p.retrans < 50);
         assert!(p.bursts.iter().all(|b| b.start_ns >= S && b.end_ns < 2 * S));
+    }
+
+    #[test]
+    fn ring_straggler_splits_the_other_ranks_steps() {
+        use crate::detect::input::merge_phases;
+        let job = RingJob { straggler: Some((3, 60 * MS, 0, 10)), ..RingJob::testbed(1) };
+        let ws = job.windows(3);
+        let phases = |r: usize| merge_phases(&ws[1].peers[r].bursts, 10 * MS, 256);
+        let straggler = phases(3);
+        // About 5 steps of ~180 ms; every other rank sends its first chunks, waits ~60 ms for the
+        // straggler, then sends the rest: twice the straggler's phases.
+        assert!((4..=7).contains(&straggler.len()), "{straggler:?}");
+        for r in [0, 1, 2, 4, 5] {
+            assert!(phases(r).len() >= 2 * straggler.len() - 1, "rank {r}: {:?}", phases(r));
+        }
+        let healthy = RingJob::testbed(1).windows(3);
+        assert_eq!(merge_phases(&healthy[1].peers[0].bursts, 10 * MS, 256).len(), merge_phases(&healthy[1].peers[3].bursts, 10 * MS, 256).len());
     }
 }

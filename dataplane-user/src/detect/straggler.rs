@@ -8,47 +8,77 @@ use super::config::StragglerConfig;
 use super::features::{PeerFeatures, PeerStats};
 use super::gray::evidence;
 use super::lifecycle::{Assessment, WindowState};
+use super::robust::Robust;
 use super::verdict::{Metric, Reference, Severity};
 
 /// `network_anomalous`: the gray-failure assessment of the same peer and window is anomalous.
+///
+/// Two lateness statistics (see `features`): phase-matched lateness (every phase of the peer
+/// starts late) and step-start lateness (the peer ends its compute-like idle after the others at
+/// nearly every step, as a ring allreduce shows it). The window is as anomalous as the worse of
+/// the two; both are reported as [`Metric::PhaseStartLatenessNs`].
 pub(crate) fn assess(
     cfg: &StragglerConfig,
     f: &PeerFeatures,
     s: &PeerStats,
     network_anomalous: bool,
 ) -> Option<Assessment> {
-    let (late, r) = (f.lateness_ns?, s.lateness?);
-    let excess = late - r.median;
-    let z = excess / r.scale(0.0, cfg.scale_floor_ns as f64);
+    let phase = lateness(cfg, f.lateness_ns, s.lateness);
+    let step = lateness(cfg, f.step_lateness_ns, s.step_lateness);
+    let worst = match (phase, step) {
+        (Some(a), Some(b)) => Some(if b.0 > a.0 { b } else { a }),
+        (a, b) => a.or(b),
+    };
+    let (level, late, r) = worst?;
+    match level {
+        Level::Clean => return Some(Assessment::clean()),
+        Level::Ambiguous => return Some(Assessment::ambiguous()),
+        Level::Anomalous => {}
+    }
     let goodput = match (f.goodput_bps, s.goodput) {
         (Some(g), Some(rg)) if rg.median > 0.0 && g >= cfg.normal_goodput_ratio * rg.median => Some((g, rg)),
         _ => None,
     };
-    if excess >= cfg.open_lateness_ns as f64 && z >= cfg.z_open {
-        let Some((g, rg)) = goodput.filter(|_| !network_anomalous) else {
-            return Some(Assessment::ambiguous());
-        };
-        let severity = if excess >= cfg.warning_lateness_ns as f64 { Severity::Warning } else { Severity::Info };
-        return Some(Assessment {
-            state: WindowState::Anomalous { severe: false },
-            severity,
-            evidence: vec![
-                evidence(Metric::PhaseStartLatenessNs, late, &r, Reference::PeerMedian),
-                evidence(Metric::InBurstGoodputBps, g, &rg, Reference::PeerMedian),
-            ],
-        });
-    }
-    if excess < cfg.clear_lateness_ns as f64 || z < cfg.z_clear {
-        Some(Assessment::clean())
+    let Some((g, rg)) = goodput.filter(|_| !network_anomalous) else {
+        return Some(Assessment::ambiguous());
+    };
+    let excess = late - r.median;
+    let severity = if excess >= cfg.warning_lateness_ns as f64 { Severity::Warning } else { Severity::Info };
+    Some(Assessment {
+        state: WindowState::Anomalous { severe: false },
+        severity,
+        evidence: vec![
+            evidence(Metric::PhaseStartLatenessNs, late, &r, Reference::PeerMedian),
+            evidence(Metric::InBurstGoodputBps, g, &rg, Reference::PeerMedian),
+        ],
+    })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Level {
+    Clean,
+    Ambiguous,
+    Anomalous,
+}
+
+/// One lateness statistic against the other peers' (leave-one-out) median.
+fn lateness(cfg: &StragglerConfig, late: Option<f64>, r: Option<Robust>) -> Option<(Level, f64, Robust)> {
+    let (late, r) = (late?, r?);
+    let excess = late - r.median;
+    let z = excess / r.scale(0.0, cfg.scale_floor_ns as f64);
+    let level = if excess >= cfg.open_lateness_ns as f64 && z >= cfg.z_open {
+        Level::Anomalous
+    } else if excess < cfg.clear_lateness_ns as f64 || z < cfg.z_clear {
+        Level::Clean
     } else {
-        Some(Assessment::ambiguous())
-    }
+        Level::Ambiguous
+    };
+    Some((level, late, r))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::robust::Robust;
 
     const MS: f64 = 1e6;
 
@@ -66,6 +96,8 @@ mod tests {
             phase_starts: vec![],
             last_phase_end_ns: None,
             lateness_ns: Some(late_ms * MS),
+            steps: Default::default(),
+            step_lateness_ns: None,
         }
     }
 

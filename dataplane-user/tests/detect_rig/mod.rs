@@ -1,4 +1,4 @@
-//! The rig shared by the detection end-to-end tests (`t2_detect.rs`, `t3_detect_straggler.rs`): a
+//! The rig shared by the detection end-to-end tests (`t2_detect.rs`): a
 //! 6-host testbed star, the `ringside` agent in the switch namespace on every bridge port, and the
 //! emulated training job (`ringside-rank`, ring allreduce over TCP port 29500).
 #![allow(dead_code)]
@@ -78,7 +78,8 @@ impl Agent {
         for h in &star.hosts {
             cmd.args(["--iface", &h.switch_port]);
         }
-        cmd.env("RUST_LOG", "info");
+        // `RINGSIDE_AGENT_LOG=info,ringside::detect::input=debug` dumps the detectors' input windows.
+        cmd.env("RUST_LOG", std::env::var("RINGSIDE_AGENT_LOG").unwrap_or_else(|_| "info".into()));
         let child = cmd.spawn().expect("spawning the ringside binary");
         let agent = Agent { child: Some(child), port, pin_dir, config, state_dir };
         wait_for(Duration::from_secs(15), "the agent to become ready", || {
