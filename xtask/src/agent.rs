@@ -42,7 +42,9 @@ pub struct Agent {
 impl Agent {
     /// Starts the agent in `ns` (no waiting: see [`Agent::wait_ready`]).
     pub fn start(ns: &Netns, spec: &AgentSpec) -> Result<Agent> {
-        let id = format!("{}-{}", spec.tag, std::process::id());
+        // bpffs refuses names with dots (e.g. "loss-0.5"): keep [A-Za-z0-9_-].
+        let tag: String = spec.tag.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+        let id = format!("{tag}-{}", std::process::id());
         let work = std::env::temp_dir().join(format!("ringside-{id}"));
         let _ = std::fs::remove_dir_all(&work);
         std::fs::create_dir_all(work.join("state")).with_context(|| format!("cannot create {}", work.display()))?;
