@@ -107,3 +107,26 @@ pub(crate) fn ip_batch(netns: Option<&str>, script: &str) -> Result<String> {
     cmd.args(["-batch", "-"]);
     run(Tool::Ip, &mut cmd, Some(script))
 }
+
+/// Polls `not_ready` every 20 ms until it reports readiness (`Ok(None)`), at most `timeout` (and at
+/// most 1000 attempts); the timeout error carries the last reason it was not ready.
+pub(crate) fn wait_until_ready(
+    what: &str,
+    timeout: std::time::Duration,
+    mut not_ready: impl FnMut() -> Result<Option<String>>,
+) -> Result<()> {
+    let start = std::time::Instant::now();
+    let mut detail = String::new();
+    for _attempt in 0..1000 {
+        match not_ready() {
+            Ok(None) => return Ok(()),
+            Ok(Some(why)) => detail = why,
+            Err(e) => detail = e.to_string(),
+        }
+        if start.elapsed() >= timeout {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Err(Error::Timeout { what: what.into(), waited: start.elapsed(), detail })
+}

@@ -15,7 +15,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 
 use crate::cmd;
@@ -198,20 +198,7 @@ impl Star {
     /// Bounded poll until every host link is UP without tentative addresses and every bridge port
     /// is forwarding.
     fn wait_ready(&self, timeout: Duration) -> Result<()> {
-        let start = Instant::now();
-        let mut detail = String::new();
-        for _attempt in 0..1000 {
-            match self.not_ready() {
-                Ok(None) => return Ok(()),
-                Ok(Some(why)) => detail = why,
-                Err(e) => detail = e.to_string(),
-            }
-            if start.elapsed() >= timeout {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Err(Error::Timeout { what: "star links coming up".into(), waited: start.elapsed(), detail })
+        cmd::wait_until_ready("star links coming up", timeout, || self.not_ready())
     }
 
     fn not_ready(&self) -> Result<Option<String>> {
