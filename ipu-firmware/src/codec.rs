@@ -467,35 +467,59 @@ fn topk_decode<const M: u8>(pairs: &[u8], dst: &mut [f32]) -> Result<(), FrameEr
     Ok(())
 }
 
-/// For `1 ≤ k ≤ src.len()`: the k-th largest `|x|` bit pattern `t` and how many elements are strictly
-/// above it.
-fn kth_largest_magnitude(src: &[f32], k: usize) -> (u32, usize) {
-    const SHIFT: u32 = 19; // 31 magnitude bits -> 4096 bins (16 KiB, L1-resident)
-    let mag = |x: &f32| x.to_bits() & 0x7fff_ffff;
-    // Four interleaved histograms so runs of equal bins do not serialise on one counter.
-    let mut hist = vec![[0u32; 4]; 1 << (31 - SHIFT)];
-    let mut quads = src.chunks_exact(4);
-    for q in &mut quads {
-        for (lane, x) in q.iter().enumerate() {
-            hist[(mag(x) >> SHIFT) as usize][lane] += 1;
+/// Magnitude histogram key width: the top 12 of the 31 magnitude bits (4096 bins).
+const TOPK_SHIFT: u32 = 19;
+const TOPK_BINS: usize = 1 << (31 - TOPK_SHIFT);
+/// Elements per block of the histogram and compaction passes.
+const TOPK_BLOCK: usize = 256;
+
+/// For `1 ≤ k ≤ src.len()`: the histogram bin (top 12 magnitude bits) holding the k-th largest `|x|`,
+/// how many elements lie in higher bins, and how many in that bin.
+fn topk_threshold_bin(src: &[f32], k: usize) -> (u32, usize, usize) {
+    // Two passes per block: the bin numbers (a shift, vectorised) into a small u16 buffer, then the
+    // counting, spread over four sub-histograms so runs of equal bins do not serialise on one counter
+    // (store-to-load forwarding). `(bits << 1) >> 20` drops the sign bit; masking the u16 with
+    // `TOPK_BINS - 1` lets the compiler drop the bounds checks.
+    let mut hist = [[0u32; TOPK_BINS]; 4];
+    let mut bins = [0u16; TOPK_BLOCK];
+    for blk in src.chunks(TOPK_BLOCK) {
+        let bins = &mut bins[..blk.len()];
+        for (b, x) in bins.iter_mut().zip(blk) {
+            *b = ((x.to_bits() << 1) >> (TOPK_SHIFT + 1)) as u16;
+        }
+        let mut quads = bins.chunks_exact(4);
+        for q in &mut quads {
+            hist[0][usize::from(q[0]) & (TOPK_BINS - 1)] += 1;
+            hist[1][usize::from(q[1]) & (TOPK_BINS - 1)] += 1;
+            hist[2][usize::from(q[2]) & (TOPK_BINS - 1)] += 1;
+            hist[3][usize::from(q[3]) & (TOPK_BINS - 1)] += 1;
+        }
+        for &b in quads.remainder() {
+            hist[0][usize::from(b) & (TOPK_BINS - 1)] += 1;
         }
     }
-    for x in quads.remainder() {
-        hist[(mag(x) >> SHIFT) as usize][0] += 1;
-    }
     let mut above = 0usize;
-    let mut bin = 0usize;
-    for (b, h) in hist.iter().enumerate().rev() {
-        let n = h.iter().map(|&c| c as usize).sum::<usize>();
+    for b in (0..TOPK_BINS).rev() {
+        let n = hist.iter().map(|h| h[b] as usize).sum::<usize>();
         if above + n >= k {
-            bin = b;
-            break;
+            return (b as u32, above, n);
         }
         above += n;
     }
-    let mut cand: Vec<u32> = src.iter().map(mag).filter(|m| (m >> SHIFT) as usize == bin).collect();
-    let (_, &mut t, _) = cand.select_nth_unstable_by(k - above - 1, |a, b| b.cmp(a));
-    (t, above + cand.iter().filter(|&&m| m > t).count())
+    unreachable!("k <= src.len()")
+}
+
+/// A kept element as it goes on the wire: index in the low half, f32 bits in the high half (so its
+/// little-endian bytes are the (u32 index, f32 value) pair).
+#[inline(always)]
+fn topk_pair(i: usize, x: f32) -> u64 {
+    (i as u64 & 0xffff_ffff) | (u64::from(x.to_bits()) << 32)
+}
+
+/// The selection order of a pair: magnitude, then the lower index first (so the largest key wins).
+#[inline(always)]
+fn topk_key(pair: u64) -> u64 {
+    (pair & 0x7fff_ffff_0000_0000) | (!pair & 0xffff_ffff)
 }
 
 impl ChunkCodec for TopKCodec {
@@ -513,30 +537,51 @@ impl ChunkCodec for TopKCodec {
             return;
         }
         // Magnitude order on the bit patterns (for non-negative floats the integer order is the float
-        // order); ties broken by the lower index, so encoding is deterministic. Rather than selecting
-        // and then sorting indices, find the k-th largest magnitude `t` (radix select: a histogram of
-        // the top 12 bits, then an O(n) selection among the few keys in the bin holding rank k), then
-        // emit in one index-ordered pass everything above `t` and the first `k − above` equal to `t`.
-        let (t, above) = kth_largest_magnitude(src, k);
-        let mut ties = k - above;
-        // Branch-free emission: every element is written at the cursor, which only advances for kept
-        // ones; one spare slot absorbs the write after the last kept element.
-        let start = out.len();
-        out.resize(start + 8 * k + 8, 0);
-        let o = &mut out[start..];
-        let mut pos = 0usize;
-        for (i, &x) in src.iter().enumerate() {
-            let m = x.to_bits() & 0x7fff_ffff;
-            let tie = m == t && ties > 0;
-            let keep = m > t || tie;
-            ties -= usize::from(tie);
-            let slot = &mut o[pos.min(8 * k)..][..8];
-            slot[..4].copy_from_slice(&(i as u32).to_le_bytes());
-            slot[4..].copy_from_slice(&x.to_le_bytes());
-            pos += 8 * usize::from(keep);
+        // order); ties broken by the lower index, so encoding is deterministic. As one key per element,
+        // `topk_key` = (|x| bits, !index): the kept elements are exactly those whose key is at least
+        // the k-th largest key `T`. Radix select without sorting:
+        // 1. a histogram of the top 12 magnitude bits finds the bin holding rank k;
+        // 2. one branch-free compaction pass keeps, in index order, every element in that bin or above
+        //    (a superset of the answer, typically little more than k elements);
+        // 3. `T` is selected among the superset's elements of that bin, and a second branch-free
+        //    compaction over the superset keeps the keys ≥ `T`, still in index order.
+        let (bin, above, in_bin) = topk_threshold_bin(src, k);
+        let lo = bin << TOPK_SHIFT;
+        let mut sup: Vec<u64> = Vec::with_capacity(above + in_bin + TOPK_BLOCK);
+        // Every element is written at the cursor, which only advances for those in range; the stage
+        // has room for a whole block past any cursor, so the index mask removes the bounds check.
+        let mut stage = [0u64; 2 * TOPK_BLOCK];
+        for (bi, blk) in src.chunks(TOPK_BLOCK).enumerate() {
+            let base = bi * TOPK_BLOCK;
+            let mut pos = 0usize;
+            for (j, &x) in blk.iter().enumerate() {
+                stage[pos & (2 * TOPK_BLOCK - 1)] = topk_pair(base + j, x);
+                pos += usize::from((x.to_bits() & 0x7fff_ffff) >= lo);
+            }
+            sup.extend_from_slice(&stage[..pos]);
         }
-        debug_assert_eq!(pos, 8 * k);
-        out.truncate(start + 8 * k);
+        debug_assert_eq!(sup.len(), above + in_bin);
+        // Keys of the superset's elements in the threshold bin (those in higher bins are all kept).
+        let hi = u64::from(lo) + (1 << TOPK_SHIFT);
+        let mut cand: Vec<u64> =
+            sup.iter().map(|&p| topk_key(p)).filter(|&key| (key >> 32) < hi).collect();
+        let (_, &mut t, _) = cand.select_nth_unstable_by(k - above - 1, |a, b| b.cmp(a));
+        let start = out.len();
+        out.resize(start + 8 * k, 0);
+        let mut kept = sup.len();
+        if kept > k {
+            let mut pos = 0usize;
+            for i in 0..sup.len() {
+                let p = sup[i];
+                sup[pos] = p;
+                pos += usize::from(topk_key(p) >= t);
+            }
+            kept = pos;
+        }
+        debug_assert_eq!(kept, k);
+        for (o, p) in out[start..].chunks_exact_mut(8).zip(&sup[..k]) {
+            o.copy_from_slice(&p.to_le_bytes());
+        }
     }
     fn decode(&self, p: &[u8], dst: &mut [f32], mode: DecodeMode) -> Result<(), FrameError> {
         if p.len() < 4 {
