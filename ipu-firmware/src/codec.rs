@@ -473,9 +473,10 @@ const TOPK_BINS: usize = 1 << (31 - TOPK_SHIFT);
 /// Elements per block of the histogram and compaction passes.
 const TOPK_BLOCK: usize = 256;
 
-/// For `1 ≤ k ≤ src.len()`: the histogram bin (top 12 magnitude bits) holding the k-th largest `|x|`,
-/// how many elements lie in higher bins, and how many in that bin.
-fn topk_threshold_bin(src: &[f32], k: usize) -> (u32, usize, usize) {
+/// For `1 ≤ k ≤ src.len()`: the histogram bin (top 12 magnitude bits) holding the k-th largest
+/// magnitude among `f32_bits` of the elements, how many elements lie in higher bins, and how many in
+/// that bin.
+fn topk_threshold_bin<T: Copy>(src: &[T], f32_bits: impl Fn(T) -> u32, k: usize) -> (u32, usize, usize) {
     // Two passes per block: the bin numbers (a shift, vectorised) into a small u16 buffer, then the
     // counting, spread over four sub-histograms so runs of equal bins do not serialise on one counter
     // (store-to-load forwarding). `(bits << 1) >> 20` drops the sign bit; masking the u16 with
@@ -485,7 +486,7 @@ fn topk_threshold_bin(src: &[f32], k: usize) -> (u32, usize, usize) {
     for blk in src.chunks(TOPK_BLOCK) {
         let bins = &mut bins[..blk.len()];
         for (b, x) in bins.iter_mut().zip(blk) {
-            *b = ((x.to_bits() << 1) >> (TOPK_SHIFT + 1)) as u16;
+            *b = ((f32_bits(*x) << 1) >> (TOPK_SHIFT + 1)) as u16;
         }
         let mut quads = bins.chunks_exact(4);
         for q in &mut quads {
@@ -522,6 +523,46 @@ fn topk_key(pair: u64) -> u64 {
     (pair & 0x7fff_ffff_0000_0000) | (!pair & 0xffff_ffff)
 }
 
+/// Every element with `|x|` bits ≥ `lo`, as wire pairs in index order. Branch-free: each element is
+/// written at the cursor, which only advances for those kept; the stack stage has room for a whole
+/// block past any cursor, so the index mask removes the bounds check.
+fn topk_compact_at_least(src: &[f32], lo: u32) -> Vec<u64> {
+    let mut sup: Vec<u64> = Vec::new();
+    let mut stage = [0u64; 2 * TOPK_BLOCK];
+    for (bi, blk) in src.chunks(TOPK_BLOCK).enumerate() {
+        let base = bi * TOPK_BLOCK;
+        let mut pos = 0usize;
+        for (j, &x) in blk.iter().enumerate() {
+            stage[pos & (2 * TOPK_BLOCK - 1)] = topk_pair(base + j, x);
+            pos += usize::from((x.to_bits() & 0x7fff_ffff) >= lo);
+        }
+        sup.extend_from_slice(&stage[..pos]);
+    }
+    sup
+}
+
+/// Sample stride for the threshold estimate (odd and prime, so periodic data is still sampled across
+/// its period).
+const TOPK_SAMPLE_STRIDE: usize = 13;
+
+/// A magnitude floor (a histogram-bin boundary) that, judging by a strided sample, at least `k`
+/// elements reach with a safety margin while few others do; `None` for chunks too small to sample.
+/// Only a speed hint: the caller checks the count and falls back to the exact bin.
+fn topk_sampled_floor(src: &[f32], k: usize) -> Option<u32> {
+    let n = src.len();
+    if n < 64 * TOPK_BLOCK {
+        return None;
+    }
+    let sample: Vec<f32> = src.iter().step_by(TOPK_SAMPLE_STRIDE).copied().collect();
+    let s = sample.len();
+    let want = (k * s).div_ceil(n);
+    let want = want + want / 8 + 32;
+    if want >= s {
+        return Some(0);
+    }
+    Some(topk_threshold_bin(&sample, f32::to_bits, want).0 << TOPK_SHIFT)
+}
+
 impl ChunkCodec for TopKCodec {
     fn kind(&self) -> CodecKind {
         CodecKind::TopK { ratio: self.ratio }
@@ -540,36 +581,33 @@ impl ChunkCodec for TopKCodec {
         // order); ties broken by the lower index, so encoding is deterministic. As one key per element,
         // `topk_key` = (|x| bits, !index): the kept elements are exactly those whose key is at least
         // the k-th largest key `T`. Radix select without sorting:
-        // 1. a histogram of the top 12 magnitude bits finds the bin holding rank k;
-        // 2. one branch-free compaction pass keeps, in index order, every element in that bin or above
-        //    (a superset of the answer, typically little more than k elements);
-        // 3. `T` is selected among the superset's elements of that bin, and a second branch-free
-        //    compaction over the superset keeps the keys ≥ `T`, still in index order.
-        let (bin, above, in_bin) = topk_threshold_bin(src, k);
-        let lo = bin << TOPK_SHIFT;
-        let mut sup: Vec<u64> = Vec::with_capacity(above + in_bin + TOPK_BLOCK);
-        // Every element is written at the cursor, which only advances for those in range; the stage
-        // has room for a whole block past any cursor, so the index mask removes the bounds check.
-        let mut stage = [0u64; 2 * TOPK_BLOCK];
-        for (bi, blk) in src.chunks(TOPK_BLOCK).enumerate() {
-            let base = bi * TOPK_BLOCK;
-            let mut pos = 0usize;
-            for (j, &x) in blk.iter().enumerate() {
-                stage[pos & (2 * TOPK_BLOCK - 1)] = topk_pair(base + j, x);
-                pos += usize::from((x.to_bits() & 0x7fff_ffff) >= lo);
-            }
-            sup.extend_from_slice(&stage[..pos]);
+        // 1. a magnitude floor from a histogram (top 12 magnitude bits) of a 1-in-13 sample, with a
+        //    margin; small chunks, or a floor that turns out to keep fewer than k, use the exact bin
+        //    holding rank k from a histogram of the whole chunk;
+        // 2. one branch-free compaction pass keeps, in index order, every element at or above the
+        //    floor (a superset of the answer, typically little more than k elements);
+        // 3. a histogram of the superset finds the bin holding rank k, `T` is selected among that
+        //    bin's elements, and a second branch-free compaction keeps the keys ≥ `T`, in index order.
+        let lo = match topk_sampled_floor(src, k) {
+            Some(lo) => lo,
+            None => topk_threshold_bin(src, f32::to_bits, k).0 << TOPK_SHIFT,
+        };
+        let mut sup = topk_compact_at_least(src, lo);
+        if sup.len() < k {
+            // The sample overestimated the threshold: fall back to the exact bin.
+            sup = topk_compact_at_least(src, topk_threshold_bin(src, f32::to_bits, k).0 << TOPK_SHIFT);
         }
-        debug_assert_eq!(sup.len(), above + in_bin);
-        // Keys of the superset's elements in the threshold bin (those in higher bins are all kept).
-        let hi = u64::from(lo) + (1 << TOPK_SHIFT);
-        let mut cand: Vec<u64> =
-            sup.iter().map(|&p| topk_key(p)).filter(|&key| (key >> 32) < hi).collect();
-        let (_, &mut t, _) = cand.select_nth_unstable_by(k - above - 1, |a, b| b.cmp(a));
         let start = out.len();
         out.resize(start + 8 * k, 0);
         let mut kept = sup.len();
         if kept > k {
+            // The k-th largest key among the superset's elements: histogram of the (few) superset
+            // magnitudes, then a selection inside the bin holding rank k.
+            let (bin, above, _) = topk_threshold_bin(&sup, |p| (p >> 32) as u32, k);
+            let (lo, hi) = (u64::from(bin) << TOPK_SHIFT, (u64::from(bin) + 1) << TOPK_SHIFT);
+            let mut cand: Vec<u64> =
+                sup.iter().map(|&p| topk_key(p)).filter(|&key| (lo..hi).contains(&(key >> 32))).collect();
+            let (_, &mut t, _) = cand.select_nth_unstable_by(k - above - 1, |a, b| b.cmp(a));
             let mut pos = 0usize;
             for i in 0..sup.len() {
                 let p = sup[i];
@@ -770,6 +808,45 @@ mod tests {
         let mut p = (-1.0f32).to_le_bytes().to_vec();
         p.resize(14, 0);
         assert!(Int8Codec.decode(&p, &mut d, DecodeMode::Overwrite).is_err());
+    }
+
+    /// Full sort by (magnitude descending, index ascending), keep k, emit by index.
+    fn topk_sort_reference(src: &[f32], k: usize) -> Vec<u8> {
+        let mut idx: Vec<u32> = (0..src.len() as u32).collect();
+        idx.sort_by_key(|&i| (std::cmp::Reverse(src[i as usize].to_bits() & 0x7fff_ffff), i));
+        idx.truncate(k);
+        idx.sort_unstable();
+        let mut want = (k as u32).to_le_bytes().to_vec();
+        for i in idx {
+            want.extend_from_slice(&i.to_le_bytes());
+            want.extend_from_slice(&src[i as usize].to_le_bytes());
+        }
+        want
+    }
+
+    #[test]
+    fn topk_large_chunks_match_the_sort_reference() {
+        // Chunks large enough for the sampled threshold estimate, including data that fools the
+        // sample in both directions (the sampled positions hold the largest / the smallest values).
+        let n = 70_001;
+        let stride = TOPK_SAMPLE_STRIDE;
+        let inputs: Vec<Vec<f32>> = vec![
+            (0..n).map(|i| ((i as f32 * 0.618).sin() * 3.0) * (1.0 + (i % 7) as f32)).collect(),
+            vec![0.0; n],
+            (0..n).map(|i| if i % 3 == 0 { -0.0 } else { 0.0 }).collect(),
+            (0..n).map(|i| ((i * 7919) % 7) as f32 - 3.0).collect(),
+            (0..n).map(|i| if i % stride == 0 { 100.0 + (i % 5) as f32 } else { (i % 11) as f32 }).collect(),
+            (0..n).map(|i| if i % stride == 0 { 0.5 } else { 50.0 + (i % 3) as f32 }).collect(),
+            (0..n).map(|i| f32::from_bits(0x3f80_0000 + ((i as u32).wrapping_mul(2_654_435_761) >> 12))).collect(),
+        ];
+        for (which, src) in inputs.iter().enumerate() {
+            for ratio in [0.0001f32, 0.01, 0.1, 0.3, 0.5, 0.9, 1.0] {
+                let c = TopKCodec { ratio };
+                let mut got = Vec::new();
+                c.encode(src, &mut got);
+                assert!(got == topk_sort_reference(src, c.kept(src.len())), "input {which}, ratio {ratio}");
+            }
+        }
     }
 
     fn finite() -> impl Strategy<Value = f32> {
