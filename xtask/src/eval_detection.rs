@@ -996,7 +996,10 @@ fn render_markdown(
          time (healthy runs plus warm-ups) and the target shows \"not measured\" unless an alarm was seen.\n\
          - The straggler is active from the job's first step (no healthy warm-up), so its latency is from the job's start.\n\
          - A single run per scenario (`--quick`) or two (default) give coarse numbers: one missed fault moves recall by 0.5 or 1.\n\
-         - The machine is shared (see the load average): CPU contention changes goodput and burst timing, which the detectors measure.\n"
+         - The machine is shared (see the load average): CPU contention changes goodput and burst timing, which the detectors measure; \
+         the measured link capacity (and so the 1/4 cap) varies from run to run for the same reason.\n\
+         - \"job comm ms/step\" comes only from ranks that wrote their report: the job runs until the harness kills it, and a rank \
+         writes its JSON only when it ends by itself (here: when a peer was killed first), so it is sometimes missing (\"-\").\n"
     );
     let _ = writeln!(m, "## Runs\n");
     let _ = writeln!(m, "| scenario | # | target | events (agent: kind scope, raised relative to the fault start) |\n|---|---|---|---|");
@@ -1091,7 +1094,8 @@ fn plot(sums: &[Summary], path: &Path) -> Result<()> {
         .x_label_formatter(&|x| label(&names, x))
         .x_label_style(("sans-serif", 13))
         .draw()?;
-    let series: [(&str, RGBColor, fn(&Summary) -> Option<f64>); 3] = [
+    type Metric = (&'static str, RGBColor, fn(&Summary) -> Option<f64>);
+    let series: [Metric; 3] = [
         ("precision", RGBColor(31, 119, 180), Summary::precision),
         ("recall", RGBColor(44, 160, 44), Summary::recall),
         ("localization", RGBColor(255, 127, 14), Summary::localization),
