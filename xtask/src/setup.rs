@@ -21,6 +21,7 @@ const DEB_PACKAGES: &[(&str, &str)] = &[
     ("zlib1g-dev", "LLVM link dependency"),
     ("openmpi-bin", "MPI_Allreduce baseline in `bench collectives`"),
     ("libopenmpi-dev", "mpicc for the MPI baseline"),
+    ("fonts-dejavu-core", "the font of the `eval detection` plot's labels"),
 ];
 
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
