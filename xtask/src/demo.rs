@@ -3,8 +3,9 @@
 //! Brings up a 4-host star (network namespaces around a bridge), starts the agent in the switch
 //! namespace attached to every bridge port (the view a DPU or ToR tap has), runs the emulated
 //! training job (4 ranks, ring allreduce over TCP) plus a RoCEv2 stream with deliberate PSN gaps and
-//! CNPs, shows the agent's live flow table, then a sample of /metrics, and tears everything down
-//! (also on Ctrl-C: the rig is dropped, the agent gets SIGINT and detaches).
+//! CNPs, shows the agent's live flow table, its status and detection events, then a sample of
+//! /metrics, and tears everything down (also on Ctrl-C: the rig is dropped, the agent gets SIGINT
+//! and detaches).
 use std::{
     sync::atomic::Ordering,
     thread,
@@ -111,9 +112,15 @@ pub fn run(seconds: u64) -> Result<()> {
         report.comm_ms.mean
     );
 
-    println!("\n--- `ringside status` ---");
-    let out = star.switch.command(&ringside).arg("status").output()?;
-    print!("{}", String::from_utf8_lossy(&out.stdout));
+    for (title, args) in [
+        ("`ringside status`", &["status"][..]),
+        // The RoCEv2 stream's skipped PSNs are losses on h3's path, so a gray failure names h3.
+        ("`ringside events --all` (detection verdicts)", &["events", "--all"][..]),
+    ] {
+        println!("\n--- {title} ---");
+        let out = star.switch.command(&ringside).args(args).output()?;
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+    }
 
     println!("\n--- a sample of GET /metrics ---");
     let metrics = agent.get("/metrics")?;
