@@ -138,6 +138,21 @@ struct StarArgs {
     /// Number of host namespaces (1..=250).
     #[arg(long, default_value_t = 4)]
     hosts: usize,
+    #[command(flatten)]
+    link: LinkTuningArgs,
+    #[command(flatten)]
+    faults: FaultArgs,
+    /// Tear down after this many seconds even without Ctrl-C.
+    #[arg(long, default_value_t = 12 * 3600)]
+    max_seconds: u64,
+    /// Print the rig description as JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// How the rig's links are tuned; shared by `star` and `leaf-spine`.
+#[derive(Debug, Args)]
+struct LinkTuningArgs {
     /// Leave receive packet steering (RPS) off on the links. Without RPS, veth and bridge
     /// links on a small VM reorder packets under load and TCP shows spurious retransmissions.
     #[arg(long)]
@@ -152,14 +167,6 @@ struct StarArgs {
     /// Link MTU.
     #[arg(long, default_value_t = 1500)]
     mtu: u32,
-    #[command(flatten)]
-    faults: FaultArgs,
-    /// Tear down after this many seconds even without Ctrl-C.
-    #[arg(long, default_value_t = 12 * 3600)]
-    max_seconds: u64,
-    /// Print the rig description as JSON instead of text.
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -170,18 +177,8 @@ struct LeafSpineArgs {
     /// Hosts per leaf (1..=200).
     #[arg(long, default_value_t = 2)]
     hosts_per_leaf: usize,
-    /// Leave RPS off on the links.
-    #[arg(long)]
-    no_rps: bool,
-    /// Do not raise net.core.netdev_max_backlog while the rig is up.
-    #[arg(long)]
-    no_backlog: bool,
-    /// Turn TSO/GSO/GRO off on every link.
-    #[arg(long)]
-    no_offloads: bool,
-    /// Link MTU.
-    #[arg(long, default_value_t = 1500)]
-    mtu: u32,
+    #[command(flatten)]
+    link: LinkTuningArgs,
     #[command(flatten)]
     faults: FaultArgs,
     /// Tear down after this many seconds even without Ctrl-C.
@@ -559,7 +556,7 @@ fn link_views(rig: &dyn Rig) -> Vec<LinkView> {
 fn cmd_star(a: StarArgs) -> anyhow::Result<()> {
     // Install the handlers before building the rig, so Ctrl-C during setup also tears down.
     testbed::signals::stop_flag();
-    let star = Star::new(star_config(a.hosts, a.no_rps, a.no_backlog, a.no_offloads, a.mtu))?;
+    let star = Star::new(star_config(a.hosts, a.link.no_rps, a.link.no_backlog, a.link.no_offloads, a.link.mtu))?;
     let hosts: Vec<HostView> = star
         .hosts
         .iter()
@@ -606,10 +603,10 @@ fn cmd_leaf_spine(a: LeafSpineArgs) -> anyhow::Result<()> {
     let ls = LeafSpine::new(LeafSpineConfig {
         leaves: a.leaves,
         hosts_per_leaf: a.hosts_per_leaf,
-        rps: !a.no_rps,
-        raise_backlog: !a.no_backlog,
-        offloads: !a.no_offloads,
-        mtu: a.mtu,
+        rps: !a.link.no_rps,
+        raise_backlog: !a.link.no_backlog,
+        offloads: !a.link.no_offloads,
+        mtu: a.link.mtu,
         ..Default::default()
     })?;
     let hosts: Vec<serde_json::Value> = ls
