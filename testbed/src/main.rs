@@ -139,20 +139,20 @@ struct StarArgs {
     #[arg(long, default_value_t = 4)]
     hosts: usize,
     #[command(flatten)]
-    link: LinkTuningArgs,
+    run: RigRunArgs,
     #[command(flatten)]
     faults: FaultArgs,
+}
+
+/// How the rig's links are tuned and how long it stays up; shared by `star` and `leaf-spine`.
+#[derive(Debug, Args)]
+struct RigRunArgs {
     /// Tear down after this many seconds even without Ctrl-C.
     #[arg(long, default_value_t = 12 * 3600)]
     max_seconds: u64,
     /// Print the rig description as JSON instead of text.
     #[arg(long)]
     json: bool,
-}
-
-/// How the rig's links are tuned; shared by `star` and `leaf-spine`.
-#[derive(Debug, Args)]
-struct LinkTuningArgs {
     /// Leave receive packet steering (RPS) off on the links. Without RPS, veth and bridge
     /// links on a small VM reorder packets under load and TCP shows spurious retransmissions.
     #[arg(long)]
@@ -178,15 +178,9 @@ struct LeafSpineArgs {
     #[arg(long, default_value_t = 2)]
     hosts_per_leaf: usize,
     #[command(flatten)]
-    link: LinkTuningArgs,
+    run: RigRunArgs,
     #[command(flatten)]
     faults: FaultArgs,
-    /// Tear down after this many seconds even without Ctrl-C.
-    #[arg(long, default_value_t = 12 * 3600)]
-    max_seconds: u64,
-    /// Print the rig description as JSON instead of text.
-    #[arg(long)]
-    json: bool,
 }
 
 /// Fault flags shared by `star`, `leaf-spine` and `job`. LINK is `h<i>` (host i's access link),
@@ -556,7 +550,7 @@ fn link_views(rig: &dyn Rig) -> Vec<LinkView> {
 fn cmd_star(a: StarArgs) -> anyhow::Result<()> {
     // Install the handlers before building the rig, so Ctrl-C during setup also tears down.
     testbed::signals::stop_flag();
-    let star = Star::new(star_config(a.hosts, a.link.no_rps, a.link.no_backlog, a.link.no_offloads, a.link.mtu))?;
+    let star = Star::new(star_config(a.hosts, a.run.no_rps, a.run.no_backlog, a.run.no_offloads, a.run.mtu))?;
     let hosts: Vec<HostView> = star
         .hosts
         .iter()
@@ -571,7 +565,7 @@ fn cmd_star(a: StarArgs) -> anyhow::Result<()> {
             switch_port: &h.switch_port,
         })
         .collect();
-    if a.json {
+    if a.run.json {
         print_json(&serde_json::json!({ "switch": star.switch.name(), "bridge": testbed::star::BRIDGE, "hosts": hosts, "links": link_views(&star) }))?;
     } else {
         println!("star {} is up: {} hosts on bridge {} in namespace {}", star.prefix(), hosts.len(), testbed::star::BRIDGE, star.switch.name());
@@ -595,7 +589,7 @@ fn cmd_star(a: StarArgs) -> anyhow::Result<()> {
     }
     let n = star.hosts.len();
     let auto = (n >= 2).then(|| (n - 2, n - 1));
-    hold(&star, &a.faults, auto, a.max_seconds)
+    hold(&star, &a.faults, auto, a.run.max_seconds)
 }
 
 fn cmd_leaf_spine(a: LeafSpineArgs) -> anyhow::Result<()> {
@@ -603,10 +597,10 @@ fn cmd_leaf_spine(a: LeafSpineArgs) -> anyhow::Result<()> {
     let ls = LeafSpine::new(LeafSpineConfig {
         leaves: a.leaves,
         hosts_per_leaf: a.hosts_per_leaf,
-        rps: !a.link.no_rps,
-        raise_backlog: !a.link.no_backlog,
-        offloads: !a.link.no_offloads,
-        mtu: a.link.mtu,
+        rps: !a.run.no_rps,
+        raise_backlog: !a.run.no_backlog,
+        offloads: !a.run.no_offloads,
+        mtu: a.run.mtu,
         ..Default::default()
     })?;
     let hosts: Vec<serde_json::Value> = ls
@@ -620,7 +614,7 @@ fn cmd_leaf_spine(a: LeafSpineArgs) -> anyhow::Result<()> {
         .iter()
         .map(|l| serde_json::json!({"netns": l.ns.name(), "hosts": l.hosts, "uplink_iface": l.uplink_iface, "spine_iface": l.spine_iface, "gateway": l.gateway.to_string()}))
         .collect();
-    if a.json {
+    if a.run.json {
         print_json(&serde_json::json!({ "spine": ls.spine.name(), "leaves": leaves, "hosts": hosts, "links": link_views(&ls) }))?;
     } else {
         println!("leaf-spine {} is up: {} leaves x {} hosts, spine (router) in namespace {}", ls.prefix(), ls.leaves.len(), a.hosts_per_leaf, ls.spine.name());
@@ -643,7 +637,7 @@ fn cmd_leaf_spine(a: LeafSpineArgs) -> anyhow::Result<()> {
         println!("Ctrl-C tears the rig down.");
     }
     let auto = Some((ls.leaves[0].hosts[ls.leaves[0].hosts.len() - 1], ls.leaves[1].hosts[ls.leaves[1].hosts.len() - 1]));
-    hold(&ls, &a.faults, auto, a.max_seconds)
+    hold(&ls, &a.faults, auto, a.run.max_seconds)
 }
 
 fn cmd_job(a: JobArgs) -> anyhow::Result<()> {
