@@ -3,6 +3,9 @@
 //! Needs root and an agent built with its eBPF object (`cargo xtask build`, or
 //! `RINGSIDE_EBPF_OBJECT=... cargo test -p dataplane-user --test t2_agent`). Without either it
 //! FAILS with the reason; it never skips. Every wait is bounded.
+mod support;
+
+use support::wait_for;
 use std::{
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
@@ -99,19 +102,8 @@ fn metric(text: &str, series: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Polls `check` every 100 ms until it returns `Some`, at most `limit`.
-fn wait_for<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        if Instant::now() > deadline {
-            panic!("timed out after {limit:?} waiting for {what}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+/// How often the waits below poll the agent.
+const POLL: Duration = Duration::from_millis(100);
 
 fn within_1pct(got: u64, want: u64) -> bool {
     (got as f64 - want as f64).abs() <= want as f64 * 0.01
@@ -150,7 +142,7 @@ fn agent_reports_what_senders_sent() {
     let mut agent = AgentProcess::start(cmd, pin_dir.clone(), Some(config.clone()));
 
     // Ready: attached and polled.
-    let status: StatusResponse = wait_for(Duration::from_secs(15), "the agent to become ready", || {
+    let status: StatusResponse = wait_for(Duration::from_secs(15), POLL, "the agent to become ready", || {
         get::<StatusResponse>(&star, 0, "/v1/status").ok().filter(|s| s.ready)
     });
     assert_eq!(status.interfaces.len(), 1);
@@ -169,7 +161,7 @@ fn agent_reports_what_senders_sent() {
     let payload_sent: u64 = sent.streams.iter().map(|s| s.bytes_sent).sum();
     let l3_sent: u64 = sent.streams.iter().map(|s| s.l3_bytes_estimate).sum();
 
-    let flows = wait_for(Duration::from_secs(5), "TCP payload in /v1/flows to reach what was sent", || {
+    let flows = wait_for(Duration::from_secs(5), POLL, "TCP payload in /v1/flows to reach what was sent", || {
         let r: FlowsResponse = get(&star, 0, "/v1/flows?limit=100").ok()?;
         let f = tcp_flows(&r.flows, "10.77.0.2", port);
         let payload: u64 = f.iter().map(|f| f.payload_bytes).sum();
@@ -222,7 +214,7 @@ fn agent_reports_what_senders_sent() {
     rrecv.join().unwrap().unwrap();
     eprintln!("roce: sent {report:?}");
     let roce_series = "{interface=\"eth0\",direction=\"egress\",kind=\"rocev2\",peer=\"10.77.0.3\"}";
-    let text = wait_for(Duration::from_secs(5), "RoCE bytes in /metrics to reach what was sent", || {
+    let text = wait_for(Duration::from_secs(5), POLL, "RoCE bytes in /metrics to reach what was sent", || {
         let t = get_metrics(&star, 0);
         within_1pct(metric(&t, &format!("ringside_peer_bytes_total{roce_series}")), report.l3_bytes).then_some(t)
     });
@@ -247,7 +239,7 @@ fn agent_reports_what_senders_sent() {
     recv.join().unwrap().unwrap();
     drop(loss);
     eprintln!("lossy tcp: sender total_retrans={}", lossy.total_retrans);
-    let retrans = wait_for(Duration::from_secs(5), "TCP retransmissions after the drop rule", || {
+    let retrans = wait_for(Duration::from_secs(5), POLL, "TCP retransmissions after the drop rule", || {
         let t = get_metrics(&star, 0);
         let v = metric(&t, &format!("ringside_peer_tcp_retransmissions_total{tcp_series}"));
         (v > retrans_clean).then_some(v)

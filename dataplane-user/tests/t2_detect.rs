@@ -10,6 +10,7 @@
 //! binary (`cargo build -p ipu-firmware --bin ringside-rank`, or `RINGSIDE_RANK_BIN`). Without
 //! any of them it FAILS with the reason; it never skips. Every wait is bounded.
 mod detect_rig;
+mod support;
 
 use std::{net::IpAddr, process::Command, time::{Duration, Instant}};
 
@@ -35,7 +36,7 @@ fn loss_on_one_host_link_is_a_gray_failure_naming_it() {
     let addr: IpAddr = star.hosts[target].addr.into();
     let _loss = star.add_loss(target, 5.0).unwrap();
     let started = Instant::now();
-    let found = wait_for(Duration::from_secs(20), "a gray-failure event naming the lossy host", || {
+    let found = wait_for(Duration::from_secs(20), POLL, "a gray-failure event naming the lossy host", || {
         let r = agent.events(&star);
         r.events.iter().find(|e| e.kind == VerdictKind::GrayFailure && names_peer(e, addr)).cloned()
     });
@@ -75,7 +76,7 @@ fn compute_straggler_is_a_straggler_not_a_network_fault() {
     let started = Instant::now();
     let _job = testbed::spawn_job(&star, &job(rank_bin, Some((target, 60)))).expect("starting the emulated job");
     let mut network_seen = Vec::new();
-    let found = wait_for(Duration::from_secs(30), "a straggler event naming the slow rank's host", || {
+    let found = wait_for(Duration::from_secs(30), POLL, "a straggler event naming the slow rank's host", || {
         let r = agent.events(&star);
         network_seen.extend(r.events.iter().filter(|e| e.kind.is_network_fault()).map(|e| e.id));
         if !network_seen.is_empty() {

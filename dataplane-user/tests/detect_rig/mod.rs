@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub use crate::support::wait_for;
 use dataplane_user::{api::EventsResponse, client, detect::Scope, events::Event};
 use testbed::{ByteSize, JobConfig, Star};
 
@@ -82,7 +83,7 @@ impl Agent {
         cmd.env("RUST_LOG", std::env::var("RINGSIDE_AGENT_LOG").unwrap_or_else(|_| "info".into()));
         let child = cmd.spawn().expect("spawning the ringside binary");
         let agent = Agent { child: Some(child), port, pin_dir, config, state_dir };
-        wait_for(Duration::from_secs(15), "the agent to become ready", || {
+        wait_for(Duration::from_secs(15), POLL, "the agent to become ready", || {
             star.switch
                 .run(|| client::get_json::<dataplane_user::api::StatusResponse>(&agent.url(), "/v1/status"))
                 .ok()
@@ -122,18 +123,8 @@ impl Drop for Agent {
     }
 }
 
-pub fn wait_for<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        if Instant::now() > deadline {
-            panic!("timed out after {limit:?} waiting for {what}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+/// How often the detection tests poll the agent.
+pub const POLL: Duration = Duration::from_millis(200);
 
 pub fn names_peer(e: &Event, addr: IpAddr) -> bool {
     matches!(&e.scope, Scope::Peer { peer, .. } if *peer == addr)
