@@ -179,22 +179,7 @@ mod tests {
     use crate::detect::lifecycle::WindowState;
 
     fn peer(i: u8, goodput: f64, loss: f64, ce: u64) -> PeerFeatures {
-        PeerFeatures {
-            peer: format!("10.0.2.{i}").parse().unwrap(),
-            link: "leaf2".into(),
-            goodput_bps: Some(goodput),
-            loss_rate: Some(loss),
-            loss_packets: (loss * 30_000.0) as u64,
-            data_packets: 30_000,
-            ce_marks: ce,
-            cnps: 0,
-            silence_ns: None,
-            phase_starts: vec![],
-            last_phase_end_ns: None,
-            lateness_ns: None,
-            steps: Default::default(),
-            step_lateness_ns: None,
-        }
+        PeerFeatures { ce_marks: ce, ..PeerFeatures::for_test(&format!("10.0.2.{i}"), "leaf2", goodput, loss) }
     }
 
     fn assess_link(peers: &[PeerFeatures], baseline: f64) -> Option<Assessment> {

@@ -50,6 +50,30 @@ pub(crate) struct PeerFeatures {
     pub step_lateness_ns: Option<f64>,
 }
 
+#[cfg(test)]
+impl PeerFeatures {
+    /// A peer for detector unit tests: 30,000 data packets in the window at `goodput`, `loss` of
+    /// them lost (loss packets derived from it), no ECN marks, CNPs, silence or phases.
+    pub(crate) fn for_test(peer: &str, link: &str, goodput: f64, loss: f64) -> Self {
+        PeerFeatures {
+            peer: peer.parse().unwrap(),
+            link: link.into(),
+            goodput_bps: Some(goodput),
+            loss_rate: Some(loss),
+            loss_packets: (loss * 30_000.0) as u64,
+            data_packets: 30_000,
+            ce_marks: 0,
+            cnps: 0,
+            silence_ns: None,
+            phase_starts: vec![],
+            last_phase_end_ns: None,
+            lateness_ns: None,
+            steps: Default::default(),
+            step_lateness_ns: None,
+        }
+    }
+}
+
 /// A peer's sends after a compute-like idle gap, from its phases of at least `min_phase_bytes`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct StepStarts {

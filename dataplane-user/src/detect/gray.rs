@@ -120,22 +120,7 @@ mod tests {
     use super::*;
 
     fn features(goodput: f64, loss: f64) -> PeerFeatures {
-        PeerFeatures {
-            peer: "10.0.0.9".parse().unwrap(),
-            link: "eth0".into(),
-            goodput_bps: Some(goodput),
-            loss_rate: Some(loss),
-            loss_packets: (loss * 30_000.0) as u64,
-            data_packets: 30_000,
-            ce_marks: 0,
-            cnps: 0,
-            silence_ns: None,
-            phase_starts: vec![],
-            last_phase_end_ns: None,
-            lateness_ns: None,
-            steps: Default::default(),
-            step_lateness_ns: None,
-        }
+        PeerFeatures::for_test("10.0.0.9", "eth0", goodput, loss)
     }
 
     fn stats(goodputs: &[f64], losses: &[f64]) -> PeerStats {

@@ -83,22 +83,7 @@ mod tests {
     const MS: f64 = 1e6;
 
     fn f(late_ms: f64, goodput: f64) -> PeerFeatures {
-        PeerFeatures {
-            peer: "10.0.0.5".parse().unwrap(),
-            link: "eth0".into(),
-            goodput_bps: Some(goodput),
-            loss_rate: Some(0.0),
-            loss_packets: 0,
-            data_packets: 30_000,
-            ce_marks: 0,
-            cnps: 0,
-            silence_ns: None,
-            phase_starts: vec![],
-            last_phase_end_ns: None,
-            lateness_ns: Some(late_ms * MS),
-            steps: Default::default(),
-            step_lateness_ns: None,
-        }
+        PeerFeatures { lateness_ns: Some(late_ms * MS), ..PeerFeatures::for_test("10.0.0.5", "eth0", goodput, 0.0) }
     }
 
     fn s() -> PeerStats {
