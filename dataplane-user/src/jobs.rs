@@ -37,13 +37,19 @@ use crate::{
 /// Name of the job that holds every flow when no `[[job]]` is configured.
 pub const DEFAULT_JOB: &str = "default";
 
-/// One job's membership rule.
+/// One job's membership rule and what the policy needs to know about it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobSpec {
+    /// The job id: `[[job]]` name in the config file, or the id `POST /v1/jobs` returned. It is
+    /// the `job` of every [`JobWindow`], event and hint.
     pub name: String,
     pub members: Vec<PrefixSpec>,
     pub tcp_ports: Option<Vec<PortSpec>>,
     pub udp_ports: Option<Vec<PortSpec>>,
+    /// Bytes reduced per step, if the registration said (the cost model estimates it otherwise).
+    pub gradient_bytes: Option<u64>,
+    /// What the tenant lets the policy change (config-file jobs: the defaults).
+    pub constraints: ringside_client::Constraints,
 }
 
 impl JobSpec {
@@ -83,9 +89,27 @@ impl JobSet {
                 members: j.members.iter().map(|m| m.0).collect(),
                 tcp_ports: j.tcp_ports.clone(),
                 udp_ports: j.udp_ports.clone(),
+                gradient_bytes: None,
+                constraints: Default::default(),
             })
             .collect();
         JobSet { jobs }
+    }
+
+    /// A job set from explicit specs (config-file jobs followed by registered ones: the first
+    /// match wins, so a flow belongs to at most one job).
+    pub fn from_specs(jobs: Vec<JobSpec>) -> Self {
+        JobSet { jobs }
+    }
+
+    /// The specs, in match order (empty: the implicit [`DEFAULT_JOB`]).
+    pub fn specs(&self) -> &[JobSpec] {
+        &self.jobs
+    }
+
+    /// The spec of job `name`, if configured or registered.
+    pub fn spec(&self, name: &str) -> Option<&JobSpec> {
+        self.jobs.iter().find(|j| j.name == name)
     }
 
     /// The job a flow belongs to, if any.

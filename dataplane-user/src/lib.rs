@@ -8,6 +8,7 @@ pub mod detection;
 pub mod events;
 pub mod flow_table;
 pub mod frames;
+pub mod hints;
 pub mod jobs;
 pub mod loader;
 pub mod metrics;

@@ -12,6 +12,7 @@ use std::{
 
 use crate::{
     events::EventLog,
+    hints::HintBoard,
     flow_table::{FlowTable, TableSettings},
 };
 
@@ -70,6 +71,8 @@ pub struct AgentState {
     pub events: EventLog,
     /// Names of the configured jobs.
     pub jobs: Vec<String>,
+    /// Each registered job's current hint and insight (written by the policy, read by the API).
+    pub hints: HintBoard,
 }
 
 pub type SharedState = Arc<RwLock<AgentState>>;
@@ -91,6 +94,7 @@ impl AgentState {
             poll_times: PollTimes::default(),
             events: EventLog::new(crate::config::DEFAULT_RECENT_EVENTS, crate::config::DEFAULT_CARRY_OVER_WINDOWS),
             jobs: Vec::new(),
+            hints: HintBoard::default(),
         }
     }
 

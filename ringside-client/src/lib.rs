@@ -1,0 +1,16 @@
+//! ringside's tenant-facing contract: the JSON types of the hints API ([`types`]).
+//!
+//! A *hint* is the plan ringside recommends for one registered job: which allreduce algorithm,
+//! chunk size, channel count and wire compression to use from some training step on, with coarse,
+//! privacy-safe reasons and a confidence. Hints never name another tenant or the provider's
+//! topology. See `docs/tenant-guide.md` for HTTP, server-sent-event and Prometheus consumers.
+//!
+//! This crate is shared by the agent (which serves these types), the emulated training job
+//! (which follows them) and any Rust trainer that wants to embed the client.
+
+pub mod types;
+
+pub use types::{
+    Algorithm, ApiError, Codec, Constraints, Hint, JobCreated, JobRegistration, JobView, ParseError,
+    PortRange,
+};
