@@ -22,13 +22,14 @@
 //!   still receives its neighbour's data on time (socket buffers absorb it); only its own sends
 //!   start late, so counting the other bursts would hide a compute straggler.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv6Addr},
 };
 
 use dataplane_common::{direction, flow_kind, FlowKey};
 
 use crate::{
+    attribution::{self, DirectedConn},
     config::{JobFile, PortSpec, PrefixSpec},
     detect::{BurstSummary, JobWindow, PeerWindow},
     flow_table::{BurstRecord, Counters, FlowEntry, WindowAccumulator, OTHER_PEER},
@@ -140,11 +141,16 @@ impl JobSet {
             bursts: Vec<BurstSummary>,
         }
         let mut jobs: BTreeMap<&str, BTreeMap<IpAddr, Acc>> = BTreeMap::new();
+        // Per job, its directed connections (for `attribution`).
+        let mut conns: BTreeMap<&str, BTreeMap<ConnId, DirectedConn>> = BTreeMap::new();
         for (key, delta) in &w.deltas {
             let Some(job) = self.job_of(key) else { continue };
             let acc = jobs.entry(job).or_default().entry(peer_ip(key)).or_default();
             acc.c.add(delta);
             *acc.bytes_by_if.entry(key.ifindex).or_default() += delta.bytes;
+            let c = conns.entry(job).or_default().entry(ConnId::of(key)).or_insert_with(|| DirectedConn::of(key));
+            c.loss_packets += loss_packets(delta);
+            c.data_packets += data_packets(delta);
         }
         for (key, b) in &w.bursts {
             let Some(job) = self.job_of(key) else { continue };
@@ -154,9 +160,20 @@ impl JobSet {
                 continue;
             }
             acc.bursts.push(BurstSummary { start_ns: b.start_ns, end_ns: b.start_ns.saturating_add(b.duration_ns), bytes: b.bytes });
+            if b.bytes >= attribution::MIN_GOODPUT_BURST_BYTES {
+                let c = conns.entry(job).or_default().entry(ConnId::of(key)).or_insert_with(|| DirectedConn::of(key));
+                c.burst_bytes += b.bytes;
+                c.burst_ns += b.duration_ns;
+            }
         }
         jobs.into_iter()
-            .map(|(job, peers)| JobWindow {
+            .map(|(job, peers)| {
+                let candidates: BTreeSet<IpAddr> = peers.keys().copied().collect();
+                let job_conns: Vec<DirectedConn> = conns.remove(job).unwrap_or_default().into_values().collect();
+                let blame = attribution::attribute(&job_conns, &candidates);
+                (job, peers, blame)
+            })
+            .map(|(job, peers, blame)| JobWindow {
                 job: job.to_owned(),
                 window_start_ns: start,
                 window_end_ns: w.end_ns,
@@ -170,11 +187,35 @@ impl JobSet {
                             .max_by(|x, y| x.1.cmp(y.1).then(y.0.cmp(x.0)))
                             .map(|(i, _)| *i)
                             .unwrap_or(0);
-                        peer_window(peer, ifname(ifindex), &a.c, a.bursts)
+                        let mut pw = peer_window(peer, ifname(ifindex), &a.c, a.bursts);
+                        pw.explained_by = blame.explained_by.get(&peer).copied();
+                        pw
                     })
                     .collect(),
             })
             .collect()
+    }
+}
+
+/// A directed connection: a flow's 5-tuple without interface or direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct ConnId {
+    kind: u8,
+    src: [u8; 16],
+    src_port: u16,
+    dst: [u8; 16],
+    dst_port: u16,
+}
+
+impl ConnId {
+    fn of(k: &FlowKey) -> Self {
+        ConnId { kind: k.kind, src: k.src_addr, src_port: k.src_port, dst: k.dst_addr, dst_port: k.dst_port }
+    }
+}
+
+impl DirectedConn {
+    fn of(k: &FlowKey) -> Self {
+        DirectedConn { src: Some(addr_ip(k.src_addr)), dst: Some(addr_ip(k.dst_addr)), ..Default::default() }
     }
 }
 
@@ -188,21 +229,34 @@ fn sent_by_peer_with_data(key: &FlowKey, b: &BurstRecord) -> bool {
 
 /// The detector input of one peer from its summed counter growth.
 pub fn peer_window(peer: IpAddr, link: String, c: &Counters, bursts: Vec<BurstSummary>) -> PeerWindow {
-    // Data packets: everything but TCP pure ACKs and RoCE control packets (CNPs, NAKs). SYN/FIN
-    // without data are too few to matter.
-    let control = c.tcp_pure_acks.saturating_add(c.roce_cnps).saturating_add(c.roce_naks);
     PeerWindow {
         peer,
         link,
         bytes: c.bytes,
-        data_packets: c.packets.saturating_sub(control),
+        data_packets: data_packets(c),
         retrans: c.tcp_retrans.saturating_add(c.roce_psn_out_of_order),
         ce_marks: c.ce_marks,
         cnps: c.roce_cnps,
         psn_gap_packets: c.roce_psn_gap_packets,
         naks: c.roce_naks,
         bursts,
+        explained_by: None,
     }
+}
+
+/// Data packets: everything but TCP pure ACKs and RoCE control packets (CNPs, NAKs). SYN/FIN
+/// without data are too few to matter.
+fn data_packets(c: &Counters) -> u64 {
+    let control = c.tcp_pure_acks.saturating_add(c.roce_cnps).saturating_add(c.roce_naks);
+    c.packets.saturating_sub(control)
+}
+
+/// Loss evidence packets, as [`PeerWindow::loss_packets`] counts them.
+fn loss_packets(c: &Counters) -> u64 {
+    c.tcp_retrans
+        .saturating_add(c.roce_psn_out_of_order)
+        .saturating_add(c.roce_psn_gap_packets)
+        .saturating_add(c.roce_naks)
 }
 
 fn peer_of_key(key: &FlowKey) -> [u8; 16] {
@@ -213,7 +267,12 @@ fn peer_of_key(key: &FlowKey) -> [u8; 16] {
 
 /// The peer of a flow as an address (IPv4-mapped addresses as IPv4).
 pub fn peer_ip(key: &FlowKey) -> IpAddr {
-    let v6 = Ipv6Addr::from(peer_of_key(key));
+    addr_ip(peer_of_key(key))
+}
+
+/// A flow-key address as an `IpAddr` (IPv4-mapped addresses as IPv4).
+fn addr_ip(a: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(a);
     match v6.to_ipv4_mapped() {
         Some(v4) => IpAddr::V4(v4),
         None => IpAddr::V6(v6),
@@ -277,6 +336,38 @@ mod tests {
             burst: BurstState { start_ns: start, last_ns: end, bytes, packets: 1 },
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn switch_vantage_explains_the_neighbours_of_a_lossy_host() {
+        // A ring 1 -> 2 -> 3 -> 4 -> 1 seen on the switch ports p1..p4 (ifindex = host). Host 2's
+        // link drops both ways: 1 -> 2 and 2 -> 3 retransmit, at the sender's port (ingress) and
+        // at the receiver's (egress). Per peer, hosts 1, 2 and 3 all look lossy.
+        let mut t = FlowTable::new(TableSettings::default());
+        t.enable_windows();
+        let mut flows = Vec::new();
+        for (src, dst) in [(1u8, 2u8), (2, 3), (3, 4), (4, 1)] {
+            let retrans = if src == 2 || dst == 2 { 80 } else { 1 };
+            for (ifindex, dir) in [(src, direction::INGRESS), (dst, direction::EGRESS)] {
+                let k = FlowKey { ifindex: ifindex as u32, ..key(src, dst, 29500, dir, flow_kind::TCP) };
+                flows.push((k, FlowStats { tcp_retrans: retrans, ..stats(10_000, 15_000_000, 1, 900 * MS) }));
+            }
+        }
+        t.apply(&PollSnapshot { mono_ns: 0, ..Default::default() });
+        t.apply(&PollSnapshot { mono_ns: 1000 * MS, flows: flows.into_iter().map(|(k, v)| (k, vec![v])).collect(), ..Default::default() });
+        let w = t.take_window().unwrap();
+        let jw = &jobs("").windows(&w, |i| format!("p{i}"))[0];
+        let explained: Vec<_> = jw.peers.iter().map(|p| (p.peer.to_string(), p.retrans, p.explained_by.map(|e| e.to_string()))).collect();
+        let by2 = Some("10.77.0.2".to_string());
+        assert_eq!(
+            explained,
+            vec![
+                ("10.77.0.1".into(), 81, by2.clone()),
+                ("10.77.0.2".into(), 160, None),
+                ("10.77.0.3".into(), 81, by2),
+                ("10.77.0.4".into(), 2, None),
+            ]
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The ringside agent: loads the eBPF flow monitor, collects its maps, and serves metrics and hints.
 pub mod agent;
 pub mod api;
+pub mod attribution;
 pub mod client;
 pub mod collector;
 pub mod config;

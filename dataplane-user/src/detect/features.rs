@@ -48,6 +48,8 @@ pub(crate) struct PeerFeatures {
     pub steps: StepStarts,
     /// Filled by [`fill_step_lateness`].
     pub step_lateness_ns: Option<f64>,
+    /// [`PeerWindow::explained_by`].
+    pub explained_by: Option<IpAddr>,
 }
 
 #[cfg(test)]
@@ -70,6 +72,7 @@ impl PeerFeatures {
             lateness_ns: None,
             steps: Default::default(),
             step_lateness_ns: None,
+            explained_by: None,
         }
     }
 }
@@ -158,6 +161,7 @@ pub(crate) fn peer_features(
         lateness_ns: None,
         steps,
         step_lateness_ns: None,
+        explained_by: w.explained_by,
     }
 }
 
@@ -326,6 +330,7 @@ mod tests {
             psn_gap_packets: 0,
             naks: 0,
             bursts,
+            explained_by: None,
         }
     }
 

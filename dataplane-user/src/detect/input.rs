@@ -60,6 +60,11 @@ pub struct PeerWindow {
     pub naks: u64,
     /// Bursts that ended in this window, in any order.
     pub bursts: Vec<BurstSummary>,
+    /// Set when the agent sees both ends of this peer's degraded connections and another peer's
+    /// path explains all of them ([`crate::attribution`]): the peer is then not judged a gray
+    /// failure in this window (the other one is).
+    #[serde(default)]
+    pub explained_by: Option<IpAddr>,
 }
 
 impl PeerWindow {
@@ -162,6 +167,7 @@ mod tests {
             psn_gap_packets: 2,
             naks: 3,
             bursts: vec![],
+            explained_by: None,
         };
         assert_eq!(w.loss_packets(), 6);
     }

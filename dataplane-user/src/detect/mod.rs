@@ -9,8 +9,9 @@
 //! 2. leave-one-out median/MAD of the job's *other* peers, per peer;
 //! 3. per link: congestion (several peers degrading together, CE/CNP growth, loss spread);
 //! 4. per peer: gray failure (outlier against the other peers, unless its link is congested in
-//!    that window) and straggler (late start at normal goodput; never while the peer's own
-//!    network metrics are anomalous);
+//!    that window, or unless the collector attributed its degraded connections to another peer,
+//!    see [`crate::attribution`]) and straggler (late start at normal goodput; never while the
+//!    peer's own network metrics are anomalous);
 //! 5. each (scope, detector) has a [`lifecycle`] track: raise on k of n anomalous windows (or one
 //!    severe one), clear after m clean windows, classify gray failures.
 //!
@@ -168,8 +169,10 @@ impl JobState {
             });
             ls.last_seen_ns = w.window_end_ns;
             let input = LinkInput {
+                // A peer explained by another peer's path is that path's evidence, not the link's.
                 peers: idxs
                     .iter()
+                    .filter(|&&i| feats[i].explained_by.is_none())
                     .map(|&i| LinkPeer {
                         f: &feats[i],
                         stats: &stats[i],
@@ -216,8 +219,11 @@ impl JobState {
                 window_end_ns: w.window_end_ns,
             };
             if let Some(a) = gray_a {
-                // A congested link explains its peers' degradation: not a gray failure.
-                let a = if link_congested && a.is_anomalous() { Assessment::ambiguous() } else { a };
+                // A congested link explains its peers' degradation: not a gray failure. So does
+                // another peer's bad path when all of this peer's bad connections run to it
+                // (`crate::attribution`): the gray failure is that peer's.
+                let explained = link_congested || f.explained_by.is_some();
+                let a = if explained && a.is_anomalous() { Assessment::ambiguous() } else { a };
                 let ctx = ctx(VerdictKind::GrayFailure);
                 changes.extend(ps.gray.observe(&cfg.persistence, &ctx, a, true, true, next_id));
             }

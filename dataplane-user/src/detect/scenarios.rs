@@ -87,6 +87,23 @@ fn loss_on_one_peer_is_a_persistent_gray_failure_on_that_peer() {
 }
 
 #[test]
+fn a_peer_explained_by_another_peers_path_is_not_a_gray_failure() {
+    // Peers 2 and 3 both lose 2 % (3 shares its connection with 2, seen from a switch), and the
+    // collector attributed 3's loss to 2: only 2 gets a verdict, in the same windows as alone.
+    let s = Scenario::two_leaves(4).with(Fault::Loss { peer: 2, rate: 0.02 }, 20, 40).with(Fault::Loss { peer: 3, rate: 0.02 }, 20, 40);
+    let mut windows = s.windows(60);
+    let (culprit, neighbour) = (s.peer(2), s.peer(3));
+    for w in &mut windows[20..40] {
+        for p in w.peers.iter_mut().filter(|p| p.peer == neighbour) {
+            p.explained_by = Some(culprit);
+        }
+    }
+    let changes = run_with(DetectorConfig::default(), &windows);
+    let (opened, closed, _) = single_verdict(&changes, VerdictKind::GrayFailure, &peer_scope(&s, 2), 21, 43);
+    assert!(opened >= 20 && closed >= 40);
+}
+
+#[test]
 fn severe_loss_is_raised_in_the_first_window_and_critical() {
     let s = Scenario::two_leaves(5).with(Fault::Loss { peer: 6, rate: 0.05 }, 20, 40);
     let changes = run(&s, 50);

@@ -254,6 +254,7 @@ impl Scenario {
                     psn_gap_packets: 0,
                     naks: 0,
                     bursts: Vec::new(),
+                    explained_by: None,
                 });
             }
         }
@@ -364,6 +365,7 @@ impl RingJob {
                             psn_gap_packets: 0,
                             naks: 0,
                             bursts: b,
+                            explained_by: None,
                         }
                     })
                     .collect(),

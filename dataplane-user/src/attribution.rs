@@ -1,0 +1,237 @@
+//! Which peer's path explains a degraded connection, when the agent sees both ends of it.
+//!
+//! On a switch (the agent on every bridge port, or a DPU that sees several hosts), one TCP
+//! connection crosses two monitored ports: its sender's and its receiver's. A lossy or slow link
+//! to host X degrades every connection *to and from X*, and each of them also shows up at the
+//! port of X's counterpart: in a ring allreduce, X's two neighbours look as bad as X on the one
+//! connection they share with it. Per-peer statistics alone then blame three hosts for one link.
+//!
+//! Network tomography in its simplest form (as in 007's voting or NetBouncer's path
+//! inference) resolves this: a connection has two endpoints and the fault is on one of them, so
+//! the endpoint shared by *several* bad connections with *different* counterparts is the likely
+//! culprit, and the other endpoints of those connections are explained by it.
+//!
+//! Rules (pure; the input is one window of one job):
+//! - a *directed connection* is one flow's 5-tuple without interface or direction (data from
+//!   `src` to `dst`); its loss is the loss evidence seen for it at any port, its goodput is bytes /
+//!   time inside the data bursts its sender sent;
+//! - it is *bad* when lossy (at least [`MIN_LOSS_PACKETS`] loss packets and a loss ratio of at
+//!   least [`MIN_LOSS_RATIO`] and [`LOSS_OUTLIER_FACTOR`] × the lower quartile of the job's
+//!   connections' ratios) or slow (in-burst goodput at most [`SLOW_FACTOR`] × the upper quartile
+//!   of the job's connections with goodput, when at least [`MIN_CONNS_FOR_MEDIAN`] have one).
+//!   Quartiles, not medians, so that two faulty hosts, whose four bad connections are most of a
+//!   six-rank ring, still stand out;
+//! - greedily, the peer with the most distinct counterparts over its not yet explained bad
+//!   connections is *blamed* when that count is at least 2 (ties: more loss, then lower address);
+//!   its bad connections become explained; repeat;
+//! - a peer that is not blamed and whose bad connections are all explained is *explained by* the
+//!   blamed endpoint of the first of them.
+//!
+//! Only peers can be blamed. On a host NIC every connection has the local host as one end and a
+//! peer as the other, so no peer reaches two counterparts and nothing is explained away: the rule
+//! changes nothing there. It never hides the culprit: a blamed peer is never explained.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+/// Fewest loss packets for a connection to count as lossy (healthy veth reorders a few).
+pub const MIN_LOSS_PACKETS: u64 = 4;
+/// Smallest loss ratio (loss packets / data packets) for a lossy connection.
+pub const MIN_LOSS_RATIO: f64 = 0.002;
+/// A lossy connection's ratio is also at least this many times the job's lower quartile.
+pub const LOSS_OUTLIER_FACTOR: f64 = 4.0;
+/// A slow connection's in-burst goodput is at most this fraction of the job's upper quartile.
+pub const SLOW_FACTOR: f64 = 0.5;
+/// Connections with goodput needed before "slow" is judged.
+pub const MIN_CONNS_FOR_MEDIAN: usize = 3;
+/// Bursts shorter than this many bytes do not enter a connection's goodput (too short to time).
+pub const MIN_GOODPUT_BURST_BYTES: u64 = 64 * 1024;
+
+/// One direction of one connection in one window.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DirectedConn {
+    pub src: Option<IpAddr>,
+    pub dst: Option<IpAddr>,
+    /// Loss evidence packets seen for it (all ports).
+    pub loss_packets: u64,
+    /// Data packets seen for it (all ports).
+    pub data_packets: u64,
+    /// Bytes and time inside its sender's data bursts of at least [`MIN_GOODPUT_BURST_BYTES`].
+    pub burst_bytes: u64,
+    pub burst_ns: u64,
+}
+
+impl DirectedConn {
+    fn loss_ratio(&self) -> Option<f64> {
+        (self.data_packets > 0).then(|| self.loss_packets as f64 / self.data_packets as f64)
+    }
+    fn goodput(&self) -> Option<f64> {
+        (self.burst_ns > 0).then(|| self.burst_bytes as f64 * 1e9 / self.burst_ns as f64)
+    }
+}
+
+/// The `q` quantile (0..=1) by linear interpolation.
+fn quantile(mut v: Vec<f64>, q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let pos = q * (v.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    Some(v[lo] + (v[hi] - v[lo]) * (pos - lo as f64))
+}
+
+/// The outcome for one window: blamed peers and, per explained peer, the peer that explains it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Attribution {
+    pub blamed: BTreeSet<IpAddr>,
+    pub explained_by: BTreeMap<IpAddr, IpAddr>,
+}
+
+/// Applies the rules of the module docs to one job's connections. `peers` are the job's peers
+/// in the window (the candidates for blame).
+pub fn attribute(conns: &[DirectedConn], peers: &BTreeSet<IpAddr>) -> Attribution {
+    let loss_ref = quantile(conns.iter().filter_map(DirectedConn::loss_ratio).collect(), 0.25).unwrap_or(0.0);
+    let goodputs: Vec<f64> = conns.iter().filter_map(DirectedConn::goodput).collect();
+    let goodput_ref = (goodputs.len() >= MIN_CONNS_FOR_MEDIAN).then(|| quantile(goodputs, 0.75)).flatten();
+    let bad: Vec<(IpAddr, IpAddr, u64)> = conns
+        .iter()
+        .filter(|c| {
+            let lossy = c.loss_packets >= MIN_LOSS_PACKETS
+                && c.loss_ratio().is_some_and(|r| r >= MIN_LOSS_RATIO && r >= LOSS_OUTLIER_FACTOR * loss_ref);
+            let slow = matches!((c.goodput(), goodput_ref), (Some(g), Some(m)) if g <= SLOW_FACTOR * m);
+            lossy || slow
+        })
+        .filter_map(|c| Some((c.src?, c.dst?, c.loss_packets)))
+        .filter(|(s, d, _)| s != d)
+        .collect();
+
+    let mut explained = vec![false; bad.len()];
+    let mut out = Attribution::default();
+    loop {
+        // (distinct counterparts, loss) per candidate over unexplained bad connections.
+        let mut score: BTreeMap<IpAddr, (BTreeSet<IpAddr>, u64)> = BTreeMap::new();
+        for (i, &(s, d, loss)) in bad.iter().enumerate() {
+            if explained[i] {
+                continue;
+            }
+            for (me, other) in [(s, d), (d, s)] {
+                if peers.contains(&me) && !out.blamed.contains(&me) {
+                    let e = score.entry(me).or_default();
+                    e.0.insert(other);
+                    e.1 += loss;
+                }
+            }
+        }
+        // BTreeMap order makes the lowest address win ties after count and loss.
+        let best = score
+            .iter()
+            .map(|(p, (others, loss))| (others.len(), *loss, std::cmp::Reverse(*p)))
+            .max();
+        let Some((count, _, std::cmp::Reverse(culprit))) = best else { break };
+        if count < 2 {
+            break;
+        }
+        out.blamed.insert(culprit);
+        for (i, &(s, d, _)) in bad.iter().enumerate() {
+            if s == culprit || d == culprit {
+                explained[i] = true;
+            }
+        }
+    }
+    // Explained peers: every bad connection of theirs has a blamed other end.
+    let mut by_peer: BTreeMap<IpAddr, Vec<Option<IpAddr>>> = BTreeMap::new();
+    for &(s, d, _) in &bad {
+        for (me, other) in [(s, d), (d, s)] {
+            if peers.contains(&me) && !out.blamed.contains(&me) {
+                by_peer.entry(me).or_default().push(out.blamed.contains(&other).then_some(other));
+            }
+        }
+    }
+    for (peer, others) in by_peer {
+        if let Some(Some(first)) = others.first().copied().filter(|_| others.iter().all(Option::is_some)) {
+            out.explained_by.insert(peer, first);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([10, 77, 0, last])
+    }
+
+    /// A ring of `n` hosts 1..=n, each sending to the next: `loss[i]` packets lost of 10,000 on the
+    /// connection from host i+1, goodput `gbps[i]` GB/s.
+    fn ring(n: u8, loss: &[u64], gbps: &[f64]) -> Vec<DirectedConn> {
+        (0..n)
+            .map(|i| DirectedConn {
+                src: Some(ip(i + 1)),
+                dst: Some(ip((i + 1) % n + 1)),
+                loss_packets: loss[i as usize],
+                data_packets: 10_000,
+                burst_bytes: (gbps[i as usize] * 1e8) as u64,
+                burst_ns: 100_000_000,
+            })
+            .collect()
+    }
+
+    fn all_peers(n: u8) -> BTreeSet<IpAddr> {
+        (1..=n).map(ip).collect()
+    }
+
+    #[test]
+    fn lossy_host_link_blames_the_host_and_explains_both_neighbours() {
+        // Host 4's link drops both ways: 3 -> 4 and 4 -> 5 lose; 1 spurious retrans elsewhere.
+        let c = ring(6, &[1, 0, 60, 45, 0, 2], &[1.0; 6]);
+        let a = attribute(&c, &all_peers(6));
+        assert_eq!(a.blamed, BTreeSet::from([ip(4)]));
+        assert_eq!(a.explained_by, BTreeMap::from([(ip(3), ip(4)), (ip(5), ip(4))]));
+    }
+
+    #[test]
+    fn rate_capped_host_is_blamed_from_goodput() {
+        let c = ring(6, &[0; 6], &[1.0, 1.1, 0.25, 0.24, 0.9, 1.0]);
+        let a = attribute(&c, &all_peers(6));
+        assert_eq!(a.blamed, BTreeSet::from([ip(4)]));
+        assert_eq!(a.explained_by.keys().copied().collect::<Vec<_>>(), vec![ip(3), ip(5)]);
+    }
+
+    #[test]
+    fn one_bad_connection_is_ambiguous_and_blames_nobody() {
+        // Only 3 -> 4 is bad (one direction of one link): either end may be at fault.
+        let c = ring(6, &[0, 0, 60, 0, 0, 0], &[1.0; 6]);
+        assert_eq!(attribute(&c, &all_peers(6)), Attribution::default());
+    }
+
+    #[test]
+    fn healthy_noise_changes_nothing() {
+        let c = ring(6, &[3, 2, 1, 0, 3, 2], &[1.0, 0.8, 1.2, 0.9, 1.1, 0.7]);
+        assert_eq!(attribute(&c, &all_peers(6)), Attribution::default());
+    }
+
+    #[test]
+    fn host_vantage_never_explains_a_peer_away() {
+        // The agent on host 1 sees only its own connections: to 2 and from 6, both bad (its own
+        // NIC is lossy). Host 1 is not a peer, so nobody is blamed and nothing is explained.
+        let c = vec![
+            DirectedConn { src: Some(ip(1)), dst: Some(ip(2)), loss_packets: 80, data_packets: 10_000, ..Default::default() },
+            DirectedConn { src: Some(ip(6)), dst: Some(ip(1)), loss_packets: 70, data_packets: 10_000, ..Default::default() },
+        ];
+        let a = attribute(&c, &BTreeSet::from([ip(2), ip(6)]));
+        assert_eq!(a, Attribution::default());
+    }
+
+    #[test]
+    fn two_faulty_hosts_are_both_blamed() {
+        // Links of hosts 2 and 5 lossy both ways in a ring of 6.
+        let c = ring(6, &[50, 50, 0, 50, 50, 0], &[1.0; 6]);
+        let a = attribute(&c, &all_peers(6));
+        assert_eq!(a.blamed, BTreeSet::from([ip(2), ip(5)]));
+        assert_eq!(a.explained_by, BTreeMap::from([(ip(1), ip(2)), (ip(3), ip(2)), (ip(4), ip(5)), (ip(6), ip(5))]));
+    }
+}
