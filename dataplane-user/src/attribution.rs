@@ -62,6 +62,12 @@ pub struct DirectedConn {
     pub burst_ns: u64,
 }
 
+/// Whether a connection with these counts is lossy (the first half of "bad" in the module docs,
+/// without the comparison with the job's other connections).
+pub fn is_lossy(loss_packets: u64, data_packets: u64) -> bool {
+    loss_packets >= MIN_LOSS_PACKETS && data_packets > 0 && loss_packets as f64 >= MIN_LOSS_RATIO * data_packets as f64
+}
+
 impl DirectedConn {
     fn loss_ratio(&self) -> Option<f64> {
         (self.data_packets > 0).then(|| self.loss_packets as f64 / self.data_packets as f64)

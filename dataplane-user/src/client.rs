@@ -152,6 +152,7 @@ fn evidence_text(e: &Event) -> String {
                 Metric::CeRate => ("ce", format!("{:.2}%", x.value * 100.0), format!("{:.2}%", x.reference * 100.0)),
                 Metric::CnpPerS => ("cnp", format!("{:.0}/s", x.value), format!("{:.0}/s", x.reference)),
                 Metric::PhaseStartLatenessNs => ("late", format!("{:.0}ms", x.value / 1e6), format!("{:.0}ms", x.reference / 1e6)),
+                Metric::LossyFlows => ("lossy-flows", format!("{:.0}", x.value), format!("{:.0}", x.reference)),
             };
             format!("{name}={v} (ref {r})")
         })

@@ -31,7 +31,7 @@ use dataplane_common::{direction, flow_kind, FlowKey};
 use crate::{
     attribution::{self, DirectedConn},
     config::{JobFile, PortSpec, PrefixSpec},
-    detect::{BurstSummary, JobWindow, PeerWindow},
+    detect::{BurstSummary, JobWindow, LinkWindow, PeerWindow},
     flow_table::{BurstRecord, Counters, FlowEntry, WindowAccumulator, OTHER_PEER},
 };
 
@@ -166,14 +166,16 @@ impl JobSet {
                 c.burst_ns += b.duration_ns;
             }
         }
+        let shared = SharedLoss::of(self, w);
         jobs.into_iter()
             .map(|(job, peers)| {
                 let candidates: BTreeSet<IpAddr> = peers.keys().copied().collect();
-                let job_conns: Vec<DirectedConn> = conns.remove(job).unwrap_or_default().into_values().collect();
-                let blame = attribution::attribute(&job_conns, &candidates);
-                (job, peers, blame)
+                let job_conns = conns.remove(job).unwrap_or_default();
+                let (links, lossy_via) = shared.for_job(job, &job_conns, &ifname);
+                let blame = attribution::attribute(&job_conns.into_values().collect::<Vec<_>>(), &candidates);
+                (job, peers, blame, links, lossy_via)
             })
-            .map(|(job, peers, blame)| JobWindow {
+            .map(|(job, peers, blame, links, lossy_via)| JobWindow {
                 job: job.to_owned(),
                 window_start_ns: start,
                 window_end_ns: w.end_ns,
@@ -189,9 +191,11 @@ impl JobSet {
                             .unwrap_or(0);
                         let mut pw = peer_window(peer, ifname(ifindex), &a.c, a.bursts);
                         pw.explained_by = blame.explained_by.get(&peer).copied();
+                        pw.lossy_via = lossy_via.get(&peer).cloned();
                         pw
                     })
                     .collect(),
+                links,
             })
             .collect()
     }
@@ -219,6 +223,93 @@ impl DirectedConn {
     }
 }
 
+/// Lossy flows for [`PeerWindow::lossy_via`]: the detectors' default
+/// `min_shared_loss_flows`, so a peer is only excused by a link they may judge congested.
+const SHARED_LOSS_MIN_FLOWS: u32 = 3;
+
+/// Loss per direction of every interface, over all flows (any job or none), for
+/// [`LinkWindow`]s: which directed connections carry data there and which of them lose.
+struct SharedLoss<'a> {
+    /// (ifindex, direction) → connection → counts.
+    dirs: BTreeMap<(u32, u8), BTreeMap<ConnId, DirFlow<'a>>>,
+}
+
+/// One connection's loss packets, data packets and job, on one interface direction.
+type DirFlow<'a> = (u64, u64, Option<&'a str>);
+
+impl<'a> SharedLoss<'a> {
+    fn of(jobs: &'a JobSet, w: &WindowAccumulator) -> Self {
+        let mut dirs: BTreeMap<(u32, u8), BTreeMap<ConnId, DirFlow<'a>>> = BTreeMap::new();
+        for (key, delta) in &w.deltas {
+            let data = data_packets(delta);
+            if data == 0 {
+                continue;
+            }
+            let e = dirs.entry((key.ifindex, key.direction)).or_default().entry(ConnId::of(key)).or_insert((0, 0, None));
+            e.0 += loss_packets(delta);
+            e.1 += data;
+            e.2 = e.2.or(jobs.job_of(key));
+        }
+        SharedLoss { dirs }
+    }
+
+    /// The job's [`LinkWindow`]s (directions where one of its connections is lossy), and per
+    /// peer, the link whose shared loss covers all of the peer's lossy connections, if any.
+    fn for_job(
+        &self,
+        job: &str,
+        conns: &BTreeMap<ConnId, DirectedConn>,
+        ifname: &impl Fn(u32) -> String,
+    ) -> (Vec<LinkWindow>, BTreeMap<IpAddr, String>) {
+        let mut links = Vec::new();
+        // Lossy job connections crossing a direction with shared loss → that link's name.
+        let mut shared_via: BTreeMap<ConnId, String> = BTreeMap::new();
+        for (&(ifindex, dir), flows) in &self.dirs {
+            let lossy: Vec<(&ConnId, &DirFlow<'_>)> =
+                flows.iter().filter(|(_, (loss, data, _))| attribution::is_lossy(*loss, *data)).collect();
+            let lossy_job = lossy.iter().filter(|(_, (_, _, j))| *j == Some(job)).count();
+            if lossy_job == 0 {
+                continue;
+            }
+            let mut common: Option<BTreeSet<IpAddr>> = None;
+            for (c, _) in &lossy {
+                let ends = BTreeSet::from([addr_ip(c.src), addr_ip(c.dst)]);
+                common = Some(match common {
+                    None => ends,
+                    Some(s) => s.intersection(&ends).copied().collect(),
+                });
+            }
+            let lw = LinkWindow {
+                link: ifname(ifindex),
+                direction: if dir == direction::INGRESS { "ingress" } else { "egress" }.to_owned(),
+                flows: flows.len() as u32,
+                lossy_flows: lossy.len() as u32,
+                lossy_job_flows: lossy_job as u32,
+                common_endpoint: common.and_then(|s| s.first().copied()),
+                loss_packets: lossy.iter().map(|(_, (l, _, _))| l).sum(),
+                data_packets: lossy.iter().map(|(_, (_, d, _))| d).sum(),
+            };
+            if lw.shared_loss(SHARED_LOSS_MIN_FLOWS) {
+                for (c, _) in lossy.iter().filter(|(_, (_, _, j))| *j == Some(job)) {
+                    shared_via.entry(**c).or_insert_with(|| lw.link.clone());
+                }
+            }
+            links.push(lw);
+        }
+        // A peer's lossy connections (either end), all crossing shared loss → the first link.
+        let mut via: BTreeMap<IpAddr, Option<String>> = BTreeMap::new();
+        for (id, c) in conns.iter().filter(|(_, c)| attribution::is_lossy(c.loss_packets, c.data_packets)) {
+            for end in [c.src, c.dst].into_iter().flatten() {
+                let v = via.entry(end).or_insert_with(|| shared_via.get(id).cloned());
+                if !shared_via.contains_key(id) {
+                    *v = None;
+                }
+            }
+        }
+        (links, via.into_iter().filter_map(|(p, l)| Some((p, l?))).collect())
+    }
+}
+
 /// Smallest average packet of a burst that counts as data (a TCP pure-ACK burst averages 52-66 B).
 pub const MIN_DATA_BURST_PACKET_BYTES: u64 = 256;
 
@@ -241,6 +332,7 @@ pub fn peer_window(peer: IpAddr, link: String, c: &Counters, bursts: Vec<BurstSu
         naks: c.roce_naks,
         bursts,
         explained_by: None,
+        lossy_via: None,
     }
 }
 
@@ -368,6 +460,42 @@ mod tests {
                 ("10.77.0.4".into(), 2, None),
             ]
         );
+    }
+
+    #[test]
+    fn shared_loss_on_an_uplink_egress_becomes_a_link_window() {
+        // A leaf: hosts 1 and 2 on ports if1 and if2, the uplink if9. The job's 1 -> 3 and three
+        // cross-traffic flows 2 -> 5 (not the job's: port 5201) all lose on the uplink's egress;
+        // the job's 4 -> 1 arrives clean through the uplink.
+        let mut t = FlowTable::new(TableSettings::default());
+        t.enable_windows();
+        let lossy = |k: FlowKey| (k, vec![FlowStats { tcp_retrans: 60, ..stats(10_000, 15_000_000, 1, 900 * MS) }]);
+        let at = |k: FlowKey, ifindex: u32| FlowKey { ifindex, ..k };
+        let job = key(1, 3, 29500, direction::INGRESS, flow_kind::TCP);
+        let mut flows = vec![lossy(at(job, 1)), lossy(FlowKey { direction: direction::EGRESS, ..at(job, 9) })];
+        for sport in [40001, 40002, 40003] {
+            let cross = FlowKey { src_port: sport, ..key(2, 5, 5201, direction::INGRESS, flow_kind::TCP) };
+            flows.push(lossy(at(cross, 2)));
+            flows.push(lossy(FlowKey { direction: direction::EGRESS, ..at(cross, 9) }));
+        }
+        let back = key(4, 1, 29500, direction::INGRESS, flow_kind::TCP);
+        flows.push((at(back, 9), vec![stats(10_000, 15_000_000, 1, 900 * MS)]));
+        flows.push((FlowKey { direction: direction::EGRESS, ..at(back, 1) }, vec![stats(10_000, 15_000_000, 1, 900 * MS)]));
+        t.apply(&PollSnapshot { mono_ns: 0, ..Default::default() });
+        t.apply(&PollSnapshot { mono_ns: 1000 * MS, flows, ..Default::default() });
+        let w = t.take_window().unwrap();
+        let js = jobs("[[job]]\nname = \"train\"\nmembers = [\"10.77.0.0/24\"]\ntcp_ports = [29500]\n");
+        let jw = &js.windows(&w, |i| if i == 9 { "uplink".into() } else { format!("p{i}") })[0];
+        let egress = jw.links.iter().find(|l| l.link == "uplink" && l.direction == "egress").expect("uplink egress");
+        assert_eq!((egress.flows, egress.lossy_flows, egress.lossy_job_flows, egress.common_endpoint), (4, 4, 1, None));
+        assert!(egress.shared_loss(3));
+        // On p1's ingress only the job's own connection loses: one host common to all, not shared.
+        let p1 = jw.links.iter().find(|l| l.link == "p1").expect("p1 ingress");
+        assert_eq!((p1.lossy_flows, p1.common_endpoint.is_some()), (1, true));
+        assert!(!p1.shared_loss(3));
+        let via: Vec<_> = jw.peers.iter().map(|p| (p.peer.to_string(), p.lossy_via.clone())).collect();
+        let up = Some("uplink".to_string());
+        assert_eq!(via, vec![("10.77.0.1".into(), up.clone()), ("10.77.0.3".into(), up), ("10.77.0.4".into(), None)]);
     }
 
     #[test]

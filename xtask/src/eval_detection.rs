@@ -125,7 +125,7 @@ impl Scenario {
         match self {
             Scenario::Healthy => "no fault (star, 6 ranks)".into(),
             Scenario::Loss(p) => format!("{p} % random loss both directions on one host link (star)"),
-            Scenario::RateCapQuarter => "tbf cap to 1/4 of the measured link capacity on one host link (star)".into(),
+            Scenario::RateCapQuarter => "tbf cap to 1/4 of the rate the job sends at on one host link (star)".into(),
             Scenario::Flap => "host link down 400 ms every 3 s (star)".into(),
             Scenario::UplinkCongestion => "cross traffic through a capped uplink (leaf-spine 2x3)".into(),
             Scenario::Straggler => format!("one rank computes +{STRAGGLER_EXTRA_MS} ms per step (star)"),
@@ -340,6 +340,37 @@ fn now_ms() -> u64 {
 }
 
 /// Sleeps `d` in small steps; false when a stop was requested.
+/// 100 ms samples of a host's send rate taken before a rate cap.
+const RATE_SAMPLES: usize = 20;
+
+/// The rate (Mbit/s, L3) at which the host behind switch `port` sends: the 90th percentile over
+/// [`RATE_SAMPLES`] polls of `/v1/flows`, summing its ingress flows on that port (each flow's
+/// rate is over the agent's last 100 ms poll, so this is close to the job's in-phase rate).
+fn job_send_rate_mbit(agent: &Agent, port: &str, stop: &AtomicBool) -> Result<f64> {
+    let mut samples = Vec::new();
+    for _ in 0..RATE_SAMPLES {
+        let body = agent.get("/v1/flows?limit=1000")?;
+        let v: Value = serde_json::from_str(&body).context("/v1/flows is not JSON")?;
+        let rate: f64 = v["flows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f["interface"] == port && f["direction"] == "ingress")
+            .filter_map(|f| f["rates"]["bytes_per_second"].as_f64())
+            .sum();
+        samples.push(rate * 8.0 / 1e6);
+        if !sleep_checked(Duration::from_millis(100), stop) {
+            bail!("interrupted");
+        }
+    }
+    samples.sort_by(f64::total_cmp);
+    let p90 = samples[(samples.len() * 9 / 10).min(samples.len() - 1)];
+    if p90 <= 0.0 {
+        bail!("the agent saw no traffic from {port} during the warm-up: the job is not running");
+    }
+    Ok(p90)
+}
+
 fn sleep_checked(d: Duration, stop: &AtomicBool) -> bool {
     let end = Instant::now() + d;
     while Instant::now() < end {
@@ -446,14 +477,27 @@ fn run_star(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng, r: &mut RunResu
             let link = format!("h{target}");
             r.target = format!("{link} ({}, port {})", host.addr, host.switch_port);
             r.place = Place::HostLink { agent: 0, addr: host.addr.to_string(), port: host.switch_port.clone() };
-            if !sleep_checked(p.warmup + jitter, stop) {
+            // The rate cap is relative to what the job sends on the link (sampled in the last
+            // RATE_SAMPLES × 100 ms of the warm-up), not to the raw veth capacity: the CPU-bound
+            // job runs far below the latter, where a cap barely touches it.
+            let sampling = Duration::from_millis(100 * RATE_SAMPLES as u64);
+            if !sleep_checked((p.warmup + jitter).saturating_sub(sampling), stop) {
                 bail!("interrupted");
             }
+            let cap_mbit = if sc == Scenario::RateCapQuarter {
+                let rate = job_send_rate_mbit(&agent, &host.switch_port, stop)?;
+                let cap = (rate / 4.0).round().max(10.0) as u64;
+                r.target = format!("{} capped to {cap} Mbit/s = 1/4 of the {rate:.0} Mbit/s it sent at", r.target);
+                cap
+            } else {
+                sleep_checked(sampling, stop);
+                ctx.cap_mbit
+            };
             r.healthy_to_ms = now_ms();
             // The guard clears the fault when dropped (also on an early return).
             let guard: Box<dyn std::any::Any> = match sc {
                 Scenario::Loss(pct) => Box::new(star.link_loss(&link, pct)?),
-                Scenario::RateCapQuarter => Box::new(star.link_rate_cap(&link, ctx.cap_mbit)?),
+                Scenario::RateCapQuarter => Box::new(star.link_rate_cap(&link, cap_mbit)?),
                 Scenario::Flap => Box::new(star.link_flap(&link, FlapSpec::periodic(Duration::from_millis(400), Duration::from_secs(3)))?),
                 _ => unreachable!(),
             };
@@ -948,7 +992,7 @@ fn render_markdown(
         p.cooldown.as_secs(),
         p.healthy.as_secs()
     );
-    let _ = writeln!(m, "- Measured link capacity (1 TCP stream, veth, offloads off): {capacity:.0} Mbit/s; rate caps at 1/4 = {cap} Mbit/s.\n");
+    let _ = writeln!(m, "- Measured link capacity (1 TCP stream, veth, offloads off): {capacity:.0} Mbit/s; the uplink cap is 1/4 of it = {cap} Mbit/s; the star's rate cap is 1/4 of the rate the faulted host sent at during its warm-up (see each run's target).\n");
     let _ = writeln!(m, "## Setup\n");
     let _ = writeln!(
         m,
@@ -990,8 +1034,9 @@ fn render_markdown(
     let _ = writeln!(m, "## Caveats of the harness\n");
     let _ = writeln!(
         m,
-        "- The rate cap is 1/4 of the raw veth capacity of one TCP stream, not of what the job reaches: with 6 ranks sharing 2 vCPUs the \
-         job may run below the cap, in which case the cap barely changes its traffic and \"not detected\" is the right answer.\n\
+        "- The star's rate cap is 1/4 of the rate the job sent at on that link (90th percentile of 100 ms samples from the agent's \
+         `/v1/flows` at the end of the warm-up), not of the raw veth capacity: with 6 ranks sharing 2 vCPUs the job runs far below \
+         the latter, where a cap at 1/4 of it barely changes the job's traffic.\n\
          - The 10-minute false-alarm target needs `--healthy-s 600` (one long healthy run); the default matrix observes less healthy \
          time (healthy runs plus warm-ups) and the target shows \"not measured\" unless an alarm was seen.\n\
          - The straggler is active from the job's first step (no healthy warm-up), so its latency is from the job's start.\n\

@@ -189,6 +189,10 @@ pub struct CongestionConfig {
     /// max(50/s, 2× baseline).
     pub cnp_open_per_s: f64,
     pub cnp_growth: f64,
+    /// Shared loss: the link is congested in a window when at least `min_shared_loss_flows` (3)
+    /// directed connections, at least one of them the job's and with no host common to all,
+    /// lose packets on the link's egress ([`crate::detect::LinkWindow::shared_loss`]).
+    pub min_shared_loss_flows: u32,
 }
 
 impl Default for CongestionConfig {
@@ -206,6 +210,7 @@ impl Default for CongestionConfig {
             ce_severe: 0.05,
             cnp_open_per_s: 100.0,
             cnp_growth: 4.0,
+            min_shared_loss_flows: 3,
         }
     }
 }

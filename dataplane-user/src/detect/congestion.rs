@@ -7,10 +7,15 @@
 //!   same window (works before the baselines have warmed up, and when the whole link carries a
 //!   minority of the job);
 //! - ECN CE rate or RoCE CNP rate above a floor and several times the link's own baseline;
-//! - loss spread: as many of its peers lose packets above the gray-failure loss floor.
+//! - loss spread: as many of its peers lose packets above the gray-failure loss floor;
+//! - shared loss: several flows with no host in common, the job's and other traffic's, lose
+//!   packets on the link's egress ([`LinkWindow::shared_loss`]); this sees a shared uplink that
+//!   carries only one or two of the job's peers, where the per-peer conditions cannot count.
+//!
 //! One degraded peer is never congestion: that is the gray-failure detector's case.
 
 use super::config::{CongestionConfig, GrayConfig};
+use super::input::LinkWindow;
 use super::features::{PeerFeatures, PeerStats};
 use super::gray::{evidence, Fold};
 use super::lifecycle::Assessment;
@@ -31,6 +36,8 @@ pub(crate) struct LinkInput<'a> {
     pub ce_baseline: Option<Robust>,
     pub cnp_baseline: Option<Robust>,
     pub window_s: f64,
+    /// The link's directions where one of the job's connections lost packets.
+    pub shared: Vec<&'a LinkWindow>,
 }
 
 /// The link-wide rates of a window, for its baselines.
@@ -105,6 +112,26 @@ fn rate_condition(
     }
 }
 
+/// Shared loss (module docs): evaluated on every link, clean when no direction shows it.
+fn shared_loss_condition(cfg: &CongestionConfig, gray: &GrayConfig, fold: &mut Fold, shared: &[&LinkWindow]) {
+    let worst = shared.iter().filter(|l| l.shared_loss(cfg.min_shared_loss_flows)).max_by_key(|l| l.lossy_flows);
+    let Some(l) = worst else {
+        fold.clean();
+        return;
+    };
+    let loss_rate = l.loss_packets as f64 / l.data_packets.max(1) as f64;
+    let e = Evidence {
+        metric: Metric::LossyFlows,
+        value: l.lossy_flows as f64,
+        reference: cfg.min_shared_loss_flows as f64,
+        reference_kind: Reference::Threshold,
+        mad: 0.0,
+        peers: Some(PeerCount { affected: l.lossy_flows, of: l.flows }),
+        windows: Default::default(),
+    };
+    fold.anomalous(loss_rate >= gray.loss_severe, e);
+}
+
 pub(crate) fn assess(
     cfg: &CongestionConfig,
     gray: &GrayConfig,
@@ -169,6 +196,7 @@ pub(crate) fn assess(
         // No severe level for CNPs: DCQCN reacts to them by design.
         rate_condition(&mut fold, Metric::CnpPerS, cnp_per_s, link.cnp_baseline, cfg.cnp_open_per_s, cfg.cnp_growth, f64::INFINITY);
     }
+    shared_loss_condition(cfg, gray, &mut fold, &link.shared);
     let a = fold.finish(|severe| if severe { Severity::Critical } else { Severity::Warning });
     (a, rates)
 }
@@ -190,6 +218,7 @@ mod tests {
             ce_baseline: Some(Robust { median: 0.0, mad: 0.0 }),
             cnp_baseline: Some(Robust { median: 0.0, mad: 0.0 }),
             window_s: 1.0,
+            shared: Vec::new(),
         };
         assess(&CongestionConfig::default(), &GrayConfig::default(), 1000, &input).0
     }

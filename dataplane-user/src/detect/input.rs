@@ -65,6 +65,47 @@ pub struct PeerWindow {
     /// failure in this window (the other one is).
     #[serde(default)]
     pub explained_by: Option<IpAddr>,
+    /// Set when every lossy connection of this peer crosses a link direction with shared loss
+    /// (see [`LinkWindow`]): the link named here. If the detectors find that link congested in the
+    /// window, the peer is not judged a gray failure.
+    #[serde(default)]
+    pub lossy_via: Option<String>,
+}
+
+/// Loss on one direction of a link the job's traffic crosses, counted over *all* flows on it,
+/// the job's and other traffic's: a congested shared link drops everyone's packets, a bad host
+/// path only the flows to and from that host.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinkWindow {
+    /// Link id, as in [`PeerWindow::link`].
+    pub link: String,
+    /// `ingress` or `egress` (as the agent's interface sees it).
+    pub direction: String,
+    /// Directed connections carrying data in this direction in the window.
+    pub flows: u32,
+    /// Of those, the lossy ones (see [`crate::attribution`]), and how many belong to the job.
+    pub lossy_flows: u32,
+    pub lossy_job_flows: u32,
+    /// A host that is an endpoint of every lossy flow, if one is (the loss is then that host's
+    /// path, not the link).
+    pub common_endpoint: Option<IpAddr>,
+    /// Loss packets and data packets of the lossy flows.
+    pub loss_packets: u64,
+    pub data_packets: u64,
+}
+
+impl LinkWindow {
+    /// Several unrelated flows losing on this link's egress, at least one of them the job's.
+    ///
+    /// Egress only: the agent's TC hook sees an egress packet before the interface's queue, so
+    /// loss there is this link's queue or what lies behind it; loss seen on ingress happened
+    /// upstream, before the packet reached this link, and the agent there reports it.
+    pub fn shared_loss(&self, min_flows: u32) -> bool {
+        self.direction == "egress"
+            && self.lossy_flows >= min_flows.max(2)
+            && self.lossy_job_flows >= 1
+            && self.common_endpoint.is_none()
+    }
 }
 
 impl PeerWindow {
@@ -89,6 +130,9 @@ pub struct JobWindow {
     /// Peers with traffic in the window; a peer absent for
     /// [`crate::detect::DetectorConfig::forget_after_ns`] is forgotten.
     pub peers: Vec<PeerWindow>,
+    /// Link directions where at least one of the job's connections was lossy.
+    #[serde(default)]
+    pub links: Vec<LinkWindow>,
 }
 
 /// A peer's communication phases in one window: its bursts merged across flows.
@@ -168,6 +212,7 @@ mod tests {
             naks: 3,
             bursts: vec![],
             explained_by: None,
+            lossy_via: None,
         };
         assert_eq!(w.loss_packets(), 6);
     }

@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 pub use config::{CongestionConfig, DetectorConfig, GrayConfig, PersistenceConfig, StragglerConfig};
-pub use input::{BurstSummary, JobWindow, PeerWindow};
+pub use input::{BurstSummary, JobWindow, LinkWindow, PeerWindow};
 pub use verdict::{
     Classification, EndReason, Evidence, Metric, PeerCount, Reference, Scope, Severity, Verdict,
     VerdictChange, VerdictKind, WindowCount,
@@ -158,6 +158,16 @@ impl JobState {
         for (i, f) in feats.iter().enumerate() {
             by_link.entry(f.link.as_str()).or_default().push(i);
         }
+        // Links with shared-loss evidence but no active peer of their own, and links whose
+        // congestion verdict is open (so it can clear), are assessed too.
+        for l in &w.links {
+            by_link.entry(l.link.as_str()).or_default();
+        }
+        let open_links: Vec<String> =
+            self.links.iter().filter(|(_, l)| l.congestion.open_verdict().is_some()).map(|(n, _)| n.clone()).collect();
+        for name in &open_links {
+            by_link.entry(name.as_str()).or_default();
+        }
         let window_s = (w.window_end_ns - w.window_start_ns) as f64 / 1e9;
         let mut congested: BTreeSet<&str> = BTreeSet::new();
         for (link, idxs) in &by_link {
@@ -182,6 +192,7 @@ impl JobState {
                 ce_baseline: warm(&ls.ce_baseline, cfg),
                 cnp_baseline: warm(&ls.cnp_baseline, cfg),
                 window_s,
+                shared: w.links.iter().filter(|l| l.link == *link).collect(),
             };
             let (assessment, rates) =
                 congestion::assess(&cfg.congestion, &cfg.gray, cfg.min_data_packets, &input);
@@ -222,7 +233,8 @@ impl JobState {
                 // A congested link explains its peers' degradation: not a gray failure. So does
                 // another peer's bad path when all of this peer's bad connections run to it
                 // (`crate::attribution`): the gray failure is that peer's.
-                let explained = link_congested || f.explained_by.is_some();
+                let via_congested = f.lossy_via.as_deref().is_some_and(|l| congested.contains(l));
+                let explained = link_congested || via_congested || f.explained_by.is_some();
                 let a = if explained && a.is_anomalous() { Assessment::ambiguous() } else { a };
                 let ctx = ctx(VerdictKind::GrayFailure);
                 changes.extend(ps.gray.observe(&cfg.persistence, &ctx, a, true, true, next_id));

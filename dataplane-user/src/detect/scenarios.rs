@@ -104,6 +104,56 @@ fn a_peer_explained_by_another_peers_path_is_not_a_gray_failure() {
 }
 
 #[test]
+fn shared_loss_on_an_uplink_is_congestion_and_excuses_the_peers_behind_it() {
+    // A leaf's view: peer 2 sends through the uplink, which drops 2 % of everyone's packets (the
+    // job's one connection and three cross-traffic flows with no host in common). Peer 2 alone
+    // looks like a gray failure; the shared loss says the uplink is congested.
+    let s = Scenario::two_leaves(6).with(Fault::Loss { peer: 2, rate: 0.02 }, 20, 40);
+    let mut windows = s.windows(60);
+    let uplink = "uplink".to_string();
+    for w in &mut windows[20..40] {
+        w.links.push(LinkWindow {
+            link: uplink.clone(),
+            direction: "egress".into(),
+            flows: 4,
+            lossy_flows: 4,
+            lossy_job_flows: 1,
+            common_endpoint: None,
+            loss_packets: 800,
+            data_packets: 40_000,
+        });
+        for p in w.peers.iter_mut().filter(|p| p.peer == s.peer(2)) {
+            p.lossy_via = Some(uplink.clone());
+        }
+    }
+    let changes = run_with(DetectorConfig::default(), &windows);
+    let scope = Scope::Link { link: uplink.clone() };
+    let (opened, closed, v) = single_verdict(&changes, VerdictKind::Congestion, &scope, 21, 44);
+    assert!(opened >= 20 && closed >= 40);
+    assert!(has_metric(&v, Metric::LossyFlows), "{v:?}");
+
+    // The same loss seen on ingress (upstream), or with one host common to all lossy flows (that
+    // host's path), is not shared loss: peer 2 is then a gray failure.
+    for (direction, common) in [("ingress", None), ("egress", Some(s.peer(2)))] {
+        let mut windows = s.windows(60);
+        for w in &mut windows[20..40] {
+            w.links.push(LinkWindow {
+                link: uplink.clone(),
+                direction: direction.into(),
+                flows: 4,
+                lossy_flows: 4,
+                lossy_job_flows: 1,
+                common_endpoint: common,
+                loss_packets: 800,
+                data_packets: 40_000,
+            });
+        }
+        let changes = run_with(DetectorConfig::default(), &windows);
+        single_verdict(&changes, VerdictKind::GrayFailure, &peer_scope(&s, 2), 21, 43);
+    }
+}
+
+#[test]
 fn severe_loss_is_raised_in_the_first_window_and_critical() {
     let s = Scenario::two_leaves(5).with(Fault::Loss { peer: 6, rate: 0.05 }, 20, 40);
     let changes = run(&s, 50);

@@ -138,6 +138,7 @@ impl Scenario {
                 window_start_ns: w as u64 * S,
                 window_end_ns: (w as u64 + 1) * S,
                 peers: Vec::new(),
+                links: Vec::new(),
             })
             .collect();
         // Bursts are reported in the window where they end; counters where the step started.
@@ -255,6 +256,7 @@ impl Scenario {
                     naks: 0,
                     bursts: Vec::new(),
                     explained_by: None,
+                    lossy_via: None,
                 });
             }
         }
@@ -366,9 +368,11 @@ impl RingJob {
                             naks: 0,
                             bursts: b,
                             explained_by: None,
+                            lossy_via: None,
                         }
                     })
                     .collect(),
+                links: Vec::new(),
             })
             .collect()
     }

@@ -87,6 +87,10 @@ pub enum Metric {
     CnpPerS,
     /// Median lateness of the peer's phase starts against the other peers', in ns.
     PhaseStartLatenessNs,
+    /// Flows (the job's and other traffic's) losing packets in one direction of a link, with no
+    /// host common to all of them: a shared bottleneck, not one host's path. `peers` counts
+    /// flows here (lossy of all).
+    LossyFlows,
 }
 
 /// What `Evidence::reference` was computed from.
@@ -97,6 +101,8 @@ pub enum Reference {
     PeerMedian,
     /// Median of the scope's own recent non-anomalous windows.
     OwnBaseline,
+    /// A fixed configured threshold.
+    Threshold,
 }
 
 /// A count of peers (for link-scoped evidence).
