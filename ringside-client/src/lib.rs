@@ -1,4 +1,5 @@
-//! ringside's tenant-facing contract: the JSON types of the hints API ([`types`]).
+//! ringside's tenant-facing contract: the JSON types of the hints API ([`types`]) and a small
+//! blocking client for it ([`client`]: [`JobClient`], [`HintStream`], [`OperatorClient`]).
 //!
 //! A *hint* is the plan ringside recommends for one registered job: which allreduce algorithm,
 //! chunk size, channel count and wire compression to use from some training step on, with coarse,
@@ -8,9 +9,11 @@
 //! This crate is shared by the agent (which serves these types), the emulated training job
 //! (which follows them) and any Rust trainer that wants to embed the client.
 
+pub mod client;
 pub mod types;
 
 pub use types::{
     Algorithm, ApiError, Codec, Constraints, Hint, JobCreated, JobRegistration, JobView, ParseError,
     PortRange,
 };
+pub use client::{Backoff, ClientConfig, ClientError, HintStream, JobClient, OperatorClient};
