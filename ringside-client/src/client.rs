@@ -508,7 +508,7 @@ impl HintStream {
             return Some(ClientError::GaveUp { url: self.url.clone(), attempts: self.failures, last: Box::new(err) });
         }
         let delay = backoff.delay(self.failures);
-        tracing::warn!(url = %self.url, error = %err, attempt = self.failures, retry_in = ?delay, "hint stream interrupted; reconnecting");
+        tracing::warn!(url = %self.url, error = %err, attempt = self.failures, retry_in = ?delay, "hint stream unavailable; retrying");
         if self.sleep_cancellable(delay) {
             self.done = true;
         }
