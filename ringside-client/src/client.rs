@@ -73,6 +73,8 @@ pub enum ClientError {
     },
     #[error("bad server-sent event from {url}: {reason}")]
     Sse { url: String, reason: String },
+    #[error("{url} answered with content type {content_type:?}, not text/event-stream: use the job's base url (http://HOST:PORT/v1/jobs/ID)")]
+    NotAStream { url: String, content_type: String },
     #[error("gave up on {url} after {attempts} failed attempts in a row; last error: {last}")]
     GaveUp { url: String, attempts: u32, last: Box<ClientError> },
 }
@@ -103,7 +105,7 @@ impl ClientError {
         match self {
             ClientError::Transport { .. } | ClientError::Sse { .. } | ClientError::Json { .. } => true,
             ClientError::Status { status, .. } => *status >= 500 || *status == 429 || *status == 408,
-            ClientError::BadUrl { .. } | ClientError::BadJobId { .. } | ClientError::GaveUp { .. } => false,
+            ClientError::BadUrl { .. } | ClientError::BadJobId { .. } | ClientError::NotAStream { .. } | ClientError::GaveUp { .. } => false,
         }
     }
 }
@@ -405,10 +407,7 @@ impl HintStream {
         let resp = Http::check(&self.url, req.call().map_err(Http::transport(&self.url))?)?;
         let ctype = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
         if !ctype.trim_start().starts_with("text/event-stream") {
-            return Err(ClientError::Sse {
-                url: self.url.clone(),
-                reason: format!("content type is {ctype:?}, not text/event-stream: is the url the job's base url (…/v1/jobs/ID)?"),
-            });
+            return Err(ClientError::NotAStream { url: self.url.clone(), content_type: ctype.to_owned() });
         }
         let reader: Box<dyn Read + Send> = Box::new(resp.into_body().into_reader());
         self.reader = Some(BufReader::new(reader));

@@ -182,6 +182,17 @@ fn refused_stream_is_returned_at_once() {
 }
 
 #[test]
+fn a_url_that_is_not_a_stream_is_refused_at_once() {
+    within(20, || {
+        let srv = serve(vec![Reply::Full { status: 200, content_type: "text/html", body: "<html></html>".into() }]);
+        let c = JobClient::with_config(&format!("{}/v1/jobs/j1", srv.base), "t", fast()).unwrap();
+        let items: Vec<_> = c.stream_retrying().collect();
+        assert_eq!(items.len(), 1);
+        assert!(matches!(items[0], Err(ClientError::NotAStream { .. })), "{:?}", items[0]);
+    });
+}
+
+#[test]
 fn operator_registers_lists_and_deletes() {
     within(20, || {
         let view = r#"[{"id":"j1","name":"llama","members":["10.77.0.0/24"],"tcp_ports":["29500-29510"],"udp_ports":[],"gradient_bytes":null,"constraints":{"algorithms":["ring","tree"],"codecs":["none","fp16"],"min_topk_ratio":0.1,"max_channels":2,"error_feedback":true,"step_time_target_ms":null},"registered_unix_ms":1}]"#;
