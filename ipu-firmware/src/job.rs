@@ -6,12 +6,14 @@
 //! Invariants:
 //! - Inputs are deterministic ([`rank_input`]): small integers, so the exact sum is representable in
 //!   f32 and (for worlds up to 32) in bf16, which makes `verify` exact for lossless plans.
-//! - Every step's record carries the plan that step actually ran with (rank 0's announcement).
+//! - Every step's record carries the plan that step actually ran with (rank 0's announcement) and,
+//!   on rank 0 following ringside's hints, the version of the hint that plan came from.
 //! - A failed step ends the job: the report keeps the steps done so far plus the error.
 
 use crate::codec::{Bf16, CodecKind};
 use crate::engine::{Communicator, CommunicatorConfig};
 use crate::error::{CollectiveError, Result};
+use crate::hints::AppliedHint;
 use crate::plan::{Dtype, Plan, PlanSource};
 use crate::transport::{TcpOptions, TcpTransport, Transport};
 use rand::{Rng, SeedableRng};
@@ -111,6 +113,10 @@ pub struct StepRecord {
     pub bytes_sent: u64,
     /// `None` unless `verify` is on.
     pub verified: Option<bool>,
+    /// Rank 0 following hints: the version of the hint whose plan this step ran with (absent for
+    /// the initial plan and when not following; see [`JobReport::record_hints`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hint_version: Option<u64>,
 }
 
 /// Mean and percentiles (nearest rank) of a series, in ms.
@@ -159,6 +165,9 @@ pub struct JobReport {
     pub summary: JobSummary,
     #[serde(serialize_with = "error_as_string")]
     pub error: Option<CollectiveError>,
+    /// Rank 0 following hints: every hint handed to the plan schedule (absent otherwise).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hints: Vec<AppliedHint>,
 }
 
 fn compute_phase(mode: ComputeMode, until: Instant) {
@@ -247,6 +256,7 @@ pub fn run_job<T: Transport>(cfg: &JobConfig, transport: T, plan_source: Option<
             plan: rep.plan,
             bytes_sent: rep.bytes_sent,
             verified,
+            hint_version: None,
         });
     }
     if error.is_none() {
@@ -263,7 +273,7 @@ pub fn run_job<T: Transport>(cfg: &JobConfig, transport: T, plan_source: Option<
         bytes_sent_total: steps.iter().map(|s| s.bytes_sent).sum(),
         all_verified: cfg.verify.then(|| steps.iter().all(|s| s.verified == Some(true))),
     };
-    Ok(JobReport { config: cfg.clone(), steps, summary, error })
+    Ok(JobReport { config: cfg.clone(), steps, summary, error, hints: Vec::new() })
 }
 
 /// Runs one rank as its own process would: binds its `peers` entry's port on all addresses, builds

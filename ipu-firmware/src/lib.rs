@@ -7,6 +7,7 @@
 //! - [`transport`]: the [`Transport`] trait and the TCP mesh ([`TcpTransport`]).
 //! - [`engine`]: [`Communicator`]: ring / tree / recursive halving-doubling allreduce, reduce-scatter,
 //!   allgather, broadcast.
+//! - [`hints`]: ringside's hints as a [`PlanSource`] ([`HintFollower`]): the closed loop.
 //! - [`job`]: the emulated training job behind the `ringside-rank` binary, runnable in-process.
 //!
 //! Invariants shared by all modules: every wait is bounded by a timeout; every frame is validated
@@ -15,6 +16,7 @@
 pub mod codec;
 pub mod engine;
 pub mod error;
+pub mod hints;
 pub mod job;
 pub mod plan;
 pub mod transport;
@@ -23,5 +25,6 @@ pub mod wire;
 pub use codec::{Bf16, CodecKind};
 pub use engine::{allreduce_busbw, segment, Communicator, CommunicatorConfig, OpReport};
 pub use error::CollectiveError;
+pub use hints::{plan_from_hint, AppliedHint, HintFollower};
 pub use plan::{Algorithm, Compression, Dtype, Plan, PlanSource, ScriptedPlans};
 pub use transport::{TcpOptions, TcpTransport, Transport};

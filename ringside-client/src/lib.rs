@@ -1,16 +1,35 @@
-//! ringside's tenant-facing contract: the JSON types of the hints API ([`types`]).
+//! ringside's tenant-facing contract: the JSON types of the hints API ([`types`]) and a small
+//! blocking client for it ([`client`]: [`JobClient`], [`HintStream`], [`OperatorClient`]).
 //!
 //! A *hint* is the plan ringside recommends for one registered job: which allreduce algorithm,
 //! chunk size, channel count and wire compression to use from some training step on, with coarse,
 //! privacy-safe reasons and a confidence. Hints never name another tenant or the provider's
 //! topology. See `docs/tenant-guide.md` for HTTP, server-sent-event and Prometheus consumers.
 //!
+//! ```no_run
+//! use ringside_client::{ClientError, JobClient};
+//!
+//! fn follow(job_url: &str, token: &str) -> Result<(), ClientError> {
+//!     let client = JobClient::new(job_url, token)?; // http://HOST:9464/v1/jobs/ID
+//!     println!("current plan: {:?}", client.hint()?);
+//!     for item in client.stream()? {
+//!         match item {
+//!             Ok(hint) => println!("apply v{} from the next step", hint.version),
+//!             Err(e) => eprintln!("hint stream: {e}"),
+//!         }
+//!     }
+//!     Ok(()) // the job was deleted
+//! }
+//! ```
+//!
 //! This crate is shared by the agent (which serves these types), the emulated training job
 //! (which follows them) and any Rust trainer that wants to embed the client.
 
+pub mod client;
 pub mod types;
 
 pub use types::{
     Algorithm, ApiError, Codec, Constraints, Hint, JobCreated, JobRegistration, JobView, ParseError,
     PortRange,
 };
+pub use client::{Backoff, ClientConfig, ClientError, HintStream, JobClient, OperatorClient};

@@ -1,11 +1,15 @@
 //! `ringside-rank`: one rank of the emulated training job (compute phase + allreduce per step).
-//! Spawned once per network namespace by the testbed; writes a JSON report to `--out`.
+//! Spawned once per network namespace by the testbed; writes a JSON report to `--out`. With
+//! `--follow-hints`, rank 0 applies ringside's hints for the job (see docs/tenant-guide.md).
 
 use anyhow::{bail, Context};
 use clap::Parser;
 use ipu_firmware::job::{parse_size, run_rank, ComputeMode, JobConfig};
 use ipu_firmware::plan::{Compression, Dtype, Plan, ScriptedPlans};
-use ipu_firmware::{Algorithm, CodecKind, PlanSource};
+use ipu_firmware::hints::AppliedHints;
+use ipu_firmware::{Algorithm, CodecKind, HintFollower, PlanSource};
+use ringside_client::{ClientConfig, JobClient};
+use std::time::Duration;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -72,8 +76,18 @@ struct Args {
     verify: bool,
     /// Rank 0 only: JSON array of plans ({step_from, algorithm, chunk_bytes, channels, compression})
     /// to switch to during the run.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "follow_hints")]
     plan_schedule: Option<PathBuf>,
+    /// Rank 0 only: follow ringside's hints for this job, from the job URL
+    /// http://HOST:PORT/v1/jobs/ID (the agent's hint stream). Each new hint is applied from the next
+    /// step on all ranks (through rank 0's control header). If the agent is unreachable the job
+    /// trains on with its current plan. Other ranks accept and ignore the flag.
+    #[arg(long, value_name = "JOB_URL", requires = "token")]
+    follow_hints: Option<String>,
+    /// Bearer token for --follow-hints (the job's tenant token). Prefer the environment variable,
+    /// so the token does not appear in `ps`.
+    #[arg(long, env = "RINGSIDE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// Where to write the JSON report.
     #[arg(long)]
     out: PathBuf,
@@ -100,11 +114,29 @@ fn main() -> anyhow::Result<()> {
     };
     let max_channels = a.max_channels.unwrap_or(a.channels).max(a.channels);
     plan.validate(max_channels)?;
-    let source: Option<Box<dyn PlanSource>> = match (&a.plan_schedule, a.rank) {
-        (Some(path), 0) => {
+    // The follower's log of applied hints, read back after the run for the report.
+    let mut applied_hints: Option<AppliedHints> = None;
+    let source: Option<Box<dyn PlanSource>> = match (&a.plan_schedule, &a.follow_hints, a.rank) {
+        (Some(path), _, 0) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
             let plans: Vec<Plan> = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
             Some(Box::new(ScriptedPlans(plans)))
+        }
+        (None, Some(url), 0) => {
+            // A bad URL is a configuration error (fail now); an unreachable agent is not: the
+            // follower retries in the background and training never waits for it.
+            let token = a.token.as_deref().context("--follow-hints needs --token or RINGSIDE_TOKEN")?;
+            let client = JobClient::new(url, token).context("--follow-hints")?;
+            // One quick probe, only to say in the log whether hints will flow; short timeouts so a
+            // black-holed agent delays the start by seconds at most.
+            let probe_cfg = ClientConfig { connect_timeout: Duration::from_secs(2), request_timeout: Duration::from_secs(3), ..ClientConfig::default() };
+            match JobClient::with_config(url, token, probe_cfg).and_then(|c| c.hint()) {
+                Ok(h) => tracing::info!(version = h.version, algorithm = %h.algorithm, compression = %h.compression, "ringside agent reachable; following hints"),
+                Err(e) => tracing::warn!(error = %e, "ringside hints unavailable at start; training with the initial plan and retrying in the background"),
+            }
+            let follower = HintFollower::start(client, max_channels).context("starting the hint follower thread")?;
+            applied_hints = Some(follower.applied());
+            Some(Box::new(follower))
         }
         _ => None,
     };
@@ -124,7 +156,10 @@ fn main() -> anyhow::Result<()> {
         timeout_ms: a.timeout_ms,
         verify: a.verify,
     };
-    let report = run_rank(&cfg, source).context("setting up the collective mesh")?;
+    let mut report = run_rank(&cfg, source).context("setting up the collective mesh")?;
+    if let Some(applied) = &applied_hints {
+        report.record_hints(&applied.snapshot());
+    }
     let json = serde_json::to_string_pretty(&report)?;
     std::fs::write(&a.out, json).with_context(|| format!("writing {}", a.out.display()))?;
     let s = &report.summary;

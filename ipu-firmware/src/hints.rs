@@ -1,0 +1,303 @@
+//! Closing the loop: ringside's hints ([`ringside_client::Hint`]) become [`Plan`]s that rank 0's
+//! [`crate::plan::PlanSchedule`] applies.
+//!
+//! - [`plan_from_hint`]: the conversion, through the string forms the two crates share (`ring`,
+//!   `tree`, `rhd`; `none`, `fp16`, `bf16`, `int8`, `topk:R`), so neither crate depends on the
+//!   other's enums.
+//! - [`HintFollower`]: a [`PlanSource`] fed by a background thread that runs a
+//!   [`ringside_client::HintStream`].
+//!
+//! Invariants:
+//! - Fail open: nothing the hint service does can stop training. The follower starts without
+//!   contacting the agent; connection failures are retried in the background (bounded, see
+//!   [`ringside_client::Backoff`]) and only logged; after giving up, the job keeps its current plan.
+//! - [`HintFollower::poll`] never blocks: it drains what the thread has already received.
+//! - A hint received while rank 0 is at step `s` takes effect at step `max(hint.step_from, s + 1)`:
+//!   a step boundary no rank has reached yet, so the control header switches all ranks together.
+//! - Versions only increase: a hint not newer than the last one accepted is ignored.
+//! - A hint that cannot run on this mesh (unknown algorithm or codec, more channels than were
+//!   opened, bad chunk size) is logged and skipped; the plan in force stays.
+//! - The thread ends after the follower is dropped: dropping sets a stop flag (checked between
+//!   lines and during reconnect backoff) and closes the channel (the next send fails). A read that
+//!   is blocked waits at most for the next keep-alive or the stream's read timeout. The thread is
+//!   detached, so it never holds the process open.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+
+use ringside_client::{Hint, JobClient};
+use serde::Serialize;
+
+use crate::codec::{CodecKind, ParseCodecError};
+use crate::job::JobReport;
+use crate::plan::{Algorithm, Compression, ParseAlgorithmError, Plan, PlanError, PlanSource};
+
+/// Why a hint cannot become a plan for this engine.
+#[derive(Debug, thiserror::Error)]
+pub enum HintPlanError {
+    #[error("hint v{version}: {source}; upgrade ipu-firmware to follow this agent")]
+    Algorithm {
+        version: u64,
+        #[source]
+        source: ParseAlgorithmError,
+    },
+    #[error("hint v{version}: {source}; upgrade ipu-firmware to follow this agent")]
+    Codec {
+        version: u64,
+        #[source]
+        source: ParseCodecError,
+    },
+    #[error("hint v{version} cannot run on this mesh: {source}; register the job with constraints that match it (e.g. max_channels)")]
+    Plan {
+        version: u64,
+        #[source]
+        source: PlanError,
+    },
+}
+
+/// The plan a hint describes, `step_from` as in the hint (0 = "your next step").
+pub fn plan_from_hint(h: &Hint) -> Result<Plan, HintPlanError> {
+    let algorithm: Algorithm =
+        h.algorithm.to_string().parse().map_err(|source| HintPlanError::Algorithm { version: h.version, source })?;
+    let codec: CodecKind =
+        h.compression.to_string().parse().map_err(|source| HintPlanError::Codec { version: h.version, source })?;
+    Ok(Plan {
+        step_from: h.step_from,
+        algorithm,
+        chunk_bytes: h.chunk_bytes,
+        channels: h.channels,
+        compression: Compression { codec, error_feedback: h.error_feedback },
+    })
+}
+
+/// A hint the follower handed to the plan schedule.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AppliedHint {
+    pub version: u64,
+    /// Rank 0's training step when the hint was polled.
+    pub received_at_step: u64,
+    /// The plan handed to the schedule (its `step_from` is the step it takes effect).
+    pub plan: Plan,
+    pub reasons: Vec<String>,
+    pub confidence: f64,
+}
+
+/// Most hints an [`AppliedHints`] log keeps (hints are rare: one per plan change).
+pub const MAX_APPLIED_HINTS: usize = 4096;
+
+/// The follower's log of applied hints, shared so it can be read after the follower was handed to
+/// the job (and dropped with it).
+#[derive(Clone, Debug, Default)]
+pub struct AppliedHints(Arc<Mutex<Vec<AppliedHint>>>);
+
+impl AppliedHints {
+    pub fn snapshot(&self) -> Vec<AppliedHint> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn push(&self, h: AppliedHint) {
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if v.len() < MAX_APPLIED_HINTS {
+            v.push(h);
+        }
+    }
+}
+
+impl JobReport {
+    /// Fills each step's `hint_version` (the hint whose plan that step ran with: the newest
+    /// applied hint whose plan, `step_from` included, equals the step's) and the report's `hints`.
+    /// Steps that ran the initial plan, or a hint the schedule rejected, keep `None`.
+    pub fn record_hints(&mut self, applied: &[AppliedHint]) {
+        for s in &mut self.steps {
+            s.hint_version = applied.iter().rev().find(|h| h.plan == s.plan).map(|h| h.version);
+        }
+        self.hints = applied.to_vec();
+    }
+}
+
+/// How many received hints the channel holds before the thread waits for `poll`.
+const CHANNEL_DEPTH: usize = 16;
+
+/// A [`PlanSource`] that follows a job's hint stream (rank 0 only).
+pub struct HintFollower {
+    rx: Receiver<Hint>,
+    stop: Arc<AtomicBool>,
+    applied: AppliedHints,
+    last_version: Option<u64>,
+    available_channels: u8,
+}
+
+impl HintFollower {
+    /// Starts following `client`'s hint stream on a background thread. `available_channels` is the
+    /// mesh's connection count per peer pair (hints asking for more are skipped). Fails only if
+    /// the thread cannot be spawned; an unreachable agent is retried in the background.
+    pub fn start(client: JobClient, available_channels: u8) -> std::io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_DEPTH);
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        std::thread::Builder::new().name("hint-follower".into()).spawn(move || follow(client, tx, flag))?;
+        Ok(HintFollower { rx, stop, applied: AppliedHints::default(), last_version: None, available_channels })
+    }
+
+    /// The log of hints this follower applied (readable after the follower is dropped).
+    pub fn applied(&self) -> AppliedHints {
+        self.applied.clone()
+    }
+}
+
+fn follow(client: JobClient, tx: SyncSender<Hint>, stop: Arc<AtomicBool>) {
+    let url = client.job_url().to_owned();
+    tracing::info!(job = %url, "following ringside hints");
+    for item in client.stream_retrying().with_cancel(stop.clone()) {
+        match item {
+            Ok(h) => {
+                // Waits only when rank 0 has not polled for CHANNEL_DEPTH hints (a stalled job);
+                // dropping the follower drops the receiver, which ends the wait with an error.
+                if tx.send(h).is_err() {
+                    return;
+                }
+            }
+            Err(e) => tracing::warn!(job = %url, error = %e, "ringside hints unavailable; training continues with the plan in force"),
+        }
+    }
+    tracing::info!(job = %url, "stopped following ringside hints");
+}
+
+impl Drop for HintFollower {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl PlanSource for HintFollower {
+    fn poll(&mut self, step: u64) -> Vec<Plan> {
+        let mut plans = Vec::new();
+        for h in self.rx.try_iter().take(CHANNEL_DEPTH) {
+            if self.last_version.is_some_and(|v| h.version <= v) {
+                continue;
+            }
+            self.last_version = Some(h.version);
+            let plan = plan_from_hint(&h).and_then(|mut p| {
+                // Never the step already under way: all ranks must switch at the same collective.
+                p.step_from = p.step_from.max(step + 1);
+                p.validate(self.available_channels).map(|()| p).map_err(|source| HintPlanError::Plan { version: h.version, source })
+            });
+            match plan {
+                Ok(p) => {
+                    tracing::info!(
+                        version = h.version,
+                        step_from = p.step_from,
+                        algorithm = %p.algorithm,
+                        chunk_bytes = p.chunk_bytes,
+                        channels = p.channels,
+                        compression = %p.compression.codec,
+                        error_feedback = p.compression.error_feedback,
+                        confidence = h.confidence,
+                        reasons = ?h.reasons,
+                        "applying ringside hint"
+                    );
+                    self.applied.push(AppliedHint { version: h.version, received_at_step: step, plan: p, reasons: h.reasons, confidence: h.confidence });
+                    plans.push(p);
+                }
+                Err(e) => tracing::warn!(error = %e, "skipping ringside hint; the plan in force stays"),
+            }
+        }
+        plans
+    }
+}
+
+#[cfg(test)]
+#[path = "../../ringside-client/tests/support/canned.rs"]
+mod canned;
+
+#[cfg(test)]
+mod tests {
+    use super::canned::{hint_event, serve, within, Reply};
+    use super::*;
+    use ringside_client::{Backoff, ClientConfig, Codec};
+    use std::time::{Duration, Instant};
+
+    fn hint(version: u64, step_from: u64, algorithm: &str, compression: &str, channels: u8) -> String {
+        format!(
+            r#"{{"job":"j1","version":{version},"step_from":{step_from},"algorithm":"{algorithm}","chunk_bytes":65536,"channels":{channels},"compression":"{compression}","error_feedback":true,"reasons":["shared uplink congested"],"confidence":0.7,"expires_at":1}}"#
+        )
+    }
+
+    fn fast() -> ClientConfig {
+        ClientConfig {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
+            stream_read_timeout: Duration::from_secs(5),
+            reconnect: Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(100), max_attempts: 3 },
+        }
+    }
+
+    /// Polls like rank 0 would, at `step`, until `n` plans came or 10 s passed.
+    fn poll_until(f: &mut HintFollower, step: u64, n: usize) -> Vec<Plan> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut got = Vec::new();
+        while got.len() < n && Instant::now() < deadline {
+            got.extend(f.poll(step));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        got
+    }
+
+    #[test]
+    fn hints_convert_through_their_string_forms() {
+        for (codec, kind) in [
+            (Codec::None, CodecKind::None),
+            (Codec::Fp16, CodecKind::Fp16),
+            (Codec::Bf16, CodecKind::Bf16),
+            (Codec::Int8, CodecKind::Int8),
+            (Codec::TopK { ratio: 0.25 }, CodecKind::TopK { ratio: 0.25 }),
+        ] {
+            for a in ringside_client::Algorithm::ALL {
+                let h: Hint = serde_json::from_str(&hint(4, 9, a.as_str(), &codec.to_string(), 3)).unwrap();
+                let p = plan_from_hint(&h).unwrap();
+                assert_eq!(p.algorithm.to_string(), a.as_str());
+                assert_eq!(p.compression, Compression { codec: kind, error_feedback: true });
+                assert_eq!((p.step_from, p.chunk_bytes, p.channels), (9, 65536, 3));
+            }
+        }
+    }
+
+    #[test]
+    fn follower_switches_at_a_future_step_and_skips_what_cannot_run() {
+        within(30, || {
+            let srv = serve(vec![Reply::sse(&[
+                &hint_event(1, &hint(1, 0, "tree", "fp16", 1)),
+                &hint_event(2, &hint(2, 0, "ring", "int8", 8)), // 8 channels: more than the mesh has
+                &hint_event(3, &hint(3, 40, "rhd", "topk:0.5", 2)),
+            ])]);
+            let client = JobClient::with_config(&format!("{}/v1/jobs/j1", srv.base), "t", fast()).unwrap();
+            let mut f = HintFollower::start(client, 2).unwrap();
+            let log = f.applied();
+            let plans = poll_until(&mut f, 7, 2);
+            assert_eq!(plans.len(), 2, "{plans:?}");
+            assert_eq!((plans[0].algorithm, plans[0].step_from), (Algorithm::Tree, 8));
+            assert_eq!((plans[1].algorithm, plans[1].step_from), (Algorithm::Rhd, 40));
+            assert_eq!(plans[1].compression.codec, CodecKind::TopK { ratio: 0.5 });
+            drop(f);
+            let log = log.snapshot();
+            assert_eq!(log.iter().map(|h| h.version).collect::<Vec<_>>(), [1, 3]);
+            assert_eq!(log[0].received_at_step, 7);
+            assert_eq!(log[0].reasons, ["shared uplink congested"]);
+        });
+    }
+
+    #[test]
+    fn an_unreachable_agent_never_blocks_poll() {
+        within(30, || {
+            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let client = JobClient::with_config(&format!("http://127.0.0.1:{port}/v1/jobs/j1"), "t", fast()).unwrap();
+            let mut f = HintFollower::start(client, 1).unwrap();
+            let t0 = Instant::now();
+            for step in 0..100 {
+                assert!(f.poll(step).is_empty());
+            }
+            assert!(t0.elapsed() < Duration::from_millis(500), "poll blocked for {:?}", t0.elapsed());
+        });
+    }
+}
