@@ -382,9 +382,11 @@ fn sleep_checked(d: Duration, stop: &AtomicBool) -> bool {
     !stop.load(Ordering::SeqCst)
 }
 
+/// The agent watches all traffic of the rig's prefix (so it sees what shares a link with the job,
+/// as congestion detection needs), and the job is its port.
 fn agent_config(members: &str) -> String {
     format!(
-        "[match]\ntcp_ports = [{JOB_PORT}]\nprefixes = [\"{members}\"]\n\
+        "[match]\nprefixes = [\"{members}\"]\n\
          [[job]]\nname = \"eval\"\nmembers = [\"{members}\"]\ntcp_ports = [{JOB_PORT}]\n"
     )
 }
@@ -558,7 +560,16 @@ fn run_leaf_spine(ctx: &RunCtx, rep: u32, rng: &mut Rng, r: &mut RunResult) -> R
     }
     r.healthy_to_ms = now_ms();
     let ct = ls.cross_traffic(CrossTrafficSpec { from: leaf * LEAF_HOSTS + 2, to: other * LEAF_HOSTS + 2, streams: 4, ..Default::default() })?;
-    let held = sleep_checked(p.fault, ctx.stop);
+    let half = p.fault / 2;
+    let mut held = sleep_checked(half, ctx.stop);
+    // What each leaf agent saw mid-fault (every flow, with its counters), for whoever wants to
+    // know why a detector did or did not fire.
+    for (l, a) in agents.iter().enumerate() {
+        if let Ok(body) = a.get("/v1/flows?limit=1000") {
+            let _ = std::fs::write(ctx.logs.join(format!("{tag}-leaf{l}-flows-mid-fault.json")), body);
+        }
+    }
+    held = held && sleep_checked(p.fault - half, ctx.stop);
     let report = ct.stop();
     if !held {
         bail!("interrupted");
