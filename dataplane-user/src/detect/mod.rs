@@ -38,6 +38,7 @@ use std::net::IpAddr;
 
 pub use config::{CongestionConfig, DetectorConfig, GrayConfig, PersistenceConfig, StragglerConfig};
 pub use input::{BurstSummary, JobWindow, PeerWindow};
+pub(crate) use input::{merge_phases, Phase};
 pub use verdict::{
     Classification, EndReason, Evidence, Metric, PeerCount, Reference, Scope, Severity, Verdict,
     VerdictChange, VerdictKind, WindowCount,
