@@ -475,7 +475,10 @@ impl JobPolicy {
             };
             let baseline = self.baseline_plan;
             let observed = self.recent.comm_s();
-            return Some(self.change(DecisionKind::Restore, baseline, vec![reason], 0.8, baseline_s, observed, now));
+            let d = self.change(DecisionKind::Restore, baseline, vec![reason], 0.8, baseline_s, observed, now);
+            // The baseline's own history predicts it better than a model calibrated on another plan.
+            self.predicted_s = None;
+            return Some(d);
         }
         None
     }
