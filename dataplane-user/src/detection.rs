@@ -24,7 +24,7 @@ use crate::{
     state::SharedState,
 };
 use ringside_client::{Constraints, Hint};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// Resolved detection settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +36,8 @@ pub struct DetectSettings {
     pub detectors: DetectorConfig,
     pub jobs: JobSet,
     pub state_dir: PathBuf,
+    /// `[policy]`.
+    pub policy: PolicyConfig,
 }
 
 impl DetectSettings {
@@ -70,6 +72,7 @@ impl DetectSettings {
             detectors,
             jobs: JobSet::from_config(file.jobs.as_deref()),
             state_dir: file.state_dir.clone().unwrap_or_else(|| config::DEFAULT_STATE_DIR.into()),
+            policy: file.policy.clone().unwrap_or_default(),
         }
     }
 }
@@ -107,7 +110,7 @@ pub struct Detection {
 impl Detection {
     pub fn new(settings: DetectSettings) -> Self {
         let detectors = DetectorSet::new(settings.detectors.clone());
-        let policies = JobPolicies::new(PolicyConfig::default(), PhaseParams::from(&settings.detectors));
+        let policies = JobPolicies::new(settings.policy.clone(), PhaseParams::from(&settings.detectors));
         Detection { settings, detectors, policies }
     }
 
@@ -179,16 +182,15 @@ impl Detection {
     /// outside the state lock; takes the read lock to copy the board's latest hints and the write
     /// lock once to publish. A job without a hint yet (its baseline) is skipped.
     fn run_policy(&mut self, state: &SharedState, job_windows: &[JobWindow], clock: &Clock) {
-        let (live, latest): (BTreeSet<String>, BTreeMap<String, Hint>) = {
+        let latest: BTreeMap<String, Option<Hint>> = {
             let s = state.read().unwrap_or_else(|p| p.into_inner());
-            let latest = job_windows.iter().filter_map(|jw| Some((jw.job.clone(), s.hints.latest(&jw.job)?))).collect();
-            (s.hints.jobs().map(str::to_owned).collect(), latest)
+            s.hints.jobs().map(|j| (j.to_owned(), s.hints.latest(j))).collect()
         };
-        self.policies.retain(&live);
+        self.policies.retain(&latest.keys().cloned().collect());
         let no_constraints = Constraints::default();
         let mut updates = Vec::new();
         for jw in job_windows {
-            let Some(latest) = latest.get(&jw.job) else { continue };
+            let Some(Some(latest)) = latest.get(&jw.job) else { continue };
             let spec = self.settings.jobs.spec(&jw.job);
             let ctx = JobContext {
                 constraints: spec.map_or(&no_constraints, |s| &s.constraints),
@@ -201,9 +203,16 @@ impl Detection {
             if let Some(d) = &out.change {
                 tracing::info!(job = %jw.job, kind = ?d.kind, from = %d.from.label(), to = %d.to.label(), reasons = ?d.reasons, confidence = d.confidence, "plan changed");
             }
-            updates.push((jw.job.clone(), policy.hint(&jw.job, &out, Some(latest), now), out.insight));
+            updates.push((jw.job.clone(), policy.hint(&jw.job, &out, Some(latest), now), Some(out.insight)));
         }
-        if updates.is_empty() {
+        // Jobs without traffic in this window keep their plan alive.
+        for (job, latest) in &latest {
+            let (Some(latest), Some(policy)) = (latest, self.policies.get_mut(job)) else { continue };
+            if !job_windows.iter().any(|jw| &jw.job == job) {
+                updates.push((job.clone(), policy.renewal(latest, clock.unix_ms), None));
+            }
+        }
+        if updates.iter().all(|(_, h, i)| h.is_none() && i.is_none()) {
             return;
         }
         let mut s = state.write().unwrap_or_else(|p| p.into_inner());
@@ -212,7 +221,9 @@ impl Detection {
             if let Some(h) = hint {
                 let _ = s.hints.publish(h);
             }
-            let _ = s.hints.set_insight(&job, insight);
+            if let Some(i) = insight {
+                let _ = s.hints.set_insight(&job, i);
+            }
         }
     }
 }
@@ -276,7 +287,7 @@ mod tests {
     fn settings_from_file() {
         let f = ConfigFile::parse(
             "state_dir = \"/tmp/x\"\n[detect]\nwindow_ms = 500\nrecent_events = 3\n[detect.gray]\nz_open = 6.0\n\
-             [[job]]\nname = \"a\"\nmembers = [\"10.0.0.1\"]\n",
+             [[job]]\nname = \"a\"\nmembers = [\"10.0.0.1\"]\n[policy]\nmin_dwell_windows = 8\n",
             Path::new("t.toml"),
         )
         .unwrap();
@@ -287,6 +298,7 @@ mod tests {
         assert_eq!(s.detectors.gray.z_clear, crate::detect::GrayConfig::default().z_clear);
         assert_eq!(s.state_dir, PathBuf::from("/tmp/x"));
         assert_eq!(s.jobs.names(), vec!["a"]);
+        assert_eq!(s.policy, PolicyConfig { min_dwell_windows: 8, ..Default::default() });
         let d = DetectSettings::from_file(&ConfigFile::default());
         assert!(d.enabled);
         assert_eq!(d.detectors, DetectorConfig::default());

@@ -66,9 +66,10 @@ pub struct Decision {
     pub to: PlanChoice,
     pub reasons: Vec<String>,
     pub confidence: f64,
-    /// Communication time per step before the decision, ms.
+    /// Communication time per step observed under `from` (for `verified`: under `to`), ms.
     pub observed_comm_ms: Option<f64>,
-    /// Predicted (adapt, restore) or, for revert/verified, observed after the change, ms.
+    /// Communication time expected under `to`, ms: the model's prediction (adapt, restore,
+    /// verified: the prediction that was verified), for a revert what `to` had before.
     pub predicted_comm_ms: Option<f64>,
 }
 
@@ -96,6 +97,8 @@ struct Verification {
 struct Baseline {
     comm_s: VecDeque<f64>,
     bottleneck_bps: VecDeque<f64>,
+    /// f32 bytes per step (given or estimated) in those windows.
+    bytes: VecDeque<f64>,
 }
 
 /// The policy of one job.
@@ -183,6 +186,23 @@ impl JobPolicy {
         None
     }
 
+    /// Whether the hint is due for renewal at `now_unix_ms`; if so, counts it as renewed (the
+    /// caller publishes).
+    fn renew_due(&mut self, now_unix_ms: u64) -> bool {
+        let due = self.last_publish_ms.is_none_or(|t| now_unix_ms >= t.saturating_add(self.cfg.renew_ms));
+        if due {
+            self.last_publish_ms = Some(now_unix_ms);
+        }
+        due
+    }
+
+    /// For a job on the board without traffic in this window: its latest hint with a new expiry
+    /// when a renewal is due, so an idle job's plan does not go stale.
+    pub fn renewal(&mut self, latest: &Hint, now_unix_ms: u64) -> Option<Hint> {
+        self.renew_due(now_unix_ms)
+            .then(|| Hint { expires_at: now_unix_ms.saturating_add(self.cfg.hint_ttl_ms), ..latest.clone() })
+    }
+
     fn bytes_per_step(&self, ctx: &JobContext, ranks: usize) -> Option<f64> {
         if let Some(b) = ctx.gradient_bytes.filter(|&b| b > 0) {
             return Some(b as f64);
@@ -208,22 +228,23 @@ impl JobPolicy {
         Some(Calibrated::new(self.model.clone(), path, &self.current, comm))
     }
 
-    /// Communication time the healthy baseline predicts for the current plan, seconds.
+    /// Communication time the healthy baseline predicts for the current plan and gradient size,
+    /// seconds: the baseline's median, scaled by the model from (baseline plan, baseline bytes)
+    /// to (current plan, current bytes) at the baseline's bottleneck goodput. So a compressed
+    /// plan, or a job whose gradient grew, is compared with what it should take when healthy.
     fn healthy_comm_s(&self, cal: Option<&Calibrated>) -> Option<f64> {
         if self.baseline.comm_s.len() < self.cfg.min_baseline_windows.max(1) {
             return None;
         }
         let base = median(self.baseline.comm_s.iter().copied())?;
-        if self.current == self.baseline_plan {
-            return Some(base);
-        }
-        let cal = cal?;
-        let path = PathModel {
+        let Some(cal) = cal else { return (self.current == self.baseline_plan).then_some(base) };
+        let now = PathModel {
             bandwidth_bps: median(self.baseline.bottleneck_bps.iter().copied()).unwrap_or(cal.path.bandwidth_bps),
             lossy: false,
             ..cal.path
         };
-        let (cur, b) = (self.model.seconds(&self.current, &path), self.model.seconds(&self.baseline_plan, &path));
+        let then = PathModel { bytes: median(self.baseline.bytes.iter().copied()).unwrap_or(now.bytes), ..now };
+        let (cur, b) = (self.model.seconds(&self.current, &now), self.model.seconds(&self.baseline_plan, &then));
         (b > 0.0).then(|| base * cur / b)
     }
 
@@ -314,9 +335,11 @@ impl JobPolicy {
 
         // Healthy baseline under the baseline plan.
         if self.current == self.baseline_plan && self.verifying.is_none() && !degraded && !obs.verdicts.straggler {
-            if let (Some(c), Some(b)) = (summary.comm_s, summary.bottleneck_bps) {
+            let bytes = cal.as_ref().map(|c| c.path.bytes);
+            if let (Some(c), Some(b), Some(s)) = (summary.comm_s, summary.bottleneck_bps, bytes) {
                 let cap = self.cfg.baseline_windows.max(1);
-                for (q, v) in [(&mut self.baseline.comm_s, c), (&mut self.baseline.bottleneck_bps, b)] {
+                let q = &mut self.baseline;
+                for (q, v) in [(&mut q.comm_s, c), (&mut q.bottleneck_bps, b), (&mut q.bytes, s)] {
                     if q.len() == cap {
                         q.pop_front();
                     }
@@ -327,10 +350,7 @@ impl JobPolicy {
 
         let change = self.decide(ctx, &obs, cal.as_ref(), &triggers, (verdict, network), target_s, budget_s, step, now_unix_ms);
 
-        let renew = change.is_some() || self.last_publish_ms.is_none_or(|t| now_unix_ms >= t.saturating_add(self.cfg.renew_ms));
-        if renew {
-            self.last_publish_ms = Some(now_unix_ms);
-        }
+        let renew = change.is_some() || self.renew_due(now_unix_ms);
         let predicted = self.predicted_s.or_else(|| cal.as_ref().map(|c| c.predict(&self.current)));
         let insight = JobInsight {
             updated_unix_ms: now_unix_ms,
@@ -380,7 +400,9 @@ impl JobPolicy {
                     v.samples.push(c);
                 }
             }
-            if v.samples.len() < self.cfg.verify_windows.max(1) {
+            let enough = v.samples.len() >= self.cfg.verify_windows.max(1);
+            let timed_out = since_change > self.cfg.settle_windows + 3 * self.cfg.verify_windows.max(1) as u64;
+            if !enough && !timed_out {
                 return None;
             }
             let v = self.verifying.take()?;
@@ -400,19 +422,23 @@ impl JobPolicy {
                         v.predicted_s * 1e3
                     )],
                     confidence: self.confidence,
-                    observed_comm_ms: Some(v.from_comm_s * 1e3),
-                    predicted_comm_ms: Some(after * 1e3),
+                    observed_comm_ms: Some(after * 1e3),
+                    predicted_comm_ms: Some(v.predicted_s * 1e3),
                 };
                 self.predicted_s = Some(after);
                 self.record(d);
                 return None;
             }
             let what = if to.compression != v.from.compression { to.compression.to_string() } else { to.label() };
-            let reason = format!(
-                "reverted: {what} did not reduce communication time ({:.0} ms vs {:.0} ms)",
-                after * 1e3,
-                v.from_comm_s * 1e3
-            );
+            let reason = if v.samples.is_empty() {
+                format!("reverted: {what} could not be verified (no training steps observed)")
+            } else {
+                format!(
+                    "reverted: {what} did not reduce communication time ({:.0} ms vs {:.0} ms)",
+                    after * 1e3,
+                    v.from_comm_s * 1e3
+                )
+            };
             if self.cooldown.len() >= MAX_COOLDOWN {
                 self.cooldown.remove(0);
             }
@@ -420,7 +446,8 @@ impl JobPolicy {
             // its wire bytes now: no codec is retried during the cooldown, not only this one.
             let all_codecs = to.compression != Codec::None && v.from.compression == Codec::None;
             self.cooldown.push((to, all_codecs, self.window + self.cfg.cooldown_windows));
-            return Some(self.change(DecisionKind::Revert, v.from, vec![reason], 0.9, Some(v.from_comm_s), Some(after), now));
+            let after = after.is_finite().then_some(after);
+            return Some(self.change(DecisionKind::Revert, v.from, vec![reason], 0.9, Some(v.from_comm_s), after, now));
         }
         if since_change < self.cfg.min_dwell_windows {
             return None;
@@ -465,7 +492,10 @@ impl JobPolicy {
 
         if self.current != self.baseline_plan && !network && self.healthy_streak >= self.cfg.recover_windows.max(1) {
             let baseline_s = cal.map(|c| c.predict(&self.baseline_plan));
-            if target_s.is_some() && baseline_s.zip(budget_s).is_none_or(|(p, b)| p > b) {
+            // With a target, only when the baseline is predicted to meet it with a margin (no
+            // flapping on a borderline target).
+            let margin = 1.0 - self.cfg.verify_min_gain;
+            if target_s.is_some() && baseline_s.zip(budget_s).is_none_or(|(p, b)| p > b * margin) {
                 return None;
             }
             let reason = if target_s.is_some() {

@@ -61,6 +61,11 @@ impl JobPolicies {
         self.jobs.get_mut(job)
     }
 
+    /// The existing policy of `job`, if any.
+    pub fn get_mut(&mut self, job: &str) -> Option<&mut JobPolicy> {
+        self.jobs.get_mut(job)
+    }
+
     pub fn len(&self) -> usize {
         self.jobs.len()
     }

@@ -301,3 +301,4 @@ fn compresses_a_healthy_job_only_for_its_step_time_target() {
     assert_eq!(plans.last().unwrap().compression, Codec::Fp16, "stays: the baseline would miss the target again");
 }
 
+
