@@ -46,6 +46,8 @@ struct FakeJob {
     compression_helps: bool,
     /// Extra compute of one rank (its peers wait: a straggler).
     straggler_ns: u64,
+    /// Whether the tenant registered `gradient_bytes` (else the policy estimates it).
+    tell_gradient: bool,
     /// Noise: per-window factor and per-step per-peer factor on bandwidth, ± fraction.
     window_noise: f64,
     step_noise: f64,
@@ -65,6 +67,7 @@ impl FakeJob {
             truth: CostModel::new(CostConstants { alpha_s: 150e-6, ..Default::default() }),
             compression_helps: true,
             straggler_ns: 0,
+            tell_gradient: false,
             window_noise: 0.05,
             step_noise: 0.05,
             t_ns: 0,
@@ -158,7 +161,7 @@ fn run(
     mut at: impl FnMut(usize, &mut FakeJob, &mut VerdictSummary),
 ) -> (JobPolicy, Vec<PlanChoice>) {
     let mut p = JobPolicy::new(PolicyConfig::default(), PhaseParams::default(), baseline());
-    let ctx = JobContext { constraints, gradient_bytes: None };
+    let ctx = JobContext { constraints, gradient_bytes: job.tell_gradient.then_some(job.gradient_bytes) };
     let mut verdicts = VerdictSummary::default();
     let mut plans = Vec::new();
     for w in 0..windows {
@@ -302,3 +305,69 @@ fn compresses_a_healthy_job_only_for_its_step_time_target() {
 }
 
 
+
+#[test]
+fn registered_gradient_size_gives_the_same_decisions() {
+    let mut job = FakeJob::testbed(1);
+    job.tell_gradient = true;
+    let (p, plans) = run(&mut job, &Constraints::default(), 120, slow_peer(20, 70));
+    assert_eq!(kinds(&p), vec![DecisionKind::Adapt, DecisionKind::Verified, DecisionKind::Restore]);
+    assert_eq!(*plans.last().unwrap(), baseline());
+}
+
+#[test]
+fn a_change_that_cannot_be_verified_is_reverted() {
+    let mut job = FakeJob::testbed(12);
+    let mut p = JobPolicy::new(PolicyConfig::default(), PhaseParams::default(), baseline());
+    let c = Constraints::default();
+    let ctx = JobContext { constraints: &c, gradient_bytes: None };
+    let mut last = None;
+    for w in 0..60u64 {
+        if w == 20 {
+            job.bw[1] /= 4.0;
+        }
+        let mut jw = job.window(p.current());
+        if p.current().compression != Codec::None {
+            // The job went quiet right after the change: no steps to verify with.
+            jw.peers.clear();
+        }
+        if let Some(d) = p.observe(&jw, VerdictSummary::default(), &ctx, w * 1000).change {
+            last = Some(d);
+        }
+    }
+    let d = last.expect("a revert");
+    assert_eq!(d.kind, DecisionKind::Revert);
+    assert!(d.reasons[0].contains("could not be verified"), "{:?}", d.reasons);
+}
+
+#[test]
+fn hints_get_the_next_version_on_change_and_renew_in_between() {
+    let mut job = FakeJob::testbed(13);
+    let mut p = JobPolicy::new(PolicyConfig::default(), PhaseParams::default(), baseline());
+    let c = Constraints::default();
+    let ctx = JobContext { constraints: &c, gradient_bytes: None };
+    let mut latest = baseline().to_hint("j", 1, vec![], 0.5, 0);
+    let mut published = Vec::new();
+    for w in 0..40u64 {
+        if w == 20 {
+            job.bw[1] /= 4.0;
+        }
+        let now = 100_000 + w * 1000;
+        let out = p.observe(&job.window(p.current()), VerdictSummary::default(), &ctx, now);
+        if let Some(h) = p.hint("j", &out, Some(&latest), now) {
+            assert_eq!(h.expires_at, now + 60_000);
+            published.push((w, h.version));
+            latest = h;
+        }
+    }
+    let versions: Vec<u64> = published.iter().map(|&(_, v)| v).collect();
+    assert!(versions.contains(&2), "{published:?}");
+    assert!(versions.windows(2).all(|v| v[1] == v[0] || v[1] == v[0] + 1), "{published:?}");
+    let renewals_before_change: Vec<u64> = published.iter().filter(|&&(w, v)| v == 1 && w < 20).map(|&(w, _)| w).collect();
+    assert_eq!(renewals_before_change, vec![0, 10], "renewed every 10 s");
+    assert_eq!(latest.compression, p.current().compression);
+    assert!(!latest.reasons.is_empty() && latest.confidence > 0.0);
+    let mut idle = p.clone();
+    assert!(idle.renewal(&latest, 139_500).is_none(), "not due yet");
+    assert_eq!(idle.renewal(&latest, 1_000_000).unwrap().expires_at, 1_060_000);
+}
