@@ -31,7 +31,7 @@ mod verdict;
 #[cfg(test)]
 mod scenarios;
 #[cfg(test)]
-mod sim;
+pub(crate) mod sim;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

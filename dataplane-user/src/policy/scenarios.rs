@@ -371,3 +371,52 @@ fn hints_get_the_next_version_on_change_and_renew_in_between() {
     assert!(idle.renewal(&latest, 139_500).is_none(), "not due yet");
     assert_eq!(idle.renewal(&latest, 1_000_000).unwrap().expires_at, 1_060_000);
 }
+
+/// The detectors' simulators are open loop (they ignore the plan), so these check the policy's
+/// reaction to what the detectors say, not the effect of its plans.
+mod with_detectors {
+    use super::*;
+    use crate::detect::sim::{Fault, RingJob, Scenario};
+    use crate::detect::{DetectorConfig, DetectorSet};
+
+    fn run_open_loop(windows: &[JobWindow]) -> JobPolicy {
+        let mut det = DetectorSet::new(DetectorConfig::default());
+        let mut pol = JobPolicy::new(PolicyConfig::default(), PhaseParams::from(det.config()), baseline());
+        let c = Constraints::default();
+        let ctx = JobContext { constraints: &c, gradient_bytes: None };
+        for (i, w) in windows.iter().enumerate() {
+            det.observe(w).unwrap();
+            let v = VerdictSummary::of_job(&w.job, det.open_verdicts());
+            pol.observe(w, v, &ctx, i as u64 * 1000);
+        }
+        pol
+    }
+
+    #[test]
+    fn ring_job_with_a_straggler_keeps_its_plan() {
+        for seed in 1..=3 {
+            let job = RingJob { straggler: Some((3, 60 * MS, 100, 200)), ..RingJob::testbed(seed) };
+            let p = run_open_loop(&job.windows(300));
+            assert_eq!(p.history().count(), 0, "seed {seed}: {:#?}", p.history().collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn gray_failure_verdict_triggers_a_change_with_the_peer_as_reason() {
+        let sc = Scenario::star(4).with(Fault::GoodputCut { peer: 2, factor: 0.25 }, 40, 80);
+        let peer = sc.peer(2);
+        let p = run_open_loop(&sc.windows(80));
+        let d = p.history().next().expect("a change");
+        assert_eq!(d.kind, DecisionKind::Adapt);
+        assert!(d.to.compression != Codec::None);
+        assert!(d.reasons.contains(&format!("path to peer {peer} degraded")), "{:?}", d.reasons);
+    }
+
+    #[test]
+    fn healthy_simulated_jobs_keep_their_plan() {
+        for seed in 1..=3 {
+            assert_eq!(run_open_loop(&RingJob::testbed(seed).windows(200)).history().count(), 0, "ring seed {seed}");
+            assert_eq!(run_open_loop(&Scenario::two_leaves(seed).windows(200)).history().count(), 0, "leaves seed {seed}");
+        }
+    }
+}
