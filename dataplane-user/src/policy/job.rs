@@ -88,7 +88,6 @@ struct Verification {
     from: PlanChoice,
     from_comm_s: f64,
     predicted_s: f64,
-    started_window: u64,
     samples: Vec<f64>,
 }
 
@@ -280,7 +279,7 @@ impl JobPolicy {
         self.healthy_streak = 0;
         self.verifying = match (kind, observed_s, predicted_s) {
             (DecisionKind::Adapt, Some(o), Some(p)) => {
-                Some(Verification { from, from_comm_s: o, predicted_s: p, started_window: self.window, samples: Vec::new() })
+                Some(Verification { from, from_comm_s: o, predicted_s: p, samples: Vec::new() })
             }
             _ => None,
         };
