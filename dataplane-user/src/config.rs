@@ -74,6 +74,8 @@ pub struct ConfigFile {
     /// Jobs (`[[job]]`); without any, one job `default` holds every matched flow.
     #[serde(rename = "job")]
     pub jobs: Option<Vec<JobFile>>,
+    /// Policy settings (`[policy]`, see `docs/policy.md`); every key defaulted.
+    pub policy: Option<crate::policy::PolicyConfig>,
 }
 
 /// Default directory for state that survives a restart.

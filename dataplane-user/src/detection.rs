@@ -17,11 +17,14 @@ use std::{
 
 use crate::{
     config::{self, ConfigFile},
-    detect::{DetectorConfig, DetectorSet, VerdictChange},
+    detect::{DetectorConfig, DetectorSet, JobWindow, VerdictChange},
     events::{self, Clock, EventLog},
     jobs::JobSet,
+    policy::{JobContext, JobPolicies, PhaseParams, PlanChoice, PolicyConfig, VerdictSummary},
     state::SharedState,
 };
+use ringside_client::{Constraints, Hint};
+use std::collections::BTreeMap;
 
 /// Resolved detection settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +36,8 @@ pub struct DetectSettings {
     pub detectors: DetectorConfig,
     pub jobs: JobSet,
     pub state_dir: PathBuf,
+    /// `[policy]`.
+    pub policy: PolicyConfig,
 }
 
 impl DetectSettings {
@@ -67,6 +72,7 @@ impl DetectSettings {
             detectors,
             jobs: JobSet::from_config(file.jobs.as_deref()),
             state_dir: file.state_dir.clone().unwrap_or_else(|| config::DEFAULT_STATE_DIR.into()),
+            policy: file.policy.clone().unwrap_or_default(),
         }
     }
 }
@@ -98,12 +104,14 @@ pub fn prepare(state: &SharedState, settings: &DetectSettings) {
 pub struct Detection {
     settings: DetectSettings,
     detectors: DetectorSet,
+    policies: JobPolicies,
 }
 
 impl Detection {
     pub fn new(settings: DetectSettings) -> Self {
         let detectors = DetectorSet::new(settings.detectors.clone());
-        Detection { settings, detectors }
+        let policies = JobPolicies::new(settings.policy.clone(), PhaseParams::from(&settings.detectors));
+        Detection { settings, detectors, policies }
     }
 
     /// Runs one detection window if the table has accumulated at least 90 % of one. Returns
@@ -165,7 +173,58 @@ impl Detection {
                 state.write().unwrap_or_else(|p| p.into_inner()).events.counters.state_write_errors += 1;
             }
         }
+        self.run_policy(state, &job_windows, &clock);
         true
+    }
+
+    /// The policy ([`crate::policy`]) of every job on the hint board with a window: updates its
+    /// plan and publishes plan changes (version + 1), renewals and the job's insight. Computes
+    /// outside the state lock; takes the read lock to copy the board's latest hints and the write
+    /// lock once to publish. A job without a hint yet (its baseline) is skipped.
+    fn run_policy(&mut self, state: &SharedState, job_windows: &[JobWindow], clock: &Clock) {
+        let latest: BTreeMap<String, Option<Hint>> = {
+            let s = state.read().unwrap_or_else(|p| p.into_inner());
+            s.hints.jobs().map(|j| (j.to_owned(), s.hints.latest(j))).collect()
+        };
+        self.policies.retain(&latest.keys().cloned().collect());
+        let no_constraints = Constraints::default();
+        let mut updates = Vec::new();
+        for jw in job_windows {
+            let Some(Some(latest)) = latest.get(&jw.job) else { continue };
+            let spec = self.settings.jobs.spec(&jw.job);
+            let ctx = JobContext {
+                constraints: spec.map_or(&no_constraints, |s| &s.constraints),
+                gradient_bytes: spec.and_then(|s| s.gradient_bytes),
+            };
+            let verdicts = VerdictSummary::of_job(&jw.job, self.detectors.open_verdicts());
+            let Some(policy) = self.policies.policy(&jw.job, || PlanChoice::from_hint(latest)) else { continue };
+            let now = clock.unix_ms(jw.window_end_ns);
+            let out = policy.observe(jw, verdicts, &ctx, now);
+            if let Some(d) = &out.change {
+                tracing::info!(job = %jw.job, kind = ?d.kind, from = %d.from.label(), to = %d.to.label(), reasons = ?d.reasons, confidence = d.confidence, "plan changed");
+            }
+            updates.push((jw.job.clone(), policy.hint(&jw.job, &out, Some(latest), now), Some(out.insight)));
+        }
+        // Jobs without traffic in this window keep their plan alive.
+        for (job, latest) in &latest {
+            let (Some(latest), Some(policy)) = (latest, self.policies.get_mut(job)) else { continue };
+            if !job_windows.iter().any(|jw| &jw.job == job) {
+                updates.push((job.clone(), policy.renewal(latest, clock.unix_ms), None));
+            }
+        }
+        if updates.iter().all(|(_, h, i)| h.is_none() && i.is_none()) {
+            return;
+        }
+        let mut s = state.write().unwrap_or_else(|p| p.into_inner());
+        for (job, hint, insight) in updates {
+            // A job that left the board since the read is not an error.
+            if let Some(h) = hint {
+                let _ = s.hints.publish(h);
+            }
+            if let Some(i) = insight {
+                let _ = s.hints.set_insight(&job, i);
+            }
+        }
     }
 }
 
@@ -228,7 +287,7 @@ mod tests {
     fn settings_from_file() {
         let f = ConfigFile::parse(
             "state_dir = \"/tmp/x\"\n[detect]\nwindow_ms = 500\nrecent_events = 3\n[detect.gray]\nz_open = 6.0\n\
-             [[job]]\nname = \"a\"\nmembers = [\"10.0.0.1\"]\n",
+             [[job]]\nname = \"a\"\nmembers = [\"10.0.0.1\"]\n[policy]\nmin_dwell_windows = 8\n",
             Path::new("t.toml"),
         )
         .unwrap();
@@ -239,6 +298,7 @@ mod tests {
         assert_eq!(s.detectors.gray.z_clear, crate::detect::GrayConfig::default().z_clear);
         assert_eq!(s.state_dir, PathBuf::from("/tmp/x"));
         assert_eq!(s.jobs.names(), vec!["a"]);
+        assert_eq!(s.policy, PolicyConfig { min_dwell_windows: 8, ..Default::default() });
         let d = DetectSettings::from_file(&ConfigFile::default());
         assert!(d.enabled);
         assert_eq!(d.detectors, DetectorConfig::default());
@@ -276,6 +336,52 @@ mod tests {
         assert_eq!(saved.open.len(), open.len());
         assert!(saved.open.iter().all(|e| e.state == EventState::Open));
         drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn policy_publishes_insight_and_renewals_for_jobs_on_the_board_only() {
+        let dir = tempdir("detect-policy");
+        let f = ConfigFile::parse(&format!("state_dir = \"{}\"\n", dir.display()), Path::new("t.toml")).unwrap();
+        let settings = DetectSettings::from_file(&f);
+        let job = settings.jobs.names()[0].clone();
+        let state = AgentState::new(TableSettings::default(), Duration::from_millis(100)).shared();
+        prepare(&state, &settings);
+        let mut d = Detection::new(settings);
+        let t0 = 100_000 * MS;
+        state.write().unwrap().table.apply(&second(t0, 0, 5, None));
+        let _ = state.write().unwrap().table.take_window();
+        state.write().unwrap().table.apply(&second(t0 + 1000 * MS, 1, 5, None));
+        assert!(d.tick(&state));
+        assert!(d.policies.is_empty(), "no policy for a job that is not on the board");
+        let baseline = PlanChoice {
+            algorithm: ringside_client::Algorithm::Ring,
+            chunk_bytes: 1 << 20,
+            channels: 1,
+            compression: ringside_client::Codec::None,
+            error_feedback: false,
+        };
+        {
+            let mut s = state.write().unwrap();
+            s.hints.ensure_job(&job);
+            s.hints.publish(baseline.to_hint(&job, 1, vec![], 0.5, 1)).unwrap();
+        }
+        for sec in 2..=4u64 {
+            state.write().unwrap().table.apply(&second(t0 + sec * 1000 * MS, sec, 5, None));
+            assert!(d.tick(&state));
+        }
+        let s = state.read().unwrap();
+        let h = s.hints.latest(&job).unwrap();
+        assert_eq!(h.version, 1, "a healthy job keeps its baseline plan");
+        assert!(h.expires_at > 1, "renewed");
+        let insight = s.hints.insight(&job).expect("insight");
+        assert_eq!(insight.peers.len(), 5);
+        assert!(insight.peers.iter().all(|p| p.health == "healthy"), "{insight:?}");
+        drop(s);
+        state.write().unwrap().hints.remove_job(&job);
+        state.write().unwrap().table.apply(&second(t0 + 5000 * MS, 5, 5, None));
+        assert!(d.tick(&state));
+        assert!(d.policies.is_empty(), "forgotten with the job");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

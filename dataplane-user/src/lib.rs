@@ -14,6 +14,7 @@ pub mod jobs;
 pub mod loader;
 pub mod metrics;
 pub mod object;
+pub mod policy;
 pub mod state;
 pub mod testrun;
 pub mod detect;

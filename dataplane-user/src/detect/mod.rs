@@ -32,13 +32,14 @@ mod verdict;
 #[cfg(test)]
 mod scenarios;
 #[cfg(test)]
-mod sim;
+pub(crate) mod sim;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 pub use config::{CongestionConfig, DetectorConfig, GrayConfig, PersistenceConfig, StragglerConfig};
 pub use input::{BurstSummary, JobWindow, LinkWindow, PeerWindow};
+pub(crate) use input::{merge_phases, Phase};
 pub use verdict::{
     Classification, EndReason, Evidence, Metric, PeerCount, Reference, Scope, Severity, Verdict,
     VerdictChange, VerdictKind, WindowCount,

@@ -1,0 +1,106 @@
+//! Policy parameters, all defaulted (`[policy]` in the TOML config can set them).
+//!
+//! Windows are detection windows (1 s by default). Rationale for the defaults: a change needs
+//! evidence in `trigger_windows` (3) consecutive windows and a predicted gain of at least
+//! `min_improvement` (20 %), so ±15 % noise on a healthy job never changes its plan; after a
+//! change nothing else changes for `min_dwell_windows` (5); the change is judged on
+//! `verify_windows` (3) windows after `settle_windows` (1) for the job to pick it up, and undone
+//! if it gained less than `verify_min_gain` (10 %); an undone plan is not retried for
+//! `cooldown_windows` (60); a compressed job returns to its baseline plan after
+//! `recover_windows` (10) healthy windows.
+
+use serde::{Deserialize, Serialize};
+
+use super::cost::CostConstants;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Windows whose medians are the job's current step/comm time and bottleneck goodput (3).
+    pub recent_windows: usize,
+    /// Healthy windows under the baseline plan kept as its baseline (30).
+    pub baseline_windows: usize,
+    /// Baseline windows needed before "communication time over its baseline" can trigger (5).
+    pub min_baseline_windows: usize,
+    /// Communication time at or over this multiple of its healthy baseline is degraded (1.3);
+    /// under it, the window counts towards recovery.
+    pub degrade_ratio: f64,
+    /// Consecutive degraded (or target-missing) windows before the policy acts (3). An open
+    /// congestion/gray verdict counts at once: the detectors already required persistence.
+    pub trigger_windows: u32,
+    /// A new plan must predict at least this much less communication time than the current (0.2).
+    pub min_improvement: f64,
+    /// Among plans within this fraction of the best prediction, the least lossy wins (0.15).
+    pub lossy_slack: f64,
+    /// Windows after a change before the next adapt/restore (5).
+    pub min_dwell_windows: u64,
+    /// Windows after a change ignored by verification: the job applies hints at a step boundary (1).
+    pub settle_windows: u64,
+    /// Windows of observed communication time that verify a change (3).
+    pub verify_windows: usize,
+    /// A change is kept only if communication time fell by at least this fraction (0.1).
+    pub verify_min_gain: f64,
+    /// Windows during which a reverted plan is not chosen again (60).
+    pub cooldown_windows: u64,
+    /// Consecutive healthy windows before a compressed job returns to its baseline (10).
+    pub recover_windows: u32,
+    /// Loss ratio (loss packets / data packets) from which a path is lossy (0.01).
+    pub lossy_ratio: f64,
+    /// Top-k ratio the policy proposes (raised to the tenant's `min_topk_ratio`) (0.1).
+    pub topk_ratio: f32,
+    /// Most channels the policy proposes, whatever the tenant allows (8).
+    pub max_channels: u8,
+    /// Renew the current hint this often, ms (10 000).
+    pub renew_ms: u64,
+    /// A published hint expires this long after publication, ms (60 000).
+    pub hint_ttl_ms: u64,
+    /// Decisions remembered per job (32).
+    pub history_len: usize,
+    /// Jobs with a policy (1024); further jobs get none until one leaves.
+    pub max_jobs: usize,
+    /// Cost model constants (see [`super::cost`]).
+    pub cost: CostConstants,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            recent_windows: 3,
+            baseline_windows: 30,
+            min_baseline_windows: 5,
+            degrade_ratio: 1.3,
+            trigger_windows: 3,
+            min_improvement: 0.2,
+            lossy_slack: 0.15,
+            min_dwell_windows: 5,
+            settle_windows: 1,
+            verify_windows: 3,
+            verify_min_gain: 0.1,
+            cooldown_windows: 60,
+            recover_windows: 10,
+            lossy_ratio: 0.01,
+            topk_ratio: 0.1,
+            max_channels: 8,
+            renew_ms: 10_000,
+            hint_ttl_ms: 60_000,
+            history_len: 32,
+            max_jobs: 1024,
+            cost: CostConstants::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_overrides_some_fields_and_rejects_typos() {
+        let c: PolicyConfig = toml::from_str("degrade_ratio = 1.5\n[cost]\nalpha_s = 0.0002\n").unwrap();
+        assert_eq!(c.degrade_ratio, 1.5);
+        assert_eq!(c.cost.alpha_s, 0.0002);
+        assert_eq!(c.cost.int8_bps, CostConstants::default().int8_bps);
+        assert_eq!(c.recent_windows, 3);
+        assert!(toml::from_str::<PolicyConfig>("degrade_ration = 1.5\n").is_err());
+    }
+}

@@ -1,0 +1,514 @@
+//! One job's policy: a small state machine fed one window at a time.
+//!
+//! Each window ([`JobPolicy::observe`]):
+//! 1. observe ([`super::observe`]) and update the recent medians; a window under the baseline
+//!    plan with no open verdict, no lossy path and communication time under `degrade_ratio` ×
+//!    its baseline extends the healthy baseline (communication time and bottleneck goodput);
+//! 2. classify: *degraded* = an open congestion/gray verdict, a lossy path, or communication
+//!    time ≥ `degrade_ratio` × what the healthy baseline predicts for the current plan (the
+//!    latter never while a straggler verdict is open and no network verdict: a straggler's
+//!    wait is compute); *target missed* = observed step time over the tenant's target (not
+//!    while a straggler verdict is open);
+//! 3. while a change is being verified: after `settle_windows`, collect `verify_windows`
+//!    windows of communication time; if it fell by less than `verify_min_gain` against the
+//!    previous plan's, revert, and put the reverted plan in cooldown;
+//! 4. otherwise, at least `min_dwell_windows` after the last change: when degraded for
+//!    `trigger_windows` (at once on a verdict) or missing the target for `trigger_windows`,
+//!    choose a plan ([`super::decide`]) and adopt it if it predicts ≥ `min_improvement` less
+//!    communication time than the current one; when not at the baseline and healthy for
+//!    `recover_windows` (and the baseline is predicted to meet the target, if any), return to
+//!    the baseline plan.
+//!
+//! Invariants: a healthy job without a step-time target miss never leaves its baseline plan;
+//! every plan satisfies the job's constraints; at most one change per window; the decision
+//! history and the cooldown list are bounded; no clock is read (time comes in as arguments).
+
+use std::collections::VecDeque;
+
+use ringside_client::{Codec, Constraints, Hint};
+use serde::Serialize;
+
+use super::config::PolicyConfig;
+use super::cost::{Calibrated, CostModel, PathModel, PlanChoice};
+use super::decide::{candidates, choose, Trigger};
+use super::observe::{median, ObservationHistory, PhaseParams, StepTracker, VerdictSummary, WindowObservation, WindowSummary};
+use crate::detect::JobWindow;
+use crate::hints::{JobInsight, PeerHealth};
+
+/// What the policy knows of the job from its registration.
+#[derive(Clone, Copy, Debug)]
+pub struct JobContext<'a> {
+    pub constraints: &'a Constraints,
+    /// f32 bytes reduced per step, if the tenant said.
+    pub gradient_bytes: Option<u64>,
+}
+
+/// What a decision did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionKind {
+    /// Left the current plan for a better predicted one.
+    Adapt,
+    /// A change did not help and was undone.
+    Revert,
+    /// Back to the baseline plan after recovery.
+    Restore,
+    /// A change was checked and kept (no plan change).
+    Verified,
+}
+
+/// One entry of the decision history (logs, insight).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub unix_ms: u64,
+    pub kind: DecisionKind,
+    pub from: PlanChoice,
+    pub to: PlanChoice,
+    pub reasons: Vec<String>,
+    pub confidence: f64,
+    /// Communication time per step observed under `from` (for `verified`: under `to`), ms.
+    pub observed_comm_ms: Option<f64>,
+    /// Communication time expected under `to`, ms: the model's prediction (adapt, restore,
+    /// verified: the prediction that was verified), for a revert what `to` had before.
+    pub predicted_comm_ms: Option<f64>,
+}
+
+/// The result of one window.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyOutput {
+    /// A plan change to publish (never of kind `Verified`).
+    pub change: Option<Decision>,
+    /// The current hint is due for renewal.
+    pub renew: bool,
+    pub insight: JobInsight,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Verification {
+    from: PlanChoice,
+    from_comm_s: f64,
+    predicted_s: f64,
+    samples: Vec<f64>,
+}
+
+/// Healthy-baseline samples (communication time, bottleneck goodput) under the baseline plan.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Baseline {
+    comm_s: VecDeque<f64>,
+    bottleneck_bps: VecDeque<f64>,
+    /// f32 bytes per step (given or estimated) in those windows.
+    bytes: VecDeque<f64>,
+}
+
+/// The policy of one job.
+#[derive(Clone, Debug)]
+pub struct JobPolicy {
+    cfg: PolicyConfig,
+    phases: PhaseParams,
+    model: CostModel,
+    baseline_plan: PlanChoice,
+    current: PlanChoice,
+    reasons: Vec<String>,
+    confidence: f64,
+    /// Prediction made when the current plan was adopted.
+    predicted_s: Option<f64>,
+    window: u64,
+    last_change_window: Option<u64>,
+    verifying: Option<Verification>,
+    /// Reverted plans not to choose again before a window: (plan, every compressed plan too, until).
+    cooldown: Vec<(PlanChoice, bool, u64)>,
+    history: VecDeque<Decision>,
+    recent: ObservationHistory,
+    steps: StepTracker,
+    baseline: Baseline,
+    degraded_streak: u32,
+    target_streak: u32,
+    healthy_streak: u32,
+    last_publish_ms: Option<u64>,
+}
+
+const MAX_COOLDOWN: usize = 16;
+
+impl JobPolicy {
+    /// A policy whose baseline (and current) plan is `baseline`: the hint the job registered with.
+    pub fn new(cfg: PolicyConfig, phases: PhaseParams, baseline: PlanChoice) -> Self {
+        let model = CostModel::new(cfg.cost.clone());
+        let recent = ObservationHistory::new(cfg.recent_windows);
+        JobPolicy {
+            cfg,
+            phases,
+            model,
+            baseline_plan: baseline,
+            current: baseline,
+            reasons: Vec::new(),
+            confidence: 0.5,
+            predicted_s: None,
+            window: 0,
+            last_change_window: None,
+            verifying: None,
+            cooldown: Vec::new(),
+            history: VecDeque::new(),
+            recent,
+            steps: StepTracker::default(),
+            baseline: Baseline::default(),
+            degraded_streak: 0,
+            target_streak: 0,
+            healthy_streak: 0,
+            last_publish_ms: None,
+        }
+    }
+
+    pub fn current(&self) -> &PlanChoice {
+        &self.current
+    }
+
+    pub fn baseline(&self) -> &PlanChoice {
+        &self.baseline_plan
+    }
+
+    /// The last `history_len` decisions, oldest first.
+    pub fn history(&self) -> impl Iterator<Item = &Decision> {
+        self.history.iter()
+    }
+
+    /// The hint to publish after `out`, given the board's latest hint of the job: a new version
+    /// for a change, the latest one with a new expiry for a renewal, else `None`.
+    pub fn hint(&self, job: &str, out: &PolicyOutput, latest: Option<&Hint>, now_unix_ms: u64) -> Option<Hint> {
+        let expires_at = now_unix_ms.saturating_add(self.cfg.hint_ttl_ms);
+        if out.change.is_some() {
+            let version = latest.map_or(1, |h| h.version + 1);
+            return Some(self.current.to_hint(job, version, self.reasons.clone(), self.confidence, expires_at));
+        }
+        if out.renew {
+            return latest.map(|h| Hint { expires_at, ..h.clone() });
+        }
+        None
+    }
+
+    /// Whether the hint is due for renewal at `now_unix_ms`; if so, counts it as renewed (the
+    /// caller publishes).
+    fn renew_due(&mut self, now_unix_ms: u64) -> bool {
+        let due = self.last_publish_ms.is_none_or(|t| now_unix_ms >= t.saturating_add(self.cfg.renew_ms));
+        if due {
+            self.last_publish_ms = Some(now_unix_ms);
+        }
+        due
+    }
+
+    /// For a job on the board without traffic in this window: its latest hint with a new expiry
+    /// when a renewal is due, so an idle job's plan does not go stale.
+    pub fn renewal(&mut self, latest: &Hint, now_unix_ms: u64) -> Option<Hint> {
+        self.renew_due(now_unix_ms)
+            .then(|| Hint { expires_at: now_unix_ms.saturating_add(self.cfg.hint_ttl_ms), ..latest.clone() })
+    }
+
+    fn bytes_per_step(&self, ctx: &JobContext, ranks: usize) -> Option<f64> {
+        if let Some(b) = ctx.gradient_bytes.filter(|&b| b > 0) {
+            return Some(b as f64);
+        }
+        // What this host receives per step is about the algorithm's per-rank share of the
+        // (compressed) buffer: 2(n−1)/n·S' for ring and rhd, 2·S' for a tree.
+        let n = ranks.max(2) as f64;
+        let share = match self.current.algorithm {
+            ringside_client::Algorithm::Tree => 2.0,
+            _ => 2.0 * (n - 1.0) / n,
+        };
+        let wire = self.current.compression.wire_bytes_per_f32() / 4.0;
+        self.recent.bytes_per_step().map(|b| b / share / wire)
+    }
+
+    fn calibrated(&self, ctx: &JobContext) -> Option<Calibrated> {
+        let ranks = self.recent.ranks();
+        let comm = self.recent.comm_s()?;
+        let bandwidth_bps = self.recent.bottleneck_bps()?;
+        let bytes = self.bytes_per_step(ctx, ranks)?;
+        let lossy = self.recent.max_loss().is_some_and(|l| l >= self.cfg.lossy_ratio);
+        let path = PathModel { ranks, bytes, bandwidth_bps, lossy };
+        Some(Calibrated::new(self.model.clone(), path, &self.current, comm))
+    }
+
+    /// Communication time the healthy baseline predicts for the current plan and gradient size,
+    /// seconds: the baseline's median, scaled by the model from (baseline plan, baseline bytes)
+    /// to (current plan, current bytes) at the baseline's bottleneck goodput. So a compressed
+    /// plan, or a job whose gradient grew, is compared with what it should take when healthy.
+    fn healthy_comm_s(&self, cal: Option<&Calibrated>) -> Option<f64> {
+        if self.baseline.comm_s.len() < self.cfg.min_baseline_windows.max(1) {
+            return None;
+        }
+        let base = median(self.baseline.comm_s.iter().copied())?;
+        let Some(cal) = cal else { return (self.current == self.baseline_plan).then_some(base) };
+        let now = PathModel {
+            bandwidth_bps: median(self.baseline.bottleneck_bps.iter().copied()).unwrap_or(cal.path.bandwidth_bps),
+            lossy: false,
+            ..cal.path
+        };
+        let then = PathModel { bytes: median(self.baseline.bytes.iter().copied()).unwrap_or(now.bytes), ..now };
+        let (cur, b) = (self.model.seconds(&self.current, &now), self.model.seconds(&self.baseline_plan, &then));
+        (b > 0.0).then(|| base * cur / b)
+    }
+
+    fn record(&mut self, d: Decision) {
+        if self.history.len() >= self.cfg.history_len.max(1) {
+            self.history.pop_front();
+        }
+        self.history.push_back(d);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn change(&mut self, kind: DecisionKind, to: PlanChoice, reasons: Vec<String>, confidence: f64, predicted_s: Option<f64>, observed_s: Option<f64>, now: u64) -> Decision {
+        let from = self.current;
+        let d = Decision {
+            unix_ms: now,
+            kind,
+            from,
+            to,
+            reasons: reasons.clone(),
+            confidence,
+            observed_comm_ms: observed_s.map(|s| s * 1e3),
+            predicted_comm_ms: predicted_s.map(|s| s * 1e3),
+        };
+        self.record(d.clone());
+        self.current = to;
+        self.reasons = reasons;
+        self.confidence = confidence;
+        self.predicted_s = predicted_s;
+        self.last_change_window = Some(self.window);
+        self.recent.clear();
+        self.degraded_streak = 0;
+        self.target_streak = 0;
+        self.healthy_streak = 0;
+        self.verifying = match (kind, observed_s, predicted_s) {
+            (DecisionKind::Adapt, Some(o), Some(p)) => {
+                Some(Verification { from, from_comm_s: o, predicted_s: p, samples: Vec::new() })
+            }
+            _ => None,
+        };
+        d
+    }
+
+    fn in_cooldown(&self, p: &PlanChoice) -> bool {
+        let compressed = p.compression != Codec::None;
+        self.cooldown.iter().any(|(c, all, until)| self.window < *until && (c == p || (*all && compressed)))
+    }
+
+    /// Feeds one window of the job with its open verdicts; `now_unix_ms` is the window's end.
+    pub fn observe(&mut self, w: &JobWindow, verdicts: VerdictSummary, ctx: &JobContext, now_unix_ms: u64) -> PolicyOutput {
+        self.window += 1;
+        self.cooldown.retain(|(_, _, until)| *until > self.window);
+        let obs = WindowObservation::from_window(&self.phases, w, verdicts, &mut self.steps);
+        let summary = WindowSummary::of(&obs);
+        self.recent.push(summary);
+        let cal = self.calibrated(ctx);
+        let comm = self.recent.comm_s();
+        let healthy_comm = self.healthy_comm_s(cal.as_ref());
+        let ratio = comm.zip(healthy_comm).filter(|(_, h)| *h > 0.0).map(|(c, h)| c / h);
+
+        // Triggers of this window.
+        let mut triggers: Vec<Trigger> = Vec::new();
+        if obs.uplink_congested {
+            triggers.push(Trigger::UplinkCongested);
+        }
+        for p in &obs.peers {
+            match p.loss_ratio {
+                Some(loss) if loss >= self.cfg.lossy_ratio => triggers.push(Trigger::LossyPeer { peer: p.peer, loss }),
+                _ if obs.verdicts.gray_peers.contains(&p.peer) => triggers.push(Trigger::DegradedPeer { peer: p.peer }),
+                _ => {}
+            }
+        }
+        let network = !triggers.is_empty();
+        let verdict = obs.verdicts.network();
+        let straggler_only = obs.verdicts.straggler && !network;
+        let inflated = !straggler_only && ratio.is_some_and(|r| r >= self.cfg.degrade_ratio);
+        if inflated {
+            triggers.push(Trigger::CommInflated { ratio: ratio.unwrap_or(0.0) });
+        }
+        let degraded = network || inflated;
+        self.degraded_streak = if degraded { self.degraded_streak.saturating_add(1) } else { 0 };
+        self.healthy_streak = if !degraded && ratio.is_none_or(|r| r < self.cfg.degrade_ratio) { self.healthy_streak.saturating_add(1) } else { 0 };
+        let target_s = ctx.constraints.step_time_target_ms.map(|t| t / 1e3);
+        let step = self.recent.step_s();
+        let target_missed = !obs.verdicts.straggler && target_s.zip(step).is_some_and(|(t, s)| s > t);
+        self.target_streak = if target_missed { self.target_streak.saturating_add(1) } else { 0 };
+        // The communication budget the target leaves after compute.
+        let budget_s = target_s.zip(step).zip(comm).map(|((t, s), c)| t - (s - c).max(0.0)).filter(|b| *b > 0.0);
+
+        // Healthy baseline under the baseline plan.
+        if self.current == self.baseline_plan && self.verifying.is_none() && !degraded && !obs.verdicts.straggler {
+            let bytes = cal.as_ref().map(|c| c.path.bytes);
+            if let (Some(c), Some(b), Some(s)) = (summary.comm_s, summary.bottleneck_bps, bytes) {
+                let cap = self.cfg.baseline_windows.max(1);
+                let q = &mut self.baseline;
+                for (q, v) in [(&mut q.comm_s, c), (&mut q.bottleneck_bps, b), (&mut q.bytes, s)] {
+                    if q.len() == cap {
+                        q.pop_front();
+                    }
+                    q.push_back(v);
+                }
+            }
+        }
+
+        let change = self.decide(ctx, &obs, cal.as_ref(), &triggers, (verdict, network), target_s, budget_s, step, now_unix_ms);
+
+        let renew = change.is_some() || self.renew_due(now_unix_ms);
+        let predicted = self.predicted_s.or_else(|| cal.as_ref().map(|c| c.predict(&self.current)));
+        let insight = JobInsight {
+            updated_unix_ms: now_unix_ms,
+            step_ms: self.recent.step_s().map(|s| s * 1e3),
+            comm_ms: self.recent.comm_s().map(|s| s * 1e3),
+            predicted_comm_ms: predicted.map(|s| s * 1e3),
+            peers: obs
+                .peers
+                .iter()
+                .map(|p| PeerHealth {
+                    peer: p.peer,
+                    health: if p.idle {
+                        "idle"
+                    } else if p.degraded || p.loss_ratio.is_some_and(|l| l >= self.cfg.lossy_ratio) {
+                        "degraded"
+                    } else {
+                        "healthy"
+                    }
+                    .into(),
+                    goodput_bytes_per_second: p.goodput_bps,
+                    loss_ratio: p.loss_ratio,
+                })
+                .collect(),
+        };
+        PolicyOutput { change, renew, insight }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn decide(
+        &mut self,
+        ctx: &JobContext,
+        obs: &WindowObservation,
+        cal: Option<&Calibrated>,
+        triggers: &[Trigger],
+        (verdict, network): (bool, bool),
+        target_s: Option<f64>,
+        budget_s: Option<f64>,
+        step_s: Option<f64>,
+        now: u64,
+    ) -> Option<Decision> {
+        let since_change = self.last_change_window.map_or(u64::MAX, |w| self.window - w);
+
+        // Verification of the last change.
+        if let Some(v) = self.verifying.as_mut() {
+            if since_change > self.cfg.settle_windows {
+                if let Some(c) = obs.comm_s() {
+                    v.samples.push(c);
+                }
+            }
+            let enough = v.samples.len() >= self.cfg.verify_windows.max(1);
+            let timed_out = since_change > self.cfg.settle_windows + 3 * self.cfg.verify_windows.max(1) as u64;
+            if !enough && !timed_out {
+                return None;
+            }
+            let v = self.verifying.take()?;
+            let after = median(v.samples.iter().copied()).unwrap_or(f64::INFINITY);
+            let to = self.current;
+            if after <= v.from_comm_s * (1.0 - self.cfg.verify_min_gain) {
+                let d = Decision {
+                    unix_ms: now,
+                    kind: DecisionKind::Verified,
+                    from: v.from,
+                    to,
+                    reasons: vec![format!(
+                        "{} cut communication time from {:.0} ms to {:.0} ms (predicted {:.0} ms)",
+                        to.compression,
+                        v.from_comm_s * 1e3,
+                        after * 1e3,
+                        v.predicted_s * 1e3
+                    )],
+                    confidence: self.confidence,
+                    observed_comm_ms: Some(after * 1e3),
+                    predicted_comm_ms: Some(v.predicted_s * 1e3),
+                };
+                self.predicted_s = Some(after);
+                self.record(d);
+                return None;
+            }
+            let what = if to.compression != v.from.compression { to.compression.to_string() } else { to.label() };
+            let reason = if v.samples.is_empty() {
+                format!("reverted: {what} could not be verified (no training steps observed)")
+            } else {
+                format!(
+                    "reverted: {what} did not reduce communication time ({:.0} ms vs {:.0} ms)",
+                    after * 1e3,
+                    v.from_comm_s * 1e3
+                )
+            };
+            if self.cooldown.len() >= MAX_COOLDOWN {
+                self.cooldown.remove(0);
+            }
+            // Compression that did not cut communication time means the job is not bound by
+            // its wire bytes now: no codec is retried during the cooldown, not only this one.
+            let all_codecs = to.compression != Codec::None && v.from.compression == Codec::None;
+            self.cooldown.push((to, all_codecs, self.window + self.cfg.cooldown_windows));
+            let after = after.is_finite().then_some(after);
+            return Some(self.change(DecisionKind::Revert, v.from, vec![reason], 0.9, Some(v.from_comm_s), after, now));
+        }
+        if since_change < self.cfg.min_dwell_windows {
+            return None;
+        }
+
+        let act_degraded = verdict || self.degraded_streak >= self.cfg.trigger_windows.max(1);
+        let act_target = self.target_streak >= self.cfg.trigger_windows.max(1);
+        if act_degraded || act_target {
+            let cal = cal?;
+            let cands: Vec<PlanChoice> = candidates(ctx.constraints, &self.baseline_plan, self.cfg.topk_ratio, self.cfg.max_channels)
+                .into_iter()
+                .filter(|p| !self.in_cooldown(p))
+                .collect();
+            let choice = choose(&cands, |p| cal.predict(p), if act_target { budget_s } else { None }, self.cfg.lossy_slack, &self.baseline_plan)?;
+            let now_s = cal.predict(&self.current);
+            if choice.plan == self.current || choice.predicted_s > now_s * (1.0 - self.cfg.min_improvement) {
+                return None;
+            }
+            let mut reasons: Vec<String> = triggers.iter().map(ToString::to_string).collect();
+            if act_target {
+                if let (Some(t), Some(s)) = (target_s, step_s) {
+                    reasons.push(Trigger::TargetMissed { target_ms: t * 1e3, observed_ms: s * 1e3 }.to_string());
+                }
+            }
+            reasons.push(format!(
+                "{} predicted to cut communication time from {:.0} ms to {:.0} ms",
+                choice.plan.label(),
+                now_s * 1e3,
+                choice.predicted_s * 1e3
+            ));
+            let gain = 1.0 - choice.predicted_s / now_s;
+            let mut confidence = (0.3 + gain).min(0.9);
+            if !cal.trusted() {
+                confidence *= 0.7;
+            }
+            if !network {
+                confidence *= 0.9;
+            }
+            let observed = self.recent.comm_s();
+            return Some(self.change(DecisionKind::Adapt, choice.plan, reasons, confidence, Some(choice.predicted_s), observed, now));
+        }
+
+        if self.current != self.baseline_plan && !network && self.healthy_streak >= self.cfg.recover_windows.max(1) {
+            let baseline_s = cal.map(|c| c.predict(&self.baseline_plan));
+            // With a target, only when the baseline is predicted to meet it with a margin (no
+            // flapping on a borderline target).
+            let margin = 1.0 - self.cfg.verify_min_gain;
+            if target_s.is_some() && baseline_s.zip(budget_s).is_none_or(|(p, b)| p > b * margin) {
+                return None;
+            }
+            let reason = if target_s.is_some() {
+                format!("healthy for {} windows and the original plan meets the step time target: back to it", self.healthy_streak)
+            } else {
+                format!("network healthy again for {} windows: back to the original plan", self.healthy_streak)
+            };
+            let baseline = self.baseline_plan;
+            let observed = self.recent.comm_s();
+            let d = self.change(DecisionKind::Restore, baseline, vec![reason], 0.8, baseline_s, observed, now);
+            // The baseline's own history predicts it better than a model calibrated on another plan.
+            self.predicted_s = None;
+            return Some(d);
+        }
+        None
+    }
+}

@@ -1,0 +1,425 @@
+//! Closed-loop policy tests: a fake job whose communication time follows the plan the policy
+//! publishes (the "truth" is the cost model with its own α, per-peer bandwidths and seeded
+//! noise), observed through the same `JobWindow`s the collector builds.
+
+use std::net::IpAddr;
+
+use ringside_client::{Algorithm, Codec, Constraints};
+
+use super::cost::{CostConstants, CostModel, PathModel, PlanChoice};
+use super::job::{DecisionKind, JobContext, JobPolicy};
+use super::observe::{PhaseParams, VerdictSummary};
+use super::PolicyConfig;
+use crate::detect::{BurstSummary, JobWindow, PeerWindow};
+
+const MS: u64 = 1_000_000;
+const S: u64 = 1_000_000_000;
+const MIB16: u64 = 16 << 20;
+
+/// splitmix64, seeded.
+struct Rng(u64);
+
+impl Rng {
+    fn unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Uniform in [1 − a, 1 + a].
+    fn factor(&mut self, a: f64) -> f64 {
+        1.0 + a * (2.0 * self.unit() - 1.0)
+    }
+}
+
+struct FakeJob {
+    peers: Vec<IpAddr>,
+    /// Path bandwidth per peer, bytes/s.
+    bw: Vec<f64>,
+    /// Loss ratio per peer.
+    loss: Vec<f64>,
+    gradient_bytes: u64,
+    compute_ns: u64,
+    truth: CostModel,
+    /// Whether compression shortens the wire time (false: the path is CPU-bound, it does not).
+    compression_helps: bool,
+    /// Extra compute of one rank (its peers wait: a straggler).
+    straggler_ns: u64,
+    /// Whether the tenant registered `gradient_bytes` (else the policy estimates it).
+    tell_gradient: bool,
+    /// Noise: per-window factor and per-step per-peer factor on bandwidth, ± fraction.
+    window_noise: f64,
+    step_noise: f64,
+    t_ns: u64,
+    rng: Rng,
+}
+
+impl FakeJob {
+    /// 4 ranks (this host and 3 peers) at the testbed's 0.43 GB/s, 16 MiB, 50 ms compute.
+    fn testbed(seed: u64) -> Self {
+        FakeJob {
+            peers: (2..=4).map(|i| format!("10.0.0.{i}").parse().unwrap()).collect(),
+            bw: vec![0.43e9; 3],
+            loss: vec![0.0; 3],
+            gradient_bytes: MIB16,
+            compute_ns: 50 * MS,
+            truth: CostModel::new(CostConstants { alpha_s: 150e-6, ..Default::default() }),
+            compression_helps: true,
+            straggler_ns: 0,
+            tell_gradient: false,
+            window_noise: 0.05,
+            step_noise: 0.05,
+            t_ns: 0,
+            rng: Rng(seed),
+        }
+    }
+
+    fn window(&mut self, plan: &PlanChoice) -> JobWindow {
+        let n = self.peers.len() + 1;
+        let start = self.t_ns;
+        let end = start + S;
+        let wf = self.rng.factor(self.window_noise);
+        let mut bursts: Vec<Vec<BurstSummary>> = vec![Vec::new(); self.peers.len()];
+        let mut loss_pkts = vec![0u64; self.peers.len()];
+        let mut data_pkts = vec![0u64; self.peers.len()];
+        let wire_plan = if self.compression_helps { *plan } else { PlanChoice { compression: Codec::None, ..*plan } };
+        let peer_bytes = (self.gradient_bytes as f64 * plan.compression.wire_bytes_per_f32() / 4.0 * 2.0 * (n as f64 - 1.0) / n as f64) as u64;
+        let mut t = self.t_ns;
+        loop {
+            let c0 = t + self.compute_ns;
+            let mut step_end = c0;
+            let durations: Vec<u64> = (0..self.peers.len())
+                .map(|i| {
+                    let bw = self.bw[i] * wf * self.rng.factor(self.step_noise);
+                    let path = PathModel { ranks: n, bytes: self.gradient_bytes as f64, bandwidth_bps: bw, lossy: self.loss[i] > 0.0 };
+                    (self.truth.seconds(&wire_plan, &path) * 1e9) as u64
+                })
+                .collect();
+            // The ring runs at its slowest path; every peer's phase spans the whole allreduce.
+            let comm = *durations.iter().max().unwrap();
+            for (i, b) in bursts.iter_mut().enumerate() {
+                let (s, e) = if self.straggler_ns > 0 && i != 0 {
+                    // Peers send a first chunk, then wait for rank 0's late data.
+                    b.push(BurstSummary { start_ns: c0, end_ns: c0 + 2 * MS, bytes: peer_bytes / 6 });
+                    (c0 + self.straggler_ns, c0 + self.straggler_ns + comm)
+                } else {
+                    (c0 + if i == 0 { self.straggler_ns } else { 0 }, c0 + self.straggler_ns + comm)
+                };
+                // The kernel splits a phase into bursts at 1 ms idle gaps.
+                let mid = s + (e - s) / 2;
+                b.push(BurstSummary { start_ns: s, end_ns: mid, bytes: peer_bytes / 2 });
+                b.push(BurstSummary { start_ns: mid + MS / 2, end_ns: e, bytes: peer_bytes - peer_bytes / 2 });
+                let pk = peer_bytes / 1448;
+                data_pkts[i] += pk;
+                loss_pkts[i] += (pk as f64 * self.loss[i]) as u64;
+                step_end = step_end.max(e);
+            }
+            t = step_end;
+            if t >= end {
+                break;
+            }
+        }
+        // Bursts that end after the window belong to the next one: keep it simple and let the
+        // next window start where the last step ended.
+        self.t_ns = t;
+        JobWindow {
+            job: "j".into(),
+            window_start_ns: start,
+            window_end_ns: t.max(start + 1),
+            peers: self
+                .peers
+                .iter()
+                .enumerate()
+                .map(|(i, &peer)| PeerWindow {
+                    peer,
+                    link: format!("veth{i}"),
+                    bytes: bursts[i].iter().map(|b| b.bytes).sum(),
+                    data_packets: data_pkts[i],
+                    retrans: loss_pkts[i] + 3,
+                    ce_marks: 0,
+                    cnps: 0,
+                    psn_gap_packets: 0,
+                    naks: 0,
+                    bursts: std::mem::take(&mut bursts[i]),
+                    explained_by: None,
+                    lossy_via: None,
+                })
+                .collect(),
+            links: Vec::new(),
+        }
+    }
+}
+
+fn baseline() -> PlanChoice {
+    PlanChoice { algorithm: Algorithm::Ring, chunk_bytes: 1 << 20, channels: 1, compression: Codec::None, error_feedback: false }
+}
+
+/// Runs `windows` windows; `at(w, job, verdicts)` changes the world before window `w`.
+/// Returns the policy and the plan of every window.
+fn run(
+    job: &mut FakeJob,
+    constraints: &Constraints,
+    windows: usize,
+    mut at: impl FnMut(usize, &mut FakeJob, &mut VerdictSummary),
+) -> (JobPolicy, Vec<PlanChoice>) {
+    let mut p = JobPolicy::new(PolicyConfig::default(), PhaseParams::default(), baseline());
+    let ctx = JobContext { constraints, gradient_bytes: job.tell_gradient.then_some(job.gradient_bytes) };
+    let mut verdicts = VerdictSummary::default();
+    let mut plans = Vec::new();
+    for w in 0..windows {
+        at(w, job, &mut verdicts);
+        let jw = job.window(p.current());
+        let out = p.observe(&jw, verdicts.clone(), &ctx, 1_000 * w as u64);
+        if let Some(c) = &out.change {
+            assert!(c.kind != DecisionKind::Verified);
+            assert!(!c.reasons.is_empty(), "{c:?}");
+            assert!(c.reasons.iter().all(|r| !r.contains("veth")), "no link names in reasons: {:?}", c.reasons);
+            let h = p.hint("j", &out, None, 1_000 * w as u64).unwrap();
+            assert!((0.0..=1.0).contains(&h.confidence));
+        }
+        plans.push(*p.current());
+    }
+    (p, plans)
+}
+
+fn kinds(p: &JobPolicy) -> Vec<DecisionKind> {
+    p.history().map(|d| d.kind).collect()
+}
+
+fn slow_peer(from: usize, to: usize) -> impl FnMut(usize, &mut FakeJob, &mut VerdictSummary) {
+    move |w, job, _| {
+        job.bw[1] = if (from..to).contains(&w) { 0.43e9 / 4.0 } else { 0.43e9 };
+    }
+}
+
+#[test]
+fn compresses_when_a_path_slows_and_returns_to_baseline_after_recovery() {
+    let mut job = FakeJob::testbed(1);
+    let (p, plans) = run(&mut job, &Constraints::default(), 120, slow_peer(20, 70));
+    assert!(plans[..20].iter().all(|q| *q == baseline()), "healthy: baseline plan");
+    let adapted = plans[20..30].iter().find(|q| q.compression != Codec::None).expect("compresses within 10 windows");
+    assert!(adapted.error_feedback);
+    assert_eq!(kinds(&p), vec![DecisionKind::Adapt, DecisionKind::Verified, DecisionKind::Restore], "{:#?}", p.history().collect::<Vec<_>>());
+    let first = p.history().next().unwrap();
+    assert!(first.reasons.iter().any(|r| r.starts_with("communication time ")), "{:?}", first.reasons);
+    assert_eq!(*plans.last().unwrap(), baseline());
+    let restore = p.history().last().unwrap();
+    assert!(restore.reasons[0].contains("back to the original plan"));
+}
+
+#[test]
+fn verdict_on_a_lossy_peer_is_a_reason_and_acts_at_once() {
+    let mut job = FakeJob::testbed(2);
+    let peer = job.peers[1];
+    let (p, plans) = run(&mut job, &Constraints::default(), 40, move |w, job, v| {
+        if w == 20 {
+            job.bw[1] = 0.43e9 / 4.0;
+            job.loss[1] = 0.03;
+        }
+        if w >= 21 {
+            v.gray_peers.insert(peer);
+        }
+    });
+    let d = p.history().next().expect("a change");
+    assert!(d.reasons.iter().any(|r| r == "path to peer 10.0.0.3 lossy (3.0% loss)"), "{:?}", d.reasons);
+    assert!(plans[21..24].iter().any(|q| q.compression != Codec::None), "a verdict acts without waiting for the streak");
+}
+
+#[test]
+fn respects_constraints() {
+    // int8 and top-k disallowed: fp16 or bf16.
+    let c = Constraints { codecs: vec!["none".into(), "fp16".into(), "bf16".into()], ..Default::default() };
+    let (_, plans) = run(&mut FakeJob::testbed(3), &c, 60, slow_peer(20, 60));
+    assert!(plans.iter().all(|q| matches!(q.compression, Codec::None | Codec::Fp16 | Codec::Bf16)));
+    assert!(plans.iter().any(|q| q.compression != Codec::None));
+
+    // Only `none`: never compresses.
+    let c = Constraints { codecs: vec!["none".into()], ..Default::default() };
+    let (_, plans) = run(&mut FakeJob::testbed(4), &c, 60, slow_peer(20, 60));
+    assert!(plans.iter().all(|q| q.compression == Codec::None));
+
+    // Top-k only, at least 50 %: top-k 0.1 is never chosen (0.5 moves as many bytes as f32).
+    let c = Constraints { codecs: vec!["topk".into()], min_topk_ratio: 0.5, ..Default::default() };
+    let (_, plans) = run(&mut FakeJob::testbed(5), &c, 60, slow_peer(20, 60));
+    assert!(plans.iter().all(|q| match q.compression {
+        Codec::TopK { ratio } => ratio >= 0.5,
+        c => c == Codec::None,
+    }));
+
+    // Uncompressed, lossy path: more channels, never more than allowed.
+    let c = Constraints { codecs: vec!["none".into()], max_channels: 2, ..Default::default() };
+    let (_, plans) = run(&mut FakeJob::testbed(6), &c, 60, |w, job, _| {
+        if w == 20 {
+            job.bw[1] = 0.43e9 / 4.0;
+            job.loss[1] = 0.02;
+        }
+    });
+    assert!(plans.iter().all(|q| q.channels <= 2));
+    assert!(plans.iter().any(|q| q.channels == 2), "loss-limited TCP gains from a second channel");
+}
+
+#[test]
+fn healthy_noise_never_changes_the_plan() {
+    for seed in 0..3 {
+        let mut job = FakeJob::testbed(10 + seed);
+        job.window_noise = 0.15;
+        job.step_noise = 0.15;
+        let (p, plans) = run(&mut job, &Constraints::default(), 200, |_, _, _| {});
+        assert_eq!(p.history().count(), 0, "seed {seed}: {:#?}", p.history().collect::<Vec<_>>());
+        assert!(plans.iter().all(|q| *q == baseline()));
+    }
+}
+
+#[test]
+fn reverts_a_change_that_did_not_help_and_does_not_retry_it() {
+    let mut job = FakeJob::testbed(7);
+    job.compression_helps = false;
+    let (p, plans) = run(&mut job, &Constraints::default(), 70, slow_peer(20, 70));
+    assert_eq!(kinds(&p), vec![DecisionKind::Adapt, DecisionKind::Revert], "{:#?}", p.history().collect::<Vec<_>>());
+    let r = &p.history().nth(1).unwrap().reasons[0];
+    let tried = p.history().next().unwrap().to.compression;
+    assert!(r.starts_with(&format!("reverted: {tried} did not reduce communication time (")), "{r}");
+    assert_eq!(*plans.last().unwrap(), baseline());
+}
+
+#[test]
+fn stragglers_are_not_network() {
+    let mut job = FakeJob::testbed(8);
+    let (p, plans) = run(&mut job, &Constraints { step_time_target_ms: Some(150.0), ..Default::default() }, 60, |w, job, v| {
+        if w == 20 {
+            job.straggler_ns = 80 * MS;
+        }
+        v.straggler = w >= 21;
+    });
+    assert_eq!(p.history().count(), 0, "{:#?}", p.history().collect::<Vec<_>>());
+    assert!(plans.iter().all(|q| *q == baseline()));
+}
+
+#[test]
+fn compresses_a_healthy_job_only_for_its_step_time_target() {
+    let mut job = FakeJob::testbed(9);
+    // 50 ms compute + ~58 ms communication ≈ 110 ms per step: a 90 ms target is missed.
+    let (p, plans) = run(&mut job, &Constraints { step_time_target_ms: Some(90.0), ..Default::default() }, 60, |_, _, _| {});
+    let d = p.history().next().expect("a change");
+    assert!(d.reasons.iter().any(|r| r.starts_with("step time target 90 ms missed")), "{:?}", d.reasons);
+    assert_eq!(d.to.compression, Codec::Fp16, "the least lossy codec that meets the target");
+    assert_eq!(plans.last().unwrap().compression, Codec::Fp16, "stays: the baseline would miss the target again");
+}
+
+
+
+#[test]
+fn registered_gradient_size_gives_the_same_decisions() {
+    let mut job = FakeJob::testbed(1);
+    job.tell_gradient = true;
+    let (p, plans) = run(&mut job, &Constraints::default(), 120, slow_peer(20, 70));
+    assert_eq!(kinds(&p), vec![DecisionKind::Adapt, DecisionKind::Verified, DecisionKind::Restore]);
+    assert_eq!(*plans.last().unwrap(), baseline());
+}
+
+#[test]
+fn a_change_that_cannot_be_verified_is_reverted() {
+    let mut job = FakeJob::testbed(12);
+    let mut p = JobPolicy::new(PolicyConfig::default(), PhaseParams::default(), baseline());
+    let c = Constraints::default();
+    let ctx = JobContext { constraints: &c, gradient_bytes: None };
+    let mut last = None;
+    for w in 0..60u64 {
+        if w == 20 {
+            job.bw[1] /= 4.0;
+        }
+        let mut jw = job.window(p.current());
+        if p.current().compression != Codec::None {
+            // The job went quiet right after the change: no steps to verify with.
+            jw.peers.clear();
+        }
+        if let Some(d) = p.observe(&jw, VerdictSummary::default(), &ctx, w * 1000).change {
+            last = Some(d);
+        }
+    }
+    let d = last.expect("a revert");
+    assert_eq!(d.kind, DecisionKind::Revert);
+    assert!(d.reasons[0].contains("could not be verified"), "{:?}", d.reasons);
+}
+
+#[test]
+fn hints_get_the_next_version_on_change_and_renew_in_between() {
+    let mut job = FakeJob::testbed(13);
+    let mut p = JobPolicy::new(PolicyConfig::default(), PhaseParams::default(), baseline());
+    let c = Constraints::default();
+    let ctx = JobContext { constraints: &c, gradient_bytes: None };
+    let mut latest = baseline().to_hint("j", 1, vec![], 0.5, 0);
+    let mut published = Vec::new();
+    for w in 0..40u64 {
+        if w == 20 {
+            job.bw[1] /= 4.0;
+        }
+        let now = 100_000 + w * 1000;
+        let out = p.observe(&job.window(p.current()), VerdictSummary::default(), &ctx, now);
+        if let Some(h) = p.hint("j", &out, Some(&latest), now) {
+            assert_eq!(h.expires_at, now + 60_000);
+            published.push((w, h.version));
+            latest = h;
+        }
+    }
+    let versions: Vec<u64> = published.iter().map(|&(_, v)| v).collect();
+    assert!(versions.contains(&2), "{published:?}");
+    assert!(versions.windows(2).all(|v| v[1] == v[0] || v[1] == v[0] + 1), "{published:?}");
+    let renewals_before_change: Vec<u64> = published.iter().filter(|&&(w, v)| v == 1 && w < 20).map(|&(w, _)| w).collect();
+    assert_eq!(renewals_before_change, vec![0, 10], "renewed every 10 s");
+    assert_eq!(latest.compression, p.current().compression);
+    assert!(!latest.reasons.is_empty() && latest.confidence > 0.0);
+    let mut idle = p.clone();
+    assert!(idle.renewal(&latest, 139_500).is_none(), "not due yet");
+    assert_eq!(idle.renewal(&latest, 1_000_000).unwrap().expires_at, 1_060_000);
+}
+
+/// The detectors' simulators are open loop (they ignore the plan), so these check the policy's
+/// reaction to what the detectors say, not the effect of its plans.
+mod with_detectors {
+    use super::*;
+    use crate::detect::sim::{Fault, RingJob, Scenario};
+    use crate::detect::{DetectorConfig, DetectorSet};
+
+    fn run_open_loop(windows: &[JobWindow]) -> JobPolicy {
+        let mut det = DetectorSet::new(DetectorConfig::default());
+        let mut pol = JobPolicy::new(PolicyConfig::default(), PhaseParams::from(det.config()), baseline());
+        let c = Constraints::default();
+        let ctx = JobContext { constraints: &c, gradient_bytes: None };
+        for (i, w) in windows.iter().enumerate() {
+            det.observe(w).unwrap();
+            let v = VerdictSummary::of_job(&w.job, det.open_verdicts());
+            pol.observe(w, v, &ctx, i as u64 * 1000);
+        }
+        pol
+    }
+
+    #[test]
+    fn ring_job_with_a_straggler_keeps_its_plan() {
+        for seed in 1..=3 {
+            let job = RingJob { straggler: Some((3, 60 * MS, 100, 200)), ..RingJob::testbed(seed) };
+            let p = run_open_loop(&job.windows(300));
+            assert_eq!(p.history().count(), 0, "seed {seed}: {:#?}", p.history().collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn gray_failure_verdict_triggers_a_change_with_the_peer_as_reason() {
+        let sc = Scenario::star(4).with(Fault::GoodputCut { peer: 2, factor: 0.25 }, 40, 80);
+        let peer = sc.peer(2);
+        let p = run_open_loop(&sc.windows(80));
+        let d = p.history().next().expect("a change");
+        assert_eq!(d.kind, DecisionKind::Adapt);
+        assert!(d.to.compression != Codec::None);
+        assert!(d.reasons.contains(&format!("path to peer {peer} degraded")), "{:?}", d.reasons);
+    }
+
+    #[test]
+    fn healthy_simulated_jobs_keep_their_plan() {
+        for seed in 1..=3 {
+            assert_eq!(run_open_loop(&RingJob::testbed(seed).windows(200)).history().count(), 0, "ring seed {seed}");
+            assert_eq!(run_open_loop(&Scenario::two_leaves(seed).windows(200)).history().count(), 0, "leaves seed {seed}");
+        }
+    }
+}
