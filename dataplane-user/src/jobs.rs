@@ -166,16 +166,16 @@ impl JobSet {
                 c.burst_ns += b.duration_ns;
             }
         }
-        let shared = SharedLoss::of(self, w);
+        let traffic = LinkTraffic::of(self, w);
         jobs.into_iter()
             .map(|(job, peers)| {
                 let candidates: BTreeSet<IpAddr> = peers.keys().copied().collect();
                 let job_conns = conns.remove(job).unwrap_or_default();
-                let (links, lossy_via) = shared.for_job(job, &job_conns, &ifname);
+                let (links, shared_links) = traffic.for_job(job, &ifname);
                 let blame = attribution::attribute(&job_conns.into_values().collect::<Vec<_>>(), &candidates);
-                (job, peers, blame, links, lossy_via)
+                (job, peers, blame, links, shared_links)
             })
-            .map(|(job, peers, blame, links, lossy_via)| JobWindow {
+            .map(|(job, peers, blame, links, shared_links)| JobWindow {
                 job: job.to_owned(),
                 window_start_ns: start,
                 window_end_ns: w.end_ns,
@@ -191,7 +191,7 @@ impl JobSet {
                             .unwrap_or(0);
                         let mut pw = peer_window(peer, ifname(ifindex), &a.c, a.bursts);
                         pw.explained_by = blame.explained_by.get(&peer).copied();
-                        pw.lossy_via = lossy_via.get(&peer).cloned();
+                        pw.shared_links = shared_links.get(&peer).cloned().unwrap_or_default();
                         pw
                     })
                     .collect(),
@@ -223,54 +223,60 @@ impl DirectedConn {
     }
 }
 
-/// Lossy flows for [`PeerWindow::lossy_via`]: the detectors' default
-/// `min_shared_loss_flows`, so a peer is only excused by a link they may judge congested.
-const SHARED_LOSS_MIN_FLOWS: u32 = 3;
-
-/// Loss per direction of every interface, over all flows (any job or none), for
-/// [`LinkWindow`]s: which directed connections carry data there and which of them lose.
-struct SharedLoss<'a> {
-    /// (ifindex, direction) → connection → counts.
-    dirs: BTreeMap<(u32, u8), BTreeMap<ConnId, DirFlow<'a>>>,
+/// Traffic per direction of every interface, over all flows (any job or none), for
+/// [`LinkWindow`]s: which directed connections carry data there, which of them lose, how many
+/// bytes each job and everyone else sent, and the in-burst goodput of each job's data there.
+struct LinkTraffic<'a> {
+    dirs: BTreeMap<(u32, u8), DirTraffic<'a>>,
 }
 
-/// One connection's loss packets, data packets and job, on one interface direction.
-type DirFlow<'a> = (u64, u64, Option<&'a str>);
+#[derive(Default)]
+struct DirTraffic<'a> {
+    /// Connection → (loss packets, data packets, job).
+    conns: BTreeMap<ConnId, (u64, u64, Option<&'a str>)>,
+    /// Bytes by job (`None`: traffic of no job).
+    bytes: BTreeMap<Option<&'a str>, u64>,
+    /// Per job: bytes and time inside its data bursts (≥ `MIN_GOODPUT_BURST_BYTES`).
+    bursts: BTreeMap<&'a str, (u64, u64)>,
+}
 
-impl<'a> SharedLoss<'a> {
+impl<'a> LinkTraffic<'a> {
     fn of(jobs: &'a JobSet, w: &WindowAccumulator) -> Self {
-        let mut dirs: BTreeMap<(u32, u8), BTreeMap<ConnId, DirFlow<'a>>> = BTreeMap::new();
+        let mut dirs: BTreeMap<(u32, u8), DirTraffic<'a>> = BTreeMap::new();
         for (key, delta) in &w.deltas {
+            let job = jobs.job_of(key);
+            let d = dirs.entry((key.ifindex, key.direction)).or_default();
+            *d.bytes.entry(job).or_default() += delta.bytes;
             let data = data_packets(delta);
-            if data == 0 {
-                continue;
+            if data > 0 {
+                let e = d.conns.entry(ConnId::of(key)).or_insert((0, 0, job));
+                e.0 += loss_packets(delta);
+                e.1 += data;
             }
-            let e = dirs.entry((key.ifindex, key.direction)).or_default().entry(ConnId::of(key)).or_insert((0, 0, None));
-            e.0 += loss_packets(delta);
-            e.1 += data;
-            e.2 = e.2.or(jobs.job_of(key));
         }
-        SharedLoss { dirs }
+        for (key, b) in &w.bursts {
+            let is_data = b.bytes >= b.packets.saturating_mul(MIN_DATA_BURST_PACKET_BYTES);
+            if let (Some(job), true) = (jobs.job_of(key), is_data && b.bytes >= attribution::MIN_GOODPUT_BURST_BYTES) {
+                let e = dirs.entry((key.ifindex, key.direction)).or_default().bursts.entry(job).or_default();
+                e.0 += b.bytes;
+                e.1 += b.duration_ns;
+            }
+        }
+        LinkTraffic { dirs }
     }
 
-    /// The job's [`LinkWindow`]s (directions where one of its connections is lossy), and per
-    /// peer, the link whose shared loss covers all of the peer's lossy connections, if any.
-    fn for_job(
-        &self,
-        job: &str,
-        conns: &BTreeMap<ConnId, DirectedConn>,
-        ifname: &impl Fn(u32) -> String,
-    ) -> (Vec<LinkWindow>, BTreeMap<IpAddr, String>) {
+    /// The job's [`LinkWindow`]s (every interface direction carrying its data), and per peer,
+    /// the links whose egress carries its data together with other traffic.
+    fn for_job(&self, job: &str, ifname: &impl Fn(u32) -> String) -> (Vec<LinkWindow>, BTreeMap<IpAddr, Vec<String>>) {
         let mut links = Vec::new();
-        // Lossy job connections crossing a direction with shared loss → that link's name.
-        let mut shared_via: BTreeMap<ConnId, String> = BTreeMap::new();
-        for (&(ifindex, dir), flows) in &self.dirs {
-            let lossy: Vec<(&ConnId, &DirFlow<'_>)> =
-                flows.iter().filter(|(_, (loss, data, _))| attribution::is_lossy(*loss, *data)).collect();
-            let lossy_job = lossy.iter().filter(|(_, (_, _, j))| *j == Some(job)).count();
-            if lossy_job == 0 {
+        let mut shared: BTreeMap<IpAddr, Vec<String>> = BTreeMap::new();
+        for (&(ifindex, dir), d) in &self.dirs {
+            let job_conns: Vec<&ConnId> = d.conns.iter().filter(|(_, (_, _, j))| *j == Some(job)).map(|(c, _)| c).collect();
+            if job_conns.is_empty() {
                 continue;
             }
+            let lossy: Vec<(&ConnId, &(u64, u64, Option<&str>))> =
+                d.conns.iter().filter(|(_, (loss, data, _))| attribution::is_lossy(*loss, *data)).collect();
             let mut common: Option<BTreeSet<IpAddr>> = None;
             for (c, _) in &lossy {
                 let ends = BTreeSet::from([addr_ip(c.src), addr_ip(c.dst)]);
@@ -279,34 +285,34 @@ impl<'a> SharedLoss<'a> {
                     Some(s) => s.intersection(&ends).copied().collect(),
                 });
             }
+            let (burst_bytes, burst_ns) = d.bursts.get(job).copied().unwrap_or_default();
             let lw = LinkWindow {
                 link: ifname(ifindex),
                 direction: if dir == direction::INGRESS { "ingress" } else { "egress" }.to_owned(),
-                flows: flows.len() as u32,
+                flows: d.conns.len() as u32,
                 lossy_flows: lossy.len() as u32,
-                lossy_job_flows: lossy_job as u32,
+                lossy_job_flows: lossy.iter().filter(|(_, (_, _, j))| *j == Some(job)).count() as u32,
                 common_endpoint: common.and_then(|s| s.first().copied()),
                 loss_packets: lossy.iter().map(|(_, (l, _, _))| l).sum(),
                 data_packets: lossy.iter().map(|(_, (_, d, _))| d).sum(),
+                job_bytes: d.bytes.get(&Some(job)).copied().unwrap_or(0),
+                other_bytes: d.bytes.iter().filter(|(j, _)| **j != Some(job)).map(|(_, b)| b).sum(),
+                job_burst_bytes: burst_bytes,
+                job_burst_ns: burst_ns,
             };
-            if lw.shared_loss(SHARED_LOSS_MIN_FLOWS) {
-                for (c, _) in lossy.iter().filter(|(_, (_, _, j))| *j == Some(job)) {
-                    shared_via.entry(**c).or_insert_with(|| lw.link.clone());
+            if lw.direction == "egress" && (lw.other_bytes > 0 || lw.lossy_flows > lw.lossy_job_flows) {
+                for c in &job_conns {
+                    for end in [addr_ip(c.src), addr_ip(c.dst)] {
+                        let v = shared.entry(end).or_default();
+                        if !v.contains(&lw.link) {
+                            v.push(lw.link.clone());
+                        }
+                    }
                 }
             }
             links.push(lw);
         }
-        // A peer's lossy connections (either end), all crossing shared loss → the first link.
-        let mut via: BTreeMap<IpAddr, Option<String>> = BTreeMap::new();
-        for (id, c) in conns.iter().filter(|(_, c)| attribution::is_lossy(c.loss_packets, c.data_packets)) {
-            for end in [c.src, c.dst].into_iter().flatten() {
-                let v = via.entry(end).or_insert_with(|| shared_via.get(id).cloned());
-                if !shared_via.contains_key(id) {
-                    *v = None;
-                }
-            }
-        }
-        (links, via.into_iter().filter_map(|(p, l)| Some((p, l?))).collect())
+        (links, shared)
     }
 }
 
@@ -332,7 +338,7 @@ pub fn peer_window(peer: IpAddr, link: String, c: &Counters, bursts: Vec<BurstSu
         naks: c.roce_naks,
         bursts,
         explained_by: None,
-        lossy_via: None,
+        shared_links: Vec::new(),
     }
 }
 
@@ -493,9 +499,14 @@ mod tests {
         let p1 = jw.links.iter().find(|l| l.link == "p1").expect("p1 ingress");
         assert_eq!((p1.lossy_flows, p1.common_endpoint.is_some()), (1, true));
         assert!(!p1.shared_loss(3));
-        let via: Vec<_> = jw.peers.iter().map(|p| (p.peer.to_string(), p.lossy_via.clone())).collect();
-        let up = Some("uplink".to_string());
-        assert_eq!(via, vec![("10.77.0.1".into(), up.clone()), ("10.77.0.3".into(), up), ("10.77.0.4".into(), None)]);
+        assert_eq!((egress.job_bytes, egress.other_bytes), (15_000_000, 45_000_000));
+        // The job's peers whose data shares the uplink's egress with other traffic: 1 -> 3's ends.
+        let via: Vec<_> = jw.peers.iter().map(|p| (p.peer.to_string(), p.shared_links.clone())).collect();
+        let up = vec!["uplink".to_string()];
+        assert_eq!(via, vec![("10.77.0.1".into(), up.clone()), ("10.77.0.3".into(), up), ("10.77.0.4".into(), vec![])]);
+        // The uplink's ingress carries the job's 4 -> 1 alone: no other traffic, no loss.
+        let ingress = jw.links.iter().find(|l| l.link == "uplink" && l.direction == "ingress").expect("uplink ingress");
+        assert_eq!((ingress.flows, ingress.lossy_flows, ingress.other_bytes), (1, 0, 0));
     }
 
     #[test]

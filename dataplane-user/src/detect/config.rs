@@ -190,9 +190,13 @@ pub struct CongestionConfig {
     pub cnp_open_per_s: f64,
     pub cnp_growth: f64,
     /// Shared loss: the link is congested in a window when at least `min_shared_loss_flows` (3)
-    /// directed connections, at least one of them the job's and with no host common to all,
-    /// lose packets on the link's egress ([`crate::detect::LinkWindow::shared_loss`]).
+    /// directed connections with no host common to all lose packets on the egress of a link the
+    /// job's data crosses ([`crate::detect::LinkWindow::shared_loss`]).
     pub min_shared_loss_flows: u32,
+    /// Competition: the job's in-burst goodput on a link's egress at ≤ 50 % of its own baseline
+    /// while other traffic there carries ≥ 25 % of that baseline (severe at ≤ 25 %).
+    pub competition_open_ratio: f64,
+    pub competition_min_other: f64,
 }
 
 impl Default for CongestionConfig {
@@ -211,6 +215,8 @@ impl Default for CongestionConfig {
             cnp_open_per_s: 100.0,
             cnp_growth: 4.0,
             min_shared_loss_flows: 3,
+            competition_open_ratio: 0.5,
+            competition_min_other: 0.25,
         }
     }
 }

@@ -9,9 +9,14 @@
 //! - ECN CE rate or RoCE CNP rate above a floor and several times the link's own baseline;
 //! - loss spread: as many of its peers lose packets above the gray-failure loss floor;
 //! - shared loss: several flows with no host in common, the job's and other traffic's, lose
-//!   packets on the link's egress ([`LinkWindow::shared_loss`]); this sees a shared uplink that
-//!   carries only one or two of the job's peers, where the per-peer conditions cannot count.
+//!   packets on the link's egress ([`LinkWindow::shared_loss`]);
+//! - competition: the job's in-burst goodput on the link's egress falls to
+//!   `competition_open_ratio` of its own baseline while other traffic on that egress carries at
+//!   least `competition_min_other` of that baseline (deep queues slow everyone without loss).
 //!
+//! The last two see a shared uplink that carries only one or two of the job's peers, where the
+//! per-peer conditions cannot count; both need other traffic on the link, so a job alone on a
+//! link never makes it "congested" (its own slowness is a gray failure or the job itself).
 //! One degraded peer is never congestion: that is the gray-failure detector's case.
 
 use super::config::{CongestionConfig, GrayConfig};
@@ -36,8 +41,16 @@ pub(crate) struct LinkInput<'a> {
     pub ce_baseline: Option<Robust>,
     pub cnp_baseline: Option<Robust>,
     pub window_s: f64,
-    /// The link's directions where one of the job's connections lost packets.
+    /// The link's directions that carried the job's data.
     pub shared: Vec<&'a LinkWindow>,
+    /// The job's in-burst goodput on the link's egress, own baseline once warmed up.
+    pub egress_goodput_baseline: Option<Robust>,
+}
+
+impl LinkInput<'_> {
+    pub fn egress(&self) -> Option<&LinkWindow> {
+        self.shared.iter().copied().find(|l| l.direction == "egress")
+    }
 }
 
 /// The link-wide rates of a window, for its baselines.
@@ -132,6 +145,26 @@ fn shared_loss_condition(cfg: &CongestionConfig, gray: &GrayConfig, fold: &mut F
     fold.anomalous(loss_rate >= gray.loss_severe, e);
 }
 
+/// Competition (module docs).
+fn competition_condition(cfg: &CongestionConfig, fold: &mut Fold, link: &LinkInput<'_>) {
+    let Some(eg) = link.egress() else { return };
+    let (Some(g), Some(b)) = (eg.job_goodput_bps(), link.egress_goodput_baseline.filter(|b| b.median > 0.0)) else {
+        return;
+    };
+    let ratio = g / b.median;
+    let other_bps = eg.other_bytes as f64 / link.window_s.max(1e-3);
+    let others = other_bps / b.median;
+    if ratio <= cfg.competition_open_ratio && others >= cfg.competition_min_other {
+        let severe = ratio <= cfg.goodput_severe_ratio / 2.0;
+        fold.anomalous(severe, evidence(Metric::InBurstGoodputBps, g, &b, Reference::OwnBaseline));
+        fold.anomalous(severe, evidence(Metric::OtherTrafficBps, other_bps, &b, Reference::OwnBaseline));
+    } else if ratio >= cfg.goodput_clear_ratio || others < cfg.competition_min_other / 2.0 {
+        fold.clean();
+    } else {
+        fold.ambiguous();
+    }
+}
+
 pub(crate) fn assess(
     cfg: &CongestionConfig,
     gray: &GrayConfig,
@@ -197,6 +230,7 @@ pub(crate) fn assess(
         rate_condition(&mut fold, Metric::CnpPerS, cnp_per_s, link.cnp_baseline, cfg.cnp_open_per_s, cfg.cnp_growth, f64::INFINITY);
     }
     shared_loss_condition(cfg, gray, &mut fold, &link.shared);
+    competition_condition(cfg, &mut fold, link);
     let a = fold.finish(|severe| if severe { Severity::Critical } else { Severity::Warning });
     (a, rates)
 }
@@ -219,6 +253,7 @@ mod tests {
             cnp_baseline: Some(Robust { median: 0.0, mad: 0.0 }),
             window_s: 1.0,
             shared: Vec::new(),
+            egress_goodput_baseline: None,
         };
         assess(&CongestionConfig::default(), &GrayConfig::default(), 1000, &input).0
     }

@@ -50,8 +50,8 @@ pub(crate) struct PeerFeatures {
     pub step_lateness_ns: Option<f64>,
     /// [`PeerWindow::explained_by`].
     pub explained_by: Option<IpAddr>,
-    /// [`PeerWindow::lossy_via`].
-    pub lossy_via: Option<String>,
+    /// [`PeerWindow::shared_links`].
+    pub shared_links: Vec<String>,
 }
 
 #[cfg(test)]
@@ -75,7 +75,7 @@ impl PeerFeatures {
             steps: Default::default(),
             step_lateness_ns: None,
             explained_by: None,
-            lossy_via: None,
+            shared_links: Vec::new(),
         }
     }
 }
@@ -165,7 +165,7 @@ pub(crate) fn peer_features(
         steps,
         step_lateness_ns: None,
         explained_by: w.explained_by,
-        lossy_via: w.lossy_via.clone(),
+        shared_links: w.shared_links.clone(),
     }
 }
 
@@ -335,7 +335,7 @@ mod tests {
             naks: 0,
             bursts,
             explained_by: None,
-            lossy_via: None,
+            shared_links: Vec::new(),
         }
     }
 

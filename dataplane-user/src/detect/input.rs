@@ -65,17 +65,17 @@ pub struct PeerWindow {
     /// failure in this window (the other one is).
     #[serde(default)]
     pub explained_by: Option<IpAddr>,
-    /// Set when every lossy connection of this peer crosses a link direction with shared loss
-    /// (see [`LinkWindow`]): the link named here. If the detectors find that link congested in the
-    /// window, the peer is not judged a gray failure.
+    /// Links whose egress carries this peer's job traffic together with other traffic (another
+    /// job's, or none's): if the detectors find one of them congested in the window, the peer's
+    /// degradation is that link's, not a gray failure of the peer.
     #[serde(default)]
-    pub lossy_via: Option<String>,
+    pub shared_links: Vec<String>,
 }
 
-/// Loss on one direction of a link the job's traffic crosses, counted over *all* flows on it,
-/// the job's and other traffic's: a congested shared link drops everyone's packets, a bad host
-/// path only the flows to and from that host.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One direction of a link the job's data crosses, counted over *all* flows on it, the job's and
+/// other traffic's: a congested shared link drops or slows everyone's packets, a bad host path
+/// only the flows to and from that host.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LinkWindow {
     /// Link id, as in [`PeerWindow::link`].
     pub link: String,
@@ -92,19 +92,28 @@ pub struct LinkWindow {
     /// Loss packets and data packets of the lossy flows.
     pub loss_packets: u64,
     pub data_packets: u64,
+    /// L3 bytes of the job's flows and of all other flows in this direction in the window.
+    pub job_bytes: u64,
+    pub other_bytes: u64,
+    /// Bytes and time inside the job's data bursts here (bursts of at least 64 KiB): its
+    /// in-burst goodput on this link direction.
+    pub job_burst_bytes: u64,
+    pub job_burst_ns: u64,
 }
 
 impl LinkWindow {
-    /// Several unrelated flows losing on this link's egress, at least one of them the job's.
+    /// Several unrelated flows losing on this link's egress while the job's data crosses it.
     ///
     /// Egress only: the agent's TC hook sees an egress packet before the interface's queue, so
     /// loss there is this link's queue or what lies behind it; loss seen on ingress happened
     /// upstream, before the packet reached this link, and the agent there reports it.
     pub fn shared_loss(&self, min_flows: u32) -> bool {
-        self.direction == "egress"
-            && self.lossy_flows >= min_flows.max(2)
-            && self.lossy_job_flows >= 1
-            && self.common_endpoint.is_none()
+        self.direction == "egress" && self.lossy_flows >= min_flows.max(2) && self.common_endpoint.is_none()
+    }
+
+    /// The job's in-burst goodput here, bytes/s.
+    pub fn job_goodput_bps(&self) -> Option<f64> {
+        (self.job_burst_ns > 0).then(|| self.job_burst_bytes as f64 * 1e9 / self.job_burst_ns as f64)
     }
 }
 
@@ -130,7 +139,7 @@ pub struct JobWindow {
     /// Peers with traffic in the window; a peer absent for
     /// [`crate::detect::DetectorConfig::forget_after_ns`] is forgotten.
     pub peers: Vec<PeerWindow>,
-    /// Link directions where at least one of the job's connections was lossy.
+    /// Link directions the job's data crosses in the window.
     #[serde(default)]
     pub links: Vec<LinkWindow>,
 }
@@ -212,7 +221,7 @@ mod tests {
             naks: 3,
             bursts: vec![],
             explained_by: None,
-            lossy_via: None,
+            shared_links: Vec::new(),
         };
         assert_eq!(w.loss_packets(), 6);
     }

@@ -83,6 +83,8 @@ struct LinkState {
     last_seen_ns: u64,
     ce_baseline: Ring,
     cnp_baseline: Ring,
+    /// The job's in-burst goodput on the link's egress, in windows not judged congested.
+    egress_goodput_baseline: Ring,
     congestion: Track,
 }
 
@@ -176,6 +178,7 @@ impl JobState {
                 last_seen_ns: w.window_end_ns,
                 ce_baseline: Ring::new(cfg.congestion.baseline_windows),
                 cnp_baseline: Ring::new(cfg.congestion.baseline_windows),
+                egress_goodput_baseline: Ring::new(cfg.congestion.baseline_windows),
                 congestion: Track::default(),
             });
             ls.last_seen_ns = w.window_end_ns;
@@ -194,7 +197,9 @@ impl JobState {
                 cnp_baseline: warm(&ls.cnp_baseline, cfg),
                 window_s,
                 shared: w.links.iter().filter(|l| l.link == *link).collect(),
+                egress_goodput_baseline: warm(&ls.egress_goodput_baseline, cfg),
             };
+            let egress_goodput = input.egress().and_then(LinkWindow::job_goodput_bps);
             let (assessment, rates) =
                 congestion::assess(&cfg.congestion, &cfg.gray, cfg.min_data_packets, &input);
             let Some(a) = assessment else { continue };
@@ -203,6 +208,7 @@ impl JobState {
             } else {
                 rates.ce_rate.inspect(|&x| ls.ce_baseline.push(x));
                 rates.cnp_per_s.inspect(|&x| ls.cnp_baseline.push(x));
+                egress_goodput.inspect(|&x| ls.egress_goodput_baseline.push(x));
             }
             let scope = Scope::Link { link: (*link).to_owned() };
             let ctx = TrackCtx {
@@ -234,7 +240,7 @@ impl JobState {
                 // A congested link explains its peers' degradation: not a gray failure. So does
                 // another peer's bad path when all of this peer's bad connections run to it
                 // (`crate::attribution`): the gray failure is that peer's.
-                let via_congested = f.lossy_via.as_deref().is_some_and(|l| congested.contains(l));
+                let via_congested = f.shared_links.iter().any(|l| congested.contains(l.as_str()));
                 let explained = link_congested || via_congested || f.explained_by.is_some();
                 let a = if explained && a.is_anomalous() { Assessment::ambiguous() } else { a };
                 let ctx = ctx(VerdictKind::GrayFailure);

@@ -118,12 +118,12 @@ fn shared_loss_on_an_uplink_is_congestion_and_excuses_the_peers_behind_it() {
             flows: 4,
             lossy_flows: 4,
             lossy_job_flows: 1,
-            common_endpoint: None,
             loss_packets: 800,
             data_packets: 40_000,
+            ..Default::default()
         });
         for p in w.peers.iter_mut().filter(|p| p.peer == s.peer(2)) {
-            p.lossy_via = Some(uplink.clone());
+            p.shared_links = vec![uplink.clone()];
         }
     }
     let changes = run_with(DetectorConfig::default(), &windows);
@@ -146,11 +146,49 @@ fn shared_loss_on_an_uplink_is_congestion_and_excuses_the_peers_behind_it() {
                 common_endpoint: common,
                 loss_packets: 800,
                 data_packets: 40_000,
+                ..Default::default()
             });
         }
         let changes = run_with(DetectorConfig::default(), &windows);
         single_verdict(&changes, VerdictKind::GrayFailure, &peer_scope(&s, 2), 21, 43);
     }
+}
+
+/// Peer 2's sends cross `uplink`, whose egress the job shares with `other` bytes of other
+/// traffic per window from window 20 to 40, when peer 2's goodput (and the job's on the
+/// uplink) falls to 1/4.
+fn competing_windows(s: &Scenario, other: u64) -> Vec<JobWindow> {
+    let mut windows = s.windows(60);
+    for (i, w) in windows.iter_mut().enumerate() {
+        let during = (20..40).contains(&i);
+        w.links.push(LinkWindow {
+            link: "uplink".into(),
+            direction: "egress".into(),
+            flows: if during { 5 } else { 1 },
+            job_bytes: 40_000_000,
+            other_bytes: if during { other } else { 0 },
+            job_burst_bytes: 40_000_000,
+            job_burst_ns: if during { 1_600_000_000 } else { 400_000_000 },
+            ..Default::default()
+        });
+        for p in w.peers.iter_mut().filter(|p| p.peer == s.peer(2)) {
+            p.shared_links = vec!["uplink".into()];
+        }
+    }
+    windows
+}
+
+#[test]
+fn other_traffic_taking_a_links_bandwidth_is_congestion_not_a_gray_failure() {
+    let s = Scenario::two_leaves(8).with(Fault::GoodputCut { peer: 2, factor: 0.25 }, 20, 40);
+    let changes = run_with(DetectorConfig::default(), &competing_windows(&s, 300_000_000));
+    let (opened, closed, v) = single_verdict(&changes, VerdictKind::Congestion, &Scope::Link { link: "uplink".into() }, 21, 44);
+    assert!(opened >= 20 && closed >= 40);
+    assert!(has_metric(&v, Metric::OtherTrafficBps), "{v:?}");
+
+    // The same slowdown with the job alone on the link is the peer's gray failure.
+    let changes = run_with(DetectorConfig::default(), &competing_windows(&s, 0));
+    single_verdict(&changes, VerdictKind::GrayFailure, &peer_scope(&s, 2), 21, 43);
 }
 
 #[test]

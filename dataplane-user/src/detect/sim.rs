@@ -256,7 +256,7 @@ impl Scenario {
                     naks: 0,
                     bursts: Vec::new(),
                     explained_by: None,
-                    lossy_via: None,
+                    shared_links: Vec::new(),
                 });
             }
         }
@@ -368,7 +368,7 @@ impl RingJob {
                             naks: 0,
                             bursts: b,
                             explained_by: None,
-                            lossy_via: None,
+                            shared_links: Vec::new(),
                         }
                     })
                     .collect(),

@@ -91,6 +91,9 @@ pub enum Metric {
     /// host common to all of them: a shared bottleneck, not one host's path. `peers` counts
     /// flows here (lossy of all).
     LossyFlows,
+    /// Bytes per second of other traffic (not the job's) on a link's egress; the reference is
+    /// the job's own in-burst goodput baseline there.
+    OtherTrafficBps,
 }
 
 /// What `Evidence::reference` was computed from.

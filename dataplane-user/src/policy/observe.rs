@@ -357,7 +357,7 @@ mod tests {
             naks: 0,
             bursts,
             explained_by: None,
-            lossy_via: None,
+            shared_links: Vec::new(),
         }
     }
 

@@ -143,7 +143,7 @@ impl FakeJob {
                     naks: 0,
                     bursts: std::mem::take(&mut bursts[i]),
                     explained_by: None,
-                    lossy_via: None,
+                    shared_links: Vec::new(),
                 })
                 .collect(),
             links: Vec::new(),
