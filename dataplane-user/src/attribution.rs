@@ -24,6 +24,12 @@
 //! - greedily, the peer with the most distinct counterparts over its not yet explained bad
 //!   connections is *blamed* when that count is at least 2 (ties: more loss, then lower address);
 //!   its bad connections become explained; repeat;
+//! - then a bad connection still unexplained whose two ends are both peers (a lone bad
+//!   connection: one direction of one link degraded) is blamed on its *receiver*: from a switch,
+//!   the queue toward the receiver is where a single flow is shaped or dropped, and a sender's
+//!   own queue drops are resent by its stack without a visible retransmission (so a rate cap or
+//!   loss on a host's link shows as its inbound connection only). A fault on the sender's uplink
+//!   alone is then mislocated; both ends would otherwise be blamed, which is no better;
 //! - a peer that is not blamed and whose bad connections are all explained is *explained by* the
 //!   blamed endpoint of the first of them.
 //!
@@ -45,8 +51,6 @@ pub const LOSS_OUTLIER_FACTOR: f64 = 4.0;
 pub const SLOW_FACTOR: f64 = 0.5;
 /// Connections with goodput needed before "slow" is judged.
 pub const MIN_CONNS_FOR_MEDIAN: usize = 3;
-/// Bursts shorter than this many bytes do not enter a connection's goodput (too short to time).
-pub const MIN_GOODPUT_BURST_BYTES: u64 = 64 * 1024;
 
 /// One direction of one connection in one window.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -57,7 +61,8 @@ pub struct DirectedConn {
     pub loss_packets: u64,
     /// Data packets seen for it (all ports).
     pub data_packets: u64,
-    /// Bytes and time inside its sender's data bursts of at least [`MIN_GOODPUT_BURST_BYTES`].
+    /// Bytes and time inside its sender's communication phases (data bursts merged as the
+    /// detectors merge them).
     pub burst_bytes: u64,
     pub burst_ns: u64,
 }
@@ -146,6 +151,13 @@ pub fn attribute(conns: &[DirectedConn], peers: &BTreeSet<IpAddr>) -> Attributio
             }
         }
     }
+    // Lone bad connections between two peers: the receiver's link.
+    for (i, &(s, d, _)) in bad.iter().enumerate() {
+        if !explained[i] && peers.contains(&s) && peers.contains(&d) && !out.blamed.contains(&s) {
+            out.blamed.insert(d);
+            explained[i] = true;
+        }
+    }
     // Explained peers: every bad connection of theirs has a blamed other end.
     let mut by_peer: BTreeMap<IpAddr, Vec<Option<IpAddr>>> = BTreeMap::new();
     for &(s, d, _) in &bad {
@@ -208,10 +220,14 @@ mod tests {
     }
 
     #[test]
-    fn one_bad_connection_is_ambiguous_and_blames_nobody() {
-        // Only 3 -> 4 is bad (one direction of one link): either end may be at fault.
+    fn a_lone_bad_connection_is_blamed_on_its_receiver() {
+        // Only 3 -> 4 is bad (one direction of one link): host 4's link, whose switch queue it is.
         let c = ring(6, &[0, 0, 60, 0, 0, 0], &[1.0; 6]);
-        assert_eq!(attribute(&c, &all_peers(6)), Attribution::default());
+        let a = attribute(&c, &all_peers(6));
+        assert_eq!(a.blamed, BTreeSet::from([ip(4)]));
+        assert_eq!(a.explained_by, BTreeMap::from([(ip(3), ip(4))]));
+        // Seen from a host (the sender is not a peer), nothing changes.
+        assert_eq!(attribute(&c, &BTreeSet::from([ip(4)])), Attribution::default());
     }
 
     #[test]

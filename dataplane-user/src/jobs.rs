@@ -31,7 +31,7 @@ use dataplane_common::{direction, flow_kind, FlowKey};
 use crate::{
     attribution::{self, DirectedConn},
     config::{JobFile, PortSpec, PrefixSpec},
-    detect::{BurstSummary, JobWindow, LinkWindow, PeerWindow},
+    detect::{merge_phases, BurstSummary, DetectorConfig, JobWindow, LinkWindow, PeerWindow},
     flow_table::{BurstRecord, Counters, FlowEntry, WindowAccumulator, OTHER_PEER},
 };
 
@@ -141,8 +141,9 @@ impl JobSet {
             bursts: Vec<BurstSummary>,
         }
         let mut jobs: BTreeMap<&str, BTreeMap<IpAddr, Acc>> = BTreeMap::new();
-        // Per job, its directed connections (for `attribution`).
+        // Per job, its directed connections (for `attribution`), and their senders' data bursts.
         let mut conns: BTreeMap<&str, BTreeMap<ConnId, DirectedConn>> = BTreeMap::new();
+        let mut conn_bursts: BTreeMap<&str, BTreeMap<ConnId, Vec<BurstSummary>>> = BTreeMap::new();
         for (key, delta) in &w.deltas {
             let Some(job) = self.job_of(key) else { continue };
             let acc = jobs.entry(job).or_default().entry(peer_ip(key)).or_default();
@@ -159,11 +160,14 @@ impl JobSet {
             if !sent_by_peer_with_data(key, b) {
                 continue;
             }
-            acc.bursts.push(BurstSummary { start_ns: b.start_ns, end_ns: b.start_ns.saturating_add(b.duration_ns), bytes: b.bytes });
-            if b.bytes >= attribution::MIN_GOODPUT_BURST_BYTES {
-                let c = conns.entry(job).or_default().entry(ConnId::of(key)).or_insert_with(|| DirectedConn::of(key));
-                c.burst_bytes += b.bytes;
-                c.burst_ns += b.duration_ns;
+            acc.bursts.push(summary(b));
+            conn_bursts.entry(job).or_default().entry(ConnId::of(key)).or_default().push(summary(b));
+        }
+        for (job, per_conn) in conn_bursts {
+            for (id, bursts) in per_conn {
+                let (bytes, ns) = phase_goodput(&bursts);
+                let c = conns.entry(job).or_default().entry(id).or_insert_with(|| DirectedConn::of_id(&id));
+                (c.burst_bytes, c.burst_ns) = (bytes, ns);
             }
         }
         let traffic = LinkTraffic::of(self, w);
@@ -219,8 +223,26 @@ impl ConnId {
 
 impl DirectedConn {
     fn of(k: &FlowKey) -> Self {
-        DirectedConn { src: Some(addr_ip(k.src_addr)), dst: Some(addr_ip(k.dst_addr)), ..Default::default() }
+        Self::of_id(&ConnId::of(k))
     }
+    fn of_id(c: &ConnId) -> Self {
+        DirectedConn { src: Some(addr_ip(c.src)), dst: Some(addr_ip(c.dst)), ..Default::default() }
+    }
+}
+
+fn summary(b: &BurstRecord) -> BurstSummary {
+    BurstSummary { start_ns: b.start_ns, end_ns: b.start_ns.saturating_add(b.duration_ns), bytes: b.bytes }
+}
+
+/// Bytes and time inside the communication phases of `bursts`, merged and filtered as the
+/// detectors do with their default `phase_merge_gap_ns` and `min_phase_bytes`: a shaped sender
+/// (tbf) sends line-rate bursts a few ms apart, which only merged phases show as slow.
+fn phase_goodput(bursts: &[BurstSummary]) -> (u64, u64) {
+    let d = DetectorConfig::default();
+    merge_phases(bursts, d.phase_merge_gap_ns, d.max_phases_per_window)
+        .iter()
+        .filter(|p| p.bytes >= d.min_phase_bytes)
+        .fold((0, 0), |(b, t), p| (b + p.bytes, t + (p.end_ns - p.start_ns)))
 }
 
 /// Traffic per direction of every interface, over all flows (any job or none), for
@@ -236,8 +258,8 @@ struct DirTraffic<'a> {
     conns: BTreeMap<ConnId, (u64, u64, Option<&'a str>)>,
     /// Bytes by job (`None`: traffic of no job).
     bytes: BTreeMap<Option<&'a str>, u64>,
-    /// Per job: bytes and time inside its data bursts (≥ `MIN_GOODPUT_BURST_BYTES`).
-    bursts: BTreeMap<&'a str, (u64, u64)>,
+    /// Per job: its data bursts.
+    bursts: BTreeMap<&'a str, Vec<BurstSummary>>,
 }
 
 impl<'a> LinkTraffic<'a> {
@@ -256,10 +278,8 @@ impl<'a> LinkTraffic<'a> {
         }
         for (key, b) in &w.bursts {
             let is_data = b.bytes >= b.packets.saturating_mul(MIN_DATA_BURST_PACKET_BYTES);
-            if let (Some(job), true) = (jobs.job_of(key), is_data && b.bytes >= attribution::MIN_GOODPUT_BURST_BYTES) {
-                let e = dirs.entry((key.ifindex, key.direction)).or_default().bursts.entry(job).or_default();
-                e.0 += b.bytes;
-                e.1 += b.duration_ns;
+            if let (Some(job), true) = (jobs.job_of(key), is_data) {
+                dirs.entry((key.ifindex, key.direction)).or_default().bursts.entry(job).or_default().push(summary(b));
             }
         }
         LinkTraffic { dirs }
@@ -285,7 +305,7 @@ impl<'a> LinkTraffic<'a> {
                     Some(s) => s.intersection(&ends).copied().collect(),
                 });
             }
-            let (burst_bytes, burst_ns) = d.bursts.get(job).copied().unwrap_or_default();
+            let (burst_bytes, burst_ns) = d.bursts.get(job).map(|b| phase_goodput(b)).unwrap_or_default();
             let lw = LinkWindow {
                 link: ifname(ifindex),
                 direction: if dir == direction::INGRESS { "ingress" } else { "egress" }.to_owned(),

@@ -155,7 +155,7 @@ fn competition_condition(cfg: &CongestionConfig, fold: &mut Fold, link: &LinkInp
     let other_bps = eg.other_bytes as f64 / link.window_s.max(1e-3);
     let others = other_bps / b.median;
     if ratio <= cfg.competition_open_ratio && others >= cfg.competition_min_other {
-        let severe = ratio <= cfg.goodput_severe_ratio / 2.0;
+        let severe = ratio <= cfg.goodput_severe_ratio;
         fold.anomalous(severe, evidence(Metric::InBurstGoodputBps, g, &b, Reference::OwnBaseline));
         fold.anomalous(severe, evidence(Metric::OtherTrafficBps, other_bps, &b, Reference::OwnBaseline));
     } else if ratio >= cfg.goodput_clear_ratio || others < cfg.competition_min_other / 2.0 {
