@@ -117,7 +117,9 @@ pub struct GrayConfig {
     pub goodput_severe_ratio: f64,
     pub goodput_clear_ratio: f64,
     /// Loss rate (loss packets / data packets) anomalous at ≥ 0.2 % and ≥ 5× the others' median;
-    /// severe at ≥ 3 %; clean below 0.15 % (above what veth reordering reaches in a window, so a
+    /// severe at ≥ 1 % (healthy windows on the testbed stay below 0.01 %; a flap's one window of
+    /// resent data after a 400 ms outage reaches 1-5 %); clean below 0.15 % (above what veth
+    /// reordering reaches in a window, so a
     /// reorder burst on a healthy peer does not hold a verdict open).
     pub loss_open_floor: f64,
     pub loss_open_ratio: f64,
@@ -149,7 +151,7 @@ impl Default for GrayConfig {
             goodput_clear_ratio: 0.85,
             loss_open_floor: 0.002,
             loss_open_ratio: 5.0,
-            loss_severe: 0.03,
+            loss_severe: 0.01,
             loss_clear_floor: 0.0015,
             loss_scale_floor: 0.0005,
             stall_open_ns: 100_000_000,

@@ -148,8 +148,8 @@ mod tests {
     }
 
     #[test]
-    fn one_percent_loss_is_anomalous_not_severe() {
-        let a = assess(&GrayConfig::default(), &features(90e6, 0.01), &stats(&G, &L)).unwrap();
+    fn loss_below_one_percent_is_anomalous_not_severe() {
+        let a = assess(&GrayConfig::default(), &features(90e6, 0.008), &stats(&G, &L)).unwrap();
         assert_eq!(a.state, WindowState::Anomalous { severe: false });
         assert_eq!(a.evidence.len(), 1);
         assert_eq!(a.evidence[0].metric, Metric::LossRate);
