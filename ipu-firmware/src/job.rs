@@ -109,6 +109,8 @@ pub struct StepRecord {
     pub compute_ms: f64,
     pub comm_ms: f64,
     pub step_ms: f64,
+    /// Wall-clock end of the step (Unix ms), to place steps on a harness's fault timeline.
+    pub end_unix_ms: u64,
     pub plan: Plan,
     pub bytes_sent: u64,
     /// `None` unless `verify` is on.
@@ -253,6 +255,7 @@ pub fn run_job<T: Transport>(cfg: &JobConfig, transport: T, plan_source: Option<
             compute_ms: ms(t1 - t0),
             comm_ms: ms(t2 - t1),
             step_ms: ms(t2 - t0),
+            end_unix_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
             plan: rep.plan,
             bytes_sent: rep.bytes_sent,
             verified,

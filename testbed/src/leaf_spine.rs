@@ -238,6 +238,16 @@ impl LeafSpine {
     }
 
     /// The `rs-<pid>-<n>` prefix shared by this rig's namespaces.
+    /// Gives leaf `leaf`'s bridge the address 10.77.L.253/24 (see
+    /// [`crate::Star::add_management_address`]), reachable from that leaf's hosts. Idempotent.
+    pub fn add_leaf_management_address(&self, leaf: usize) -> Result<Ipv4Addr> {
+        let l = self.leaves.get(leaf).ok_or(Error::InvalidArgument { field: "leaf", reason: format!("{leaf} (the fabric has {})", self.leaves.len()) })?;
+        let addr = Ipv4Addr::new(10, 77, leaf as u8, 253);
+        cmd::ip_batch(Some(l.ns.name()), &format!("addr replace {addr}/24 dev {}
+", BRIDGE))?;
+        Ok(addr)
+    }
+
     pub fn prefix(&self) -> &str {
         &self.prefix
     }

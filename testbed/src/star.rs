@@ -30,6 +30,8 @@ pub const HOST_IFACE: &str = "eth0";
 pub const BRIDGE: &str = "br0";
 /// Largest star: host addresses are 10.77.0.1 ..= 10.77.0.250.
 pub const MAX_HOSTS: usize = 250;
+/// The switch's own address once [`Star::add_management_address`] gave it one (above the hosts).
+pub const MANAGEMENT_ADDR: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 253);
 
 /// How to build a [`Star`]. `StarConfig { hosts: 4, ..Default::default() }`.
 #[derive(Debug, Clone)]
@@ -179,6 +181,16 @@ impl Star {
         star.wait_ready(cfg.settle_timeout)?;
         tracing::info!(prefix = %star.prefix, hosts = star.hosts.len(), "star is up");
         Ok(star)
+    }
+
+    /// Gives the switch's bridge the address [`MANAGEMENT_ADDR`]/24, so processes in the hosts
+    /// can reach a service in the switch namespace (the agent's hints API, as a DPU's management
+    /// address would be reachable). Off by default: the switch is otherwise pure L2 and sends
+    /// nothing of its own. Idempotent.
+    pub fn add_management_address(&self) -> Result<Ipv4Addr> {
+        cmd::ip_batch(Some(self.switch.name()), &format!("addr replace {MANAGEMENT_ADDR}/24 dev {BRIDGE}
+"))?;
+        Ok(MANAGEMENT_ADDR)
     }
 
     /// The `rs-<pid>-<n>` prefix shared by this rig's namespaces.
