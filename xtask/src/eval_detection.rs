@@ -41,8 +41,10 @@ use testbed::{ByteSize, CrossTrafficSpec, FaultRecord, FlapSpec, JobConfig, Leaf
 
 use crate::{
     agent::{Agent, AgentSpec},
-    build, setup,
-    util::{cargo, output, sh, workspace_root},
+    build,
+    eval::{loadavg, machine, now_ms, percentile, sleep_checked},
+    setup,
+    util::{cargo, sh, workspace_root},
 };
 
 const STAR_HOSTS: usize = 6;
@@ -335,11 +337,6 @@ struct RunCtx<'a> {
     stop: &'static AtomicBool,
 }
 
-fn now_ms() -> u64 {
-    testbed::fault::unix_ms(std::time::SystemTime::now())
-}
-
-/// Sleeps `d` in small steps; false when a stop was requested.
 /// 100 ms samples of a host's send rate taken before a rate cap.
 const RATE_SAMPLES: usize = 20;
 
@@ -369,17 +366,6 @@ fn job_send_rate_mbit(agent: &Agent, port: &str, stop: &AtomicBool) -> Result<f6
         bail!("the agent saw no traffic from {port} during the warm-up: the job is not running");
     }
     Ok(p90)
-}
-
-fn sleep_checked(d: Duration, stop: &AtomicBool) -> bool {
-    let end = Instant::now() + d;
-    while Instant::now() < end {
-        if stop.load(Ordering::SeqCst) {
-            return false;
-        }
-        thread::sleep((end - Instant::now()).min(Duration::from_millis(100)));
-    }
-    !stop.load(Ordering::SeqCst)
 }
 
 /// The agent watches all traffic of the rig's prefix (so it sees what shares a link with the job,
@@ -825,17 +811,6 @@ fn overall(sums: &[Summary]) -> Summary {
     o
 }
 
-fn percentile(v: &[f64], q: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    // Nearest rank.
-    let idx = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1;
-    Some(s[idx])
-}
-
 fn f2(v: Option<f64>) -> String {
     v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into())
 }
@@ -935,23 +910,6 @@ fn measure_capacity() -> Result<f64> {
     let tx = star.hosts[0].ns.try_run(|| testbed::tcp_send_with_timeout(to, 256 << 20, 1, Duration::from_secs(30)))??;
     let _ = rx.join();
     Ok(tx.goodput_mbit)
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg").map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
-}
-
-fn machine() -> String {
-    let cpus = thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, m)| m.trim().to_string()))
-        .unwrap_or_else(|| "unknown CPU".into());
-    let kernel = output(std::process::Command::new("uname").arg("-r")).map(|s| s.trim().to_string()).unwrap_or_default();
-    let rev = output(std::process::Command::new("git").current_dir(workspace_root()).args(["describe", "--always", "--dirty"]))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into());
-    format!("{cpus} vCPU ({model}), Linux {kernel}; source {rev} (a dirty tree includes other engineers' uncommitted work)")
 }
 
 fn command_line(o: &Opts) -> String {

@@ -7,6 +7,7 @@ mod bench;
 mod bench_collectives;
 mod build;
 mod demo;
+mod eval;
 mod eval_detection;
 mod setup;
 mod test;
