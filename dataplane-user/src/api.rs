@@ -1,25 +1,60 @@
-//! The agent's HTTP API (axum): `/metrics`, `/v1/flows`, `/v1/status`, `/v1/events`, `/healthz`,
-//! `/readyz`.
+//! The agent's HTTP API (axum). `docs/openapi.json` (served at `/v1/openapi.json`) is the
+//! reference; a test keeps its paths and the router's routes the same set.
 //!
-//! Handlers copy what they need out of [`SharedState`] under a short read lock and render outside
-//! it. Every error is JSON `{"error": "..."}` with a status code that says whose fault it is.
-//! The response types here are also what the CLI (`ringside flows`, `ringside status`) decodes.
+//! - open: `/metrics`, `/healthz`, `/readyz`, `/v1/openapi.json` (bind the listener to the
+//!   provider network);
+//! - operator token: `/v1/flows`, `/v1/status`, `/v1/events`, `POST`/`GET /v1/jobs`,
+//!   `DELETE /v1/jobs/{id}`;
+//! - the job's tenant token or the operator token: `/v1/jobs/{id}/hints`, `.../hints/stream`
+//!   (server-sent events), `.../metrics`. A tenant response names only its own job and peers.
+//!
+//! Who may call what is decided by the extractors in [`crate::auth`]. Handlers copy what they need
+//! out of [`SharedState`] under a short lock and render outside it. Every error is JSON
+//! `{"error": "..."}` with a status code that says whose fault it is. The response types here are
+//! also what the CLI (`ringside flows`, `ringside status`) decodes.
+use std::{
+    convert::Infallible,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
 use axum::{
-    extract::{rejection::QueryRejection, Query, State},
+    extract::{
+        rejection::{JsonRejection, QueryRejection},
+        DefaultBodyLimit, Path, Query, State,
+    },
     http::{header, StatusCode},
-    response::{IntoResponse, Response},
+    response::{
+        sse::{Event as SseEvent, KeepAlive, Sse},
+        IntoResponse, Response,
+    },
     routing::get,
     Json, Router,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    auth::{JobAccess, Operator},
     events::Event,
     flow_table::{direction_name, format_addr, kind_name, BurstRecord, FlowEntry, Rates},
-    metrics,
+    match_map, metrics,
+    registry::{self, RegisterError},
     state::{AgentState, AttachedInterface, SharedState},
 };
 use dataplane_common::{flow_kind, stats};
+use ringside_client::{Hint, JobCreated, JobRegistration, JobView};
+
+/// Largest request body (a registration is well under 1 KiB).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Most concurrent hint streams (each holds a connection and a task).
+pub const MAX_HINT_STREAMS: usize = 64;
+/// Interval of the SSE keep-alive comments (below common proxy idle timeouts).
+pub const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// The OpenAPI document served at `/v1/openapi.json`.
+pub const OPENAPI_JSON: &str = include_str!("../../docs/openapi.json");
 
 /// Default and maximum `limit` of `/v1/events`.
 pub const DEFAULT_EVENTS_LIMIT: usize = 100;
@@ -231,18 +266,221 @@ impl FlowView {
     }
 }
 
+/// Every route: (path, methods). The OpenAPI test compares this with `docs/openapi.json`.
+pub const ROUTES: &[(&str, &[&str])] = &[
+    ("/metrics", &["get"]),
+    ("/healthz", &["get"]),
+    ("/readyz", &["get"]),
+    ("/v1/openapi.json", &["get"]),
+    ("/v1/flows", &["get"]),
+    ("/v1/status", &["get"]),
+    ("/v1/events", &["get"]),
+    ("/v1/jobs", &["get", "post"]),
+    ("/v1/jobs/{id}", &["delete"]),
+    ("/v1/jobs/{id}/hints", &["get"]),
+    ("/v1/jobs/{id}/hints/stream", &["get"]),
+    ("/v1/jobs/{id}/metrics", &["get"]),
+];
+
 /// The router over a shared state.
 pub fn router(state: SharedState) -> Router {
     Router::new()
         .route("/metrics", get(get_metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/v1/openapi.json", get(openapi))
         .route("/v1/flows", get(flows))
         .route("/v1/status", get(status))
         .route("/v1/events", get(events))
+        .route("/v1/jobs", get(list_jobs).post(create_job))
+        .route("/v1/jobs/{id}", axum::routing::delete(delete_job))
+        .route("/v1/jobs/{id}/hints", get(job_hints))
+        .route("/v1/jobs/{id}/hints/stream", get(job_hints_stream))
+        .route("/v1/jobs/{id}/metrics", get(job_metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON).into_response()
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn write(state: &SharedState) -> std::sync::RwLockWriteGuard<'_, AgentState> {
+    state.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A JSON body rejection as `{"error"}`: 413 too large, 415 not `application/json`, 400 otherwise
+/// (axum's 422 for a well-formed body of the wrong shape is a client error like any other here).
+fn json_rejection(rej: JsonRejection) -> Response {
+    let status = match rej.status() {
+        StatusCode::UNPROCESSABLE_ENTITY => StatusCode::BAD_REQUEST,
+        s => s,
+    };
+    let message = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => format!("request body is larger than {MAX_BODY_BYTES} bytes"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "send the body as JSON with `Content-Type: application/json`".to_owned(),
+        _ => format!("invalid JSON body: {}", rej.body_text()),
+    };
+    error(status, message)
+}
+
+async fn create_job(_: Operator, State(state): State<SharedState>, body: Result<Json<JobRegistration>, JsonRejection>) -> Response {
+    let reg = match body {
+        Ok(Json(r)) => r,
+        Err(rej) => return json_rejection(rej),
+    };
+    let now = unix_ms();
+    // The write lock is held across the (microsecond) bpf syscalls so that the registry and the
+    // kernel trie change together; registrations are rare.
+    let mut s = write(&state);
+    let (id, token) = match s.registry.register(&reg, now) {
+        Ok(r) => r,
+        Err(e) => {
+            let status = match &e {
+                RegisterError::Invalid { .. } => StatusCode::BAD_REQUEST,
+                RegisterError::NameTaken { .. } => StatusCode::CONFLICT,
+                RegisterError::Full { .. } => StatusCode::TOO_MANY_REQUESTS,
+                RegisterError::Randomness(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            if status.is_server_error() {
+                tracing::error!("{e}");
+            }
+            return error(status, e.to_string());
+        }
+    };
+    let keys = s.registry.prefix_keys(&id);
+    match s.pin_dir.clone().filter(|_| s.attached) {
+        Some(dir) => match match_map::add(&dir, &keys) {
+            Ok(match_map::Added::AllAddressesMatched) => {
+                tracing::debug!(job = %id, "no [match] prefixes configured: every address is already monitored");
+            }
+            Ok(match_map::Added::Inserted { total }) => {
+                tracing::debug!(job = %id, added = keys.len(), total, "job prefixes added to MATCH_PREFIXES");
+            }
+            Err(e) => {
+                s.registry.unregister(&id);
+                tracing::warn!(job = %id, "registration rolled back: {e}");
+                return error(StatusCode::SERVICE_UNAVAILABLE, format!("cannot monitor the job's members: {e}"));
+            }
+        },
+        None => tracing::info!(job = %id, "job registered while no eBPF program is loaded: its prefixes are not written to the kernel"),
+    }
+    s.hints.ensure_job(&id);
+    if let Err(e) = s.hints.publish(registry::baseline_hint(&id, now)) {
+        tracing::warn!("{e}");
+    }
+    drop(s);
+    tracing::info!(job = %id, name = %reg.name, members = reg.members.len(), "job registered");
+    (StatusCode::CREATED, Json(JobCreated { id, name: reg.name, tenant_token: token })).into_response()
+}
+
+/// `GET /v1/jobs` response.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobsResponse {
+    /// Registered jobs, in registration order.
+    pub jobs: Vec<JobView>,
+    /// Jobs from the config file's `[[job]]` (no tenant token; the operator reads their hints).
+    pub config_jobs: Vec<String>,
+}
+
+async fn list_jobs(_: Operator, State(state): State<SharedState>) -> Response {
+    let s = read(&state);
+    let jobs = s.registry.views();
+    let config_jobs = s.hints.jobs().filter(|j| !s.registry.contains(j)).map(str::to_owned).collect();
+    drop(s);
+    Json(JobsResponse { jobs, config_jobs }).into_response()
+}
+
+async fn delete_job(_: Operator, State(state): State<SharedState>, Path(id): Path<String>) -> Response {
+    let mut s = write(&state);
+    let keys = s.registry.prefix_keys(&id);
+    if s.registry.unregister(&id).is_none() {
+        let msg = if s.hints.jobs().any(|j| j == id) {
+            format!("job `{id}` comes from the config file ([[job]]); remove it there and restart the agent")
+        } else {
+            format!("no registered job with id `{id}`; list them with GET /v1/jobs")
+        };
+        return error(StatusCode::NOT_FOUND, msg);
+    }
+    // Ends every hint stream of the job.
+    s.hints.remove_job(&id);
+    let unneeded = s.registry.unneeded(&keys);
+    if let Some(dir) = s.pin_dir.clone().filter(|_| s.attached) {
+        if let Err(e) = match_map::remove(&dir, &unneeded) {
+            // The job is gone either way; a stale prefix only keeps counting traffic nobody reads.
+            tracing::warn!(job = %id, "cannot remove the job's prefixes from MATCH_PREFIXES: {e}");
+        }
+    }
+    drop(s);
+    tracing::info!(job = %id, released_prefixes = unneeded.len(), "job unregistered");
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn job_hints(access: JobAccess, State(state): State<SharedState>) -> Response {
+    match read(&state).hints.latest(&access.job_id) {
+        Some(h) => Json(h).into_response(),
+        None => error(StatusCode::NOT_FOUND, "no hint yet for this job: the policy has not planned it; retry after the next detection window"),
+    }
+}
+
+async fn job_metrics(access: JobAccess, State(state): State<SharedState>) -> Response {
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], metrics::render_job(&state, &access.job_id)).into_response()
+}
+
+/// Decrements the open-stream count when the response body (the stream) is dropped.
+struct StreamSlot(Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn hint_event(h: &Hint) -> Option<SseEvent> {
+    SseEvent::default().event("hint").id(h.version.to_string()).json_data(h).ok()
+}
+
+async fn job_hints_stream(access: JobAccess, State(state): State<SharedState>) -> Response {
+    let (rx, count) = {
+        let s = read(&state);
+        (s.hints.subscribe(&access.job_id), s.hint_streams.clone())
+    };
+    let Some(rx) = rx else {
+        return error(StatusCode::NOT_FOUND, "the job has no hint channel; it may have just been deleted");
+    };
+    if count.fetch_add(1, Ordering::Relaxed) >= MAX_HINT_STREAMS {
+        count.fetch_sub(1, Ordering::Relaxed);
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("{MAX_HINT_STREAMS} hint streams are open, the most this agent serves; close one or poll GET /v1/jobs/{{id}}/hints"),
+        );
+    }
+    let slot = StreamSlot(count);
+    // The current hint first, then one event per publish. The watch channel keeps only the newest
+    // hint, so a slow client skips superseded plans instead of queueing them. When the job is
+    // deleted the sender is dropped, `changed()` fails, and the stream (and the response) ends.
+    let stream = futures_util::stream::unfold((rx, slot, true), |(mut rx, slot, first)| async move {
+        if first {
+            let current = rx.borrow_and_update().clone();
+            if let Some(ev) = current.as_ref().and_then(hint_event) {
+                return Some((Ok::<_, Infallible>(ev), (rx, slot, false)));
+            }
+        }
+        loop {
+            rx.changed().await.ok()?;
+            let h = rx.borrow_and_update().clone();
+            if let Some(ev) = h.as_ref().and_then(hint_event) {
+                return Some((Ok(ev), (rx, slot, false)));
+            }
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE)).into_response()
 }
 
 async fn get_metrics(State(state): State<SharedState>) -> Response {
@@ -275,7 +513,7 @@ pub fn parse_limit(raw: Option<&str>) -> Result<usize, String> {
     }
 }
 
-async fn flows(State(state): State<SharedState>, q: Result<Query<FlowsQuery>, QueryRejection>) -> Response {
+async fn flows(_: Operator, State(state): State<SharedState>, q: Result<Query<FlowsQuery>, QueryRejection>) -> Response {
     let q = match q {
         Ok(Query(q)) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid query string: {e}")),
@@ -319,7 +557,7 @@ pub fn events_of(s: &AgentState, all: bool, limit: usize) -> EventsResponse {
     }
 }
 
-async fn events(State(state): State<SharedState>, q: Result<Query<EventsQuery>, QueryRejection>) -> Response {
+async fn events(_: Operator, State(state): State<SharedState>, q: Result<Query<EventsQuery>, QueryRejection>) -> Response {
     let q = match q {
         Ok(Query(q)) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid query string: {e}")),
@@ -363,7 +601,7 @@ pub fn status_of(s: &AgentState) -> StatusResponse {
     }
 }
 
-async fn status(State(state): State<SharedState>) -> Response {
+async fn status(_: Operator, State(state): State<SharedState>) -> Response {
     let body = status_of(&read(&state));
     Json(body).into_response()
 }
@@ -371,12 +609,12 @@ async fn status(State(state): State<SharedState>) -> Response {
 async fn not_found(uri: axum::http::Uri) -> Response {
     error(
         StatusCode::NOT_FOUND,
-        format!("no such endpoint `{}`; try /metrics, /v1/flows, /v1/status, /v1/events, /healthz or /readyz", uri.path()),
+        format!("no such endpoint `{}`; GET /v1/openapi.json lists every endpoint", uri.path()),
     )
 }
 
 async fn method_not_allowed() -> Response {
-    error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed: every endpoint is GET")
+    error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed: GET /v1/openapi.json lists each endpoint's methods")
 }
 
 fn read(state: &SharedState) -> std::sync::RwLockReadGuard<'_, AgentState> {

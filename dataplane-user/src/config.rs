@@ -16,7 +16,7 @@ use std::{
 use dataplane_common::{config_flags, ipv4_mapped, PortRange, PrefixKey, MAX_PORT_RANGES, MAX_PREFIXES};
 use serde::{de, Deserialize, Deserializer};
 
-/// Default HTTP listen address (loopback: the API is not authenticated yet).
+/// Default HTTP listen address (loopback: `/metrics`, `/healthz` and `/readyz` need no token).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 /// Default map-poll interval.
 pub const DEFAULT_POLL_INTERVAL_MS: u64 = 100;
@@ -74,6 +74,17 @@ pub struct ConfigFile {
     /// Jobs (`[[job]]`); without any, one job `default` holds every matched flow.
     #[serde(rename = "job")]
     pub jobs: Option<Vec<JobFile>>,
+    /// HTTP API settings (`[api]`).
+    pub api: Option<ApiFile>,
+}
+
+/// The `[api]` section.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiFile {
+    /// File of operator tokens, one per line (`#` comments). Without it the agent creates
+    /// `<state_dir>/operator.token` (mode 0600) on first start and reuses it.
+    pub operator_tokens_file: Option<PathBuf>,
 }
 
 /// Default directory for state that survives a restart.

@@ -1,6 +1,7 @@
 //! The ringside agent: loads the eBPF flow monitor, collects its maps, and serves metrics and hints.
 pub mod agent;
 pub mod api;
+pub mod auth;
 pub mod client;
 pub mod collector;
 pub mod config;
@@ -11,8 +12,10 @@ pub mod frames;
 pub mod hints;
 pub mod jobs;
 pub mod loader;
+pub mod match_map;
 pub mod metrics;
 pub mod object;
+pub mod registry;
 pub mod state;
 pub mod testrun;
 pub mod detect;
