@@ -7,7 +7,7 @@ use dataplane_user::{
     agent::{self, AgentArgs, AgentSettings},
     api::{EventsResponse, FlowsResponse, StatusResponse},
     client,
-    config::{ConfigFile, DEFAULT_PIN_DIR},
+    config::{ConfigFile, DEFAULT_PIN_DIR, DEFAULT_STATE_DIR},
     loader,
 };
 
@@ -20,6 +20,9 @@ use dataplane_user::{
 ///   ringside status                      # attached interfaces, data-plane counters, poll age
 ///   ringside events --all                # detection events (congestion, gray failure, straggler)
 ///   curl -s 127.0.0.1:9464/metrics       # Prometheus / OpenMetrics text
+///
+/// flows, status and events need the operator token: --token, RINGSIDE_TOKEN, or the file the
+/// agent writes, /var/lib/ringside/operator.token (readable by root only).
 ///
 /// Logging: RUST_LOG=info (default), RUST_LOG=debug for more.
 #[derive(Debug, Parser)]
@@ -50,6 +53,8 @@ enum Command {
         /// Print the raw JSON instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        auth: TokenArgs,
     },
     /// Print the agent's attached interfaces, data-plane counters, flows tracked and poll age.
     ///
@@ -63,6 +68,8 @@ enum Command {
         /// Print the raw JSON instead of a report.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        auth: TokenArgs,
     },
     /// Print the agent's detection events: open ones, and with --all the recently closed ones.
     ///
@@ -84,6 +91,8 @@ enum Command {
         /// Print the raw JSON instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        auth: TokenArgs,
     },
     /// Remove a leftover attachment (after the agent was killed with SIGKILL in clsact mode).
     ///
@@ -106,6 +115,29 @@ enum Command {
         #[arg(long)]
         remove_qdisc: bool,
     },
+}
+
+/// How the CLI authenticates to the agent.
+#[derive(Debug, Clone, clap::Args)]
+struct TokenArgs {
+    /// Operator token [default: read from <state-dir>/operator.token].
+    #[arg(long, env = "RINGSIDE_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    token: Option<String>,
+    /// The agent's state directory, where it wrote operator.token.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+}
+
+impl TokenArgs {
+    /// GETs `path` with the operator token. Without a token the request is still made, so an
+    /// unreachable agent is reported as such; a 401 then explains where the token comes from.
+    fn get<T: serde::de::DeserializeOwned>(&self, agent: &str, path: &str) -> Result<T, client::ClientError> {
+        let token = client::resolve_token(self.token.as_deref(), &self.state_dir);
+        client::get_json(agent, token.as_deref().ok(), path).map_err(|e| match (e, token) {
+            (client::ClientError::Status { status: 401, .. }, Err(missing)) => missing,
+            (e, _) => e,
+        })
+    }
 }
 
 fn main() -> ExitCode {
@@ -135,25 +167,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let settings = AgentSettings::resolve(&file, &args)?;
             agent::run(settings)?;
         }
-        Command::Flows { limit, agent, json } => {
-            let r: FlowsResponse = client::get_json(&agent, &format!("/v1/flows?limit={limit}"))?;
+        Command::Flows { limit, agent, json, auth } => {
+            let r: FlowsResponse = auth.get(&agent, &format!("/v1/flows?limit={limit}"))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 print!("{}", client::render_flows(&r));
             }
         }
-        Command::Status { agent, json } => {
-            let r: StatusResponse = client::get_json(&agent, "/v1/status")?;
+        Command::Status { agent, json, auth } => {
+            let r: StatusResponse = auth.get(&agent, "/v1/status")?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 print!("{}", client::render_status(&r));
             }
         }
-        Command::Events { agent, all, limit, json } => {
+        Command::Events { agent, all, limit, json, auth } => {
             let state = if all { "all" } else { "open" };
-            let r: EventsResponse = client::get_json(&agent, &format!("/v1/events?state={state}&limit={limit}"))?;
+            let r: EventsResponse = auth.get(&agent, &format!("/v1/events?state={state}&limit={limit}"))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {

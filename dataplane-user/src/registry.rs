@@ -183,7 +183,7 @@ struct RegisteredJob {
 }
 
 /// Registered jobs, the operator tokens, and the prefixes the config file already monitors.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct JobRegistry {
     /// By id; `order` keeps registration order (the match order).
     jobs: BTreeMap<String, RegisteredJob>,
@@ -192,6 +192,13 @@ pub struct JobRegistry {
     /// `[match] prefixes` as trie keys: never removed from `MATCH_PREFIXES` on unregister.
     static_prefixes: Vec<PrefixKey>,
     max_jobs: usize,
+}
+
+impl Default for JobRegistry {
+    /// No jobs and no operator token (nothing but the open endpoints is reachable).
+    fn default() -> Self {
+        JobRegistry::new(Vec::new(), Vec::new())
+    }
 }
 
 impl JobRegistry {
