@@ -582,6 +582,14 @@ mod tests {
     }
 
     #[test]
+    fn api_section() {
+        let f = parse("[api]\noperator_tokens_file = \"/etc/ringside/ops\"\n").unwrap();
+        assert_eq!(f.api.unwrap().operator_tokens_file.as_deref(), Some(Path::new("/etc/ringside/ops")));
+        let e = parse("[api]\noperator_token = \"x\"\n").unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("api.operator_token"), "{e}");
+    }
+
+    #[test]
     fn example_file_parses() {
         let text = include_str!("../ringside.example.toml");
         let f = parse(text).unwrap();

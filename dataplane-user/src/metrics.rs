@@ -552,6 +552,23 @@ pub(crate) mod tests {
 }
 
 #[cfg(test)]
+mod job_tests {
+    use super::*;
+
+    #[test]
+    fn job_metrics_follow_the_naming_rules_and_render_without_a_plan() {
+        for m in JOB_ALL {
+            assert!(m.name.starts_with("ringside_job_") && !m.name.ends_with("_total") && m.help.len() > 10, "{}", m.name);
+            assert!(!ALL.iter().any(|a| a.name == m.name), "{} is also agent-wide", m.name);
+        }
+        // A job on the board with no plan and no insight yet: descriptors only, no series.
+        let text = encode_families(job_families("j-1", None, None));
+        assert!(text.contains("# HELP ringside_job_plan_info "), "{text}");
+        assert!(text.lines().all(|l| l.starts_with('#')), "{text}");
+    }
+}
+
+#[cfg(test)]
 mod docs_tests {
     /// docs/metrics.md is the operators' reference: every metric must be documented there.
     #[test]
