@@ -101,6 +101,37 @@ pub fn request(agent: &str, token: Option<&str>, method: &str, path: &str, json_
     Ok((status, body))
 }
 
+/// A request whose success is `expect`: the body on success, else the agent's `{"error"}` as
+/// [`ClientError::Status`].
+pub fn call_expecting(agent: &str, token: Option<&str>, method: &str, path: &str, json_body: Option<&str>, expect: u16) -> Result<String, ClientError> {
+    let (status, body) = request(agent, token, method, path, json_body)?;
+    if status != expect {
+        let url = format!("{}{path}", agent.trim_end_matches('/'));
+        let message = serde_json::from_str::<ApiError>(&body).map(|e| e.error).unwrap_or(body);
+        return Err(ClientError::Status { url, status, message });
+    }
+    Ok(body)
+}
+
+/// Renders `GET /v1/jobs`.
+pub fn render_jobs(r: &crate::api::JobsResponse) -> String {
+    let rows: Vec<Vec<String>> = r
+        .jobs
+        .iter()
+        .map(|j| {
+            let ports: Vec<String> = j.tcp_ports.iter().map(|p| format!("tcp/{p}")).chain(j.udp_ports.iter().map(|p| format!("udp/{p}"))).collect();
+            vec![j.id.clone(), j.name.clone(), j.members.join(","), if ports.is_empty() { "any".into() } else { ports.join(",") }]
+        })
+        .collect();
+    let mut out = table(&["ID", "NAME", "MEMBERS", "PORTS"], &rows);
+    out.push_str(&format!("{} registered", r.jobs.len()));
+    if !r.config_jobs.is_empty() {
+        out.push_str(&format!("; from the config file: {}", r.config_jobs.join(", ")));
+    }
+    out.push('\n');
+    out
+}
+
 /// GETs `path` from the agent (with `Authorization: Bearer token` if given) and decodes JSON.
 pub fn get_json<T: DeserializeOwned>(agent: &str, token: Option<&str>, path: &str) -> Result<T, ClientError> {
     let url = format!("{}{path}", agent.trim_end_matches('/'));

@@ -94,6 +94,19 @@ enum Command {
         #[command(flatten)]
         auth: TokenArgs,
     },
+    /// Register, list and delete jobs (operator token). A registered job's tenant gets hints at
+    /// /v1/jobs/ID/hints with the tenant token printed once by `register`.
+    ///
+    /// Examples:
+    ///   ringside jobs register --name llama-7 --member 10.77.0.0/24 --tcp-ports 29500-29510
+    ///   ringside jobs register --name j2 --member 10.0.0.2 --member 10.0.0.3 --constraints '{"codecs":["fp16"],"max_channels":4}'
+    ///   ringside jobs list
+    ///   ringside jobs delete j-3f9a0c1b2d4e
+    #[command(verbatim_doc_comment)]
+    Jobs {
+        #[command(subcommand)]
+        action: JobsCommand,
+    },
     /// Remove a leftover attachment (after the agent was killed with SIGKILL in clsact mode).
     ///
     /// Removes the `flowmon` tc filters from ingress and egress of the interface and the map pins.
@@ -115,6 +128,68 @@ enum Command {
         #[arg(long)]
         remove_qdisc: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum JobsCommand {
+    /// Register a job; prints its id and tenant token (shown only once).
+    Register {
+        /// Job name, 1-64 characters of A-Z a-z 0-9 . _ - (unique).
+        #[arg(long)]
+        name: String,
+        /// A member host or prefix ("10.77.0.2", "10.77.0.0/24"); repeat for several.
+        #[arg(long = "member", value_name = "ADDR_OR_CIDR", required = true)]
+        members: Vec<String>,
+        /// TCP port range of the collective traffic ("29500" or "29500-29510"); repeatable.
+        #[arg(long = "tcp-ports", value_name = "RANGE")]
+        tcp_ports: Vec<ringside_client::PortRange>,
+        /// UDP / RoCEv2 port range; repeatable.
+        #[arg(long = "udp-ports", value_name = "RANGE")]
+        udp_ports: Vec<ringside_client::PortRange>,
+        /// Bytes reduced per step (the gradient buffer).
+        #[arg(long)]
+        gradient_bytes: Option<u64>,
+        /// Constraints as JSON, e.g. '{"codecs":["fp16","int8"],"max_channels":4}' [default: allow all].
+        #[arg(long, value_name = "JSON")]
+        constraints: Option<String>,
+        /// Print the raw JSON answer.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List registered jobs (never tokens).
+    List {
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Delete a registered job: its hint streams end and its tenant token stops working.
+    Delete {
+        /// The job id (`j-...`).
+        id: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+/// The agent to talk to and the operator token.
+#[derive(Debug, Clone, clap::Args)]
+struct Conn {
+    /// The agent's base URL.
+    #[arg(long, default_value_t = client::default_agent_url())]
+    agent: String,
+    #[command(flatten)]
+    auth: TokenArgs,
+}
+
+impl Conn {
+    fn call(&self, method: &str, path: &str, body: Option<&str>, expect: u16) -> Result<String, client::ClientError> {
+        let token = client::resolve_token(self.auth.token.as_deref(), &self.auth.state_dir)?;
+        client::call_expecting(&self.agent, Some(&token), method, path, body, expect)
+    }
 }
 
 /// How the CLI authenticates to the agent.
@@ -192,6 +267,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 print!("{}", client::render_events(&r));
             }
         }
+        Command::Jobs { action } => jobs(action)?,
         Command::Detach { interfaces, pin_dir, remove_qdisc } => {
             for iface in &interfaces {
                 let r = loader::detach_leftover(iface, &pin_dir, remove_qdisc)
@@ -213,6 +289,41 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn jobs(action: JobsCommand) -> anyhow::Result<()> {
+    match action {
+        JobsCommand::Register { name, members, tcp_ports, udp_ports, gradient_bytes, constraints, json, conn } => {
+            let constraints = match constraints {
+                Some(c) => serde_json::from_str(&c).context("--constraints is not valid constraints JSON (see docs/openapi.json, Constraints)")?,
+                None => Default::default(),
+            };
+            let reg = ringside_client::JobRegistration { name, members, tcp_ports, udp_ports, gradient_bytes, constraints };
+            let body = conn.call("POST", "/v1/jobs", Some(&serde_json::to_string(&reg)?), 201)?;
+            let created: ringside_client::JobCreated = serde_json::from_str(&body).context("decoding the agent's answer")?;
+            if json {
+                println!("{body}");
+            } else {
+                println!("registered job {} ({})", created.id, created.name);
+                println!("tenant token: {}", created.tenant_token);
+                println!("give the tenant the id and the token; the token is shown only now (the agent keeps its hash)");
+            }
+        }
+        JobsCommand::List { json, conn } => {
+            let body = conn.call("GET", "/v1/jobs", None, 200)?;
+            let r: dataplane_user::api::JobsResponse = serde_json::from_str(&body).context("decoding the agent's answer")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                print!("{}", client::render_jobs(&r));
+            }
+        }
+        JobsCommand::Delete { id, conn } => {
+            conn.call("DELETE", &format!("/v1/jobs/{id}"), None, 204)?;
+            println!("deleted job {id}");
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,5 +338,14 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(Cli::try_parse_from(["ringside", "detach"]).is_err(), "--iface is required");
+        let c = Cli::try_parse_from(["ringside", "jobs", "register", "--name", "a", "--member", "10.0.0.1", "--tcp-ports", "1-2", "--token", "t"]).unwrap();
+        match c.command {
+            Command::Jobs { action: JobsCommand::Register { tcp_ports, conn, .. } } => {
+                assert_eq!(tcp_ports, vec![ringside_client::PortRange { lo: 1, hi: 2 }]);
+                assert_eq!(conn.auth.token.as_deref(), Some("t"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["ringside", "jobs", "register", "--name", "a"]).is_err(), "--member is required");
     }
 }
