@@ -9,11 +9,13 @@ use std::{
 
 use crate::{
     api,
+    auth::{self, TokenFileError},
     collector::{self, CollectError, KernelMaps},
     config::{self, AttachMode, ConfigError, ConfigFile, MatchSettings},
     detection::{self, DetectSettings},
     flow_table::TableSettings,
     loader::{AttachRequest, Attachment, LoaderError},
+    registry::{self, JobRegistry, TokenHash},
     state::AgentState,
 };
 use dataplane_common::maps;
@@ -74,6 +76,8 @@ pub struct AgentSettings {
     pub table: TableSettings,
     pub matching: MatchSettings,
     pub detect: DetectSettings,
+    /// `[api] operator_tokens_file`; `None`: `<state_dir>/operator.token`, generated if missing.
+    pub operator_tokens_file: Option<PathBuf>,
 }
 
 impl AgentSettings {
@@ -117,6 +121,7 @@ impl AgentSettings {
                 }
                 d
             },
+            operator_tokens_file: file.api.as_ref().and_then(|a| a.operator_tokens_file.clone()),
         })
     }
 }
@@ -130,6 +135,8 @@ pub enum AgentError {
     Loader(#[from] LoaderError),
     #[error(transparent)]
     Collect(#[from] CollectError),
+    #[error(transparent)]
+    Tokens(#[from] TokenFileError),
     #[error("cannot listen on {addr}: address already in use; stop whatever uses it (`ss -ltnp | grep {port}`) or pass another --listen")]
     ListenInUse { addr: SocketAddr, port: u16 },
     #[error("cannot listen on {addr}: {source}; pass another --listen")]
@@ -153,6 +160,8 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
     })?;
     listener.set_nonblocking(true).map_err(|source| AgentError::Listen { addr: settings.listen, source })?;
     let local = listener.local_addr().map_err(|source| AgentError::Listen { addr: settings.listen, source })?;
+    // Tokens before the kernel too: a bad tokens file changes nothing.
+    let operators = operator_tokens(&settings)?;
 
     let mut attachment = Attachment::attach(&AttachRequest {
         interfaces: settings.interfaces.clone(),
@@ -173,6 +182,8 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
     state.ifnames = state.interfaces.iter().map(|i| (i.ifindex, i.name.clone())).collect();
     state.pin_dir = Some(attachment.pin_dir().to_owned());
     state.attached = true;
+    state.registry = JobRegistry::new(operators, settings.matching.prefix_keys());
+    add_config_jobs_to_board(&mut state, &settings.detect);
     let state = state.shared();
 
     detection::prepare(&state, &settings.detect);
@@ -196,6 +207,41 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
         tracing::info!("detached cleanly");
     }
     served
+}
+
+/// The operator tokens: from `[api] operator_tokens_file`, or the generated
+/// `<state_dir>/operator.token`.
+fn operator_tokens(settings: &AgentSettings) -> Result<Vec<TokenHash>, TokenFileError> {
+    match &settings.operator_tokens_file {
+        Some(path) => {
+            let tokens = auth::load_operator_tokens(path)?;
+            tracing::info!(file = %path.display(), tokens = tokens.len(), "operator tokens loaded");
+            Ok(tokens)
+        }
+        None => {
+            let (path, hash) = auth::ensure_operator_token(&settings.detect.state_dir)?;
+            tracing::info!(
+                file = %path.display(),
+                "operator token in {} (the CLI reads it from there; set [api] operator_tokens_file to manage tokens yourself)",
+                path.display()
+            );
+            Ok(vec![hash])
+        }
+    }
+}
+
+/// Config-file `[[job]]`s get a hint-board entry (and the baseline plan) like registered jobs, so
+/// the policy can plan them and the operator can read their hints.
+pub fn add_config_jobs_to_board(state: &mut AgentState, detect: &DetectSettings) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    for spec in detect.jobs.specs() {
+        state.hints.ensure_job(&spec.name);
+        if state.hints.latest(&spec.name).is_none() {
+            if let Err(e) = state.hints.publish(registry::baseline_hint(&spec.name, now)) {
+                tracing::warn!("{e}");
+            }
+        }
+    }
 }
 
 fn serve(listener: std::net::TcpListener, state: crate::state::SharedState) -> Result<(), AgentError> {

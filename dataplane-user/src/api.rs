@@ -1,25 +1,60 @@
-//! The agent's HTTP API (axum): `/metrics`, `/v1/flows`, `/v1/status`, `/v1/events`, `/healthz`,
-//! `/readyz`.
+//! The agent's HTTP API (axum). `docs/openapi.json` (served at `/v1/openapi.json`) is the
+//! reference; a test keeps its paths and the router's routes the same set.
 //!
-//! Handlers copy what they need out of [`SharedState`] under a short read lock and render outside
-//! it. Every error is JSON `{"error": "..."}` with a status code that says whose fault it is.
-//! The response types here are also what the CLI (`ringside flows`, `ringside status`) decodes.
+//! - open: `/metrics`, `/healthz`, `/readyz`, `/v1/openapi.json` (bind the listener to the
+//!   provider network);
+//! - operator token: `/v1/flows`, `/v1/status`, `/v1/events`, `POST`/`GET /v1/jobs`,
+//!   `DELETE /v1/jobs/{id}`;
+//! - the job's tenant token or the operator token: `/v1/jobs/{id}/hints`, `.../hints/stream`
+//!   (server-sent events), `.../metrics`. A tenant response names only its own job and peers.
+//!
+//! Who may call what is decided by the extractors in [`crate::auth`]. Handlers copy what they need
+//! out of [`SharedState`] under a short lock and render outside it. Every error is JSON
+//! `{"error": "..."}` with a status code that says whose fault it is. The response types here are
+//! also what the CLI (`ringside flows`, `ringside status`) decodes.
+use std::{
+    convert::Infallible,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
 use axum::{
-    extract::{rejection::QueryRejection, Query, State},
+    extract::{
+        rejection::{JsonRejection, QueryRejection},
+        DefaultBodyLimit, Path, Query, State,
+    },
     http::{header, StatusCode},
-    response::{IntoResponse, Response},
+    response::{
+        sse::{Event as SseEvent, KeepAlive, Sse},
+        IntoResponse, Response,
+    },
     routing::get,
     Json, Router,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    auth::{JobAccess, Operator},
     events::Event,
     flow_table::{direction_name, format_addr, kind_name, BurstRecord, FlowEntry, Rates},
-    metrics,
+    match_map, metrics,
+    registry::{self, RegisterError},
     state::{AgentState, AttachedInterface, SharedState},
 };
 use dataplane_common::{flow_kind, stats};
+use ringside_client::{Hint, JobCreated, JobRegistration, JobView};
+
+/// Largest request body (a registration is well under 1 KiB).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Most concurrent hint streams (each holds a connection and a task).
+pub const MAX_HINT_STREAMS: usize = 64;
+/// Interval of the SSE keep-alive comments (below common proxy idle timeouts).
+pub const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// The OpenAPI document served at `/v1/openapi.json`.
+pub const OPENAPI_JSON: &str = include_str!("../../docs/openapi.json");
 
 /// Default and maximum `limit` of `/v1/events`.
 pub const DEFAULT_EVENTS_LIMIT: usize = 100;
@@ -231,18 +266,221 @@ impl FlowView {
     }
 }
 
+/// Every route: (path, methods). The OpenAPI test compares this with `docs/openapi.json`.
+pub const ROUTES: &[(&str, &[&str])] = &[
+    ("/metrics", &["get"]),
+    ("/healthz", &["get"]),
+    ("/readyz", &["get"]),
+    ("/v1/openapi.json", &["get"]),
+    ("/v1/flows", &["get"]),
+    ("/v1/status", &["get"]),
+    ("/v1/events", &["get"]),
+    ("/v1/jobs", &["get", "post"]),
+    ("/v1/jobs/{id}", &["delete"]),
+    ("/v1/jobs/{id}/hints", &["get"]),
+    ("/v1/jobs/{id}/hints/stream", &["get"]),
+    ("/v1/jobs/{id}/metrics", &["get"]),
+];
+
 /// The router over a shared state.
 pub fn router(state: SharedState) -> Router {
     Router::new()
         .route("/metrics", get(get_metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/v1/openapi.json", get(openapi))
         .route("/v1/flows", get(flows))
         .route("/v1/status", get(status))
         .route("/v1/events", get(events))
+        .route("/v1/jobs", get(list_jobs).post(create_job))
+        .route("/v1/jobs/{id}", axum::routing::delete(delete_job))
+        .route("/v1/jobs/{id}/hints", get(job_hints))
+        .route("/v1/jobs/{id}/hints/stream", get(job_hints_stream))
+        .route("/v1/jobs/{id}/metrics", get(job_metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON).into_response()
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn write(state: &SharedState) -> std::sync::RwLockWriteGuard<'_, AgentState> {
+    state.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A JSON body rejection as `{"error"}`: 413 too large, 415 not `application/json`, 400 otherwise
+/// (axum's 422 for a well-formed body of the wrong shape is a client error like any other here).
+fn json_rejection(rej: JsonRejection) -> Response {
+    let status = match rej.status() {
+        StatusCode::UNPROCESSABLE_ENTITY => StatusCode::BAD_REQUEST,
+        s => s,
+    };
+    let message = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => format!("request body is larger than {MAX_BODY_BYTES} bytes"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "send the body as JSON with `Content-Type: application/json`".to_owned(),
+        _ => format!("invalid JSON body: {}", rej.body_text()),
+    };
+    error(status, message)
+}
+
+async fn create_job(_: Operator, State(state): State<SharedState>, body: Result<Json<JobRegistration>, JsonRejection>) -> Response {
+    let reg = match body {
+        Ok(Json(r)) => r,
+        Err(rej) => return json_rejection(rej),
+    };
+    let now = unix_ms();
+    // The write lock is held across the (microsecond) bpf syscalls so that the registry and the
+    // kernel trie change together; registrations are rare.
+    let mut s = write(&state);
+    let (id, token) = match s.registry.register(&reg, now) {
+        Ok(r) => r,
+        Err(e) => {
+            let status = match &e {
+                RegisterError::Invalid { .. } => StatusCode::BAD_REQUEST,
+                RegisterError::NameTaken { .. } => StatusCode::CONFLICT,
+                RegisterError::Full { .. } => StatusCode::TOO_MANY_REQUESTS,
+                RegisterError::Randomness(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            if status.is_server_error() {
+                tracing::error!("{e}");
+            }
+            return error(status, e.to_string());
+        }
+    };
+    let keys = s.registry.prefix_keys(&id);
+    match s.pin_dir.clone().filter(|_| s.attached) {
+        Some(dir) => match match_map::add(&dir, &keys) {
+            Ok(match_map::Added::AllAddressesMatched) => {
+                tracing::debug!(job = %id, "no [match] prefixes configured: every address is already monitored");
+            }
+            Ok(match_map::Added::Inserted { total }) => {
+                tracing::debug!(job = %id, added = keys.len(), total, "job prefixes added to MATCH_PREFIXES");
+            }
+            Err(e) => {
+                s.registry.unregister(&id);
+                tracing::warn!(job = %id, "registration rolled back: {e}");
+                return error(StatusCode::SERVICE_UNAVAILABLE, format!("cannot monitor the job's members: {e}"));
+            }
+        },
+        None => tracing::info!(job = %id, "job registered while no eBPF program is loaded: its prefixes are not written to the kernel"),
+    }
+    s.hints.ensure_job(&id);
+    if let Err(e) = s.hints.publish(registry::baseline_hint(&id, now)) {
+        tracing::warn!("{e}");
+    }
+    drop(s);
+    tracing::info!(job = %id, name = %reg.name, members = reg.members.len(), "job registered");
+    (StatusCode::CREATED, Json(JobCreated { id, name: reg.name, tenant_token: token })).into_response()
+}
+
+/// `GET /v1/jobs` response.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobsResponse {
+    /// Registered jobs, in registration order.
+    pub jobs: Vec<JobView>,
+    /// Jobs from the config file's `[[job]]` (no tenant token; the operator reads their hints).
+    pub config_jobs: Vec<String>,
+}
+
+async fn list_jobs(_: Operator, State(state): State<SharedState>) -> Response {
+    let s = read(&state);
+    let jobs = s.registry.views();
+    let config_jobs = s.hints.jobs().filter(|j| !s.registry.contains(j)).map(str::to_owned).collect();
+    drop(s);
+    Json(JobsResponse { jobs, config_jobs }).into_response()
+}
+
+async fn delete_job(_: Operator, State(state): State<SharedState>, Path(id): Path<String>) -> Response {
+    let mut s = write(&state);
+    let keys = s.registry.prefix_keys(&id);
+    if s.registry.unregister(&id).is_none() {
+        let msg = if s.hints.jobs().any(|j| j == id) {
+            format!("job `{id}` comes from the config file ([[job]]); remove it there and restart the agent")
+        } else {
+            format!("no registered job with id `{id}`; list them with GET /v1/jobs")
+        };
+        return error(StatusCode::NOT_FOUND, msg);
+    }
+    // Ends every hint stream of the job.
+    s.hints.remove_job(&id);
+    let unneeded = s.registry.unneeded(&keys);
+    if let Some(dir) = s.pin_dir.clone().filter(|_| s.attached) {
+        if let Err(e) = match_map::remove(&dir, &unneeded) {
+            // The job is gone either way; a stale prefix only keeps counting traffic nobody reads.
+            tracing::warn!(job = %id, "cannot remove the job's prefixes from MATCH_PREFIXES: {e}");
+        }
+    }
+    drop(s);
+    tracing::info!(job = %id, released_prefixes = unneeded.len(), "job unregistered");
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn job_hints(access: JobAccess, State(state): State<SharedState>) -> Response {
+    match read(&state).hints.latest(&access.job_id) {
+        Some(h) => Json(h).into_response(),
+        None => error(StatusCode::NOT_FOUND, "no hint yet for this job: the policy has not planned it; retry after the next detection window"),
+    }
+}
+
+async fn job_metrics(access: JobAccess, State(state): State<SharedState>) -> Response {
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], metrics::render_job(&state, &access.job_id)).into_response()
+}
+
+/// Decrements the open-stream count when the response body (the stream) is dropped.
+struct StreamSlot(Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn hint_event(h: &Hint) -> Option<SseEvent> {
+    SseEvent::default().event("hint").id(h.version.to_string()).json_data(h).ok()
+}
+
+async fn job_hints_stream(access: JobAccess, State(state): State<SharedState>) -> Response {
+    let (rx, count) = {
+        let s = read(&state);
+        (s.hints.subscribe(&access.job_id), s.hint_streams.clone())
+    };
+    let Some(rx) = rx else {
+        return error(StatusCode::NOT_FOUND, "the job has no hint channel; it may have just been deleted");
+    };
+    if count.fetch_add(1, Ordering::Relaxed) >= MAX_HINT_STREAMS {
+        count.fetch_sub(1, Ordering::Relaxed);
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("{MAX_HINT_STREAMS} hint streams are open, the most this agent serves; close one or poll GET /v1/jobs/{{id}}/hints"),
+        );
+    }
+    let slot = StreamSlot(count);
+    // The current hint first, then one event per publish. The watch channel keeps only the newest
+    // hint, so a slow client skips superseded plans instead of queueing them. When the job is
+    // deleted the sender is dropped, `changed()` fails, and the stream (and the response) ends.
+    let stream = futures_util::stream::unfold((rx, slot, true), |(mut rx, slot, first)| async move {
+        if first {
+            let current = rx.borrow_and_update().clone();
+            if let Some(ev) = current.as_ref().and_then(hint_event) {
+                return Some((Ok::<_, Infallible>(ev), (rx, slot, false)));
+            }
+        }
+        loop {
+            rx.changed().await.ok()?;
+            let h = rx.borrow_and_update().clone();
+            if let Some(ev) = h.as_ref().and_then(hint_event) {
+                return Some((Ok(ev), (rx, slot, false)));
+            }
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE)).into_response()
 }
 
 async fn get_metrics(State(state): State<SharedState>) -> Response {
@@ -275,7 +513,7 @@ pub fn parse_limit(raw: Option<&str>) -> Result<usize, String> {
     }
 }
 
-async fn flows(State(state): State<SharedState>, q: Result<Query<FlowsQuery>, QueryRejection>) -> Response {
+async fn flows(_: Operator, State(state): State<SharedState>, q: Result<Query<FlowsQuery>, QueryRejection>) -> Response {
     let q = match q {
         Ok(Query(q)) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid query string: {e}")),
@@ -319,7 +557,7 @@ pub fn events_of(s: &AgentState, all: bool, limit: usize) -> EventsResponse {
     }
 }
 
-async fn events(State(state): State<SharedState>, q: Result<Query<EventsQuery>, QueryRejection>) -> Response {
+async fn events(_: Operator, State(state): State<SharedState>, q: Result<Query<EventsQuery>, QueryRejection>) -> Response {
     let q = match q {
         Ok(Query(q)) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid query string: {e}")),
@@ -363,7 +601,7 @@ pub fn status_of(s: &AgentState) -> StatusResponse {
     }
 }
 
-async fn status(State(state): State<SharedState>) -> Response {
+async fn status(_: Operator, State(state): State<SharedState>) -> Response {
     let body = status_of(&read(&state));
     Json(body).into_response()
 }
@@ -371,12 +609,12 @@ async fn status(State(state): State<SharedState>) -> Response {
 async fn not_found(uri: axum::http::Uri) -> Response {
     error(
         StatusCode::NOT_FOUND,
-        format!("no such endpoint `{}`; try /metrics, /v1/flows, /v1/status, /v1/events, /healthz or /readyz", uri.path()),
+        format!("no such endpoint `{}`; GET /v1/openapi.json lists every endpoint", uri.path()),
     )
 }
 
 async fn method_not_allowed() -> Response {
-    error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed: every endpoint is GET")
+    error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed: GET /v1/openapi.json lists each endpoint's methods")
 }
 
 fn read(state: &SharedState) -> std::sync::RwLockReadGuard<'_, AgentState> {
@@ -393,8 +631,24 @@ mod tests {
     use std::time::Duration;
     use tower::ServiceExt;
 
+    use crate::metrics::tests::TEST_OPERATOR_TOKEN as OP;
+
+    /// GET with the operator token.
     async fn get(state: SharedState, uri: &str) -> (StatusCode, String, String) {
-        let resp = router(state).oneshot(Request::get(uri).body(Body::empty()).unwrap()).await.unwrap();
+        call(state, "GET", uri, Some(OP), None).await
+    }
+
+    /// Any request; `body` is sent as `application/json`.
+    async fn call(state: SharedState, method: &str, uri: &str, token: Option<&str>, body: Option<&str>) -> (StatusCode, String, String) {
+        let mut req = Request::builder().method(method).uri(uri);
+        if let Some(t) = token {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        if body.is_some() {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        let req = req.body(body.map(|b| Body::from(b.to_owned())).unwrap_or_else(Body::empty)).unwrap();
+        let resp = router(state).oneshot(req).await.unwrap();
         let status = resp.status();
         let ct = resp.headers().get(header::CONTENT_TYPE).map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
         let body = resp.into_body().collect().await.unwrap().to_bytes();
@@ -539,5 +793,340 @@ mod tests {
         assert!(s.dataplane.contains(&("matched".to_owned(), 80)));
         assert_eq!(s.polls, 1);
         assert!(s.last_poll_age_seconds.unwrap() < 60.0);
+    }
+
+    // --- jobs, tokens and the tenant boundary ---
+
+    const REG_A: &str = r#"{"name":"alpha-train","members":["10.77.0.0/24"],"tcp_ports":["29500"]}"#;
+    const REG_B: &str = r#"{"name":"bravo-secret","members":["10.88.0.1","10.88.0.2"],"constraints":{"max_channels":2}}"#;
+
+    async fn register(state: &SharedState, body: &str) -> JobCreated {
+        let (st, ct, text) = call(state.clone(), "POST", "/v1/jobs", Some(OP), Some(body)).await;
+        assert_eq!(st, StatusCode::CREATED, "{text}");
+        assert!(ct.starts_with("application/json"));
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn assert_json_error(st: StatusCode, want: StatusCode, ct: &str, body: &str, context: &str) -> String {
+        assert_eq!(st, want, "{context}: {body}");
+        assert!(ct.starts_with("application/json"), "{context}: {ct}");
+        serde_json::from_str::<ApiError>(body).unwrap_or_else(|e| panic!("{context}: {e}: {body}")).error
+    }
+
+    #[tokio::test]
+    async fn operator_endpoints_need_the_operator_token() {
+        let state = sample_state();
+        let a = register(&state, REG_A).await;
+        for path in ["/v1/flows", "/v1/status", "/v1/events", "/v1/jobs"] {
+            let resp = router(state.clone()).oneshot(Request::get(path).body(Body::empty()).unwrap()).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{path}");
+            assert!(resp.headers().get(header::WWW_AUTHENTICATE).unwrap().to_str().unwrap().starts_with("Bearer"), "{path}");
+            let (st, ct, body) = call(state.clone(), "GET", path, Some("rso_not-a-known-token"), None).await;
+            let e = assert_json_error(st, StatusCode::UNAUTHORIZED, &ct, &body, path);
+            assert!(e.contains("token"), "{e}");
+            let (st, ct, body) = call(state.clone(), "GET", path, Some(&a.tenant_token), None).await;
+            let e = assert_json_error(st, StatusCode::FORBIDDEN, &ct, &body, path);
+            assert!(e.contains("operator token"), "{e}");
+            let (st, _, body) = get(state.clone(), path).await;
+            assert_eq!(st, StatusCode::OK, "{path}: {body}");
+        }
+        // Malformed Authorization headers are 401 too.
+        for h in ["Basic abc", "Bearer", "Bearer   ", "token"] {
+            let req = Request::get("/v1/status").header(header::AUTHORIZATION, h).body(Body::empty()).unwrap();
+            assert_eq!(router(state.clone()).oneshot(req).await.unwrap().status(), StatusCode::UNAUTHORIZED, "{h}");
+        }
+        // Open endpoints.
+        for path in ["/metrics", "/healthz", "/readyz", "/v1/openapi.json"] {
+            let (st, _, body) = call(state.clone(), "GET", path, None, None).await;
+            assert_eq!(st, StatusCode::OK, "{path}: {body}");
+        }
+    }
+
+    #[tokio::test]
+    async fn register_list_hint_delete() {
+        let state = sample_state();
+        let a = register(&state, REG_A).await;
+        assert_eq!(a.name, "alpha-train");
+        assert!(a.id.starts_with("j-") && a.tenant_token.starts_with("rst_"), "{a:?}");
+        // Only the hash is kept.
+        assert!(!format!("{:?}", state.read().unwrap().registry).contains(&a.tenant_token));
+
+        let (st, _, body) = get(state.clone(), "/v1/jobs").await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        assert!(!body.contains(&a.tenant_token), "GET /v1/jobs never shows tokens");
+        let list: JobsResponse = serde_json::from_str(&body).unwrap();
+        assert_eq!(list.jobs.len(), 1);
+        assert_eq!((list.jobs[0].id.as_str(), list.jobs[0].members.as_slice()), (a.id.as_str(), &["10.77.0.0/24".to_owned()][..]));
+
+        // The baseline plan, for the tenant and for the operator.
+        for token in [a.tenant_token.as_str(), OP] {
+            let (st, _, body) = call(state.clone(), "GET", &format!("/v1/jobs/{}/hints", a.id), Some(token), None).await;
+            assert_eq!(st, StatusCode::OK, "{body}");
+            let h: Hint = serde_json::from_str(&body).unwrap();
+            assert_eq!((h.job.as_str(), h.version, h.channels, h.confidence), (a.id.as_str(), 1, 1, 0.0));
+            assert_eq!(h.reasons, vec!["initial plan: no measurements yet"]);
+        }
+        // The detection thread's job set now includes it.
+        let set = state.read().unwrap().registry.job_set(&[]);
+        assert!(set.spec(&a.id).is_some());
+
+        let (st, _, body) = call(state.clone(), "DELETE", &format!("/v1/jobs/{}", a.id), Some(OP), None).await;
+        assert_eq!(st, StatusCode::NO_CONTENT, "{body}");
+        assert!(state.read().unwrap().hints.subscribe(&a.id).is_none(), "board entry removed");
+        let (st, ct, body) = call(state.clone(), "DELETE", &format!("/v1/jobs/{}", a.id), Some(OP), None).await;
+        assert_json_error(st, StatusCode::NOT_FOUND, &ct, &body, "second delete");
+        let (st, ct, body) = call(state.clone(), "GET", &format!("/v1/jobs/{}/hints", a.id), Some(OP), None).await;
+        assert_json_error(st, StatusCode::NOT_FOUND, &ct, &body, "operator, unknown id");
+        // A deleted job's token is no token at all.
+        let (st, _, _) = call(state.clone(), "GET", &format!("/v1/jobs/{}/hints", a.id), Some(&a.tenant_token), None).await;
+        assert_eq!(st, StatusCode::UNAUTHORIZED);
+        // Tenants cannot delete.
+        let b = register(&state, REG_B).await;
+        let (st, _, _) = call(state.clone(), "DELETE", &format!("/v1/jobs/{}", b.id), Some(&b.tenant_token), None).await;
+        assert_eq!(st, StatusCode::FORBIDDEN);
+    }
+
+    #[tokio::test]
+    async fn registration_errors_have_their_status_and_name_the_field() {
+        let state = sample_state();
+        let post = |body: &'static str| call(state.clone(), "POST", "/v1/jobs", Some(OP), Some(body));
+        for (body, field) in [
+            (r#"{"name":"a","members":["10.0.0.1"]"#, "JSON"),
+            (r#"{"name":"a","members":["10.0.0.1"],"constrains":{}}"#, "constrains"),
+            (r#"{"name":"a"}"#, "members"),
+            (r#"{"name":"a b","members":["10.0.0.1"]}"#, "name"),
+            (r#"{"name":"a","members":["10.0.0.256"]}"#, "members"),
+            (r#"{"name":"a","members":["10.0.0.1"],"tcp_ports":["9-1"]}"#, "port range"),
+            (r#"{"name":"a","members":["10.0.0.1"],"constraints":{"max_channels":0}}"#, "max_channels"),
+            (r#"{"name":"a","members":["10.0.0.1"],"constraints":{"codecs":["zstd"]}}"#, "codecs"),
+        ] {
+            let (st, ct, text) = post(body).await;
+            let e = assert_json_error(st, StatusCode::BAD_REQUEST, &ct, &text, body);
+            assert!(e.contains(field), "{body}: {e}");
+        }
+        // Wrong content type: 415.
+        let req = Request::post("/v1/jobs")
+            .header(header::AUTHORIZATION, format!("Bearer {OP}"))
+            .header(header::CONTENT_TYPE, "text/plain")
+            .body(Body::from(REG_A))
+            .unwrap();
+        let resp = router(state.clone()).oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        // Over 64 KiB: 413.
+        let big = format!(r#"{{"name":"a","members":["{}"]}}"#, "1".repeat(MAX_BODY_BYTES));
+        let (st, ct, text) = call(state.clone(), "POST", "/v1/jobs", Some(OP), Some(&big)).await;
+        let e = assert_json_error(st, StatusCode::PAYLOAD_TOO_LARGE, &ct, &text, "big body");
+        assert!(e.contains("65536"), "{e}");
+        // No token: 401 before the body is looked at.
+        let (st, _, _) = call(state.clone(), "POST", "/v1/jobs", None, Some("not json")).await;
+        assert_eq!(st, StatusCode::UNAUTHORIZED);
+        // Duplicate name: 409; the cap: 429.
+        register(&state, REG_A).await;
+        let (st, ct, text) = post(REG_A).await;
+        let e = assert_json_error(st, StatusCode::CONFLICT, &ct, &text, "duplicate");
+        assert!(e.contains("alpha-train"), "{e}");
+        {
+            let mut s = state.write().unwrap();
+            let ops = vec![crate::registry::TokenHash::of(OP)];
+            let mut r = crate::registry::JobRegistry::new(ops, vec![]).with_max_jobs(1);
+            r.register(&crate::registry::tests::registration("x", &["10.1.1.1"]), 0).unwrap();
+            s.registry = r;
+        }
+        let (st, ct, text) = post(REG_B).await;
+        let e = assert_json_error(st, StatusCode::TOO_MANY_REQUESTS, &ct, &text, "cap");
+        assert!(e.contains("delete"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_tenant_sees_only_its_own_job() {
+        let state = sample_state();
+        let a = register(&state, REG_A).await;
+        let b = register(&state, REG_B).await;
+        for suffix in ["hints", "hints/stream", "metrics"] {
+            // Status only: a stream's body never ends.
+            let req = Request::get(format!("/v1/jobs/{}/{suffix}", a.id))
+                .header(header::AUTHORIZATION, format!("Bearer {}", a.tenant_token))
+                .body(Body::empty())
+                .unwrap();
+            assert_eq!(router(state.clone()).oneshot(req).await.unwrap().status(), StatusCode::OK, "{suffix}");
+            // B's job, and a job that does not exist, answer the same to A.
+            let mut answers = Vec::new();
+            for id in [b.id.as_str(), "j-000000000000", "nope"] {
+                let (st, ct, body) = call(state.clone(), "GET", &format!("/v1/jobs/{id}/{suffix}"), Some(&a.tenant_token), None).await;
+                let e = assert_json_error(st, StatusCode::FORBIDDEN, &ct, &body, suffix);
+                assert!(!body.contains("bravo") && !body.contains(&b.id) && !body.contains(&b.tenant_token), "{suffix}: {body}");
+                answers.push(e);
+            }
+            assert!(answers.windows(2).all(|w| w[0] == w[1]), "{answers:?}");
+            // Anonymous: 401, whatever the id.
+            let (st, _, _) = call(state.clone(), "GET", &format!("/v1/jobs/{}/{suffix}", b.id), None, None).await;
+            assert_eq!(st, StatusCode::UNAUTHORIZED);
+        }
+        // A tenant response holds nothing of other tenants or of the provider.
+        for suffix in ["hints", "metrics"] {
+            let (_, _, body) = call(state.clone(), "GET", &format!("/v1/jobs/{}/{suffix}", a.id), Some(&a.tenant_token), None).await;
+            for leak in ["bravo", b.id.as_str(), "eth0", "interface", "link", "10.88."] {
+                assert!(!body.contains(leak), "{suffix} leaks {leak}: {body}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn job_metrics_are_scoped_to_the_job() {
+        use crate::hints::{JobInsight, PeerHealth};
+        let state = sample_state();
+        let a = register(&state, REG_A).await;
+        let b = register(&state, REG_B).await;
+        let insight = |peer: &str| JobInsight {
+            updated_unix_ms: 1,
+            step_ms: Some(250.0),
+            comm_ms: Some(100.0),
+            predicted_comm_ms: Some(80.0),
+            peers: vec![PeerHealth { peer: peer.parse().unwrap(), health: "degraded".into(), goodput_bytes_per_second: Some(1e9), loss_ratio: Some(0.01) }],
+        };
+        {
+            let mut s = state.write().unwrap();
+            s.hints.set_insight(&a.id, insight("10.77.0.3")).unwrap();
+            s.hints.set_insight(&b.id, insight("10.88.0.2")).unwrap();
+        }
+        let (st, ct, body) = call(state.clone(), "GET", &format!("/v1/jobs/{}/metrics", a.id), Some(&a.tenant_token), None).await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        assert_eq!(ct, metrics::CONTENT_TYPE);
+        let job = format!("job=\"{}\"", a.id);
+        for want in [
+            format!("ringside_job_plan_info{{{job},algorithm=\"ring\",compression=\"none\"}} 1"),
+            format!("ringside_job_plan_chunk_bytes{{{job}}} 1048576"),
+            format!("ringside_job_plan_channels{{{job}}} 1"),
+            format!("ringside_job_plan_version{{{job}}} 1"),
+            format!("ringside_job_step_seconds{{{job}}} 0.25"),
+            format!("ringside_job_comm_seconds{{{job}}} 0.1"),
+            format!("ringside_job_predicted_comm_seconds{{{job}}} 0.08"),
+            format!("ringside_job_peer_health{{{job},peer=\"10.77.0.3\",health=\"degraded\"}} 1"),
+            format!("ringside_job_peer_loss_ratio{{{job},peer=\"10.77.0.3\"}} 0.01"),
+        ] {
+            assert!(body.contains(&want), "missing {want}:\n{body}");
+        }
+        for m in metrics::JOB_ALL {
+            assert!(body.contains(&format!("# HELP {} ", m.name)), "{} not rendered", m.name);
+        }
+        assert!(!body.contains(&b.id) && !body.contains("10.88.0.2") && !body.contains("ringside_peer_"), "{body}");
+    }
+
+    /// Reads the body until one whole SSE event (ending in a blank line) arrived, skipping
+    /// keep-alive comments; `None` when the stream ended. Bounded by 5 s.
+    async fn next_event(body: &mut Body) -> Option<String> {
+        let mut text = String::new();
+        loop {
+            let frame = tokio::time::timeout(Duration::from_secs(5), body.frame()).await.expect("an SSE event within 5 s");
+            let data = frame?.unwrap().into_data().unwrap();
+            text.push_str(std::str::from_utf8(&data).unwrap());
+            if text.contains("\n\n") && text.lines().any(|l| l.starts_with("data:")) {
+                return Some(text);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn hint_stream_sends_the_current_hint_then_each_publish_and_ends_with_the_job() {
+        let state = sample_state();
+        let a = register(&state, REG_A).await;
+        let req = Request::get(format!("/v1/jobs/{}/hints/stream", a.id))
+            .header(header::AUTHORIZATION, format!("Bearer {}", a.tenant_token))
+            .body(Body::empty())
+            .unwrap();
+        let resp = router(state.clone()).oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(resp.headers()[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/event-stream"));
+        assert_eq!(state.read().unwrap().hint_streams.load(Ordering::Relaxed), 1);
+        let mut body = resp.into_body();
+        let first = next_event(&mut body).await.unwrap();
+        assert!(first.contains("event: hint\n") && first.contains("id: 1\n"), "{first}");
+        let data = first.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+        assert_eq!(serde_json::from_str::<Hint>(data).unwrap().version, 1);
+
+        let mut next = registry::baseline_hint(&a.id, 0);
+        next.version = 2;
+        next.compression = ringside_client::Codec::Int8;
+        state.write().unwrap().hints.publish(next).unwrap();
+        let second = next_event(&mut body).await.unwrap();
+        assert!(second.contains("id: 2\n") && second.contains("\"compression\":\"int8\""), "{second}");
+
+        let (st, _, _) = call(state.clone(), "DELETE", &format!("/v1/jobs/{}", a.id), Some(OP), None).await;
+        assert_eq!(st, StatusCode::NO_CONTENT);
+        assert!(next_event(&mut body).await.is_none(), "the stream ends when the job is deleted");
+        drop(body);
+        assert_eq!(state.read().unwrap().hint_streams.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn hint_streams_are_capped() {
+        let state = sample_state();
+        let a = register(&state, REG_A).await;
+        state.read().unwrap().hint_streams.store(MAX_HINT_STREAMS, Ordering::Relaxed);
+        let (st, ct, body) = call(state.clone(), "GET", &format!("/v1/jobs/{}/hints/stream", a.id), Some(&a.tenant_token), None).await;
+        let e = assert_json_error(st, StatusCode::TOO_MANY_REQUESTS, &ct, &body, "stream cap");
+        assert!(e.contains("hint streams"), "{e}");
+        assert_eq!(state.read().unwrap().hint_streams.load(Ordering::Relaxed), MAX_HINT_STREAMS);
+    }
+
+    #[tokio::test]
+    async fn config_jobs_are_readable_by_the_operator_only() {
+        let state = sample_state();
+        {
+            let mut s = state.write().unwrap();
+            s.hints.ensure_job("cfg-job");
+            s.hints.publish(registry::baseline_hint("cfg-job", 0)).unwrap();
+        }
+        let a = register(&state, REG_A).await;
+        let (st, _, body) = get(state.clone(), "/v1/jobs/cfg-job/hints").await;
+        assert_eq!(st, StatusCode::OK, "{body}");
+        let (st, _, _) = call(state.clone(), "GET", "/v1/jobs/cfg-job/hints", Some(&a.tenant_token), None).await;
+        assert_eq!(st, StatusCode::FORBIDDEN);
+        let (_, _, body) = get(state.clone(), "/v1/jobs").await;
+        let list: JobsResponse = serde_json::from_str(&body).unwrap();
+        assert_eq!(list.config_jobs, vec!["cfg-job"]);
+        let (st, _, body) = call(state.clone(), "DELETE", "/v1/jobs/cfg-job", Some(OP), None).await;
+        assert_eq!(st, StatusCode::NOT_FOUND);
+        assert!(body.contains("config file"), "{body}");
+    }
+
+    /// docs/openapi.json and the router describe the same routes and methods.
+    #[tokio::test]
+    async fn openapi_document_matches_the_router() {
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI_JSON).expect("docs/openapi.json is JSON");
+        assert!(doc["openapi"].as_str().unwrap().starts_with("3.0"));
+        let methods = ["get", "post", "put", "delete", "patch"];
+        let mut documented: Vec<(String, Vec<String>)> = doc["paths"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(p, item)| (p.clone(), methods.iter().filter(|m| item.get(**m).is_some()).map(|m| m.to_string()).collect()))
+            .collect();
+        documented.sort();
+        let mut routed: Vec<(String, Vec<String>)> =
+            ROUTES.iter().map(|(p, ms)| (p.to_string(), ms.iter().map(|m| m.to_string()).collect())).collect();
+        routed.sort();
+        assert_eq!(documented, routed, "docs/openapi.json paths differ from api::ROUTES");
+        // ROUTES is what the router serves: each method reaches a handler (not the 404/405
+        // fallbacks), and the other methods are 405.
+        let state = sample_state();
+        for (path, ms) in ROUTES {
+            let uri = path.replace("{id}", "j-000000000000");
+            for m in methods {
+                let (st, _, body) = call(state.clone(), &m.to_uppercase(), &uri, None, None).await;
+                if ms.contains(&m) {
+                    assert!(st != StatusCode::METHOD_NOT_ALLOWED && !body.contains("no such endpoint"), "{m} {path}: {st} {body}");
+                } else {
+                    assert_eq!(st, StatusCode::METHOD_NOT_ALLOWED, "{m} {path}");
+                }
+            }
+        }
+        // Every operation declares its security (or none) and its responses.
+        for (p, item) in doc["paths"].as_object().unwrap() {
+            for (m, op) in item.as_object().unwrap() {
+                assert!(op.get("responses").is_some(), "{m} {p}: no responses");
+                assert!(op.get("security").is_some(), "{m} {p}: say which token (or [] for none)");
+            }
+        }
     }
 }

@@ -1,7 +1,13 @@
 //! `ringside flows`, `ringside status` and `ringside events`: read the agent's API and print aligned tables.
 //!
-//! ureq (blocking, no async runtime, a few small dependencies) is enough for one GET per command.
-use std::time::Duration;
+//! ureq (blocking, no async runtime, a few small dependencies) is enough for one request per command.
+//!
+//! The operator token comes from `--token`, else `RINGSIDE_TOKEN`, else the file the agent writes,
+//! `<state_dir>/operator.token` ([`resolve_token`]).
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use serde::de::DeserializeOwned;
 
@@ -22,24 +28,123 @@ pub fn default_agent_url() -> String {
 pub enum ClientError {
     #[error("cannot reach the agent at {url}: {message}; is the agent running? start it with `ringside agent --iface IF` (or pass --agent URL)")]
     Unreachable { url: String, message: String },
-    #[error("the agent at {url} answered {status}: {message}")]
+    #[error("the agent at {url} answered {status}: {message}{hint}", hint = status_hint(*status))]
     Status { url: String, status: u16, message: String },
+    #[error("no operator token: pass --token TOKEN, set RINGSIDE_TOKEN, or run where the agent's {path} is readable (as root on the agent's host, or --state-dir DIR); with [api] operator_tokens_file, use a token from that file")]
+    NoToken { path: PathBuf },
+    #[error("cannot read the operator token from {path}: {source}; pass --token or set RINGSIDE_TOKEN")]
+    TokenFile { path: PathBuf, source: std::io::Error },
     #[error("the agent at {url} sent a response this ringside does not understand ({message}); are the CLI and agent the same version?")]
     Decode { url: String, message: String },
 }
 
-/// GETs `path` from the agent and decodes JSON.
-pub fn get_json<T: DeserializeOwned>(agent: &str, path: &str) -> Result<T, ClientError> {
+fn status_hint(status: u16) -> &'static str {
+    match status {
+        401 => " (check the token: --token, RINGSIDE_TOKEN or <state_dir>/operator.token)",
+        403 => " (this token may not read that; the operator token reads everything)",
+        _ => "",
+    }
+}
+
+/// The operator token: `explicit` (`--token` / `RINGSIDE_TOKEN`, already merged by clap), else the
+/// first token line of `<state_dir>/operator.token`.
+pub fn resolve_token(explicit: Option<&str>, state_dir: &Path) -> Result<String, ClientError> {
+    if let Some(t) = explicit.map(str::trim).filter(|t| !t.is_empty()) {
+        return Ok(t.to_owned());
+    }
+    let path = state_dir.join(crate::auth::OPERATOR_TOKEN_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(str::to_owned)
+            .ok_or(ClientError::NoToken { path }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ClientError::NoToken { path }),
+        Err(source) => Err(ClientError::TokenFile { path, source }),
+    }
+}
+
+/// One `GET`, `POST` (JSON body) or `DELETE` to the agent: (status, body). Only transport problems
+/// are errors; the caller judges the status.
+pub fn request(agent: &str, token: Option<&str>, method: &str, path: &str, json_body: Option<&str>) -> Result<(u16, String), ClientError> {
+    let url = format!("{}{path}", agent.trim_end_matches('/'));
+    let http: ureq::Agent =
+        ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(5))).http_status_as_error(false).build().into();
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let unreachable = |e: ureq::Error| ClientError::Unreachable { url: url.clone(), message: e.to_string() };
+    let resp = match method {
+        "POST" => {
+            let mut r = http.post(&url).header("Content-Type", "application/json");
+            if let Some(a) = &auth {
+                r = r.header("Authorization", a);
+            }
+            r.send(json_body.unwrap_or("{}")).map_err(unreachable)?
+        }
+        "DELETE" => {
+            let mut r = http.delete(&url);
+            if let Some(a) = &auth {
+                r = r.header("Authorization", a);
+            }
+            r.call().map_err(unreachable)?
+        }
+        _ => {
+            let mut r = http.get(&url);
+            if let Some(a) = &auth {
+                r = r.header("Authorization", a);
+            }
+            r.call().map_err(unreachable)?
+        }
+    };
+    let status = resp.status().as_u16();
+    let body = resp.into_body().read_to_string().map_err(unreachable)?;
+    Ok((status, body))
+}
+
+/// A request whose success is `expect`: the body on success, else the agent's `{"error"}` as
+/// [`ClientError::Status`].
+pub fn call_expecting(agent: &str, token: Option<&str>, method: &str, path: &str, json_body: Option<&str>, expect: u16) -> Result<String, ClientError> {
+    let (status, body) = request(agent, token, method, path, json_body)?;
+    if status != expect {
+        let url = format!("{}{path}", agent.trim_end_matches('/'));
+        let message = serde_json::from_str::<ApiError>(&body).map(|e| e.error).unwrap_or(body);
+        return Err(ClientError::Status { url, status, message });
+    }
+    Ok(body)
+}
+
+/// Renders `GET /v1/jobs`.
+pub fn render_jobs(r: &crate::api::JobsResponse) -> String {
+    let rows: Vec<Vec<String>> = r
+        .jobs
+        .iter()
+        .map(|j| {
+            let ports: Vec<String> = j.tcp_ports.iter().map(|p| format!("tcp/{p}")).chain(j.udp_ports.iter().map(|p| format!("udp/{p}"))).collect();
+            vec![j.id.clone(), j.name.clone(), j.members.join(","), if ports.is_empty() { "any".into() } else { ports.join(",") }]
+        })
+        .collect();
+    let mut out = table(&["ID", "NAME", "MEMBERS", "PORTS"], &rows);
+    out.push_str(&format!("{} registered", r.jobs.len()));
+    if !r.config_jobs.is_empty() {
+        out.push_str(&format!("; from the config file: {}", r.config_jobs.join(", ")));
+    }
+    out.push('\n');
+    out
+}
+
+/// GETs `path` from the agent (with `Authorization: Bearer token` if given) and decodes JSON.
+pub fn get_json<T: DeserializeOwned>(agent: &str, token: Option<&str>, path: &str) -> Result<T, ClientError> {
     let url = format!("{}{path}", agent.trim_end_matches('/'));
     let agent_cfg = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(5)))
         .http_status_as_error(false)
         .build();
     let agent_http: ureq::Agent = agent_cfg.into();
-    let mut resp = agent_http
-        .get(&url)
-        .call()
-        .map_err(|e| ClientError::Unreachable { url: url.clone(), message: e.to_string() })?;
+    let mut req = agent_http.get(&url);
+    if let Some(t) = token {
+        req = req.header("Authorization", &format!("Bearer {t}"));
+    }
+    let mut resp = req.call().map_err(|e| ClientError::Unreachable { url: url.clone(), message: e.to_string() })?;
     let status = resp.status().as_u16();
     let body = resp
         .body_mut()
@@ -273,8 +378,19 @@ mod tests {
         // A port nothing listens on: bind, read the port, close.
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let url = format!("http://127.0.0.1:{port}");
-        let e = get_json::<StatusResponse>(&url, "/v1/status").unwrap_err().to_string();
+        let e = get_json::<StatusResponse>(&url, None, "/v1/status").unwrap_err().to_string();
         assert!(e.contains(&url) && e.contains("is the agent running") && e.contains("ringside agent --iface"), "{e}");
+    }
+
+    #[test]
+    fn token_resolution_order_and_missing_token() {
+        let dir = crate::events::tests::tempdir("client-token");
+        let e = resolve_token(None, &dir).unwrap_err().to_string();
+        assert!(e.contains("--token") && e.contains("RINGSIDE_TOKEN") && e.contains("operator.token"), "{e}");
+        std::fs::write(dir.join(crate::auth::OPERATOR_TOKEN_FILE), "# generated\nrso_abc\n").unwrap();
+        assert_eq!(resolve_token(None, &dir).unwrap(), "rso_abc");
+        assert_eq!(resolve_token(Some(" rso_flag "), &dir).unwrap(), "rso_flag");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

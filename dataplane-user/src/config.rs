@@ -16,7 +16,7 @@ use std::{
 use dataplane_common::{config_flags, ipv4_mapped, PortRange, PrefixKey, MAX_PORT_RANGES, MAX_PREFIXES};
 use serde::{de, Deserialize, Deserializer};
 
-/// Default HTTP listen address (loopback: the API is not authenticated yet).
+/// Default HTTP listen address (loopback: `/metrics`, `/healthz` and `/readyz` need no token).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 /// Default map-poll interval.
 pub const DEFAULT_POLL_INTERVAL_MS: u64 = 100;
@@ -76,6 +76,17 @@ pub struct ConfigFile {
     pub jobs: Option<Vec<JobFile>>,
     /// Policy settings (`[policy]`, see `docs/policy.md`); every key defaulted.
     pub policy: Option<crate::policy::PolicyConfig>,
+    /// HTTP API settings (`[api]`).
+    pub api: Option<ApiFile>,
+}
+
+/// The `[api]` section.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiFile {
+    /// File of operator tokens, one per line (`#` comments). Without it the agent creates
+    /// `<state_dir>/operator.token` (mode 0600) on first start and reuses it.
+    pub operator_tokens_file: Option<PathBuf>,
 }
 
 /// Default directory for state that survives a restart.
@@ -570,6 +581,14 @@ mod tests {
     #[test]
     fn empty_file_is_all_defaults() {
         assert_eq!(parse("").unwrap(), ConfigFile::default());
+    }
+
+    #[test]
+    fn api_section() {
+        let f = parse("[api]\noperator_tokens_file = \"/etc/ringside/ops\"\n").unwrap();
+        assert_eq!(f.api.unwrap().operator_tokens_file.as_deref(), Some(Path::new("/etc/ringside/ops")));
+        let e = parse("[api]\noperator_token = \"x\"\n").unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("api.operator_token"), "{e}");
     }
 
     #[test]

@@ -118,16 +118,19 @@ impl Detection {
     /// whether a window ran.
     pub fn tick(&mut self, state: &SharedState) -> bool {
         let min_ns = (self.settings.window.as_nanos() as u64) * 9 / 10;
-        let (window, ifnames) = {
+        let (window, ifnames, jobs) = {
             let mut s = state.write().unwrap_or_else(|p| p.into_inner());
             if s.table.pending_window_ns() < min_ns {
                 return false;
             }
             let Some(w) = s.table.take_window() else { return false };
-            (w, s.ifnames.clone())
+            // Config-file jobs, then the jobs registered through the API (as of this window).
+            let jobs = s.registry.job_set(self.settings.jobs.specs());
+            s.jobs = jobs.names();
+            (w, s.ifnames.clone(), jobs)
         };
         let clock = Clock::now();
-        let job_windows = self.settings.jobs.windows(&window, |i| ifnames.get(&i).cloned().unwrap_or_else(|| format!("if{i}")));
+        let job_windows = jobs.windows(&window, |i| ifnames.get(&i).cloned().unwrap_or_else(|| format!("if{i}")));
         let mut changes: Vec<VerdictChange> = Vec::new();
         let mut errors = 0u64;
         for jw in &job_windows {

@@ -104,6 +104,45 @@ metric!(DETECT_INPUT_ERRORS, "ringside_detect_input_errors", Counter,
 metric!(DETECT_STATE_FILE_ERRORS, "ringside_detect_state_file_errors", Counter,
     "Problems with the events state file in state_dir, by operation: load (unreadable or corrupt at start: the agent started fresh) or save (open events may not survive a restart)");
 
+// --- API ---
+metric!(API_JOBS_REGISTERED, "ringside_api_jobs_registered", Gauge,
+    "Jobs registered through POST /v1/jobs (config-file jobs not included)");
+metric!(API_HINT_STREAMS, "ringside_api_hint_streams", Gauge,
+    "Open hint streams (GET /v1/jobs/{id}/hints/stream)");
+
+// --- one job (GET /v1/jobs/{id}/metrics only; every series carries `job`) ---
+metric!(JOB_PLAN_INFO, "ringside_job_plan_info", Gauge,
+    "The job's current plan: 1, labelled with the algorithm and the compression (codec) to use");
+metric!(JOB_PLAN_CHUNK_BYTES, "ringside_job_plan_chunk_bytes", Gauge,
+    "Pipeline chunk size of the current plan, bytes");
+metric!(JOB_PLAN_CHANNELS, "ringside_job_plan_channels", Gauge,
+    "Parallel connections per peer pair of the current plan");
+metric!(JOB_PLAN_VERSION, "ringside_job_plan_version", Gauge,
+    "Version of the current hint (increases by one with every plan change)");
+metric!(JOB_PLAN_CONFIDENCE, "ringside_job_plan_confidence", Gauge,
+    "How sure the policy is that the current plan beats the previous one, 0 to 1");
+metric!(JOB_PLAN_EXPIRES, "ringside_job_plan_expires_timestamp_seconds", Gauge,
+    "Unix time after which the current hint is stale unless renewed");
+metric!(JOB_STEP_SECONDS, "ringside_job_step_seconds", Gauge,
+    "Observed training step time (compute and communication) in the last detection window");
+metric!(JOB_COMM_SECONDS, "ringside_job_comm_seconds", Gauge,
+    "Observed communication time per step in the last detection window");
+metric!(JOB_PREDICTED_COMM_SECONDS, "ringside_job_predicted_comm_seconds", Gauge,
+    "Communication time per step the cost model predicts under the current plan");
+metric!(JOB_PEER_HEALTH, "ringside_job_peer_health", Gauge,
+    "1 for the job's peer in its current health (healthy, degraded or idle), by peer; only the job's own peers");
+metric!(JOB_PEER_GOODPUT, "ringside_job_peer_goodput_bytes_per_second", Gauge,
+    "In-burst goodput the job reached with a peer in the last window");
+metric!(JOB_PEER_LOSS_RATIO, "ringside_job_peer_loss_ratio", Gauge,
+    "Loss-evidence packets per data packet exchanged with a peer in the last window");
+
+/// Every job-scoped metric (`GET /v1/jobs/{id}/metrics`), in exposition order.
+pub const JOB_ALL: &[&Metric] = &[
+    &JOB_PLAN_INFO, &JOB_PLAN_CHUNK_BYTES, &JOB_PLAN_CHANNELS, &JOB_PLAN_VERSION, &JOB_PLAN_CONFIDENCE,
+    &JOB_PLAN_EXPIRES, &JOB_STEP_SECONDS, &JOB_COMM_SECONDS, &JOB_PREDICTED_COMM_SECONDS,
+    &JOB_PEER_HEALTH, &JOB_PEER_GOODPUT, &JOB_PEER_LOSS_RATIO,
+];
+
 /// Every metric, in exposition order.
 pub const ALL: &[&Metric] = &[
     &DATAPLANE_PACKETS, &DATAPLANE_MAP_FULL, &DATAPLANE_RINGBUF_FULL, &DATAPLANE_EVENTS,
@@ -113,6 +152,7 @@ pub const ALL: &[&Metric] = &[
     &AGENT_EVENTS, &AGENT_POLLS, &AGENT_POLL_ERRORS, &AGENT_POLL_DURATION, &AGENT_LAST_POLL,
     &AGENT_FLOWS_EVICTED, &AGENT_INTERFACES_ATTACHED,
     &VERDICTS_OPEN, &VERDICTS, &DETECT_WINDOWS, &DETECT_INPUT_ERRORS, &DETECT_STATE_FILE_ERRORS,
+    &API_JOBS_REGISTERED, &API_HINT_STREAMS,
 ];
 
 /// The `Content-Type` of [`render`]'s output.
@@ -277,7 +317,74 @@ fn families(state: &AgentState) -> Vec<Family> {
             (vec![("operation", "save".to_owned())], Value::Counter(ev.counters.state_write_errors)),
         ],
     });
+    out.push(single(&API_JOBS_REGISTERED, Value::Count(state.registry.len() as u64)));
+    out.push(single(&API_HINT_STREAMS, Value::Count(state.hint_streams.load(std::sync::atomic::Ordering::Relaxed) as u64)));
     out
+}
+
+/// The families of one job's metrics: its plan and what the policy measured, nothing else
+/// (no interface, link or other job).
+fn job_families(job: &str, hint: Option<&ringside_client::Hint>, insight: Option<&crate::hints::JobInsight>) -> Vec<Family> {
+    let j = || vec![("job", job.to_owned())];
+    let gauge = |metric, v: Option<f64>| Family { metric, series: v.map(|v| (j(), Value::Gauge(v))).into_iter().collect() };
+    let mut out = vec![Family {
+        metric: &JOB_PLAN_INFO,
+        series: hint
+            .map(|h| {
+                let labels = vec![("job", job.to_owned()), ("algorithm", h.algorithm.to_string()), ("compression", h.compression.to_string())];
+                (labels, Value::Count(1))
+            })
+            .into_iter()
+            .collect(),
+    }];
+    out.push(gauge(&JOB_PLAN_CHUNK_BYTES, hint.map(|h| f64::from(h.chunk_bytes))));
+    out.push(gauge(&JOB_PLAN_CHANNELS, hint.map(|h| f64::from(h.channels))));
+    out.push(gauge(&JOB_PLAN_VERSION, hint.map(|h| h.version as f64)));
+    out.push(gauge(&JOB_PLAN_CONFIDENCE, hint.map(|h| h.confidence)));
+    out.push(gauge(&JOB_PLAN_EXPIRES, hint.map(|h| h.expires_at as f64 / 1e3)));
+    let ms = |v: Option<f64>| v.map(|v| v / 1e3);
+    out.push(gauge(&JOB_STEP_SECONDS, ms(insight.and_then(|i| i.step_ms))));
+    out.push(gauge(&JOB_COMM_SECONDS, ms(insight.and_then(|i| i.comm_ms))));
+    out.push(gauge(&JOB_PREDICTED_COMM_SECONDS, ms(insight.and_then(|i| i.predicted_comm_ms))));
+    let peers = insight.map(|i| i.peers.as_slice()).unwrap_or_default();
+    let peer_labels = |p: &crate::hints::PeerHealth| vec![("job", job.to_owned()), ("peer", p.peer.to_string())];
+    out.push(Family {
+        metric: &JOB_PEER_HEALTH,
+        series: peers
+            .iter()
+            .map(|p| {
+                let mut l = peer_labels(p);
+                l.push(("health", p.health.clone()));
+                (l, Value::Count(1))
+            })
+            .collect(),
+    });
+    out.push(Family {
+        metric: &JOB_PEER_GOODPUT,
+        series: peers.iter().filter_map(|p| p.goodput_bytes_per_second.map(|v| (peer_labels(p), Value::Gauge(v)))).collect(),
+    });
+    out.push(Family {
+        metric: &JOB_PEER_LOSS_RATIO,
+        series: peers.iter().filter_map(|p| p.loss_ratio.map(|v| (peer_labels(p), Value::Gauge(v)))).collect(),
+    });
+    out
+}
+
+fn encode_families(fams: Vec<Family>) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Families(fams)));
+    let mut out = String::new();
+    encode(&mut out, &registry).expect("writing to a String cannot fail");
+    out
+}
+
+/// Renders job `job`'s metrics (`GET /v1/jobs/{id}/metrics`) as OpenMetrics text.
+pub fn render_job(state: &SharedState, job: &str) -> String {
+    let (hint, insight) = {
+        let s = state.read().unwrap_or_else(|p| p.into_inner());
+        (s.hints.latest(job), s.hints.insight(job))
+    };
+    encode_families(job_families(job, hint.as_ref(), insight.as_ref()))
 }
 
 fn with_bounds(bounds: &[f64], counts: &[u64]) -> Vec<(f64, u64)> {
@@ -326,11 +433,7 @@ pub fn render(state: &SharedState) -> String {
         let s = state.read().unwrap_or_else(|p| p.into_inner());
         families(&s)
     };
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(Families(fams)));
-    let mut out = String::new();
-    encode(&mut out, &registry).expect("writing to a String cannot fail");
-    out
+    encode_families(fams)
 }
 
 #[cfg(test)]
@@ -342,6 +445,9 @@ pub(crate) mod tests {
     };
     use dataplane_common::{direction, event_kind, flow_kind, BurstState, Event, FlowStats};
     use std::time::Duration;
+
+    /// The operator token of [`sample_state`].
+    pub(crate) const TEST_OPERATOR_TOKEN: &str = "rso_test-operator-token";
 
     pub(crate) fn sample_state() -> SharedState {
         let mut s = AgentState::new(TableSettings::default(), Duration::from_millis(100));
@@ -374,6 +480,7 @@ pub(crate) mod tests {
         let clock = crate::events::Clock { mono_ns: 20_000_000_000, unix_ms: 1_700_000_020_000 };
         let v = crate::events::tests::verdict(1, crate::detect::VerdictKind::GrayFailure, "10.77.0.3");
         s.events.apply(&[crate::detect::VerdictChange::Opened(v)], &clock);
+        s.registry.set_operators(vec![crate::registry::TokenHash::of(TEST_OPERATOR_TOKEN)]);
         s.shared()
     }
 
@@ -445,6 +552,23 @@ pub(crate) mod tests {
 }
 
 #[cfg(test)]
+mod job_tests {
+    use super::*;
+
+    #[test]
+    fn job_metrics_follow_the_naming_rules_and_render_without_a_plan() {
+        for m in JOB_ALL {
+            assert!(m.name.starts_with("ringside_job_") && !m.name.ends_with("_total") && m.help.len() > 10, "{}", m.name);
+            assert!(!ALL.iter().any(|a| a.name == m.name), "{} is also agent-wide", m.name);
+        }
+        // A job on the board with no plan and no insight yet: descriptors only, no series.
+        let text = encode_families(job_families("j-1", None, None));
+        assert!(text.contains("# HELP ringside_job_plan_info "), "{text}");
+        assert!(text.lines().all(|l| l.starts_with('#')), "{text}");
+    }
+}
+
+#[cfg(test)]
 mod docs_tests {
     /// docs/metrics.md is the operators' reference: every metric must be documented there.
     #[test]
@@ -452,6 +576,7 @@ mod docs_tests {
         let doc = include_str!("../../docs/metrics.md");
         let missing: Vec<&str> = super::ALL
             .iter()
+            .chain(super::JOB_ALL)
             .map(|m| m.name)
             .filter(|name| {
                 let counter = format!("`{name}_total`");

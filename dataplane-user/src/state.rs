@@ -6,7 +6,7 @@
 use std::{
     collections::HashMap,
     path::PathBuf,
-    sync::{Arc, RwLock},
+    sync::{atomic::AtomicUsize, Arc, RwLock},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -14,6 +14,7 @@ use crate::{
     events::EventLog,
     hints::HintBoard,
     flow_table::{FlowTable, TableSettings},
+    registry::JobRegistry,
 };
 
 /// Upper bounds (seconds) of the poll-duration histogram buckets; the last bucket is +Inf.
@@ -73,6 +74,10 @@ pub struct AgentState {
     pub jobs: Vec<String>,
     /// Each registered job's current hint and insight (written by the policy, read by the API).
     pub hints: HintBoard,
+    /// Registered jobs and the (hashed) operator and tenant tokens.
+    pub registry: JobRegistry,
+    /// Open `/v1/jobs/{id}/hints/stream` responses (each holds a guard that decrements it).
+    pub hint_streams: Arc<AtomicUsize>,
 }
 
 pub type SharedState = Arc<RwLock<AgentState>>;
@@ -95,6 +100,8 @@ impl AgentState {
             events: EventLog::new(crate::config::DEFAULT_RECENT_EVENTS, crate::config::DEFAULT_CARRY_OVER_WINDOWS),
             jobs: Vec::new(),
             hints: HintBoard::default(),
+            registry: JobRegistry::default(),
+            hint_streams: Arc::new(AtomicUsize::new(0)),
         }
     }
 

@@ -78,9 +78,12 @@ impl Drop for AgentProcess {
     }
 }
 
+/// The operator token of the test agent (written to its `[api] operator_tokens_file`).
+const OPERATOR_TOKEN: &str = "rso_t2-agent-operator-token";
+
 fn get<T: serde::de::DeserializeOwned + Send>(star: &Star, host: usize, path: &str) -> Result<T, client::ClientError> {
     let url = format!("http://127.0.0.1:{AGENT_PORT}");
-    star.hosts[host].ns.run(|| client::get_json::<T>(&url, path))
+    star.hosts[host].ns.run(|| client::get_json::<T>(&url, Some(OPERATOR_TOKEN), path))
 }
 
 fn get_metrics(star: &Star, host: usize) -> String {
@@ -131,7 +134,10 @@ fn agent_reports_what_senders_sent() {
     let star = Star::new(StarConfig { hosts: 4, offloads: false, ..Default::default() }).unwrap();
     let pin_dir = PathBuf::from(format!("/sys/fs/bpf/ringside-t2-{}", std::process::id()));
     let config = std::env::temp_dir().join(format!("ringside-t2-{}.toml", std::process::id()));
-    std::fs::write(&config, "[match]\nprefixes = [\"10.77.0.0/24\"]\n").unwrap();
+    let tokens = std::env::temp_dir().join(format!("ringside-t2-{}.tokens", std::process::id()));
+    std::fs::write(&tokens, format!("# operator\n{OPERATOR_TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::write(&config, format!("[match]\nprefixes = [\"10.77.0.0/24\"]\n[api]\noperator_tokens_file = \"{}\"\n", tokens.display())).unwrap();
 
     let mut cmd = star.hosts[0].ns.command(env!("CARGO_BIN_EXE_ringside"));
     cmd.args(["agent", "--iface", "eth0", "--listen", &format!("127.0.0.1:{AGENT_PORT}"), "--config"])
@@ -247,12 +253,15 @@ fn agent_reports_what_senders_sent() {
     eprintln!("lossy tcp: agent retransmissions {retrans_clean} → {retrans}");
 
     // `ringside flows` / `ringside status` against the live agent.
-    let out = star.hosts[0].ns.command(env!("CARGO_BIN_EXE_ringside")).args(["status", "--agent", &format!("http://127.0.0.1:{AGENT_PORT}")]).output().unwrap();
+    let out = star.hosts[0].ns.command(env!("CARGO_BIN_EXE_ringside")).args(["status", "--agent", &format!("http://127.0.0.1:{AGENT_PORT}")]).env("RINGSIDE_TOKEN", OPERATOR_TOKEN).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("agent: ready") && text.contains("eth0"), "{text}");
-    let out = star.hosts[0].ns.command(env!("CARGO_BIN_EXE_ringside")).args(["flows", "--limit", "3", "--agent", &format!("http://127.0.0.1:{AGENT_PORT}")]).output().unwrap();
+    let out = star.hosts[0].ns.command(env!("CARGO_BIN_EXE_ringside")).args(["flows", "--limit", "3", "--token", OPERATOR_TOKEN, "--agent", &format!("http://127.0.0.1:{AGENT_PORT}")]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("10.77.0.1:") && text.contains("3 of "), "{text}");
+
+    // --- job registration: the tenant boundary and MATCH_PREFIXES ---
+    check_job_registration(&star, &pin_dir);
 
     // --- clean exit: detached, qdisc and pins removed ---
     assert!(agent.stop(), "agent did not exit cleanly on SIGTERM");
@@ -260,6 +269,44 @@ fn agent_reports_what_senders_sent() {
     let out = star.hosts[0].ns.command("tc").args(["qdisc", "show", "dev", "eth0"]).output().unwrap();
     let qdiscs = String::from_utf8_lossy(&out.stdout);
     assert!(!qdiscs.contains("clsact"), "clsact left behind: {qdiscs}");
+    let _ = std::fs::remove_file(&tokens);
+}
+
+/// Whether the pinned `MATCH_PREFIXES` holds `10.99.0.0/16`.
+fn trie_holds_10_99(pin_dir: &Path) -> bool {
+    use aya::maps::{lpm_trie::Key, LpmTrie, Map, MapData};
+    let data = MapData::from_pin(pin_dir.join("MATCH_PREFIXES")).expect("open the pinned MATCH_PREFIXES");
+    let trie: LpmTrie<MapData, [u8; 16], u32> = LpmTrie::try_from(Map::from_map_data(data).unwrap()).unwrap();
+    let addr = dataplane_common::ipv4_mapped([10, 99, 0, 0]);
+    trie.keys().filter_map(Result::ok).any(|k: Key<[u8; 16]>| k.prefix_len() == 96 + 16 && k.data() == addr)
+}
+
+/// Registers a job through the live agent: 201 with a tenant token, its members in the kernel
+/// trie, the tenant reads its hint but not `/v1/flows`, and DELETE removes the prefix again.
+fn check_job_registration(star: &Star, pin_dir: &Path) {
+    let url = format!("http://127.0.0.1:{AGENT_PORT}");
+    let req = |token: Option<&str>, method: &str, path: &str, body: Option<&str>| {
+        star.hosts[0].ns.run(|| client::request(&url, token, method, path, body)).unwrap()
+    };
+    let body = r#"{"name":"t2-job","members":["10.77.0.2","10.99.0.0/16"],"tcp_ports":["29500"]}"#;
+    let (st, text) = req(None, "POST", "/v1/jobs", Some(body));
+    assert_eq!(st, 401, "{text}");
+    let (st, text) = req(Some(OPERATOR_TOKEN), "POST", "/v1/jobs", Some(body));
+    assert_eq!(st, 201, "{text}");
+    let created: ringside_client::JobCreated = serde_json::from_str(&text).unwrap();
+    assert!(trie_holds_10_99(pin_dir), "the job's prefix is not in MATCH_PREFIXES");
+    let (st, text) = req(Some(&created.tenant_token), "GET", &format!("/v1/jobs/{}/hints", created.id), None);
+    assert_eq!(st, 200, "{text}");
+    let hint: ringside_client::Hint = serde_json::from_str(&text).unwrap();
+    assert_eq!(hint.job, created.id);
+    let (st, _) = req(Some(&created.tenant_token), "GET", "/v1/flows", None);
+    assert_eq!(st, 403, "a tenant token does not read the provider's flows");
+    let (st, text) = req(Some(OPERATOR_TOKEN), "DELETE", &format!("/v1/jobs/{}", created.id), None);
+    assert_eq!(st, 204, "{text}");
+    assert!(!trie_holds_10_99(pin_dir), "the job's prefix stayed in MATCH_PREFIXES");
+    // 10.77.0.0/24 is the config's [match] prefix: it stays whatever jobs come and go.
+    let (st, text) = req(Some(&created.tenant_token), "GET", &format!("/v1/jobs/{}/hints", created.id), None);
+    assert_eq!(st, 401, "a deleted job's token is no longer valid: {text}");
 }
 
 #[test]

@@ -88,10 +88,23 @@ impl Agent {
         bail!("the agent did not become ready within {limit:?} (see its log)")
     }
 
-    /// `GET path` against the agent, from inside its namespace; Err on non-200.
+    /// `GET path` against the agent, from inside its namespace, with the operator token the agent
+    /// wrote to its state directory (once it exists); Err on non-200.
     pub fn get(&self, path: &str) -> Result<String> {
         let addr = self.listen.clone();
-        self.ns.try_run(|| http_get(&addr, path))?
+        let token = self.operator_token();
+        self.ns.try_run(|| http_get(&addr, path, token.as_deref()))?
+    }
+
+    /// The agent's state directory (holds `operator.token`; the CLI's `--state-dir`).
+    pub fn state_dir(&self) -> PathBuf {
+        self.work.join("state")
+    }
+
+    /// The operator token the agent generated, if it has started far enough to write it.
+    pub fn operator_token(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.state_dir().join("operator.token")).ok()?;
+        text.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_owned)
     }
 
     /// Whether the agent process is still running.
@@ -123,13 +136,14 @@ impl Drop for Agent {
     }
 }
 
-/// A minimal HTTP/1.0 GET (run inside the agent's namespace); Err on non-200. Bounded: 2 s to
-/// connect, 10 s per read.
-pub fn http_get(addr: &str, path: &str) -> Result<String> {
+/// A minimal HTTP/1.0 GET (run inside the agent's namespace), with `Authorization: Bearer` when a
+/// token is given; Err on non-200. Bounded: 2 s to connect, 10 s per read.
+pub fn http_get(addr: &str, path: &str, token: Option<&str>) -> Result<String> {
     let sock: std::net::SocketAddr = addr.parse().with_context(|| format!("bad agent address {addr}"))?;
     let mut s = TcpStream::connect_timeout(&sock, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}\r\n")?;
     let mut body = String::new();
     s.read_to_string(&mut body)?;
     let (head, rest) = body.split_once("\r\n\r\n").unwrap_or((&body, ""));

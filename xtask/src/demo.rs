@@ -94,7 +94,7 @@ pub fn run(seconds: u64) -> Result<()> {
         }
         thread::sleep((started + Duration::from_secs(tick)).saturating_duration_since(Instant::now()));
         println!("\n--- t = {tick} s: `ringside flows --limit 8` ---");
-        let out = star.switch.command(&ringside).args(["flows", "--limit", "8"]).output()?;
+        let out = star.switch.command(&ringside).args(["flows", "--limit", "8"]).arg("--state-dir").arg(agent.state_dir()).output()?;
         print!("{}", String::from_utf8_lossy(&out.stdout));
     }
 
@@ -118,7 +118,7 @@ pub fn run(seconds: u64) -> Result<()> {
         ("`ringside events --all` (detection verdicts)", &["events", "--all"][..]),
     ] {
         println!("\n--- {title} ---");
-        let out = star.switch.command(&ringside).args(args).output()?;
+        let out = star.switch.command(&ringside).args(args).arg("--state-dir").arg(agent.state_dir()).output()?;
         print!("{}", String::from_utf8_lossy(&out.stdout));
     }
 

@@ -85,7 +85,7 @@ impl Agent {
         let agent = Agent { child: Some(child), port, pin_dir, config, state_dir };
         wait_for(Duration::from_secs(15), POLL, "the agent to become ready", || {
             star.switch
-                .run(|| client::get_json::<dataplane_user::api::StatusResponse>(&agent.url(), "/v1/status"))
+                .run(|| client::get_json::<dataplane_user::api::StatusResponse>(&agent.url(), agent.token().as_deref(), "/v1/status"))
                 .ok()
                 .filter(|s| s.ready)
         });
@@ -96,9 +96,17 @@ impl Agent {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The operator token the agent generated in its state directory (once written).
+    pub fn token(&self) -> Option<String> {
+        client::resolve_token(None, &self.state_dir).ok()
+    }
+
     pub fn events(&self, star: &Star) -> EventsResponse {
         let url = self.url();
-        star.switch.run(|| client::get_json::<EventsResponse>(&url, "/v1/events?state=all&limit=1000")).expect("GET /v1/events")
+        let token = self.token();
+        star.switch
+            .run(|| client::get_json::<EventsResponse>(&url, token.as_deref(), "/v1/events?state=all&limit=1000"))
+            .expect("GET /v1/events")
     }
 }
 

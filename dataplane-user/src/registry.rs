@@ -1,0 +1,464 @@
+//! Registered jobs and the tokens that guard the API: `POST /v1/jobs` lands here.
+//!
+//! Invariants:
+//! - A token is never stored: only its SHA-256 ([`TokenHash`]). A tenant token is shown once, in
+//!   the `201` of its registration; an operator token lives in a file the operator controls.
+//! - Tokens are compared in constant time on their hashes ([`subtle::ConstantTimeEq`]), and every
+//!   candidate hash is compared (no early exit), so response time does not say which prefix of a
+//!   token or which job matched.
+//! - Job ids are random (`j-` + 12 hex digits): an id leaks nothing about other jobs and cannot be
+//!   guessed from a name.
+//! - At most [`MAX_JOBS`] registered jobs; names are unique among them.
+//! - The job set the detection thread uses ([`JobRegistry::job_set`]) lists config-file jobs first,
+//!   then registered jobs in registration order, so a flow belongs to exactly one job.
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use dataplane_common::PrefixKey;
+use ringside_client::{Algorithm, Codec, Hint, JobRegistration, JobView, PortRange};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::{
+    config::{MemberSpec, PortSpec, PrefixSpec},
+    jobs::{JobSet, JobSpec, DEFAULT_JOB},
+};
+
+/// Most registered jobs (each costs a hint channel, a job window per detection window and trie
+/// entries in the kernel).
+pub const MAX_JOBS: usize = 64;
+/// Most members (addresses or prefixes) of one job.
+pub const MAX_MEMBERS: usize = 64;
+/// Most port ranges per protocol of one job.
+pub const MAX_PORT_RANGES_PER_JOB: usize = 16;
+/// Prefix of tenant tokens (so secret scanners and people recognise them).
+pub const TENANT_TOKEN_PREFIX: &str = "rst_";
+/// Prefix of the operator token the agent generates.
+pub const OPERATOR_TOKEN_PREFIX: &str = "rso_";
+/// How long the baseline hint of a new job is valid before the policy must renew it.
+pub const BASELINE_HINT_TTL_MS: u64 = 60_000;
+
+/// SHA-256 of a token: what the agent keeps instead of the token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TokenHash([u8; 32]);
+
+impl std::fmt::Debug for TokenHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Even the hash stays out of logs: it is enough to test guesses offline.
+        f.write_str("TokenHash(..)")
+    }
+}
+
+impl TokenHash {
+    pub fn of(token: &str) -> Self {
+        TokenHash(Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// Constant-time comparison of two hashes.
+    pub fn matches(&self, other: &TokenHash) -> bool {
+        self.0.ct_eq(&other.0).into()
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+/// Getting randomness from the OS failed (no token or id could be made).
+#[derive(Debug, thiserror::Error)]
+#[error("the operating system's random number generator failed ({0}); check that getrandom(2) or /dev/urandom is available to the agent")]
+pub struct RandomnessError(pub getrandom::Error);
+
+fn random_hex(bytes: usize) -> Result<String, RandomnessError> {
+    let mut buf = vec![0u8; bytes];
+    // The OS CSPRNG directly (getrandom(2)): tokens are credentials, and this needs no seeded
+    // generator state in the agent.
+    getrandom::getrandom(&mut buf).map_err(RandomnessError)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A new token: `prefix` + 32 random bytes in hex (256 bits).
+pub fn new_token(prefix: &str) -> Result<String, RandomnessError> {
+    Ok(format!("{prefix}{}", random_hex(32)?))
+}
+
+/// A new job id: `j-` + 12 hex digits (48 random bits: unique among [`MAX_JOBS`] jobs; secrecy
+/// comes from the token, not the id).
+pub fn new_job_id() -> Result<String, RandomnessError> {
+    Ok(format!("j-{}", random_hex(6)?))
+}
+
+/// Why a registration was refused. Each maps to one HTTP status (see `api`).
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error("invalid `{field}`: {message}")]
+    Invalid { field: &'static str, message: String },
+    #[error("a job named `{name}` is already registered; pick another name or DELETE /v1/jobs/{{id}} first")]
+    NameTaken { name: String },
+    #[error("{max} jobs are registered, the most this agent holds; delete finished jobs (DELETE /v1/jobs/{{id}}) first")]
+    Full { max: usize },
+    #[error(transparent)]
+    Randomness(#[from] RandomnessError),
+}
+
+/// Whether `name` is 1-64 characters of `[A-Za-z0-9._-]`.
+pub fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// A registration checked and turned into the agent's types.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidRegistration {
+    pub view_members: Vec<String>,
+    pub spec: JobSpec,
+}
+
+/// Checks a registration (everything but name uniqueness and the cap); the error names the field.
+pub fn validate(reg: &JobRegistration) -> Result<ValidRegistration, RegisterError> {
+    let invalid = |field, message: String| RegisterError::Invalid { field, message };
+    if !valid_name(&reg.name) {
+        return Err(invalid("name", format!("{:?} must be 1-64 characters of A-Z a-z 0-9 . _ -", reg.name)));
+    }
+    if reg.members.is_empty() {
+        return Err(invalid("members", "list at least one address or CIDR prefix (\"10.77.0.2\", \"10.77.0.0/24\")".into()));
+    }
+    if reg.members.len() > MAX_MEMBERS {
+        return Err(invalid("members", format!("{} given, at most {MAX_MEMBERS}; use CIDR prefixes", reg.members.len())));
+    }
+    let mut members = Vec::with_capacity(reg.members.len());
+    for (i, m) in reg.members.iter().enumerate() {
+        let spec: MemberSpec = m.trim().parse().map_err(|e: String| RegisterError::Invalid { field: "members", message: format!("[{i}]: {e}") })?;
+        if spec.0.len == 0 {
+            return Err(invalid("members", format!("[{i}]: `{m}` covers every address; list the job's own hosts or prefixes")));
+        }
+        members.push(spec.0);
+    }
+    let ports = |field: &'static str, r: &[PortRange]| -> Result<Option<Vec<PortSpec>>, RegisterError> {
+        if r.len() > MAX_PORT_RANGES_PER_JOB {
+            return Err(RegisterError::Invalid { field, message: format!("{} ranges given, at most {MAX_PORT_RANGES_PER_JOB}", r.len()) });
+        }
+        Ok((!r.is_empty()).then(|| r.iter().map(|p| PortSpec { lo: p.lo, hi: p.hi }).collect()))
+    };
+    let tcp_ports = ports("tcp_ports", &reg.tcp_ports)?;
+    let udp_ports = ports("udp_ports", &reg.udp_ports)?;
+    if reg.gradient_bytes == Some(0) {
+        return Err(invalid("gradient_bytes", "must be greater than 0 (omit it to let ringside estimate it)".into()));
+    }
+    reg.constraints.validate().map_err(|m| invalid("constraints", m))?;
+    Ok(ValidRegistration {
+        view_members: reg.members.iter().map(|m| m.trim().to_owned()).collect(),
+        spec: JobSpec {
+            name: String::new(),
+            members,
+            tcp_ports,
+            udp_ports,
+            gradient_bytes: reg.gradient_bytes,
+            constraints: reg.constraints.clone(),
+        },
+    })
+}
+
+/// The hint a job gets at registration: what a job does without ringside, at confidence 0.
+pub fn baseline_hint(job: &str, now_unix_ms: u64) -> Hint {
+    Hint {
+        job: job.to_owned(),
+        version: 1,
+        step_from: 0,
+        algorithm: Algorithm::Ring,
+        chunk_bytes: 1 << 20,
+        channels: 1,
+        compression: Codec::None,
+        error_feedback: false,
+        reasons: vec!["initial plan: no measurements yet".to_owned()],
+        confidence: 0.0,
+        expires_at: now_unix_ms + BASELINE_HINT_TTL_MS,
+    }
+}
+
+#[derive(Debug, Clone)]
+struct RegisteredJob {
+    view: JobView,
+    spec: JobSpec,
+    token: TokenHash,
+}
+
+/// Registered jobs, the operator tokens, and the prefixes the config file already monitors.
+#[derive(Debug)]
+pub struct JobRegistry {
+    /// By id; `order` keeps registration order (the match order).
+    jobs: BTreeMap<String, RegisteredJob>,
+    order: Vec<String>,
+    operators: Vec<TokenHash>,
+    /// `[match] prefixes` as trie keys: never removed from `MATCH_PREFIXES` on unregister.
+    static_prefixes: Vec<PrefixKey>,
+    max_jobs: usize,
+}
+
+impl Default for JobRegistry {
+    /// No jobs and no operator token (nothing but the open endpoints is reachable).
+    fn default() -> Self {
+        JobRegistry::new(Vec::new(), Vec::new())
+    }
+}
+
+impl JobRegistry {
+    pub fn new(operators: Vec<TokenHash>, static_prefixes: Vec<PrefixKey>) -> Self {
+        JobRegistry { jobs: BTreeMap::new(), order: Vec::new(), operators, static_prefixes, max_jobs: MAX_JOBS }
+    }
+
+    /// Lowers the job cap (tests).
+    pub fn with_max_jobs(mut self, max: usize) -> Self {
+        self.max_jobs = max;
+        self
+    }
+
+    pub fn set_operators(&mut self, operators: Vec<TokenHash>) {
+        self.operators = operators;
+    }
+
+    pub fn set_static_prefixes(&mut self, keys: Vec<PrefixKey>) {
+        self.static_prefixes = keys;
+    }
+
+    /// Whether `token` is an operator token. Compares against every operator hash.
+    pub fn is_operator(&self, token: &TokenHash) -> bool {
+        self.operators.iter().fold(subtle::Choice::from(0), |acc, h| acc | h.0.ct_eq(&token.0)).into()
+    }
+
+    /// Whether `token` is the tenant token of job `id` (false for an unknown id). Walks every job,
+    /// so the time taken does not depend on whether `id` exists.
+    pub fn is_tenant_of(&self, id: &str, token: &TokenHash) -> bool {
+        self.jobs
+            .iter()
+            .fold(subtle::Choice::from(0), |acc, (jid, j)| acc | (subtle::Choice::from(u8::from(jid == id)) & j.token.0.ct_eq(&token.0)))
+            .into()
+    }
+
+    /// Whether `token` is the tenant token of some job. Compares against every job.
+    pub fn is_any_tenant(&self, token: &TokenHash) -> bool {
+        self.jobs.values().fold(subtle::Choice::from(0), |acc, j| acc | j.token.0.ct_eq(&token.0)).into()
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        self.jobs.contains_key(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.jobs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+
+    /// Registers a job: returns its id and its tenant token (the only time the token exists in
+    /// the clear outside the tenant).
+    pub fn register(&mut self, reg: &JobRegistration, now_unix_ms: u64) -> Result<(String, String), RegisterError> {
+        let valid = validate(reg)?;
+        if self.jobs.values().any(|j| j.view.name == reg.name) {
+            return Err(RegisterError::NameTaken { name: reg.name.clone() });
+        }
+        if self.jobs.len() >= self.max_jobs {
+            return Err(RegisterError::Full { max: self.max_jobs });
+        }
+        let mut id = new_job_id()?;
+        while self.jobs.contains_key(&id) {
+            id = new_job_id()?;
+        }
+        let token = new_token(TENANT_TOKEN_PREFIX)?;
+        let spec = JobSpec { name: id.clone(), ..valid.spec };
+        let view = JobView {
+            id: id.clone(),
+            name: reg.name.clone(),
+            members: valid.view_members,
+            tcp_ports: reg.tcp_ports.clone(),
+            udp_ports: reg.udp_ports.clone(),
+            gradient_bytes: reg.gradient_bytes,
+            constraints: reg.constraints.clone(),
+            registered_unix_ms: now_unix_ms,
+        };
+        self.jobs.insert(id.clone(), RegisteredJob { view, spec, token: TokenHash::of(&token) });
+        self.order.push(id.clone());
+        Ok((id, token))
+    }
+
+    /// Forgets job `id`; returns its view if it was registered.
+    pub fn unregister(&mut self, id: &str) -> Option<JobView> {
+        let j = self.jobs.remove(id)?;
+        self.order.retain(|o| o != id);
+        Some(j.view)
+    }
+
+    /// Every registered job, in registration order (never tokens).
+    pub fn views(&self) -> Vec<JobView> {
+        self.order.iter().filter_map(|id| self.jobs.get(id)).map(|j| j.view.clone()).collect()
+    }
+
+    pub fn view(&self, id: &str) -> Option<JobView> {
+        self.jobs.get(id).map(|j| j.view.clone())
+    }
+
+    pub fn spec(&self, id: &str) -> Option<&JobSpec> {
+        self.jobs.get(id).map(|j| &j.spec)
+    }
+
+    /// The job set of the detection thread: `config_jobs` (the `[[job]]`s) first, then registered
+    /// jobs in registration order. Without `[[job]]`s but with registered jobs, a catch-all
+    /// [`DEFAULT_JOB`] comes last, so the operator keeps seeing events for the rest of the traffic.
+    pub fn job_set(&self, config_jobs: &[JobSpec]) -> JobSet {
+        let mut specs: Vec<JobSpec> = config_jobs.to_vec();
+        specs.extend(self.order.iter().filter_map(|id| self.jobs.get(id)).map(|j| j.spec.clone()));
+        if config_jobs.is_empty() && !self.jobs.is_empty() {
+            specs.push(JobSpec {
+                name: DEFAULT_JOB.to_owned(),
+                members: vec![
+                    PrefixSpec { addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED), len: 0 },
+                    PrefixSpec { addr: IpAddr::V6(Ipv6Addr::UNSPECIFIED), len: 0 },
+                ],
+                tcp_ports: None,
+                udp_ports: None,
+                gradient_bytes: None,
+                constraints: Default::default(),
+            });
+        }
+        JobSet::from_specs(specs)
+    }
+
+    /// The distinct trie keys of job `id`'s members.
+    pub fn prefix_keys(&self, id: &str) -> Vec<PrefixKey> {
+        let mut keys = Vec::new();
+        for m in self.jobs.get(id).map(|j| j.spec.members.as_slice()).unwrap_or_default() {
+            let k = m.to_key();
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+        keys
+    }
+
+    /// Of `keys` (a job being removed), those no registered job and no `[match]` prefix needs.
+    /// Call after [`JobRegistry::unregister`].
+    pub fn unneeded(&self, keys: &[PrefixKey]) -> Vec<PrefixKey> {
+        keys.iter()
+            .filter(|k| !self.static_prefixes.contains(k))
+            .filter(|k| !self.jobs.values().any(|j| j.spec.members.iter().any(|m| m.to_key() == **k)))
+            .copied()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use ringside_client::Constraints;
+
+    pub(crate) fn registration(name: &str, members: &[&str]) -> JobRegistration {
+        JobRegistration {
+            name: name.into(),
+            members: members.iter().map(|m| (*m).to_owned()).collect(),
+            tcp_ports: vec!["29500".parse().unwrap()],
+            udp_ports: vec![],
+            gradient_bytes: Some(100 << 20),
+            constraints: Constraints::default(),
+        }
+    }
+
+    #[test]
+    fn tokens_are_random_prefixed_and_stored_hashed() {
+        let mut r = JobRegistry::new(vec![TokenHash::of("op-secret-token-1")], vec![]);
+        let (id, token) = r.register(&registration("a", &["10.77.0.0/24"]), 1).unwrap();
+        assert!(id.starts_with("j-") && id.len() == 14, "{id}");
+        assert!(token.starts_with(TENANT_TOKEN_PREFIX) && token.len() == 4 + 64, "{token}");
+        // The registry holds no plain token anywhere (its Debug prints every field).
+        let dump = format!("{r:?}");
+        assert!(!dump.contains(&token) && !dump.contains(&token[4..]), "{dump}");
+        assert!(r.is_tenant_of(&id, &TokenHash::of(&token)));
+        assert!(!r.is_tenant_of(&id, &TokenHash::of("rst_wrong")));
+        assert!(!r.is_tenant_of("j-000000000000", &TokenHash::of(&token)));
+        assert!(r.is_any_tenant(&TokenHash::of(&token)));
+        assert!(r.is_operator(&TokenHash::of("op-secret-token-1")));
+        assert!(!r.is_operator(&TokenHash::of(&token)));
+        let (id2, token2) = r.register(&registration("b", &["10.78.0.1"]), 1).unwrap();
+        assert_ne!((&id, &token), (&id2, &token2));
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let mut r = JobRegistry::new(vec![], vec![]);
+        let cases: Vec<(JobRegistration, &str)> = vec![
+            (registration("", &["10.0.0.1"]), "name"),
+            (registration("a b", &["10.0.0.1"]), "name"),
+            (registration(&"x".repeat(65), &["10.0.0.1"]), "name"),
+            (registration("a", &[]), "members"),
+            (registration("a", &["10.0.0.300"]), "members"),
+            (registration("a", &["10.0.0.0/33"]), "members"),
+            (registration("a", &["0.0.0.0/0"]), "members"),
+            (JobRegistration { gradient_bytes: Some(0), ..registration("a", &["10.0.0.1"]) }, "gradient_bytes"),
+            (
+                JobRegistration { constraints: Constraints { max_channels: 0, ..Default::default() }, ..registration("a", &["10.0.0.1"]) },
+                "constraints",
+            ),
+        ];
+        for (reg, field) in cases {
+            let e = r.register(&reg, 0).unwrap_err();
+            assert!(matches!(&e, RegisterError::Invalid { field: f, .. } if *f == field), "{field}: {e}");
+            assert!(e.to_string().contains(field), "{e}");
+        }
+        assert!(valid_name("job-1.a_B"));
+    }
+
+    #[test]
+    fn names_are_unique_and_the_cap_holds() {
+        let mut r = JobRegistry::new(vec![], vec![]).with_max_jobs(2);
+        let (a, _) = r.register(&registration("a", &["10.0.0.1"]), 0).unwrap();
+        assert!(matches!(r.register(&registration("a", &["10.0.0.2"]), 0), Err(RegisterError::NameTaken { .. })));
+        r.register(&registration("b", &["10.0.0.2"]), 0).unwrap();
+        assert!(matches!(r.register(&registration("c", &["10.0.0.3"]), 0), Err(RegisterError::Full { max: 2 })));
+        assert_eq!(r.unregister(&a).unwrap().name, "a");
+        assert!(r.unregister(&a).is_none());
+        r.register(&registration("a", &["10.0.0.1"]), 0).unwrap();
+        assert_eq!(r.views().iter().map(|v| v.name.as_str()).collect::<Vec<_>>(), vec!["b", "a"]);
+    }
+
+    #[test]
+    fn job_set_lists_config_jobs_first_then_registered_then_default() {
+        use crate::flow_table::tests::key;
+        use dataplane_common::{direction, flow_kind};
+        let mut r = JobRegistry::new(vec![], vec![]);
+        let (id, _) = r.register(&registration("a", &["10.77.0.0/24"]), 0).unwrap();
+        let k = key(1, 3, 29500, direction::EGRESS, flow_kind::TCP); // 10.77.0.1 → 10.77.0.3
+        // No [[job]]: the registered job, then the catch-all default.
+        let set = r.job_set(&[]);
+        assert_eq!(set.names(), vec![id.clone(), DEFAULT_JOB.to_owned()]);
+        assert_eq!(set.job_of(&k), Some(id.as_str()));
+        assert_eq!(set.job_of(&key(1, 3, 80, direction::EGRESS, flow_kind::TCP)), Some(DEFAULT_JOB));
+        // A config job covering the same peer wins: a flow belongs to one job.
+        let cfg = JobSpec { name: "cfg".into(), ..r.spec(&id).unwrap().clone() };
+        let set = r.job_set(std::slice::from_ref(&cfg));
+        assert_eq!(set.names(), vec!["cfg".to_owned(), id.clone()]);
+        assert_eq!(set.job_of(&k), Some("cfg"));
+        r.unregister(&id);
+        assert!(r.job_set(&[]).specs().is_empty(), "no jobs: the implicit default");
+    }
+
+    #[test]
+    fn only_unneeded_prefixes_are_released() {
+        let stat: PrefixSpec = "10.1.0.0/16".parse().unwrap();
+        let mut r = JobRegistry::new(vec![], vec![stat.to_key()]);
+        let (a, _) = r.register(&registration("a", &["10.77.0.0/24", "10.1.0.0/16", "10.9.0.1"]), 0).unwrap();
+        let (_b, _) = r.register(&registration("b", &["10.77.0.0/24"]), 0).unwrap();
+        let keys = r.prefix_keys(&a);
+        assert_eq!(keys.len(), 3);
+        r.unregister(&a);
+        let gone = r.unneeded(&keys);
+        assert_eq!(gone, vec!["10.9.0.1/32".parse::<PrefixSpec>().unwrap().to_key()]);
+    }
+
+    #[test]
+    fn baseline_hint_is_the_plain_plan() {
+        let h = baseline_hint("j-1", 1_000);
+        assert_eq!((h.version, h.algorithm, h.chunk_bytes, h.channels, h.compression), (1, Algorithm::Ring, 1 << 20, 1, Codec::None));
+        assert_eq!((h.confidence, h.expires_at), (0.0, 61_000));
+        assert_eq!(h.reasons, vec!["initial plan: no measurements yet"]);
+    }
+}
