@@ -176,7 +176,7 @@ impl Detection {
                 state.write().unwrap_or_else(|p| p.into_inner()).events.counters.state_write_errors += 1;
             }
         }
-        self.run_policy(state, &job_windows, &clock);
+        self.run_policy(state, &jobs, &job_windows, &clock);
         true
     }
 
@@ -184,7 +184,7 @@ impl Detection {
     /// plan and publishes plan changes (version + 1), renewals and the job's insight. Computes
     /// outside the state lock; takes the read lock to copy the board's latest hints and the write
     /// lock once to publish. A job without a hint yet (its baseline) is skipped.
-    fn run_policy(&mut self, state: &SharedState, job_windows: &[JobWindow], clock: &Clock) {
+    fn run_policy(&mut self, state: &SharedState, jobs: &JobSet, job_windows: &[JobWindow], clock: &Clock) {
         let latest: BTreeMap<String, Option<Hint>> = {
             let s = state.read().unwrap_or_else(|p| p.into_inner());
             s.hints.jobs().map(|j| (j.to_owned(), s.hints.latest(j))).collect()
@@ -194,7 +194,8 @@ impl Detection {
         let mut updates = Vec::new();
         for jw in job_windows {
             let Some(Some(latest)) = latest.get(&jw.job) else { continue };
-            let spec = self.settings.jobs.spec(&jw.job);
+            // The window's job set: config-file jobs and registered ones with their constraints.
+            let spec = jobs.spec(&jw.job);
             let ctx = JobContext {
                 constraints: spec.map_or(&no_constraints, |s| &s.constraints),
                 gradient_bytes: spec.and_then(|s| s.gradient_bytes),
