@@ -96,6 +96,15 @@ impl Agent {
         self.ns.try_run(|| http_get(&addr, path, token.as_deref()))?
     }
 
+    /// Registers a job through `POST /v1/jobs` (from inside the agent's namespace, with the
+    /// operator token).
+    pub fn register(&self, job: &ringside_client::JobRegistration) -> Result<ringside_client::JobCreated> {
+        let base = format!("http://{}", self.listen);
+        let token = self.operator_token().context("the agent has not written its operator token yet")?;
+        let created = self.ns.try_run(|| ringside_client::OperatorClient::new(&base, &token).and_then(|c| c.register(job)))?;
+        created.with_context(|| format!("registering job {}", job.name))
+    }
+
     /// The agent's state directory (holds `operator.token`; the CLI's `--state-dir`).
     pub fn state_dir(&self) -> PathBuf {
         self.work.join("state")

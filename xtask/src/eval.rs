@@ -5,7 +5,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::util::{output, workspace_root};
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use testbed::{Star, StarConfig};
+
+use crate::{
+    agent::Agent,
+    util::{output, workspace_root},
+};
 
 pub fn now_ms() -> u64 {
     testbed::fault::unix_ms(std::time::SystemTime::now())
@@ -51,4 +58,60 @@ pub fn machine() -> String {
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into());
     format!("{cpus} vCPU ({model}), Linux {kernel}; source {rev} (a dirty tree includes other engineers' uncommitted work)")
+}
+
+/// 100 ms samples of a host's send rate taken before a rate cap.
+pub const RATE_SAMPLES: usize = 20;
+
+/// The rate (Mbit/s, L3) at which the host behind switch `port` sends: the 90th percentile over
+/// [`RATE_SAMPLES`] polls of `/v1/flows`, summing its ingress flows on that port (each flow's
+/// rate is over the agent's last 100 ms poll, so this is close to the job's in-phase rate).
+pub fn job_send_rate_mbit(agent: &Agent, port: &str, stop: &AtomicBool) -> Result<f64> {
+    let mut samples = Vec::new();
+    for _ in 0..RATE_SAMPLES {
+        let body = agent.get("/v1/flows?limit=1000")?;
+        let v: Value = serde_json::from_str(&body).context("/v1/flows is not JSON")?;
+        let rate: f64 = v["flows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f["interface"] == port && f["direction"] == "ingress")
+            .filter_map(|f| f["rates"]["bytes_per_second"].as_f64())
+            .sum();
+        samples.push(rate * 8.0 / 1e6);
+        if !sleep_checked(Duration::from_millis(100), stop) {
+            bail!("interrupted");
+        }
+    }
+    samples.sort_by(f64::total_cmp);
+    let p90 = samples[(samples.len() * 9 / 10).min(samples.len() - 1)];
+    if p90 <= 0.0 {
+        bail!("the agent saw no traffic from {port} during the warm-up: the job is not running");
+    }
+    Ok(p90)
+}
+
+/// Goodput of one TCP stream between two hosts of a fresh 2-host star (offloads off, as the runs).
+pub fn measure_capacity() -> Result<f64> {
+    let star = Star::new(StarConfig { hosts: 2, offloads: false, ..Default::default() })?;
+    let to = (star.hosts[1].addr, 5201).into();
+    let sink = star.hosts[1].ns.try_run(|| testbed::TcpSink::bind(to))??;
+    let rx = thread::spawn(move || sink.receive(1, Duration::from_secs(30)));
+    let tx = star.hosts[0].ns.try_run(|| testbed::tcp_send_with_timeout(to, 256 << 20, 1, Duration::from_secs(30)))??;
+    let _ = rx.join();
+    Ok(tx.goodput_mbit)
+}
+
+
+/// Loads a system TTF as plotters' "sans-serif" (the bitmap backend has no font of its own);
+/// fonts-dejavu-core is installed by `cargo xtask setup`.
+pub fn register_font() -> Result<()> {
+    use plotters::style::FontStyle;
+    let font = ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf"]
+        .iter()
+        .find_map(|p| std::fs::read(p).ok())
+        .context("no TTF font found (DejaVuSans or LiberationSans) for the plot's labels")?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font).map_err(|_| anyhow::anyhow!("cannot load the font"))?;
+    Ok(())
 }

@@ -31,7 +31,6 @@ use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
     sync::atomic::{AtomicBool, Ordering},
-    thread,
     time::{Duration, Instant},
 };
 
@@ -42,7 +41,7 @@ use testbed::{ByteSize, CrossTrafficSpec, FaultRecord, FlapSpec, JobConfig, Leaf
 use crate::{
     agent::{Agent, AgentSpec},
     build,
-    eval::{loadavg, machine, now_ms, percentile, sleep_checked},
+    eval::{job_send_rate_mbit, loadavg, machine, measure_capacity, now_ms, percentile, sleep_checked, RATE_SAMPLES},
     setup,
     util::{cargo, sh, workspace_root},
 };
@@ -335,37 +334,6 @@ struct RunCtx<'a> {
     cap_mbit: u64,
     logs: &'a Path,
     stop: &'static AtomicBool,
-}
-
-/// 100 ms samples of a host's send rate taken before a rate cap.
-const RATE_SAMPLES: usize = 20;
-
-/// The rate (Mbit/s, L3) at which the host behind switch `port` sends: the 90th percentile over
-/// [`RATE_SAMPLES`] polls of `/v1/flows`, summing its ingress flows on that port (each flow's
-/// rate is over the agent's last 100 ms poll, so this is close to the job's in-phase rate).
-fn job_send_rate_mbit(agent: &Agent, port: &str, stop: &AtomicBool) -> Result<f64> {
-    let mut samples = Vec::new();
-    for _ in 0..RATE_SAMPLES {
-        let body = agent.get("/v1/flows?limit=1000")?;
-        let v: Value = serde_json::from_str(&body).context("/v1/flows is not JSON")?;
-        let rate: f64 = v["flows"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|f| f["interface"] == port && f["direction"] == "ingress")
-            .filter_map(|f| f["rates"]["bytes_per_second"].as_f64())
-            .sum();
-        samples.push(rate * 8.0 / 1e6);
-        if !sleep_checked(Duration::from_millis(100), stop) {
-            bail!("interrupted");
-        }
-    }
-    samples.sort_by(f64::total_cmp);
-    let p90 = samples[(samples.len() * 9 / 10).min(samples.len() - 1)];
-    if p90 <= 0.0 {
-        bail!("the agent saw no traffic from {port} during the warm-up: the job is not running");
-    }
-    Ok(p90)
 }
 
 /// The agent watches all traffic of the rig's prefix (so it sees what shares a link with the job,
@@ -901,17 +869,6 @@ fn run_json(r: &RunResult) -> Value {
     })
 }
 
-/// Goodput of one TCP stream between two hosts of a fresh 2-host star (offloads off, as the runs).
-fn measure_capacity() -> Result<f64> {
-    let star = Star::new(StarConfig { hosts: 2, offloads: false, ..Default::default() })?;
-    let to = (star.hosts[1].addr, 5201).into();
-    let sink = star.hosts[1].ns.try_run(|| testbed::TcpSink::bind(to))??;
-    let rx = thread::spawn(move || sink.receive(1, Duration::from_secs(30)));
-    let tx = star.hosts[0].ns.try_run(|| testbed::tcp_send_with_timeout(to, 256 << 20, 1, Duration::from_secs(30)))??;
-    let _ = rx.join();
-    Ok(tx.goodput_mbit)
-}
-
 fn command_line(o: &Opts) -> String {
     let mut c = "cargo xtask eval detection".to_string();
     if o.quick {
@@ -1033,12 +990,7 @@ fn render_markdown(
 /// Latency (median, p90) per scenario on the left, precision / recall / localization on the right.
 fn plot(sums: &[Summary], path: &Path) -> Result<()> {
     use plotters::prelude::*;
-    let font = ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf"]
-        .iter()
-        .find_map(|p| std::fs::read(p).ok())
-        .context("no TTF font found (DejaVuSans or LiberationSans) for the plot's labels")?;
-    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, font).map_err(|_| anyhow::anyhow!("cannot load the font"))?;
+    crate::eval::register_font()?;
 
     let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
     root.fill(&WHITE)?;

@@ -8,6 +8,7 @@ mod bench_collectives;
 mod build;
 mod demo;
 mod eval;
+mod eval_adaptation;
 mod eval_detection;
 mod setup;
 mod test;
@@ -80,6 +81,10 @@ enum EvalWhich {
     /// uplink-congestion, straggler; latency, precision, recall, localization, false alarms.
     /// target/eval/detection.{json,png,md}; docs/eval-detection.md for a full run.
     Detection(eval_detection::Opts),
+    /// Static plan vs following hints (issue 5): healthy, uplink-congestion, loss-2,
+    /// ratecap-quarter, straggler; mean/p99 step time, mean communication time and their ratio.
+    /// target/eval/adaptation.{json,png,md}; docs/eval-adaptation.md for all scenarios.
+    Adaptation(eval_adaptation::Opts),
 }
 
 fn main() -> Result<()> {
@@ -91,6 +96,7 @@ fn main() -> Result<()> {
         Command::Demo { seconds } => demo::run(seconds),
         Command::Bench { which } => bench::run(which),
         Command::Eval { which: EvalWhich::Detection(opts) } => eval_detection::run(opts),
+        Command::Eval { which: EvalWhich::Adaptation(opts) } => eval_adaptation::run(opts),
         Command::Testbed { args } => build::testbed(&args),
     }
 }
