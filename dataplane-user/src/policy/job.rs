@@ -485,7 +485,13 @@ impl JobPolicy {
             if !network {
                 confidence *= 0.9;
             }
-            let observed = self.recent.comm_s();
+            // What the change is verified against: the degraded time. A severe verdict acts in the
+            // fault's first window, when the recent median is still the healthy time, so take the
+            // larger of it and this window's.
+            let observed = match (obs.comm_s(), self.recent.comm_s()) {
+                (Some(now), Some(med)) => Some(now.max(med)),
+                (a, b) => a.or(b),
+            };
             return Some(self.change(DecisionKind::Adapt, choice.plan, reasons, confidence, Some(choice.predicted_s), observed, now));
         }
 

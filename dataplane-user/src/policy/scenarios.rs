@@ -227,6 +227,23 @@ fn verdict_on_a_lossy_peer_is_a_reason_and_acts_at_once() {
 }
 
 #[test]
+fn a_change_on_the_faults_first_window_is_verified_against_the_degraded_time() {
+    // The verdict comes in the same window the path slows (a severe one raises at once), so the
+    // recent windows are still healthy: the change must be judged against the degraded time,
+    // not the healthy one, or a compression that helps is reverted.
+    let mut job = FakeJob::testbed(3);
+    let peer = job.peers[1];
+    let (p, plans) = run(&mut job, &Constraints::default(), 40, move |w, job, v| {
+        if w == 20 {
+            job.bw[1] = 0.43e9 / 4.0;
+            v.gray_peers.insert(peer);
+        }
+    });
+    assert_eq!(kinds(&p)[..2], [DecisionKind::Adapt, DecisionKind::Verified], "{:#?}", p.history().collect::<Vec<_>>());
+    assert!(plans[30..].iter().all(|q| q.compression != Codec::None), "still compressed while the path is slow");
+}
+
+#[test]
 fn respects_constraints() {
     // int8 and top-k disallowed: fp16 or bf16.
     let c = Constraints { codecs: vec!["none".into(), "fp16".into(), "bf16".into()], ..Default::default() };
