@@ -89,6 +89,8 @@ struct Verification {
     from_comm_s: f64,
     predicted_s: f64,
     samples: Vec<f64>,
+    /// Verifying a revert: undone only if the plan it left was clearly faster (see `decide`).
+    revert: bool,
 }
 
 /// Healthy-baseline samples (communication time, bottleneck goodput) under the baseline plan.
@@ -115,6 +117,9 @@ pub struct JobPolicy {
     window: u64,
     last_change_window: Option<u64>,
     verifying: Option<Verification>,
+    /// A revert was itself undone since the last adaptation (at most once, so two plans of
+    /// similar speed cannot alternate).
+    reverted_a_revert: bool,
     /// Reverted plans not to choose again before a window: (plan, every compressed plan too, until).
     cooldown: Vec<(PlanChoice, bool, u64)>,
     history: VecDeque<Decision>,
@@ -146,6 +151,7 @@ impl JobPolicy {
             window: 0,
             last_change_window: None,
             verifying: None,
+            reverted_a_revert: false,
             cooldown: Vec::new(),
             history: VecDeque::new(),
             recent,
@@ -257,6 +263,9 @@ impl JobPolicy {
     #[allow(clippy::too_many_arguments)]
     fn change(&mut self, kind: DecisionKind, to: PlanChoice, reasons: Vec<String>, confidence: f64, predicted_s: Option<f64>, observed_s: Option<f64>, now: u64) -> Decision {
         let from = self.current;
+        if kind == DecisionKind::Adapt {
+            self.reverted_a_revert = false;
+        }
         let d = Decision {
             unix_ms: now,
             kind,
@@ -279,7 +288,13 @@ impl JobPolicy {
         self.healthy_streak = 0;
         self.verifying = match (kind, observed_s, predicted_s) {
             (DecisionKind::Adapt, Some(o), Some(p)) => {
-                Some(Verification { from, from_comm_s: o, predicted_s: p, samples: Vec::new() })
+                Some(Verification { from, from_comm_s: o, predicted_s: p, samples: Vec::new(), revert: false })
+            }
+            // A revert is checked too: the time it was judged against may predate the fault (a
+            // verdict acts before the old plan was ever observed degraded), so reverting is
+            // itself the measurement of the old plan under current conditions.
+            (DecisionKind::Revert, Some(o), Some(p)) if !self.reverted_a_revert => {
+                Some(Verification { from, from_comm_s: o, predicted_s: p, samples: Vec::new(), revert: true })
             }
             _ => None,
         };
@@ -407,6 +422,29 @@ impl JobPolicy {
             let v = self.verifying.take()?;
             let after = median(v.samples.iter().copied()).unwrap_or(f64::INFINITY);
             let to = self.current;
+            if v.revert {
+                // Undo the revert only when the plan it left was clearly faster than the one it
+                // went back to (within `verify_min_gain`, the original plan is preferred).
+                if after.is_finite() && after * (1.0 - self.cfg.verify_min_gain) >= v.from_comm_s {
+                    self.cooldown.retain(|(p, _, _)| *p != v.from);
+                    if v.from.compression != Codec::None {
+                        self.cooldown.retain(|(_, all, _)| !*all);
+                    }
+                    let reason = format!(
+                        "back to {}: {} is slower under the current conditions ({:.0} ms vs {:.0} ms)",
+                        v.from.label(),
+                        to.label(),
+                        after * 1e3,
+                        v.from_comm_s * 1e3
+                    );
+                    self.reverted_a_revert = true;
+                    let d = self.change(DecisionKind::Revert, v.from, vec![reason], 0.9, Some(v.from_comm_s), Some(after), now);
+                    // Judged against what was just measured, like an adaptation.
+                    self.verifying = Some(Verification { from: to, from_comm_s: after, predicted_s: v.from_comm_s, samples: Vec::new(), revert: false });
+                    return Some(d);
+                }
+                return None;
+            }
             if after <= v.from_comm_s * (1.0 - self.cfg.verify_min_gain) {
                 let d = Decision {
                     unix_ms: now,

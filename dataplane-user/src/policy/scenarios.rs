@@ -244,6 +244,29 @@ fn a_change_on_the_faults_first_window_is_verified_against_the_degraded_time() {
 }
 
 #[test]
+fn a_revert_that_made_things_worse_is_undone() {
+    // The verdict comes one window *before* the job's steps slow (loss seen at once, the slow
+    // steps end later): the change is judged against the healthy time and reverted; back on the
+    // original plan the job is far slower than it was compressed, so the revert is undone, once.
+    let mut job = FakeJob::testbed(4);
+    let peer = job.peers[1];
+    let (p, plans) = run(&mut job, &Constraints::default(), 60, move |w, job, v| {
+        if w == 20 {
+            v.gray_peers.insert(peer);
+        }
+        if w == 21 {
+            job.bw[1] = 0.43e9 / 8.0;
+        }
+    });
+    let k = kinds(&p);
+    assert_eq!(k.iter().filter(|d| **d == DecisionKind::Revert).count(), 2, "{:#?}", p.history().collect::<Vec<_>>());
+    assert_eq!(k.last(), Some(&DecisionKind::Verified), "{k:?}");
+    let undo = p.history().filter(|d| d.kind == DecisionKind::Revert).nth(1).unwrap();
+    assert!(undo.reasons[0].starts_with("back to ring/"), "{:?}", undo.reasons);
+    assert!(plans[50..].iter().all(|q| q.compression != Codec::None), "compressed while the path is slow");
+}
+
+#[test]
 fn respects_constraints() {
     // int8 and top-k disallowed: fp16 or bf16.
     let c = Constraints { codecs: vec!["none".into(), "fp16".into(), "bf16".into()], ..Default::default() };
