@@ -11,8 +11,42 @@ use testbed::{Star, StarConfig};
 
 use crate::{
     agent::Agent,
-    util::{output, workspace_root},
+    build, setup,
+    util::{cargo, output, sh, workspace_root},
 };
+
+/// The scenarios named on the command line (all when none), in `all`'s order of the names given.
+pub fn pick<S: Copy>(all: &[S], names: &[String], name: impl Fn(S) -> String) -> Result<Vec<S>> {
+    if names.is_empty() {
+        return Ok(all.to_vec());
+    }
+    names
+        .iter()
+        .map(|n| {
+            all.iter().copied().find(|s| name(*s) == *n).with_context(|| {
+                format!("unknown scenario {n:?}; known: {}", all.iter().map(|s| name(*s)).collect::<Vec<_>>().join(", "))
+            })
+        })
+        .collect()
+}
+
+/// Runs `cargo xtask setup` and builds the release agent (with its eBPF object) and
+/// `ringside-rank`, unless `no_build`; returns their paths, checked to exist.
+pub fn release_binaries(no_build: bool) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+    if !no_build {
+        setup::run()?;
+        build::all(true)?;
+        sh(cargo().args(["build", "--release", "-p", "ipu-firmware", "--bin", "ringside-rank"]))?;
+    }
+    let ringside = build::bin_path("ringside", true);
+    let rank_bin = build::bin_path("ringside-rank", true);
+    for b in [&ringside, &rank_bin] {
+        if !b.is_file() {
+            bail!("{} is missing (run without --no-build)", b.display());
+        }
+    }
+    Ok((ringside, rank_bin))
+}
 
 pub fn now_ms() -> u64 {
     testbed::fault::unix_ms(std::time::SystemTime::now())

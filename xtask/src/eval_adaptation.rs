@@ -29,10 +29,8 @@ use testbed::{ByteSize, CrossTrafficSpec, JobConfig, LeafSpine, LeafSpineConfig,
 
 use crate::{
     agent::{Agent, AgentSpec},
-    build,
-    eval::{job_send_rate_mbit, loadavg, machine, measure_capacity, now_ms, percentile, sleep_checked, RATE_SAMPLES},
-    setup,
-    util::{cargo, sh, workspace_root},
+    eval::{job_send_rate_mbit, loadavg, machine, measure_capacity, now_ms, percentile, pick, release_binaries, sleep_checked, RATE_SAMPLES},
+    util::workspace_root,
 };
 
 const RANKS: usize = 4;
@@ -146,30 +144,8 @@ struct RunResult {
 pub fn run(opts: Opts) -> Result<()> {
     testbed::require_root().context("the evaluation creates network namespaces and loads eBPF programs")?;
     let stop = testbed::signals::stop_flag();
-    let scenarios: Vec<Scenario> = if opts.scenarios.is_empty() {
-        ALL.to_vec()
-    } else {
-        opts.scenarios
-            .iter()
-            .map(|n| {
-                ALL.iter().copied().find(|s| s.name() == *n).with_context(|| {
-                    format!("unknown scenario {n:?}; known: {}", ALL.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "))
-                })
-            })
-            .collect::<Result<_>>()?
-    };
-    if !opts.no_build {
-        setup::run()?;
-        build::all(true)?;
-        sh(cargo().args(["build", "--release", "-p", "ipu-firmware", "--bin", "ringside-rank"]))?;
-    }
-    let ringside = build::bin_path("ringside", true);
-    let rank_bin = build::bin_path("ringside-rank", true);
-    for b in [&ringside, &rank_bin] {
-        if !b.is_file() {
-            bail!("{} is missing (run without --no-build)", b.display());
-        }
-    }
+    let scenarios = pick(&ALL, &opts.scenarios, |s| s.name().to_string())?;
+    let (ringside, rank_bin) = release_binaries(opts.no_build)?;
     let out_dir = workspace_root().join("target/eval");
     let logs = out_dir.join("adaptation-logs");
     let _ = std::fs::remove_dir_all(&logs);

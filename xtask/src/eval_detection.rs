@@ -40,10 +40,8 @@ use testbed::{ByteSize, CrossTrafficSpec, FaultRecord, FlapSpec, JobConfig, Leaf
 
 use crate::{
     agent::{Agent, AgentSpec},
-    build,
-    eval::{job_send_rate_mbit, loadavg, machine, measure_capacity, now_ms, percentile, sleep_checked, RATE_SAMPLES},
-    setup,
-    util::{cargo, sh, workspace_root},
+    eval::{job_send_rate_mbit, loadavg, machine, measure_capacity, now_ms, percentile, pick, release_binaries, sleep_checked, RATE_SAMPLES},
+    util::workspace_root,
 };
 
 const STAR_HOSTS: usize = 6;
@@ -202,31 +200,9 @@ pub fn run(opts: Opts) -> Result<()> {
         Phases { warmup: secs(opts.warmup_s.unwrap_or(12)), fault: secs(opts.fault_s.unwrap_or(15)), cooldown: secs(4), healthy: secs(opts.healthy_s.unwrap_or(60)) }
     };
     let repeats = if opts.quick { 1 } else { opts.repeats.max(1) };
-    let scenarios: Vec<Scenario> = if opts.scenarios.is_empty() {
-        ALL.to_vec()
-    } else {
-        opts.scenarios
-            .iter()
-            .map(|n| {
-                ALL.iter().copied().find(|s| s.name() == *n).with_context(|| {
-                    format!("unknown scenario {n:?}; known: {}", ALL.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "))
-                })
-            })
-            .collect::<Result<_>>()?
-    };
+    let scenarios = pick(&ALL, &opts.scenarios, |s| s.name())?;
 
-    if !opts.no_build {
-        setup::run()?;
-        build::all(true)?;
-        sh(cargo().args(["build", "--release", "-p", "ipu-firmware", "--bin", "ringside-rank"]))?;
-    }
-    let ringside = build::bin_path("ringside", true);
-    let rank_bin = build::bin_path("ringside-rank", true);
-    for b in [&ringside, &rank_bin] {
-        if !b.is_file() {
-            bail!("{} is missing (run without --no-build)", b.display());
-        }
-    }
+    let (ringside, rank_bin) = release_binaries(opts.no_build)?;
     let out_dir = workspace_root().join("target/eval");
     std::fs::create_dir_all(&out_dir)?;
     let logs = out_dir.join("detection-logs");
