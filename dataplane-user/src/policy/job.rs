@@ -11,9 +11,12 @@
 //!    while a straggler verdict is open);
 //! 3. while a change is being verified: after `settle_windows`, collect `verify_windows`
 //!    windows of communication time; if it fell by less than `verify_min_gain` against the
-//!    previous plan's, revert, and put the reverted plan in cooldown;
+//!    previous plan's (for a change made on network evidence: the previous plan's time on the
+//!    faulted path, from the windows after the one the evidence appeared in), revert, and put
+//!    the reverted plan in cooldown;
 //! 4. otherwise, at least `min_dwell_windows` after the last change: when degraded for
-//!    `trigger_windows` (at once on a verdict) or missing the target for `trigger_windows`,
+//!    `trigger_windows` (on a verdict as soon as one window has shown the current plan's
+//!    communication time on the faulted path) or missing the target for `trigger_windows`,
 //!    choose a plan ([`super::decide`]) and adopt it if it predicts ≥ `min_improvement` less
 //!    communication time than the current one; when not at the baseline and healthy for
 //!    `recover_windows` (and the baseline is predicted to meet the target, if any), return to
@@ -122,6 +125,12 @@ pub struct JobPolicy {
     steps: StepTracker,
     baseline: Baseline,
     degraded_streak: u32,
+    /// Consecutive windows with network evidence (an open verdict, a lossy path).
+    network_streak: u32,
+    /// Communication time under the current plan in the windows after the first one with
+    /// network evidence (that one is partly from before the fault): the reference a change made
+    /// because of the fault is verified against. At most `recent_windows`, newest last.
+    fault_comm_s: VecDeque<f64>,
     target_streak: u32,
     healthy_streak: u32,
     last_publish_ms: Option<u64>,
@@ -152,6 +161,8 @@ impl JobPolicy {
             steps: StepTracker::default(),
             baseline: Baseline::default(),
             degraded_streak: 0,
+            network_streak: 0,
+            fault_comm_s: VecDeque::new(),
             target_streak: 0,
             healthy_streak: 0,
             last_publish_ms: None,
@@ -274,6 +285,7 @@ impl JobPolicy {
         self.predicted_s = predicted_s;
         self.last_change_window = Some(self.window);
         self.recent.clear();
+        self.fault_comm_s.clear();
         self.degraded_streak = 0;
         self.target_streak = 0;
         self.healthy_streak = 0;
@@ -324,6 +336,20 @@ impl JobPolicy {
         }
         let degraded = network || inflated;
         self.degraded_streak = if degraded { self.degraded_streak.saturating_add(1) } else { 0 };
+        // The old plan's communication time on the faulted path. The window in which the
+        // evidence appears mostly ran before the fault (the detectors react within it), and so
+        // do the recent medians: a change judged against them is judged against the healthy path.
+        self.network_streak = if network || verdict { self.network_streak.saturating_add(1) } else { 0 };
+        if self.network_streak == 0 {
+            self.fault_comm_s.clear();
+        } else if self.network_streak >= 2 && self.verifying.is_none() {
+            if let Some(c) = obs.comm_s() {
+                if self.fault_comm_s.len() >= self.cfg.recent_windows.max(1) {
+                    self.fault_comm_s.pop_front();
+                }
+                self.fault_comm_s.push_back(c);
+            }
+        }
         self.healthy_streak = if !degraded && ratio.is_none_or(|r| r < self.cfg.degrade_ratio) { self.healthy_streak.saturating_add(1) } else { 0 };
         let target_s = ctx.constraints.step_time_target_ms.map(|t| t / 1e3);
         let step = self.recent.step_s();
@@ -452,7 +478,14 @@ impl JobPolicy {
             return None;
         }
 
-        let act_degraded = verdict || self.degraded_streak >= self.cfg.trigger_windows.max(1);
+        // An open verdict acts without the streak (the detectors already required persistence),
+        // but once the current plan's communication time has been seen on the faulted path, so
+        // the change is verified against that; at once when this window showed no step (waiting
+        // would not show one either, and the calibration would go stale).
+        let fault_comm = median(self.fault_comm_s.iter().copied());
+        let act_verdict = verdict
+            && (fault_comm.is_some() || obs.comm_s().is_none() || self.network_streak >= self.cfg.trigger_windows.max(1));
+        let act_degraded = act_verdict || self.degraded_streak >= self.cfg.trigger_windows.max(1);
         let act_target = self.target_streak >= self.cfg.trigger_windows.max(1);
         if act_degraded || act_target {
             let cal = cal?;
@@ -485,7 +518,7 @@ impl JobPolicy {
             if !network {
                 confidence *= 0.9;
             }
-            let observed = self.recent.comm_s();
+            let observed = fault_comm.or_else(|| self.recent.comm_s());
             return Some(self.change(DecisionKind::Adapt, choice.plan, reasons, confidence, Some(choice.predicted_s), observed, now));
         }
 

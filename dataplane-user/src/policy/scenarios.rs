@@ -226,6 +226,46 @@ fn verdict_on_a_lossy_peer_is_a_reason_and_acts_at_once() {
     assert!(plans[21..24].iter().any(|q| q.compression != Codec::None), "a verdict acts without waiting for the streak");
 }
 
+/// A rate cap as the testbed shows it: the path is 8× slower from window 20, and the loss at
+/// its onset opens a gray-failure verdict in that same window, while the recent median of
+/// communication time is still the healthy one. The change must be judged against the old plan
+/// on the capped path (seen on the testbed: int8 reverted for taking 87 ms "vs 58 ms", the
+/// healthy time, while the capped uncompressed job took several hundred).
+fn capped_from_window_20(peer: IpAddr) -> impl FnMut(usize, &mut FakeJob, &mut VerdictSummary) {
+    move |w, job, v| {
+        if w == 20 {
+            job.bw[1] = 0.43e9 / 8.0;
+            job.loss[1] = 0.012;
+        }
+        if w >= 20 {
+            v.gray_peers.insert(peer);
+        }
+    }
+}
+
+#[test]
+fn a_verdict_at_the_onset_of_a_fault_is_verified_against_the_faulted_path() {
+    let mut job = FakeJob::testbed(11);
+    let peer = job.peers[1];
+    let (p, plans) = run(&mut job, &Constraints::default(), 40, capped_from_window_20(peer));
+    assert_eq!(kinds(&p), vec![DecisionKind::Adapt, DecisionKind::Verified], "{:#?}", p.history().collect::<Vec<_>>());
+    assert!(plans[..20].iter().all(|q| *q == baseline()));
+    assert!(plans[20..23].iter().any(|q| q.compression != Codec::None), "acts within two windows of the verdict: {plans:?}");
+    assert!(plans[23..].iter().all(|q| q.compression != Codec::None), "keeps the compression while capped");
+    // Healthy, the fake job's allreduce takes ≈ 60 ms; capped, ≈ 470 ms.
+    let adapt = p.history().next().unwrap();
+    assert!(adapt.observed_comm_ms.unwrap() > 200.0, "the reference is the capped comm time: {adapt:?}");
+}
+
+#[test]
+fn a_verdict_at_the_onset_of_a_fault_still_reverts_compression_that_does_not_help() {
+    let mut job = FakeJob::testbed(12);
+    job.compression_helps = false;
+    let peer = job.peers[1];
+    let (p, _) = run(&mut job, &Constraints::default(), 40, capped_from_window_20(peer));
+    assert_eq!(kinds(&p), vec![DecisionKind::Adapt, DecisionKind::Revert], "{:#?}", p.history().collect::<Vec<_>>());
+}
+
 #[test]
 fn respects_constraints() {
     // int8 and top-k disallowed: fp16 or bf16.
