@@ -131,6 +131,9 @@ pub struct JobPolicy {
     /// network evidence (that one is partly from before the fault): the reference a change made
     /// because of the fault is verified against. At most `recent_windows`, newest last.
     fault_comm_s: VecDeque<f64>,
+    /// A change failed its verification during the current stretch of network evidence and was
+    /// undone without cooldown, to measure the previous plan on the degraded path (once per stretch).
+    remeasured: bool,
     target_streak: u32,
     healthy_streak: u32,
     last_publish_ms: Option<u64>,
@@ -163,6 +166,7 @@ impl JobPolicy {
             degraded_streak: 0,
             network_streak: 0,
             fault_comm_s: VecDeque::new(),
+            remeasured: false,
             target_streak: 0,
             healthy_streak: 0,
             last_publish_ms: None,
@@ -342,6 +346,7 @@ impl JobPolicy {
         self.network_streak = if network || verdict { self.network_streak.saturating_add(1) } else { 0 };
         if self.network_streak == 0 {
             self.fault_comm_s.clear();
+            self.remeasured = false;
         } else if self.network_streak >= 2 && self.verifying.is_none() {
             if let Some(c) = obs.comm_s() {
                 if self.fault_comm_s.len() >= self.cfg.recent_windows.max(1) {
@@ -455,7 +460,18 @@ impl JobPolicy {
                 return None;
             }
             let what = if to.compression != v.from.compression { to.compression.to_string() } else { to.label() };
-            let reason = if v.samples.is_empty() {
+            // While the path is degraded, the previous plan's reference may predate the fault
+            // (its onset and the change can fall in one window): the first failure of a stretch
+            // of network evidence is undone without cooldown, so the previous plan is measured
+            // on the degraded path and a later change is judged against that.
+            let remeasure = (verdict || network) && !self.remeasured && !v.samples.is_empty();
+            let reason = if remeasure {
+                format!(
+                    "reverted: {what} did not reduce communication time ({:.0} ms vs {:.0} ms); the path is still degraded: measuring the previous plan on it",
+                    after * 1e3,
+                    v.from_comm_s * 1e3
+                )
+            } else if v.samples.is_empty() {
                 format!("reverted: {what} could not be verified (no training steps observed)")
             } else {
                 format!(
@@ -464,13 +480,17 @@ impl JobPolicy {
                     v.from_comm_s * 1e3
                 )
             };
-            if self.cooldown.len() >= MAX_COOLDOWN {
-                self.cooldown.remove(0);
+            if remeasure {
+                self.remeasured = true;
+            } else {
+                if self.cooldown.len() >= MAX_COOLDOWN {
+                    self.cooldown.remove(0);
+                }
+                // Compression that did not cut communication time means the job is not bound by
+                // its wire bytes now: no codec is retried during the cooldown, not only this one.
+                let all_codecs = to.compression != Codec::None && v.from.compression == Codec::None;
+                self.cooldown.push((to, all_codecs, self.window + self.cfg.cooldown_windows));
             }
-            // Compression that did not cut communication time means the job is not bound by
-            // its wire bytes now: no codec is retried during the cooldown, not only this one.
-            let all_codecs = to.compression != Codec::None && v.from.compression == Codec::None;
-            self.cooldown.push((to, all_codecs, self.window + self.cfg.cooldown_windows));
             let after = after.is_finite().then_some(after);
             return Some(self.change(DecisionKind::Revert, v.from, vec![reason], 0.9, Some(v.from_comm_s), after, now));
         }

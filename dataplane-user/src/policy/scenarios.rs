@@ -263,7 +263,48 @@ fn a_verdict_at_the_onset_of_a_fault_still_reverts_compression_that_does_not_hel
     job.compression_helps = false;
     let peer = job.peers[1];
     let (p, _) = run(&mut job, &Constraints::default(), 40, capped_from_window_20(peer));
-    assert_eq!(kinds(&p), vec![DecisionKind::Adapt, DecisionKind::Revert], "{:#?}", p.history().collect::<Vec<_>>());
+    // One retry on the degraded path (see below), then reverted for good.
+    assert_eq!(kinds(&p), vec![DecisionKind::Adapt, DecisionKind::Revert, DecisionKind::Adapt, DecisionKind::Revert], "{:#?}", p.history().collect::<Vec<_>>());
+}
+
+/// The loss at a fault's onset opens a verdict (window 20) a little before the path's rate
+/// collapses (window 22): the change made on the verdict is then verified on the collapsed
+/// path against the comm time from before the collapse, as on the testbed when a rate cap's
+/// onset and the change fell in one window (int8 87 ms "vs 58 ms").
+fn verdict_then_capped(peer: IpAddr) -> impl FnMut(usize, &mut FakeJob, &mut VerdictSummary) {
+    move |w, job, v| {
+        if w == 20 {
+            job.loss[1] = 0.012;
+        }
+        if w == 22 {
+            job.bw[1] = 0.43e9 / 8.0;
+        }
+        if w >= 20 {
+            v.gray_peers.insert(peer);
+        }
+    }
+}
+
+#[test]
+fn a_change_judged_against_the_path_before_the_fault_is_retried_on_the_faulted_path() {
+    let mut job = FakeJob::testbed(13);
+    let peer = job.peers[1];
+    let (p, plans) = run(&mut job, &Constraints::default(), 50, verdict_then_capped(peer));
+    let k = kinds(&p);
+    assert_eq!(k, vec![DecisionKind::Adapt, DecisionKind::Revert, DecisionKind::Adapt, DecisionKind::Verified], "{:#?}", p.history().collect::<Vec<_>>());
+    assert!(p.history().nth(1).unwrap().reasons[0].contains("measuring the previous plan"), "{:?}", p.history().nth(1));
+    assert!(plans[40..].iter().all(|q| q.compression != Codec::None), "compressed while capped: {plans:?}");
+}
+
+#[test]
+fn a_retried_change_that_does_not_help_is_reverted_for_good() {
+    let mut job = FakeJob::testbed(14);
+    job.compression_helps = false;
+    let peer = job.peers[1];
+    let (p, plans) = run(&mut job, &Constraints::default(), 60, verdict_then_capped(peer));
+    let k = kinds(&p);
+    assert!(k.len() <= 4 && k.ends_with(&[DecisionKind::Revert]), "{:#?}", p.history().collect::<Vec<_>>());
+    assert!(plans[45..].iter().all(|q| *q == baseline()));
 }
 
 #[test]
