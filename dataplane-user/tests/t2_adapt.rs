@@ -5,10 +5,12 @@
 //! After a healthy warm-up (the policy needs a healthy baseline), one host's link is rate-capped
 //! until the job ends. The test asserts, from the ranks' own reports:
 //! - the cap hurt (capped communication time ≥ 1.5× healthy) and the plan did not change before it;
-//! - a hint of version ≥ 2 with a compressed codec was applied after the cap started, and every
-//!   rank ran the same plan at every step;
-//! - the mean communication time after the change is at least 1.3× lower than under the cap
-//!   before it (ratios within one run, never absolute times), and the step time recovers too;
+//! - a hint of version ≥ 2 with a compressed codec was applied after the cap started, every
+//!   rank ran the same plan at every step, and the job settled on a compressed plan (at most one
+//!   undone change: see `remeasured` in `policy/job.rs`);
+//! - the mean communication time of the compressed steps is at least 1.3× lower than that of
+//!   the capped uncompressed ones (ratios within one run, never absolute times), and the step
+//!   time recovers too;
 //! - every rank verified every step (`--verify`), so compression did not corrupt the allreduce.
 //!
 //! Needs root, an agent built with its eBPF object (`cargo xtask test` does both) and the rank
@@ -184,24 +186,38 @@ fn rate_cap_makes_the_job_compress_and_its_comm_time_recover() {
     assert!(switch < steps0.len(), "the compressed plan (from step {switch}) took effect before the job ended");
     assert_eq!(steps0[switch]["plan"], adapted["plan"], "rank 0 ran the hinted plan from its step_from");
     let switch_ms = start_ms(&steps0[switch]);
+    for h in &hints {
+        let from = h["plan"]["step_from"].as_u64().unwrap() as usize;
+        if from < steps0.len() {
+            assert_eq!(steps0[from]["plan"], h["plan"], "rank 0 ran hint v{} from its step_from", h["version"]);
+        }
+    }
 
-    // (b) Communication time: healthy (skip the first steps: connection setup), capped before the
-    // change, and after it (skip two steps: the first compressed step drains the capped queue).
+    // The policy may undo a change once and retry it when the path is still degraded (its
+    // reference predated the fault); it must settle on a compressed plan, with few changes.
+    assert!(hints.len() <= 5, "the plan flapped: {} hints applied", hints.len());
+    let last = steps0.last().unwrap();
+    assert_ne!(codec(&last["plan"]), "none", "the job ended uncompressed under the cap");
+
+    // (b) Communication time: healthy (skip the first steps: connection setup); capped on the
+    // uncompressed plan (before the change, and after an undone change if any); and on the
+    // compressed plans, skipping two steps after each switch (the first drains the capped queue).
     let comm = |s: &Value| f(s, "comm_ms");
     let step = |s: &Value| f(s, "step_ms");
+    let compressed = |i: usize| codec(&steps0[i]["plan"]) != "none";
     let healthy: Vec<&Value> = steps0.iter().skip(20).filter(|s| f(s, "end_unix_ms") < cap_ms as f64).collect();
-    let capped: Vec<&Value> = steps0[..switch].iter().filter(|s| start_ms(s) >= cap_ms as f64).collect();
-    let after: Vec<&Value> = steps0[(switch + 2).min(steps0.len())..].iter().collect();
+    let capped: Vec<&Value> = (0..steps0.len()).filter(|&i| !compressed(i) && start_ms(&steps0[i]) >= cap_ms as f64).map(|i| &steps0[i]).collect();
+    let after: Vec<&Value> = (2..steps0.len()).filter(|&i| compressed(i) && compressed(i - 1) && compressed(i - 2)).map(|i| &steps0[i]).collect();
     eprintln!(
-        "steps: {} healthy, {} capped before the change (switch at step {switch}, {:.1} s after the cap), {} after",
+        "steps: {} healthy, {} capped uncompressed, {} compressed (first switch at step {switch}, {:.1} s after the cap)",
         healthy.len(),
         capped.len(),
+        after.len(),
         (switch_ms - cap_ms as f64) / 1e3,
-        after.len()
     );
     assert!(healthy.len() >= 30, "only {} healthy steps before the cap", healthy.len());
-    assert!(capped.len() >= 2, "only {} steps ran capped before the plan changed: cannot compare", capped.len());
-    assert!(after.len() >= 10, "only {} steps ran after the plan change", after.len());
+    assert!(capped.len() >= 2, "only {} steps ran capped and uncompressed: cannot compare", capped.len());
+    assert!(after.len() >= 50, "only {} steps ran compressed", after.len());
     let (h_comm, c_comm, a_comm) = (mean(&healthy.iter().map(|s| comm(s)).collect::<Vec<_>>()), mean(&capped.iter().map(|s| comm(s)).collect::<Vec<_>>()), mean(&after.iter().map(|s| comm(s)).collect::<Vec<_>>()));
     let (h_step, c_step, a_step) = (mean(&healthy.iter().map(|s| step(s)).collect::<Vec<_>>()), mean(&capped.iter().map(|s| step(s)).collect::<Vec<_>>()), mean(&after.iter().map(|s| step(s)).collect::<Vec<_>>()));
     let hurt = c_comm / h_comm;
