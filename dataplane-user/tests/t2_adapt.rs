@@ -142,7 +142,7 @@ fn rate_cap_makes_the_job_compress_and_its_comm_time_recover() {
         eprintln!("no new hint within 25 s of the cap; job metrics:\n{}", job_metrics(&star, &local_job_url, &tenant));
     }
     let report = running.wait(None).expect("the job ran to the end");
-    eprintln!("job wall time {:.1} s; test so far {:.1} s", report.wall_ms / 1e3, t0.elapsed().as_secs_f64());
+    eprintln!("job wall time {:.1} s; test so far {:.1} s; rank reports in {}", report.wall_ms / 1e3, t0.elapsed().as_secs_f64(), report.out_dir.display());
     let events = agent.events(&star);
     eprintln!("agent events:{}", summary(&events));
     eprintln!("job metrics:\n{}", job_metrics(&star, &local_job_url, &tenant));
@@ -231,6 +231,8 @@ fn rate_cap_makes_the_job_compress_and_its_comm_time_recover() {
     assert!(hurt >= 1.5, "the cap did not hurt the job: capped comm {c_comm:.1} ms vs healthy {h_comm:.1} ms (×{hurt:.2})");
     assert!(gain >= 1.3, "the plan change did not recover comm time: capped {c_comm:.1} ms, after {a_comm:.1} ms (×{gain:.2})");
     assert!(step_gain >= 1.2, "the plan change did not recover step time: capped {c_step:.1} ms, after {a_step:.1} ms (×{step_gain:.2})");
+    // Passed: the ranks' reports and logs are not needed (a failure keeps them for a look).
+    let _ = std::fs::remove_dir_all(&report.out_dir);
 }
 
 /// The job's Prometheus text from the agent (`GET /v1/jobs/{id}/metrics`), or the error.
