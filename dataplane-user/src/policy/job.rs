@@ -425,20 +425,26 @@ impl JobPolicy {
             if v.revert {
                 // Undo the revert only when the plan it left was clearly faster than the one it
                 // went back to (within `verify_min_gain`, the original plan is preferred).
-                if after.is_finite() && after * (1.0 - self.cfg.verify_min_gain) >= v.from_comm_s {
+                // No step completed at all in the verification windows counts as slower: on a
+                // capped path the original plan's steps can outlast the windows.
+                if after * (1.0 - self.cfg.verify_min_gain) >= v.from_comm_s {
                     self.cooldown.retain(|(p, _, _)| *p != v.from);
                     if v.from.compression != Codec::None {
                         self.cooldown.retain(|(_, all, _)| !*all);
                     }
-                    let reason = format!(
-                        "back to {}: {} is slower under the current conditions ({:.0} ms vs {:.0} ms)",
-                        v.from.label(),
-                        to.label(),
-                        after * 1e3,
-                        v.from_comm_s * 1e3
-                    );
+                    let reason = if after.is_finite() {
+                        format!(
+                            "back to {}: {} is slower under the current conditions ({:.0} ms vs {:.0} ms)",
+                            v.from.label(),
+                            to.label(),
+                            after * 1e3,
+                            v.from_comm_s * 1e3
+                        )
+                    } else {
+                        format!("back to {}: no step of {} completed under the current conditions", v.from.label(), to.label())
+                    };
                     self.reverted_a_revert = true;
-                    let d = self.change(DecisionKind::Revert, v.from, vec![reason], 0.9, Some(v.from_comm_s), Some(after), now);
+                    let d = self.change(DecisionKind::Revert, v.from, vec![reason], 0.9, Some(v.from_comm_s), after.is_finite().then_some(after), now);
                     // Judged against what was just measured, like an adaptation.
                     self.verifying = Some(Verification { from: to, from_comm_s: after, predicted_s: v.from_comm_s, samples: Vec::new(), revert: false });
                     return Some(d);

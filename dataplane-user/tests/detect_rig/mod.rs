@@ -59,23 +59,25 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// The agent of the detection tests: on 127.0.0.1, the job declared in its config file.
     pub fn start(star: &Star, tag: &str, port: u16) -> Agent {
+        let config = "[match]\ntcp_ports = [29500]\n\
+                      [[job]]\nname = \"t2\"\nmembers = [\"10.77.0.0/24\"]\ntcp_ports = [29500]\n";
+        Agent::start_with(star, tag, IpAddr::from([127, 0, 0, 1]), port, config)
+    }
+
+    /// The agent listening on `listen:port` in the switch namespace (`0.0.0.0` lets the hosts
+    /// reach it at the star's management address), with `config` as its config file after the
+    /// `state_dir` line.
+    pub fn start_with(star: &Star, tag: &str, listen: IpAddr, port: u16, config_body: &str) -> Agent {
         let id = format!("{}-{tag}", std::process::id());
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/ringside-t2d-{id}"));
         let state_dir = std::env::temp_dir().join(format!("ringside-t2d-state-{id}"));
         let config = std::env::temp_dir().join(format!("ringside-t2d-{id}.toml"));
         let _ = std::fs::remove_dir_all(&state_dir);
-        std::fs::write(
-            &config,
-            format!(
-                "state_dir = \"{}\"\n[match]\ntcp_ports = [29500]\n\
-                 [[job]]\nname = \"t2\"\nmembers = [\"10.77.0.0/24\"]\ntcp_ports = [29500]\n",
-                state_dir.display()
-            ),
-        )
-        .unwrap();
+        std::fs::write(&config, format!("state_dir = \"{}\"\n{config_body}", state_dir.display())).unwrap();
         let mut cmd = star.switch.command(env!("CARGO_BIN_EXE_ringside"));
-        cmd.args(["agent", "--listen", &format!("127.0.0.1:{port}"), "--config"]).arg(&config).arg("--pin-dir").arg(&pin_dir);
+        cmd.args(["agent", "--listen", &std::net::SocketAddr::new(listen, port).to_string(), "--config"]).arg(&config).arg("--pin-dir").arg(&pin_dir);
         for h in &star.hosts {
             cmd.args(["--iface", &h.switch_port]);
         }
@@ -94,6 +96,14 @@ impl Agent {
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn state_dir(&self) -> &std::path::Path {
+        &self.state_dir
     }
 
     /// The operator token the agent generated in its state directory (once written).
