@@ -899,7 +899,7 @@ fn render_markdown(
     let _ = writeln!(
         m,
         "- Star scenarios: 6 hosts, offloads off, the release agent in the switch namespace on every bridge port (the T2 tests' vantage), \
-         one `[[job]]` (members 10.77.0.0/24, TCP 29500), the emulated job: 6 ranks, ring allreduce of 4 MiB, 50 ms compute per step.\n\
+         `[match]` on the whole rig prefix (all traffic, so what shares a link with the job is seen), one `[[job]]` (members 10.77.0.0/24, TCP 29500), the emulated job: 6 ranks, ring allreduce of 4 MiB, 50 ms compute per step.\n\
          - Uplink congestion: leaf-spine 2 leaves × 3 hosts; job ranks on h0, h1 (leaf 0) and h3, h4 (leaf 1); one agent per leaf namespace \
          on its host ports and its `uplink`; the faulted leaf's uplink is capped at {cap} Mbit/s from the start (the fabric's bottleneck, not \
          scored as a fault); the fault is 4 unbounded TCP streams from that leaf's spare host to the other leaf's spare host.\n\
