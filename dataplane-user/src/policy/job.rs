@@ -333,7 +333,13 @@ impl JobPolicy {
         let network = !triggers.is_empty();
         let verdict = obs.verdicts.network();
         let straggler_only = obs.verdicts.straggler && !network;
-        let inflated = !straggler_only && ratio.is_some_and(|r| r >= self.cfg.degrade_ratio);
+        // Longer communication at normal path goodput is waiting for a rank (a straggler the
+        // detectors may not have named yet), not the network.
+        let path_slower = match (self.recent.bottleneck_bps(), median(self.baseline.bottleneck_bps.iter().copied())) {
+            (Some(now), Some(base)) if base > 0.0 => now <= base * self.cfg.path_slow_ratio,
+            _ => true,
+        };
+        let inflated = !straggler_only && path_slower && ratio.is_some_and(|r| r >= self.cfg.degrade_ratio);
         if inflated {
             triggers.push(Trigger::CommInflated { ratio: ratio.unwrap_or(0.0) });
         }

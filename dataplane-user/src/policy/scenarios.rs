@@ -337,6 +337,20 @@ fn stragglers_are_not_network() {
 }
 
 #[test]
+fn a_straggler_not_yet_named_is_not_network_either() {
+    // No straggler verdict (the detectors need enough peers to name one): the others wait, so the
+    // communication phases grow, but every path keeps its goodput.
+    let mut job = FakeJob::testbed(10);
+    let (p, plans) = run(&mut job, &Constraints::default(), 60, |w, job, _| {
+        if w == 20 {
+            job.straggler_ns = 80 * MS;
+        }
+    });
+    assert_eq!(p.history().count(), 0, "{:#?}", p.history().collect::<Vec<_>>());
+    assert!(plans.iter().all(|q| *q == baseline()));
+}
+
+#[test]
 fn compresses_a_healthy_job_only_for_its_step_time_target() {
     let mut job = FakeJob::testbed(9);
     // 50 ms compute + ~58 ms communication ≈ 110 ms per step: a 90 ms target is missed.
