@@ -5,8 +5,12 @@
 //!   `min_phase_bytes`, the detectors' definition, [`crate::detect::merge_phases`]) and loss ratio
 //!   (loss packets / data packets, when there are at least `min_data_packets`);
 //! - the job's steps: all peers' bursts merged into job-wide phases; a phase that starts after an
-//!   idle gap of at least `max(min_idle_gap_ns, half the longest gap of the window)` starts a step
-//!   (the compute phase; a stall behind a slow rank inside the allreduce is shorter). Step time =
+//!   idle gap of at least `max(min_idle_gap_ns, half the median of the window's gaps of at least
+//!   min_idle_gap_ns)` starts a step (the compute phase is the common long gap; a stall behind a
+//!   slow rank inside the allreduce is shorter). The median, not the longest gap: one TCP
+//!   retransmission timeout (200 ms or more) in a window would otherwise hide every compute gap
+//!   and merge several steps into one (seen under 2 % loss as 308 ms "steps" of a 40 ms
+//!   allreduce). A stall longer than the compute gap splits a step instead. Step time =
 //!   interval between step starts; communication time = last phase end of the step − step start.
 //!   A step is sampled in the window in which the next one starts ([`StepTracker`] carries the
 //!   open step across windows; a gap longer than a window resets it);
@@ -191,16 +195,18 @@ impl StepTracker {
     /// Feeds the job-wide phases of one window (sorted by start); returns the steps completed.
     pub(crate) fn feed(&mut self, p: &PhaseParams, phases: &[Phase]) -> Vec<StepSample> {
         let mut prev = self.last_end_ns;
-        let mut longest = 0u64;
+        let mut gaps = Vec::new();
         for ph in phases {
             if let Some(e) = prev {
-                if ph.start_ns > e && ph.start_ns - e <= p.window_ns {
-                    longest = longest.max(ph.start_ns - e);
+                if ph.start_ns > e && ph.start_ns - e <= p.window_ns && ph.start_ns - e >= p.min_idle_gap_ns {
+                    gaps.push(ph.start_ns - e);
                 }
             }
             prev = Some(prev.map_or(ph.end_ns, |x| x.max(ph.end_ns)));
         }
-        let min_gap = p.min_idle_gap_ns.max(longest / 2).max(p.merge_gap_ns + 1);
+        gaps.sort_unstable();
+        let typical = gaps.get(gaps.len() / 2).copied().unwrap_or(0);
+        let min_gap = p.min_idle_gap_ns.max(typical / 2).max(p.merge_gap_ns + 1);
         let mut out = Vec::new();
         for ph in phases {
             match self.last_end_ns {
@@ -339,6 +345,12 @@ mod tests {
         assert_eq!(s1, vec![StepSample { step_ns: 100 * MS, comm_ns: 40 * MS }]);
         let s2 = t.feed(&params(), &[ph(200, 220), ph(232, 240)]);
         assert_eq!(s2, vec![StepSample { step_ns: 100 * MS, comm_ns: 40 * MS }]);
+        // A 250 ms retransmission timeout inside one step's communication does not hide the
+        // other steps' compute gaps (it splits its own step instead).
+        let mut r = StepTracker::default();
+        let w = [ph(0, 40), ph(100, 140), ph(200, 220), ph(470, 480), ph(540, 580), ph(640, 680)];
+        let comm: Vec<u64> = r.feed(&params(), &w).iter().map(|s| s.comm_ns / MS).collect();
+        assert_eq!(comm, vec![40, 40, 20, 10, 40]);
         // Quiet for more than a window: no step spans the hole.
         assert!(t.feed(&params(), &[ph(5000, 5040)]).is_empty());
         assert_eq!(t.feed(&params(), &[ph(5100, 5140)]).len(), 1);
