@@ -20,7 +20,12 @@
 //!   a host NIC and on a switch port alike) with an average packet of at least
 //!   [`MIN_DATA_BURST_PACKET_BYTES`]. A rank that computes late still ACKs (its kernel does) and
 //!   still receives its neighbour's data on time (socket buffers absorb it); only its own sends
-//!   start late, so counting the other bursts would hide a compute straggler.
+//!   start late, so counting the other bursts would hide a compute straggler;
+//! - each peer's `explained_by` comes from [`crate::attribution`] over the job's directed
+//!   connections (loss per connection, goodput over its sender's merged data bursts), and the job's
+//!   [`LinkWindow`]s and each peer's `shared_links` from the traffic of *every* matched flow per
+//!   interface direction (the job's and others'), so the detectors can tell a shared congested link
+//!   from a bad host path.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv6Addr},
