@@ -617,20 +617,27 @@ fn plot(rows: &[(Scenario, RunResult, RunResult)], path: &Path) -> Result<()> {
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0f64..rows.len() as f64, 0f64..max)?;
+        .build_cartesian_2d(-0.5f64..rows.len() as f64 - 0.5, 0f64..max)?;
+    // Scenario i is centred on x = i: its label there, its two bars either side.
     chart
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(rows.len().max(1))
-        .x_label_formatter(&|x| rows.get(x.floor() as usize).map(|r| r.0.name().to_string()).unwrap_or_default())
+        .x_label_formatter(&|x| {
+            let i = x.round();
+            if (x - i).abs() > 0.01 || i < 0.0 {
+                return String::new();
+            }
+            rows.get(i as usize).map(|r| r.0.name().to_string()).unwrap_or_default()
+        })
         .draw()?;
     for (i, (_, s, a)) in rows.iter().enumerate() {
         let x = i as f64;
         if let Some(v) = s.comm_mean {
-            chart.draw_series(std::iter::once(Rectangle::new([(x + 0.15, 0.0), (x + 0.48, v)], RED.mix(0.6).filled())))?;
+            chart.draw_series(std::iter::once(Rectangle::new([(x - 0.38, 0.0), (x - 0.02, v)], RED.mix(0.6).filled())))?;
         }
         if let Some(v) = a.comm_mean {
-            chart.draw_series(std::iter::once(Rectangle::new([(x + 0.52, 0.0), (x + 0.85, v)], BLUE.mix(0.6).filled())))?;
+            chart.draw_series(std::iter::once(Rectangle::new([(x + 0.02, 0.0), (x + 0.38, v)], BLUE.mix(0.6).filled())))?;
         }
     }
     chart.draw_series(std::iter::once(Rectangle::new([(0.0, 0.0), (0.0, 0.0)], RED.mix(0.6).filled())))?.label("static").legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], RED.mix(0.6).filled()));
@@ -638,4 +645,22 @@ fn plot(rows: &[(Scenario, RunResult, RunResult)], path: &Path) -> Result<()> {
     chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.8)).draw()?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plot_draws_every_scenario() {
+        let r = |c| RunResult { comm_mean: Some(c), ..Default::default() };
+        let rows: Vec<_> = ALL.iter().enumerate().map(|(i, &sc)| (sc, r(100.0 + i as f64), r(50.0))).collect();
+        let dir = std::env::temp_dir().join(format!("ringside-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let png = dir.join("adaptation.png");
+        plot(&rows, &png).unwrap();
+        let len = std::fs::metadata(&png).unwrap().len();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(len > 10_000, "a {len}-byte PNG");
+    }
 }
