@@ -44,14 +44,10 @@ fn loss_on_one_host_link_is_a_gray_failure_naming_it() {
     let r = agent.events(&star);
     eprintln!("gray failure on {addr} detected {:.1} s after the loss started:{}", latency.as_secs_f64(), summary(&r));
     assert!(!found.evidence.is_empty(), "the event carries its evidence");
-    // The lossy host is the one blamed hardest. Known gap: from the switch vantage a ring
-    // neighbour's port carries the retransmissions of the flows to and from the lossy host, so
-    // the neighbours get gray failures too (seen: 5.6 % on the lossy host, about 3 % on both
-    // neighbours, sometimes `critical`); telling them apart needs per-flow correlation across
-    // ports. Until then the test asserts the lossy host carries the highest loss.
-    let loss_of = |e: &Event| e.evidence.iter().filter(|x| x.metric == dataplane_user::detect::Metric::LossRate).map(|x| x.value).fold(0.0, f64::max);
-    let worst = r.events.iter().filter(|e| e.kind == VerdictKind::GrayFailure).max_by(|a, b| loss_of(a).total_cmp(&loss_of(b))).unwrap();
-    assert!(names_peer(worst, addr), "the highest loss is not on the lossy host:{}", summary(&r));
+    // Only the lossy host is blamed: its ring neighbours' ports carry the same retransmitted
+    // flows, and attribution explains them by the lossy host (`attribution.rs`).
+    let others: Vec<&Event> = r.events.iter().filter(|e| e.kind.is_network_fault() && !names_peer(e, addr)).collect();
+    assert!(others.is_empty(), "network faults blamed on healthy hosts: {others:?}");
     // And /metrics counts it, with bounded labels only.
     let text = star.switch.run(|| {
         Command::new("curl").args(["-sf", &format!("{}/metrics", agent.url())]).output().expect("curl")
@@ -59,10 +55,21 @@ fn loss_on_one_host_link_is_a_gray_failure_naming_it() {
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.lines().any(|l| l.starts_with("ringside_verdicts_total{kind=\"gray_failure\"}") && !l.ends_with(" 0")), "{text}");
     assert!(!text.lines().filter(|l| l.starts_with("ringside_verdicts")).any(|l| l.contains("10.77.")), "peer in verdict labels");
-    // The CLI shows it.
-    let out = star.switch.command(env!("CARGO_BIN_EXE_ringside")).args(["events", "--agent", &agent.url()]).output().unwrap();
+    // The CLI shows it (finding the operator token in the agent's state directory).
+    let out = star
+        .switch
+        .command(env!("CARGO_BIN_EXE_ringside"))
+        .args(["events", "--agent", &agent.url()])
+        .arg("--state-dir")
+        .arg(agent.state_dir())
+        .output()
+        .unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && table.contains("gray_failure") && table.contains(&addr.to_string()), "{table}");
+    assert!(
+        out.status.success() && table.contains("gray_failure") && table.contains(&addr.to_string()),
+        "ringside events: {table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
