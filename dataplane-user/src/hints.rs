@@ -129,22 +129,9 @@ impl HintBoard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ringside_client::{Algorithm, Codec};
 
     fn hint(job: &str, version: u64, expires_at: u64) -> Hint {
-        Hint {
-            job: job.into(),
-            version,
-            step_from: 0,
-            algorithm: Algorithm::Ring,
-            chunk_bytes: 1 << 20,
-            channels: 1,
-            compression: Codec::None,
-            error_feedback: false,
-            reasons: vec![],
-            confidence: 0.5,
-            expires_at,
-        }
+        Hint { version, expires_at, ..crate::registry::baseline_hint(job, 0) }
     }
 
     #[test]

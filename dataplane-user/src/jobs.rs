@@ -149,8 +149,12 @@ impl JobSet {
         // Per job, its directed connections (for `attribution`), and their senders' data bursts.
         let mut conns: BTreeMap<&str, BTreeMap<ConnId, DirectedConn>> = BTreeMap::new();
         let mut conn_bursts: BTreeMap<&str, BTreeMap<ConnId, Vec<BurstSummary>>> = BTreeMap::new();
+        // Every matched flow, the job's or not, per interface direction (for `LinkWindow`s).
+        let mut traffic = LinkTraffic::default();
         for (key, delta) in &w.deltas {
-            let Some(job) = self.job_of(key) else { continue };
+            let job = self.job_of(key);
+            traffic.add_delta(key, delta, job);
+            let Some(job) = job else { continue };
             let acc = jobs.entry(job).or_default().entry(peer_ip(key)).or_default();
             acc.c.add(delta);
             *acc.bytes_by_if.entry(key.ifindex).or_default() += delta.bytes;
@@ -160,6 +164,7 @@ impl JobSet {
         }
         for (key, b) in &w.bursts {
             let Some(job) = self.job_of(key) else { continue };
+            traffic.add_burst(key, b, job);
             let acc = jobs.entry(job).or_default().entry(peer_ip(key)).or_default();
             acc.bytes_by_if.entry(key.ifindex).or_default();
             if !sent_by_peer_with_data(key, b) {
@@ -175,7 +180,6 @@ impl JobSet {
                 (c.burst_bytes, c.burst_ns) = (bytes, ns);
             }
         }
-        let traffic = LinkTraffic::of(self, w);
         jobs.into_iter()
             .map(|(job, peers)| {
                 let candidates: BTreeSet<IpAddr> = peers.keys().copied().collect();
@@ -253,14 +257,17 @@ fn phase_goodput(bursts: &[BurstSummary]) -> (u64, u64) {
 /// Traffic per direction of every interface, over all flows (any job or none), for
 /// [`LinkWindow`]s: which directed connections carry data there, which of them lose, how many
 /// bytes each job and everyone else sent, and the in-burst goodput of each job's data there.
+#[derive(Default)]
 struct LinkTraffic<'a> {
     dirs: BTreeMap<(u32, u8), DirTraffic<'a>>,
 }
 
+/// One connection's loss packets, data packets and job, on one interface direction.
+type DirFlow<'a> = (u64, u64, Option<&'a str>);
+
 #[derive(Default)]
 struct DirTraffic<'a> {
-    /// Connection → (loss packets, data packets, job).
-    conns: BTreeMap<ConnId, (u64, u64, Option<&'a str>)>,
+    conns: BTreeMap<ConnId, DirFlow<'a>>,
     /// Bytes by job (`None`: traffic of no job).
     bytes: BTreeMap<Option<&'a str>, u64>,
     /// Per job: its data bursts.
@@ -268,26 +275,23 @@ struct DirTraffic<'a> {
 }
 
 impl<'a> LinkTraffic<'a> {
-    fn of(jobs: &'a JobSet, w: &WindowAccumulator) -> Self {
-        let mut dirs: BTreeMap<(u32, u8), DirTraffic<'a>> = BTreeMap::new();
-        for (key, delta) in &w.deltas {
-            let job = jobs.job_of(key);
-            let d = dirs.entry((key.ifindex, key.direction)).or_default();
-            *d.bytes.entry(job).or_default() += delta.bytes;
-            let data = data_packets(delta);
-            if data > 0 {
-                let e = d.conns.entry(ConnId::of(key)).or_insert((0, 0, job));
-                e.0 += loss_packets(delta);
-                e.1 += data;
-            }
+    /// One flow's counter growth (`job`: the job it belongs to, if any).
+    fn add_delta(&mut self, key: &FlowKey, delta: &Counters, job: Option<&'a str>) {
+        let d = self.dirs.entry((key.ifindex, key.direction)).or_default();
+        *d.bytes.entry(job).or_default() += delta.bytes;
+        let data = data_packets(delta);
+        if data > 0 {
+            let e = d.conns.entry(ConnId::of(key)).or_insert((0, 0, job));
+            e.0 += loss_packets(delta);
+            e.1 += data;
         }
-        for (key, b) in &w.bursts {
-            let is_data = b.bytes >= b.packets.saturating_mul(MIN_DATA_BURST_PACKET_BYTES);
-            if let (Some(job), true) = (jobs.job_of(key), is_data) {
-                dirs.entry((key.ifindex, key.direction)).or_default().bursts.entry(job).or_default().push(summary(b));
-            }
+    }
+
+    /// One burst of a job's flow (kept only if it carried data).
+    fn add_burst(&mut self, key: &FlowKey, b: &BurstRecord, job: &'a str) {
+        if b.bytes >= b.packets.saturating_mul(MIN_DATA_BURST_PACKET_BYTES) {
+            self.dirs.entry((key.ifindex, key.direction)).or_default().bursts.entry(job).or_default().push(summary(b));
         }
-        LinkTraffic { dirs }
     }
 
     /// The job's [`LinkWindow`]s (every interface direction carrying its data), and per peer,
@@ -300,7 +304,7 @@ impl<'a> LinkTraffic<'a> {
             if job_conns.is_empty() {
                 continue;
             }
-            let lossy: Vec<(&ConnId, &(u64, u64, Option<&str>))> =
+            let lossy: Vec<(&ConnId, &DirFlow<'_>)> =
                 d.conns.iter().filter(|(_, (loss, data, _))| attribution::is_lossy(*loss, *data)).collect();
             let mut common: Option<BTreeSet<IpAddr>> = None;
             for (c, _) in &lossy {
