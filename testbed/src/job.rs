@@ -143,32 +143,11 @@ pub fn rank_hosts<R: Rig + ?Sized>(rig: &R, cfg: &JobConfig) -> Result<Vec<usize
 /// Starts one rank per host (rank r in the namespace of host r, or of `cfg.hosts[r]`).
 pub fn spawn_job<R: Rig + ?Sized>(rig: &R, cfg: &JobConfig) -> Result<RunningJob> {
     let hosts = rank_hosts(rig, cfg)?;
-    if let Some((r, _)) = cfg.straggler {
-        if r >= cfg.ranks {
-            return Err(Error::InvalidArgument { field: "straggler", reason: format!("rank {r} does not exist in a job of {}", cfg.ranks) });
-        }
-    }
     let bin = find_rank_binary(cfg.rank_bin.as_deref())?;
-    let out_dir = match &cfg.out_dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("ringside-job-{}-{}", std::process::id(), JOB_COUNTER.fetch_add(1, Ordering::Relaxed))),
-    };
-    std::fs::create_dir_all(&out_dir).map_err(|e| Error::file(&out_dir, e))?;
+    let mut job = RunningJob::prepare(cfg.out_dir.as_deref(), "ringside-job", cfg.timeout)?;
+    let out_dir = job.out_dir.clone();
     let peers = hosts.iter().map(|&h| rig.host_ipv4(h).map(|a| format!("{a}:{}", cfg.port))).collect::<Result<Vec<_>>>()?.join(",");
-    let mut job = RunningJob {
-        ranks: Vec::with_capacity(cfg.ranks),
-        out_dir: out_dir.clone(),
-        started: Instant::now(),
-        started_unix_ms: crate::fault::unix_ms(std::time::SystemTime::now()),
-        timeout: cfg.timeout,
-        straggler_fault: None,
-    };
-    if let Some((r, extra_ms)) = cfg.straggler {
-        let log = rig.fault_log_handle();
-        let ns = rig.host_netns(hosts[r])?.name().to_string();
-        let id = fault::record_fault(&log, Some(hosts[r]), &ns, FaultKind::Straggler { rank: r, extra_ms });
-        job.straggler_fault = Some((log, id));
-    }
+    job.record_straggler(rig, &hosts, cfg.straggler)?;
     for (r, &host) in hosts.iter().enumerate() {
         let ns = rig.host_netns(host)?;
         let out = out_dir.join(format!("rank-{r}.json"));
@@ -203,9 +182,51 @@ pub fn spawn_job<R: Rig + ?Sized>(rig: &R, cfg: &JobConfig) -> Result<RunningJob
         tracing::info!(rank = r, netns = ns.name(), %command, "starting rank");
         // On error `job` is dropped here, killing the ranks already started.
         let child = cmd.spawn().map_err(|source| Error::Spawn { command, source })?;
-        job.ranks.push(RankProcess { rank: r, child: Some(child), out, log, status: None });
+        job.add_rank(r, Some(child), out, log);
     }
     Ok(job)
+}
+
+impl RunningJob {
+    /// A job with no rank yet, its output directory created (`out_dir`, or a fresh one under the
+    /// temp dir named `<prefix>-<pid>-<n>`). For the launchers of this crate: the emulated job,
+    /// OpenMPI ([`crate::mpi`]) and PyTorch ([`crate::torch`]).
+    pub(crate) fn prepare(out_dir: Option<&Path>, prefix: &str, timeout: Duration) -> Result<Self> {
+        let out_dir = match out_dir {
+            Some(d) => d.to_path_buf(),
+            None => std::env::temp_dir().join(format!("{prefix}-{}-{}", std::process::id(), JOB_COUNTER.fetch_add(1, Ordering::Relaxed))),
+        };
+        std::fs::create_dir_all(&out_dir).map_err(|e| Error::file(&out_dir, e))?;
+        Ok(RunningJob {
+            ranks: Vec::new(),
+            out_dir,
+            started: Instant::now(),
+            started_unix_ms: crate::fault::unix_ms(std::time::SystemTime::now()),
+            timeout,
+            straggler_fault: None,
+        })
+    }
+
+    /// Records a compute straggler `(rank, extra_ms)` in the rig's fault log (kind `straggler`,
+    /// on the rank's host), ended when the job ends. `hosts[r]` is rank r's host.
+    pub(crate) fn record_straggler<R: Rig + ?Sized>(&mut self, rig: &R, hosts: &[usize], straggler: Option<(usize, u64)>) -> Result<()> {
+        let Some((r, extra_ms)) = straggler else { return Ok(()) };
+        let Some(&host) = hosts.get(r) else {
+            return Err(Error::InvalidArgument { field: "straggler", reason: format!("rank {r} does not exist in a job of {}", hosts.len()) });
+        };
+        let log = rig.fault_log_handle();
+        let ns = rig.host_netns(host)?.name().to_string();
+        let id = fault::record_fault(&log, Some(host), &ns, FaultKind::Straggler { rank: r, extra_ms });
+        self.straggler_fault = Some((log, id));
+        Ok(())
+    }
+
+    /// Adds rank `rank`, whose JSON result will be `out` and whose output goes to `log`. `child`
+    /// is the rank's own process, or `None` when another process writes its result (mpirun
+    /// launches every MPI rank: it is rank 0's `child`, and the job waits for it).
+    pub(crate) fn add_rank(&mut self, rank: usize, child: Option<Child>, out: PathBuf, log: PathBuf) {
+        self.ranks.push(RankProcess { rank, child, out, log, status: None });
+    }
 }
 
 /// Distribution summary in milliseconds.
