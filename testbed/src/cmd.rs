@@ -14,6 +14,7 @@ pub enum Tool {
     Tc,
     Ethtool,
     Sh,
+    Mpicc,
 }
 
 impl Tool {
@@ -24,6 +25,7 @@ impl Tool {
             Tool::Tc => "tc",
             Tool::Ethtool => "ethtool",
             Tool::Sh => "sh",
+            Tool::Mpicc => "mpicc",
         }
     }
 
@@ -33,6 +35,7 @@ impl Tool {
             Tool::Nft => "nftables",
             Tool::Ethtool => "ethtool",
             Tool::Sh => "dash",
+            Tool::Mpicc => "libopenmpi-dev",
         }
     }
 }

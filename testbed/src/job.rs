@@ -106,6 +106,9 @@ pub struct RunningJob {
     timeout: Duration,
     /// The straggler's record in the rig's fault log, ended when the job ends.
     straggler_fault: Option<(FaultLog, u64)>,
+    /// Processes to kill on drop that are not our children: (namespaces, command names). mpirun's
+    /// daemons and ranks are started through `nsenter` and can outlive a killed mpirun.
+    sweep: Option<(Vec<String>, Vec<String>)>,
 }
 
 #[derive(Debug)]
@@ -124,13 +127,18 @@ pub fn peer_list<R: Rig + ?Sized>(rig: &R, ranks: usize, port: u16) -> String {
 
 /// Host of each rank under `cfg` on `rig`, validated.
 pub fn rank_hosts<R: Rig + ?Sized>(rig: &R, cfg: &JobConfig) -> Result<Vec<usize>> {
+    rank_hosts_of(rig, cfg.ranks, cfg.hosts.as_deref())
+}
+
+/// Host of each of `ranks` ranks on `rig` (`hosts[r]`, or host r when `None`), validated.
+pub fn rank_hosts_of<R: Rig + ?Sized>(rig: &R, ranks: usize, hosts: Option<&[usize]>) -> Result<Vec<usize>> {
     let n = rig.host_count();
-    if cfg.ranks < 2 || cfg.ranks > n {
-        return Err(Error::InvalidArgument { field: "ranks", reason: format!("{} (need 2..={n} for this rig)", cfg.ranks) });
+    if ranks < 2 || ranks > n {
+        return Err(Error::InvalidArgument { field: "ranks", reason: format!("{ranks} (need 2..={n} for this rig)") });
     }
-    let hosts = cfg.hosts.clone().unwrap_or_else(|| (0..cfg.ranks).collect());
-    if hosts.len() != cfg.ranks {
-        return Err(Error::InvalidArgument { field: "hosts", reason: format!("{} hosts for {} ranks", hosts.len(), cfg.ranks) });
+    let hosts = hosts.map(<[usize]>::to_vec).unwrap_or_else(|| (0..ranks).collect());
+    if hosts.len() != ranks {
+        return Err(Error::InvalidArgument { field: "hosts", reason: format!("{} hosts for {ranks} ranks", hosts.len()) });
     }
     for (k, &h) in hosts.iter().enumerate() {
         if h >= n || hosts[..k].contains(&h) {
@@ -204,6 +212,7 @@ impl RunningJob {
             started_unix_ms: crate::fault::unix_ms(std::time::SystemTime::now()),
             timeout,
             straggler_fault: None,
+            sweep: None,
         })
     }
 
@@ -224,6 +233,12 @@ impl RunningJob {
     /// Adds rank `rank`, whose JSON result will be `out` and whose output goes to `log`. `child`
     /// is the rank's own process, or `None` when another process writes its result (mpirun
     /// launches every MPI rank: it is rank 0's `child`, and the job waits for it).
+    /// On drop, also kill every process in `namespaces` whose command name (`/proc/PID/comm`, at
+    /// most 15 bytes) starts with one of `comms`.
+    pub(crate) fn sweep_on_drop(&mut self, namespaces: Vec<String>, comms: &[&str]) {
+        self.sweep = Some((namespaces, comms.iter().map(|c| c.to_string()).collect()));
+    }
+
     pub(crate) fn add_rank(&mut self, rank: usize, child: Option<Child>, out: PathBuf, log: PathBuf) {
         self.ranks.push(RankProcess { rank, child, out, log, status: None });
     }
@@ -433,6 +448,16 @@ impl Drop for RunningJob {
                     let _ = c.kill();
                 }
                 let _ = c.wait();
+            }
+        }
+        if let Some((namespaces, comms)) = self.sweep.take() {
+            for ns in namespaces {
+                for pid in crate::netns::pids_in(&ns) {
+                    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                    if comms.iter().any(|c| comm.trim_end().starts_with(c.as_str())) {
+                        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                    }
+                }
             }
         }
     }

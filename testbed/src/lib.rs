@@ -22,6 +22,7 @@ pub mod error;
 pub mod fault;
 pub mod job;
 pub mod leaf_spine;
+pub mod mpi;
 pub mod netns;
 pub mod rig;
 pub mod roce;
@@ -38,6 +39,7 @@ pub use fault::{
     CrossTraffic, CrossTrafficReport, CrossTrafficSpec, DropCounters, FaultKind, FaultRecord, FlapGuard, FlapSpec, LossGuard, LossSite,
     RateCapGuard,
 };
+pub use mpi::{spawn_mpi, MpiAlgorithm, MpiConfig, MpiLaunch};
 pub use leaf_spine::{LeafSpine, LeafSpineConfig, LeafSpineHost};
 pub use rig::{Link, Rig};
 pub use netns::{clean, CleanReport, Netns, NetnsHandle};

@@ -9,6 +9,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 use testbed::job::JobConfig;
+use testbed::{MpiAlgorithm, MpiConfig};
 use testbed::{ByteSize, CrossTrafficSpec, FlapSpec, LeafSpine, LeafSpineConfig, Rig, RoceSpec, Star, StarConfig};
 
 /// Network-namespace rigs for ringside: a star of hosts on a bridge, TCP and RoCEv2 traffic that
@@ -131,6 +132,21 @@ enum Command {
     /// fault log (JSON on stdout). With --cross-traffic the rig gets spare hosts for it (one per
     /// leaf, or two on the star) that take no part in the job.
     Job(JobArgs),
+
+    /// Run OpenMPI's MPI_Allreduce as a training-like job: build a rig as `job` does, run
+    /// `mpirun` in the first rank's namespace (one process per rank host, OpenMPI's TCP BTL on
+    /// each host's eth0), every step a compute sleep then one allreduce by the chosen
+    /// `coll_tuned` algorithm; inject the faults; print every rank's step and communication
+    /// times and the fault log (JSON on stdout).
+    ///
+    /// The collective traffic is OpenMPI's (ringside wrote none of it); it runs on TCP ports
+    /// PORT_MIN..PORT_MIN+63, so an agent matches it with e.g. `tcp_ports = ["30000-30063"]`.
+    /// Needs `mpirun` and `mpicc` (Debian openmpi-bin, libopenmpi-dev: `cargo xtask setup`); the
+    /// job program is compiled on first use into /tmp/ringside-mpi-<hash>/.
+    ///
+    ///   ringside-testbed mpi --ranks 4 --algorithm ring --size 4MiB --duration-s 60 --loss 1:2 --faults-after 20
+    #[command(verbatim_doc_comment)]
+    Mpi(MpiArgs),
 }
 
 #[derive(Debug, Args)]
@@ -384,6 +400,63 @@ struct JobArgs {
     /// Extra arguments for every ringside-rank, after `--`, e.g. `-- --channels 2 --chunk-bytes 4MiB`.
     #[arg(last = true, value_name = "RANK_ARGS")]
     rank_args: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct MpiArgs {
+    /// Number of ranks (one host namespace each).
+    #[arg(long, default_value_t = 4)]
+    ranks: usize,
+    /// OpenMPI's allreduce algorithm (coll_tuned_allreduce_algorithm); `default` leaves the
+    /// choice to OpenMPI's decision rules.
+    #[arg(long, value_enum, default_value_t = MpiAlgorithm::Default)]
+    algorithm: MpiAlgorithm,
+    /// Bytes per allreduce, e.g. 64KiB .. 16MiB.
+    #[arg(long, default_value = "4MiB")]
+    size: ByteSize,
+    /// Steps (0: until --duration-s).
+    #[arg(long, default_value_t = 100)]
+    steps: u64,
+    /// Stop after the first step that ends this many seconds after the start.
+    #[arg(long)]
+    duration_s: Option<u64>,
+    /// Compute time per step (a sleep) in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    compute_ms: u64,
+    /// Make one rank slow: RANK:EXTRA_MS adds EXTRA_MS of compute per step on RANK.
+    #[arg(long, value_parser = parse_straggler)]
+    straggler: Option<(usize, u64)>,
+    /// First TCP port of OpenMPI's BTL (it uses this and the next 63).
+    #[arg(long, default_value_t = 30000)]
+    port_min: u16,
+    /// Extra OpenMPI parameter KEY=VALUE, passed as `--mca KEY VALUE` (repeatable).
+    #[arg(long, value_name = "KEY=VALUE", value_parser = parse_mca)]
+    mca: Vec<(String, String)>,
+    /// Kill mpirun after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    timeout: u64,
+    /// Directory for rank-R.json and mpirun.log (default: a new directory under /tmp).
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+    /// Rig to run on: `star` or `leaf-spine` (ranks split over two leaves).
+    #[arg(long, value_enum, default_value_t = Topology::Star)]
+    topology: Topology,
+    /// Leaf-spine only: hosts per leaf (default: enough for the ranks, plus one for cross traffic).
+    #[arg(long)]
+    hosts_per_leaf: Option<usize>,
+    #[command(flatten)]
+    faults: FaultArgs,
+    /// Turn TSO/GSO/GRO off on every link.
+    #[arg(long)]
+    no_offloads: bool,
+}
+
+fn parse_mca(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s.split_once('=').ok_or_else(|| format!("{s:?}: want KEY=VALUE, e.g. btl_tcp_eager_limit=65536"))?;
+    if k.is_empty() || k.contains(char::is_whitespace) {
+        return Err(format!("{s:?}: the key must be a non-empty OpenMPI parameter name"));
+    }
+    Ok((k.to_string(), v.to_string()))
 }
 
 fn parse_u32(s: &str) -> Result<u32, String> {
@@ -641,7 +714,6 @@ fn cmd_leaf_spine(a: LeafSpineArgs) -> anyhow::Result<()> {
 }
 
 fn cmd_job(a: JobArgs) -> anyhow::Result<()> {
-    let stop = testbed::signals::stop_flag();
     let cfg = JobConfig {
         ranks: a.ranks,
         size: a.size,
@@ -660,50 +732,109 @@ fn cmd_job(a: JobArgs) -> anyhow::Result<()> {
     };
     // Find the binary before building a rig for it.
     let bin = testbed::job::find_rank_binary(cfg.rank_bin.as_deref())?;
-    let auto_cross = a.faults.cross_traffic == Some(CrossArg::Auto);
-    // The rig, the host of each rank, and the (from, to) hosts of a bare --cross-traffic.
-    type Built = (Box<dyn Rig>, Vec<usize>, Option<(usize, usize)>);
-    let (rig, hosts, auto): Built = match a.topology {
-        Topology::Star => {
-            let extra = if auto_cross { 2 } else { 0 };
-            let star = Star::new(star_config(cfg.ranks + extra, false, false, a.no_offloads, 1500))?;
-            (Box::new(star), (0..cfg.ranks).collect(), auto_cross.then_some((cfg.ranks, cfg.ranks + 1)))
-        }
-        Topology::LeafSpine => {
-            let (r0, r1) = (cfg.ranks.div_ceil(2), cfg.ranks / 2);
-            let k = a.hosts_per_leaf.unwrap_or(r0 + usize::from(auto_cross));
-            if k < r0 {
-                bail!("--hosts-per-leaf {k} is too small for {} ranks on two leaves", cfg.ranks);
+    let jr = JobRig::build(a.topology, cfg.ranks, a.hosts_per_leaf, &a.faults, a.no_offloads)?;
+    let cfg = JobConfig { rank_bin: Some(bin), hosts: Some(jr.hosts.clone()), ..cfg };
+    eprintln!("job on {:?} {}: {} ranks on hosts {:?}, {} per collective, {} steps", a.topology, jr.rig.rig_prefix(), cfg.ranks, jr.hosts, cfg.size, cfg.steps);
+    let job = testbed::spawn_job(jr.rig.as_ref(), &cfg)?;
+    jr.run(job, &a.faults, serde_json::json!({}))
+}
+
+/// Where a job's ranks run: the rig, the host of each rank, and the (from, to) hosts of a bare
+/// --cross-traffic. Shared by `job` and `mpi`.
+struct JobRig {
+    rig: Box<dyn Rig>,
+    hosts: Vec<usize>,
+    auto_cross: Option<(usize, usize)>,
+}
+
+impl JobRig {
+    /// A star of `ranks` hosts (two more for a bare --cross-traffic), or two leaves with the ranks
+    /// split between them (one more host per leaf for a bare --cross-traffic).
+    fn build(topology: Topology, ranks: usize, hosts_per_leaf: Option<usize>, faults: &FaultArgs, no_offloads: bool) -> anyhow::Result<JobRig> {
+        // Ctrl-C from here on tears the rig down (the handlers only set a flag).
+        testbed::signals::stop_flag();
+        let auto_cross = faults.cross_traffic == Some(CrossArg::Auto);
+        Ok(match topology {
+            Topology::Star => {
+                let extra = if auto_cross { 2 } else { 0 };
+                let star = Star::new(star_config(ranks + extra, false, false, no_offloads, 1500))?;
+                JobRig { rig: Box::new(star), hosts: (0..ranks).collect(), auto_cross: auto_cross.then_some((ranks, ranks + 1)) }
             }
-            let ls = LeafSpine::new(LeafSpineConfig { hosts_per_leaf: k, offloads: !a.no_offloads, ..Default::default() })?;
-            let hosts: Vec<usize> = (0..r0).chain(k..k + r1).collect();
-            let auto = (k > r0).then_some((k - 1, 2 * k - 1));
-            (Box::new(ls), hosts, auto)
-        }
-    };
-    let cfg = JobConfig { rank_bin: Some(bin), hosts: Some(hosts.clone()), ..cfg };
-    eprintln!("job on {:?} {}: {} ranks on hosts {:?}, {} per collective, {} steps", a.topology, rig.rig_prefix(), cfg.ranks, hosts, cfg.size, cfg.steps);
-    let job = testbed::spawn_job(rig.as_ref(), &cfg)?;
-    let mut active = None;
-    if a.faults.any() && interruptible_sleep(a.faults.faults_after) {
-        active = Some(inject_faults(rig.as_ref(), &a.faults, Some(&hosts), auto)?);
+            Topology::LeafSpine => {
+                let (r0, r1) = (ranks.div_ceil(2), ranks / 2);
+                let k = hosts_per_leaf.unwrap_or(r0 + usize::from(auto_cross));
+                if k < r0 {
+                    bail!("--hosts-per-leaf {k} is too small for {ranks} ranks on two leaves");
+                }
+                let ls = LeafSpine::new(LeafSpineConfig { hosts_per_leaf: k, offloads: !no_offloads, ..Default::default() })?;
+                let hosts: Vec<usize> = (0..r0).chain(k..k + r1).collect();
+                JobRig { rig: Box::new(ls), hosts, auto_cross: (k > r0).then_some((k - 1, 2 * k - 1)) }
+            }
+        })
     }
-    let result = job.wait(Some(stop));
-    let cross = active.as_mut().and_then(|f| f.cross.take()).map(|c| c.stop());
-    drop(active);
-    let report = result?;
-    print_json(&serde_json::json!({ "job": report, "faults": rig.faults(), "cross_traffic": cross }))?;
+
+    /// Injects the faults after --faults-after, waits for the job, prints the JSON report (the
+    /// job, the fault log, cross traffic, plus `extra`'s fields) and a one-line summary.
+    fn run(&self, job: testbed::RunningJob, faults: &FaultArgs, extra: serde_json::Value) -> anyhow::Result<()> {
+        let stop = testbed::signals::stop_flag();
+        let mut active = None;
+        if faults.any() && interruptible_sleep(faults.faults_after) {
+            active = Some(inject_faults(self.rig.as_ref(), faults, Some(&self.hosts), self.auto_cross)?);
+        }
+        let result = job.wait(Some(stop));
+        let cross = active.as_mut().and_then(|f| f.cross.take()).map(|c| c.stop());
+        drop(active);
+        let report = result?;
+        let mut out = serde_json::json!({ "job": report, "faults": self.rig.faults(), "cross_traffic": cross });
+        if let (Some(o), serde_json::Value::Object(e)) = (out.as_object_mut(), extra) {
+            o.extend(e);
+        }
+        print_json(&out)?;
+        eprintln!(
+            "step ms: mean {:.1} p50 {:.1} p99 {:.1} | comm ms: mean {:.1} p50 {:.1} p99 {:.1} | logs in {}",
+            report.step_ms.mean,
+            report.step_ms.p50,
+            report.step_ms.p99,
+            report.comm_ms.mean,
+            report.comm_ms.p50,
+            report.comm_ms.p99,
+            report.out_dir.display()
+        );
+        Ok(())
+    }
+}
+
+fn cmd_mpi(a: MpiArgs) -> anyhow::Result<()> {
+    if a.steps == 0 && a.duration_s.is_none() {
+        bail!("--steps 0 needs --duration-s: the job would never stop");
+    }
+    let jr = JobRig::build(a.topology, a.ranks, a.hosts_per_leaf, &a.faults, a.no_offloads)?;
+    let cfg = MpiConfig {
+        ranks: a.ranks,
+        hosts: Some(jr.hosts.clone()),
+        algorithm: a.algorithm,
+        size: a.size,
+        compute_ms: a.compute_ms,
+        steps: a.steps,
+        duration: a.duration_s.map(Duration::from_secs),
+        straggler: a.straggler,
+        port_min: a.port_min,
+        timeout: Duration::from_secs(a.timeout),
+        out_dir: a.out_dir,
+        mca: a.mca,
+    };
     eprintln!(
-        "step ms: mean {:.1} p50 {:.1} p99 {:.1} | comm ms: mean {:.1} p50 {:.1} p99 {:.1} | logs in {}",
-        report.step_ms.mean,
-        report.step_ms.p50,
-        report.step_ms.p99,
-        report.comm_ms.mean,
-        report.comm_ms.p50,
-        report.comm_ms.p99,
-        report.out_dir.display()
+        "OpenMPI allreduce ({}) on {:?} {}: {} ranks on hosts {:?}, {} per step, TCP ports {} (mpirun log and rank-R.json under the out dir)",
+        cfg.algorithm.name(),
+        a.topology,
+        jr.rig.rig_prefix(),
+        cfg.ranks,
+        jr.hosts,
+        cfg.size,
+        cfg.port_range()
     );
-    Ok(())
+    let job = testbed::spawn_mpi(jr.rig.as_ref(), &cfg)?;
+    jr.run(job, &a.faults, serde_json::json!({ "algorithm": cfg.algorithm.name(), "tcp_ports": cfg.port_range() }))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -770,6 +901,7 @@ fn main() -> anyhow::Result<()> {
             print_json(&sink.receive(expect, Duration::from_millis(idle_ms), Duration::from_secs(timeout))?)?;
         }
         Command::Job(a) => cmd_job(a)?,
+        Command::Mpi(a) => cmd_mpi(a)?,
     }
     Ok(())
 }

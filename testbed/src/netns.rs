@@ -246,6 +246,14 @@ pub(crate) fn pid_alive(pid: i32) -> bool {
     }
 }
 
+/// Processes whose network namespace is `name` (`ip netns pids`), without this process; empty
+/// when the namespace or `ip` is gone.
+pub fn pids_in(name: &str) -> Vec<i32> {
+    let Ok(out) = std::process::Command::new("ip").args(["netns", "pids", name]).output() else { return Vec::new() };
+    let me = std::process::id() as i32;
+    String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|p| p.parse().ok()).filter(|&p| p != me).collect()
+}
+
 /// Names of all namespaces under /run/netns starting with `rs-`.
 pub fn list_rig_namespaces() -> Result<Vec<String>> {
     let dir = match std::fs::read_dir(NETNS_RUN_DIR) {
