@@ -20,6 +20,14 @@
 //!   *every* step (all others started their step while it computed), while the ranks stalled
 //!   behind it are late only at their second phase of the step (the ring's chain), never at their
 //!   first; so the peer's step-start lateness is the lower quartile of its samples.
+//! - job silence: neither statistic assumes a ring any more. A compute straggler keeps the whole
+//!   job waiting: once the others have done what they can without it, nobody sends, and its
+//!   late send is what ends that silence. A peer that starts late because of its *role* in the
+//!   algorithm (the root of a reduce then broadcast, the ranks folded in by recursive doubling on
+//!   a non-power-of-two world, a DDP bucket that waits for its inputs) starts right after other
+//!   peers' data, which it was waiting for. So every lateness sample (phase-matched or step
+//!   start) is capped by the job's silence just before it: how long no other peer had sent
+//!   anything (`job_silence_before`). Late-by-role samples shrink to ~0; a straggler's stay.
 
 use std::net::IpAddr;
 
@@ -40,6 +48,10 @@ pub(crate) struct PeerFeatures {
     pub silence_ns: Option<f64>,
     /// Starts of the phases with at least `min_phase_bytes`, sorted.
     pub phase_starts: Vec<u64>,
+    /// (start, end) of every phase of the window, sorted by start: when this peer was sending.
+    pub phases: Vec<(u64, u64)>,
+    /// End of the peer's last phase before this window, if any.
+    pub prev_phase_end_ns: Option<u64>,
     /// End of the last phase seen so far (this window or earlier).
     pub last_phase_end_ns: Option<u64>,
     /// Filled by [`fill_lateness`].
@@ -70,6 +82,8 @@ impl PeerFeatures {
             cnps: 0,
             silence_ns: None,
             phase_starts: vec![],
+            phases: vec![],
+            prev_phase_end_ns: None,
             last_phase_end_ns: None,
             lateness_ns: None,
             steps: Default::default(),
@@ -160,6 +174,8 @@ pub(crate) fn peer_features(
         cnps: w.cnps,
         silence_ns: silence.map(|s| s as f64),
         phase_starts,
+        phases: phases.iter().map(|p| (p.start_ns, p.end_ns)).collect(),
+        prev_phase_end_ns: prev_last_end_ns,
         last_phase_end_ns,
         lateness_ns: None,
         steps,
@@ -186,6 +202,37 @@ fn nearest(sorted: &[u64], t: u64, max_offset: u64) -> Option<u64> {
         (None, None) => return None,
     };
     (best.abs_diff(t) <= max_offset).then_some(best)
+}
+
+/// How long before `t` no peer other than `peers[me]` had been sending: `t` minus the latest end
+/// of their phases that started before `t` (0 if one is still running at `t`); `None` if none of
+/// them had sent anything before `t` in this window or the previous one (nothing to wait on).
+fn job_silence_before(peers: &[PeerFeatures], me: usize, t: u64) -> Option<f64> {
+    let mut latest: Option<u64> = None;
+    for (j, p) in peers.iter().enumerate() {
+        if j == me {
+            continue;
+        }
+        for &(_, end) in p.phases.iter().take_while(|(start, _)| *start < t) {
+            if end >= t {
+                return Some(0.0);
+            }
+            latest = Some(latest.map_or(end, |l| l.max(end)));
+        }
+        if let Some(e) = p.prev_phase_end_ns.filter(|&e| e < t) {
+            latest = Some(latest.map_or(e, |l| l.max(e)));
+        }
+    }
+    latest.map(|l| (t - l) as f64)
+}
+
+/// A lateness sample capped by the job's silence before the start it was measured at (see the
+/// module docs): lateness that followed other peers' data is waiting, not computing.
+fn gated(late: f64, peers: &[PeerFeatures], me: usize, t: u64) -> f64 {
+    match job_silence_before(peers, me, t) {
+        Some(silent) if late > 0.0 => late.min(silent),
+        _ => late,
+    }
 }
 
 /// Fills `lateness_ns` for every peer. `prev_starts[i]` are peer `i`'s phase starts of the
@@ -217,7 +264,7 @@ pub(crate) fn fill_lateness(cfg: &DetectorConfig, peers: &mut [PeerFeatures], pr
                     .collect();
                 if refs.len() >= min_others {
                     let r = Robust::of(refs)?;
-                    samples.push(s as f64 - r.median);
+                    samples.push(gated(s as f64 - r.median, peers, i, s));
                 }
             }
             if samples.len() < sc.min_matched_phases.max(1) {
@@ -265,7 +312,8 @@ pub(crate) fn fill_step_lateness(cfg: &DetectorConfig, peers: &mut [PeerFeatures
                         let k = r.partition_point(|&x| x <= lo);
                         r.get(k).filter(|&&x| x <= s).map_or(0.0, |&x| (s - x) as f64)
                     });
-                    Robust::of(contributions).map_or(0.0, |r| r.median)
+                    let late = Robust::of(contributions).map_or(0.0, |r| r.median);
+                    gated(late, peers, i, s)
                 })
                 .collect();
             if samples.len() < sc.min_matched_phases.max(1) {
@@ -369,16 +417,21 @@ mod tests {
     }
 
     #[test]
-    fn lateness_is_relative_to_the_other_peers_same_step() {
+    fn lateness_is_relative_to_the_other_peers_same_step_and_capped_by_the_jobs_silence() {
         let cfg = DetectorConfig::default();
-        let mk = |offset_ms: u64| {
-            let w = window((0..5).map(|k| b(k * 200 + offset_ms, k * 200 + offset_ms + 80, 10_000_000)).collect());
+        let mk = |offset_ms: u64, len_ms: u64| {
+            let w = window((0..5).map(|k| b(k * 200 + offset_ms, k * 200 + offset_ms + len_ms, 10_000_000)).collect());
             peer_features(&cfg, &w, 0, None, None)
         };
-        let mut peers = vec![mk(10), mk(11), mk(9), mk(60)];
+        // The others send 10-30 ms; the late peer starts at 60 ms, after 30 ms of silence.
+        let mut peers = vec![mk(10, 20), mk(11, 20), mk(9, 20), mk(60, 20)];
         fill_lateness(&cfg, &mut peers, &vec![Vec::new(); 4]);
-        assert_eq!(peers[3].lateness_ns, Some(50.0 * MS as f64));
+        assert_eq!(peers[3].lateness_ns, Some(29.0 * MS as f64), "50 ms late, capped by 60 - 31 ms of silence");
         assert_eq!(peers[0].lateness_ns, Some(-1.0 * MS as f64), "median of 11, 9, 60 ms is 11 ms");
-        assert_eq!(peers[1].lateness_ns, Some(1.0 * MS as f64));
+        assert_eq!(peers[1].lateness_ns, Some(0.0), "1 ms late, but peer 0 was still sending");
+        // The same start while the others are still sending (10-90 ms) is waiting on them: 0.
+        let mut peers = vec![mk(10, 80), mk(11, 80), mk(9, 80), mk(60, 20)];
+        fill_lateness(&cfg, &mut peers, &vec![Vec::new(); 4]);
+        assert_eq!(peers[3].lateness_ns, Some(0.0));
     }
 }

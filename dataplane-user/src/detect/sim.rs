@@ -147,6 +147,7 @@ impl Scenario {
             let cpu = 1.0 + rng.noise(0.06);
             let spike = (w % SPIKE_EVERY == SPIKE_EVERY / 2)
                 .then(|| (rng.range(0, self.peers.len() as u64) as usize, rng.range(0, 4)));
+            let (mut all_phases, mut delays) = (Vec::new(), Vec::new());
             for (pi, (_, link)) in self.peers.iter().enumerate() {
                 let mut rate = self.rate_bps * cpu * (1.0 + rng.noise(0.04));
                 if rng.chance(0.02) {
@@ -223,6 +224,7 @@ impl Scenario {
                     }
                     phases = moved;
                 }
+                delays.push(delay);
                 let total: u64 = phases.iter().map(|p| p.bytes).sum();
                 let packets = total.div_ceil(MSS);
                 let mut retrans = rng.range(0, 6) + flap_retrans + storm;
@@ -234,16 +236,7 @@ impl Scenario {
                 if rng.chance(0.02) {
                     ce_marks += rng.range(1, 5);
                 }
-                for p in &phases {
-                    // Three kernel bursts per phase, 2 ms apart.
-                    let third = (p.end - p.start).saturating_sub(4 * MS) / 3;
-                    for j in 0..3u64 {
-                        let s = p.start + j * (third + 2 * MS);
-                        let b = BurstSummary { start_ns: s, end_ns: s + third, bytes: p.bytes / 3 };
-                        let wi = ((b.end_ns / S) as usize).min(n + 1);
-                        bursts[wi][pi].push(b);
-                    }
-                }
+                all_phases.push(phases);
                 out[w].peers.push(PeerWindow {
                     peer: self.peers[pi].0,
                     link: link.clone(),
@@ -259,6 +252,19 @@ impl Scenario {
                     shared_links: Vec::new(),
                 });
             }
+            stall_behind_latest(&mut all_phases, &delays);
+            for (pi, phases) in all_phases.iter().enumerate() {
+                for p in phases {
+                    // Three kernel bursts per phase, 2 ms apart.
+                    let third = (p.end - p.start).saturating_sub(4 * MS) / 3;
+                    for j in 0..3u64 {
+                        let s = p.start + j * (third + 2 * MS);
+                        let b = BurstSummary { start_ns: s, end_ns: s + third, bytes: p.bytes / 3 };
+                        let wi = ((b.end_ns / S) as usize).min(n + 1);
+                        bursts[wi][pi].push(b);
+                    }
+                }
+            }
         }
         for (w, jw) in out.iter_mut().enumerate() {
             for (pi, pw) in jw.peers.iter_mut().enumerate() {
@@ -266,6 +272,42 @@ impl Scenario {
             }
         }
         out
+    }
+}
+
+/// A collective cannot finish without every peer: when one peer's worker starts a step late
+/// (`delays[p]`, a compute straggler), the others send what they can without it (their first
+/// 8 ms) and then wait, sending the rest of the step once it has started. Phases are per step,
+/// in the same order for every peer (flaps, which move phases, never coincide with a delay here).
+fn stall_behind_latest(phases: &mut [Vec<P>], delays: &[u64]) {
+    let Some(&latest) = delays.iter().max() else { return };
+    let Some(late_peer) = delays.iter().position(|&d| d == latest) else { return };
+    if latest == 0 {
+        return;
+    }
+    let late_starts: Vec<u64> = phases[late_peer].iter().map(|p| p.start).collect();
+    for (q, ph) in phases.iter_mut().enumerate() {
+        if delays[q] + 10 * MS > latest {
+            continue;
+        }
+        let mut split = Vec::with_capacity(ph.len() * 2);
+        for (k, p) in ph.iter().enumerate() {
+            let Some(&resume) = late_starts.get(k) else {
+                split.push(*p);
+                continue;
+            };
+            let dur = p.end - p.start;
+            let head = (8 * MS).min(dur);
+            if p.start + head >= resume {
+                split.push(*p);
+                continue;
+            }
+            let head_bytes = (p.bytes as f64 * head as f64 / dur as f64) as u64;
+            split.push(P { start: p.start, end: p.start + head, bytes: head_bytes });
+            let rest = resume + MS;
+            split.push(P { start: rest, end: rest + (dur - head), bytes: p.bytes - head_bytes });
+        }
+        *ph = split;
     }
 }
 

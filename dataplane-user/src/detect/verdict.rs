@@ -85,7 +85,9 @@ pub enum Metric {
     CeRate,
     /// CNPs per second on a link.
     CnpPerS,
-    /// Median lateness of the peer's phase starts against the other peers', in ns.
+    /// How late the peer starts its steps against the other peers, in ns, counting only the
+    /// time the rest of the job waited in silence for it (lateness right after other peers' data
+    /// is waiting for input, not computing: see `detect::features`).
     PhaseStartLatenessNs,
     /// Flows (the job's and other traffic's) losing packets in one direction of a link, with no
     /// host common to all of them: a shared bottleneck, not one host's path. `peers` counts
