@@ -254,6 +254,9 @@ pub struct StragglerConfig {
     /// In-burst goodput must be at least 80 % of the others' median to call it a straggler; a
     /// late *and* slow peer is left to the network detectors.
     pub normal_goodput_ratio: f64,
+    /// A late start that another peer's start follows within this (3 ms) names no one: with a
+    /// rendezvous protocol the straggler's predecessor sends only once the straggler asks.
+    pub co_start_ns: u64,
 }
 
 impl Default for StragglerConfig {
@@ -270,6 +273,7 @@ impl Default for StragglerConfig {
             z_clear: 2.0,
             scale_floor_ns: 2_000_000,
             normal_goodput_ratio: 0.8,
+            co_start_ns: 3_000_000,
         }
     }
 }

@@ -28,6 +28,10 @@
 //!   peers' data, which it was waiting for. So every lateness sample (phase-matched or step
 //!   start) is capped by the job's silence just before it: how long no other peer had sent
 //!   anything (`job_silence_before`). Late-by-role samples shrink to ~0; a straggler's stay.
+//!   And a silence that two peers break together (another peer starts sending within
+//!   `co_start_ns` after) is ambiguous: with a rendezvous protocol (OpenMPI's TCP BTL above its
+//!   eager limit) the straggler's predecessor can only send once the straggler asks for the data,
+//!   so both start at once and the wire cannot say which was late. Such a sample counts as 0.
 
 use std::net::IpAddr;
 
@@ -226,12 +230,22 @@ fn job_silence_before(peers: &[PeerFeatures], me: usize, t: u64) -> Option<f64> 
     latest.map(|l| (t - l) as f64)
 }
 
-/// A lateness sample capped by the job's silence before the start it was measured at (see the
-/// module docs): lateness that followed other peers' data is waiting, not computing.
-fn gated(late: f64, peers: &[PeerFeatures], me: usize, t: u64) -> f64 {
+/// Whether a peer other than `peers[me]` starts a phase in `(t, t + within]`.
+fn another_starts_within(peers: &[PeerFeatures], me: usize, t: u64, within: u64) -> bool {
+    peers.iter().enumerate().any(|(j, p)| j != me && p.phases.iter().any(|&(start, _)| start > t && start - t <= within))
+}
+
+/// A lateness sample capped by the job's silence before the start it was measured at, and 0 when
+/// another peer breaks the same silence at once (see the module docs): lateness that followed
+/// other peers' data is waiting, not computing, and a shared start names no one.
+fn gated(cfg: &DetectorConfig, late: f64, peers: &[PeerFeatures], me: usize, t: u64) -> f64 {
+    if late <= 0.0 {
+        return late;
+    }
     match job_silence_before(peers, me, t) {
-        Some(silent) if late > 0.0 => late.min(silent),
-        _ => late,
+        Some(_) if another_starts_within(peers, me, t, cfg.straggler.co_start_ns) => 0.0,
+        Some(silent) => late.min(silent),
+        None => late,
     }
 }
 
@@ -264,7 +278,7 @@ pub(crate) fn fill_lateness(cfg: &DetectorConfig, peers: &mut [PeerFeatures], pr
                     .collect();
                 if refs.len() >= min_others {
                     let r = Robust::of(refs)?;
-                    samples.push(gated(s as f64 - r.median, peers, i, s));
+                    samples.push(gated(cfg, s as f64 - r.median, peers, i, s));
                 }
             }
             if samples.len() < sc.min_matched_phases.max(1) {
@@ -313,7 +327,7 @@ pub(crate) fn fill_step_lateness(cfg: &DetectorConfig, peers: &mut [PeerFeatures
                         r.get(k).filter(|&&x| x <= s).map_or(0.0, |&x| (s - x) as f64)
                     });
                     let late = Robust::of(contributions).map_or(0.0, |r| r.median);
-                    gated(late, peers, i, s)
+                    gated(cfg, late, peers, i, s)
                 })
                 .collect();
             if samples.len() < sc.min_matched_phases.max(1) {
@@ -433,5 +447,22 @@ mod tests {
         let mut peers = vec![mk(10, 80), mk(11, 80), mk(9, 80), mk(60, 20)];
         fill_lateness(&cfg, &mut peers, &vec![Vec::new(); 4]);
         assert_eq!(peers[3].lateness_ns, Some(0.0));
+    }
+
+    #[test]
+    fn a_silence_two_peers_break_together_names_no_one() {
+        // Rendezvous: peer 2 sends to the late peer 3 only once peer 3 asks, 1 ms after it wakes.
+        let cfg = DetectorConfig::default();
+        let mk = |starts: &[(u64, u64)]| {
+            let w = window((0..5).flat_map(|k| starts.iter().map(move |&(a, l)| b(k * 200 + a, k * 200 + a + l, 5_000_000))).collect());
+            peer_features(&cfg, &w, 0, None, None)
+        };
+        let mut peers = vec![mk(&[(10, 20)]), mk(&[(11, 20)]), mk(&[(9, 5), (61, 20)]), mk(&[(60, 20)])];
+        fill_lateness(&cfg, &mut peers, &vec![Vec::new(); 4]);
+        assert_eq!(peers[3].lateness_ns, Some(0.0), "peer 2 started 1 ms after peer 3");
+        // 5 ms apart (an eager protocol: peer 3's first chunk reached peer 2) names peer 3.
+        let mut peers = vec![mk(&[(10, 20)]), mk(&[(11, 20)]), mk(&[(9, 5), (65, 20)]), mk(&[(60, 20)])];
+        fill_lateness(&cfg, &mut peers, &vec![Vec::new(); 4]);
+        assert!(peers[3].lateness_ns.unwrap() >= 20.0 * MS as f64, "{:?}", peers[3].lateness_ns);
     }
 }

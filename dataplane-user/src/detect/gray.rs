@@ -3,7 +3,11 @@
 //! Compared with the other peers of the same job in the same window (leave-one-out median and
 //! MAD), so whatever the whole job does (a slower step, a shared CPU hiccup) cancels out. Three
 //! signals, any of which makes the window anomalous:
-//! - in-burst goodput well below the others (a rate cap, a bad link, heavy loss);
+//! - in-burst goodput well below the others (a rate cap, a bad link, heavy loss); below the
+//!   severe ratio that alone is enough, but a milder dip must also be a drop against the peer's
+//!   *own* history (`own_baseline`, warm): peers of a job need not move bytes equally (a
+//!   compute straggler or a rank with another role in the algorithm sends at another pace from
+//!   its first step), and a network fault is a change;
 //! - loss rate well above the others *and* above an absolute floor (healthy veth reorders);
 //! - a stall: a silence far longer than the others' *with* excess loss (a flap); a silence
 //!   without loss is the worker pausing, not the network.
@@ -74,14 +78,20 @@ impl Fold {
     }
 }
 
-pub(crate) fn assess(cfg: &GrayConfig, f: &PeerFeatures, s: &PeerStats) -> Option<Assessment> {
+/// `own_baseline`: the peer's own in-burst goodput in its recent windows not judged anomalous,
+/// once warm.
+pub(crate) fn assess(cfg: &GrayConfig, f: &PeerFeatures, s: &PeerStats, own_baseline: Option<Robust>) -> Option<Assessment> {
     let mut fold = Fold::default();
     if let (Some(g), Some(r)) = (f.goodput_bps, s.goodput.filter(|r| r.median > 0.0)) {
         let ratio = g / r.median;
         let z = (r.median - g) / r.scale(cfg.rel_scale_floor, 0.0);
-        if ratio <= cfg.goodput_open_ratio && z >= cfg.z_open {
+        let severe = ratio <= cfg.goodput_severe_ratio;
+        let dropped = own_baseline.is_some_and(|b| b.median > 0.0 && g <= cfg.goodput_open_ratio * b.median);
+        if ratio <= cfg.goodput_open_ratio && z >= cfg.z_open && !severe && !dropped {
+            fold.ambiguous();
+        } else if ratio <= cfg.goodput_open_ratio && z >= cfg.z_open {
             let e = evidence(Metric::InBurstGoodputBps, g, &r, Reference::PeerMedian);
-            fold.anomalous(ratio <= cfg.goodput_severe_ratio, e);
+            fold.anomalous(severe, e);
         } else if ratio >= cfg.goodput_clear_ratio || z < cfg.z_clear {
             fold.clean();
         } else {
@@ -136,20 +146,20 @@ mod tests {
 
     #[test]
     fn normal_peer_is_clean() {
-        let a = assess(&GrayConfig::default(), &features(98e6, 2e-4), &stats(&G, &L)).unwrap();
+        let a = assess(&GrayConfig::default(), &features(98e6, 2e-4), &stats(&G, &L), None).unwrap();
         assert_eq!(a.state, WindowState::Clean);
     }
 
     #[test]
     fn spurious_retransmissions_do_not_open() {
         // 0.15 %: 15× the median but below the absolute floor.
-        let a = assess(&GrayConfig::default(), &features(98e6, 1.5e-3), &stats(&G, &L)).unwrap();
+        let a = assess(&GrayConfig::default(), &features(98e6, 1.5e-3), &stats(&G, &L), None).unwrap();
         assert!(!a.is_anomalous(), "{a:?}");
     }
 
     #[test]
     fn loss_below_one_percent_is_anomalous_not_severe() {
-        let a = assess(&GrayConfig::default(), &features(90e6, 0.008), &stats(&G, &L)).unwrap();
+        let a = assess(&GrayConfig::default(), &features(90e6, 0.008), &stats(&G, &L), None).unwrap();
         assert_eq!(a.state, WindowState::Anomalous { severe: false });
         assert_eq!(a.evidence.len(), 1);
         assert_eq!(a.evidence[0].metric, Metric::LossRate);
@@ -158,15 +168,27 @@ mod tests {
 
     #[test]
     fn quarter_goodput_is_severe() {
-        let a = assess(&GrayConfig::default(), &features(25e6, 1e-4), &stats(&G, &L)).unwrap();
+        let a = assess(&GrayConfig::default(), &features(25e6, 1e-4), &stats(&G, &L), None).unwrap();
         assert_eq!(a.state, WindowState::Anomalous { severe: true });
         assert_eq!(a.severity, Severity::Critical);
         assert_eq!(a.evidence[0].metric, Metric::InBurstGoodputBps);
     }
 
     #[test]
+    fn a_mild_dip_is_a_fault_only_against_the_peers_own_history() {
+        // 60 % of the others: anomalous only if the peer itself used to move more.
+        let cfg = GrayConfig::default();
+        let f = features(60e6, 1e-4);
+        assert_eq!(assess(&cfg, &f, &stats(&G, &L), None).unwrap().state, WindowState::Ambiguous, "cold: no history");
+        let same = Robust::of([61e6, 59e6, 62e6, 60e6, 58e6]);
+        assert_eq!(assess(&cfg, &f, &stats(&G, &L), same).unwrap().state, WindowState::Ambiguous, "always this slow");
+        let used_to = Robust::of([99e6, 101e6, 100e6, 98e6, 102e6]);
+        assert_eq!(assess(&cfg, &f, &stats(&G, &L), used_to).unwrap().state, WindowState::Anomalous { severe: false });
+    }
+
+    #[test]
     fn between_thresholds_is_ambiguous() {
-        let a = assess(&GrayConfig::default(), &features(78e6, 1e-4), &stats(&G, &L)).unwrap();
+        let a = assess(&GrayConfig::default(), &features(78e6, 1e-4), &stats(&G, &L), None).unwrap();
         assert_eq!(a.state, WindowState::Ambiguous);
     }
 
@@ -177,9 +199,9 @@ mod tests {
         let mut s = stats(&G, &L);
         s.silence = Robust::of([120e6, 118e6, 125e6, 121e6]);
         s.loss_packets = Robust::of([3.0, 4.0, 2.0, 5.0]);
-        assert_eq!(assess(&GrayConfig::default(), &f, &s).unwrap().state, WindowState::Clean);
+        assert_eq!(assess(&GrayConfig::default(), &f, &s, None).unwrap().state, WindowState::Clean);
         f.loss_packets = 45;
-        let a = assess(&GrayConfig::default(), &f, &s).unwrap();
+        let a = assess(&GrayConfig::default(), &f, &s, None).unwrap();
         assert_eq!(a.state, WindowState::Anomalous { severe: true });
         assert_eq!(a.evidence[0].metric, Metric::SilenceNs);
     }

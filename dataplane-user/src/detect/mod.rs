@@ -225,7 +225,7 @@ impl JobState {
         for (f, s) in feats.iter().zip(&stats) {
             let Some(ps) = self.peers.get_mut(&f.peer) else { continue };
             let link_congested = congested.contains(f.link.as_str());
-            let gray_a = gray::assess(&cfg.gray, f, s);
+            let gray_a = gray::assess(&cfg.gray, f, s, warm(&ps.goodput_baseline, cfg));
             let gray_anomalous = gray_a.as_ref().is_some_and(Assessment::is_anomalous);
             let straggler_a = straggler::assess(&cfg.straggler, f, s, gray_anomalous);
             let scope = Scope::Peer { peer: f.peer, link: f.link.clone() };

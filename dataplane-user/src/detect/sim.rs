@@ -277,7 +277,8 @@ impl Scenario {
 
 /// A collective cannot finish without every peer: when one peer's worker starts a step late
 /// (`delays[p]`, a compute straggler), the others send what they can without it (their first
-/// 8 ms) and then wait, sending the rest of the step once it has started. Phases are per step,
+/// 8 ms) and then wait, sending the rest of the step once its data reaches them (5 ms after it
+/// starts: an eager protocol, its first chunk on the wire). Phases are per step,
 /// in the same order for every peer (flaps, which move phases, never coincide with a delay here).
 fn stall_behind_latest(phases: &mut [Vec<P>], delays: &[u64]) {
     let Some(&latest) = delays.iter().max() else { return };
@@ -304,7 +305,7 @@ fn stall_behind_latest(phases: &mut [Vec<P>], delays: &[u64]) {
             }
             let head_bytes = (p.bytes as f64 * head as f64 / dur as f64) as u64;
             split.push(P { start: p.start, end: p.start + head, bytes: head_bytes });
-            let rest = resume + MS;
+            let rest = resume + 5 * MS;
             split.push(P { start: rest, end: rest + (dur - head), bytes: p.bytes - head_bytes });
         }
         *ph = split;
