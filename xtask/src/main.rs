@@ -48,6 +48,10 @@ enum Command {
         /// Skip `cargo xtask setup` (for quick re-runs on a machine already set up).
         #[arg(long)]
         no_setup: bool,
+        /// Run the selected tiers this many times in a row and report every round (a stability
+        /// check: run it alongside a build to load the machine); fails if any round failed.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        repeat: u32,
     },
     /// Bring up a 4-host namespace testbed, run collective-like traffic, start the agent, and show
     /// its live flow table and a sample of /metrics; tears everything down at the end or on Ctrl-C.
@@ -92,7 +96,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Setup => setup::run(),
         Command::Build { release } => build::all(release).map(|_| ()),
-        Command::Test { tiers, no_setup } => test::run(&tiers, no_setup),
+        Command::Test { tiers, no_setup, repeat } => test::run_repeated(&tiers, no_setup, repeat),
         Command::Demo { seconds } => demo::run(seconds),
         Command::Bench { which } => bench::run(which),
         Command::Eval { which: EvalWhich::Detection(opts) } => eval_detection::run(opts),

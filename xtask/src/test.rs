@@ -50,7 +50,8 @@ pub fn run(tiers: &[Tier], no_setup: bool) -> Result<()> {
         println!("\n==> {}", tier.describe());
         let started = Instant::now();
         let mut cmd = cargo();
-        cmd.arg("test").env(build::OBJECT_ENV, &object);
+        // Every test binary runs even after one fails, so one failure does not hide the others.
+        cmd.args(["test", "--no-fail-fast"]).env(build::OBJECT_ENV, &object);
         match tier {
             Tier::T0 => {
                 cmd.args(["--workspace", "--exclude", "dataplane-ebpf"]);
@@ -151,3 +152,30 @@ mod tests {
     }
 }
 
+
+/// [`run`] `repeat` times in a row (setup only before the first round), one line per round and
+/// a closing count; fails if any round failed.
+pub fn run_repeated(tiers: &[Tier], no_setup: bool, repeat: u32) -> Result<()> {
+    if repeat <= 1 {
+        return run(tiers, no_setup);
+    }
+    let mut rounds = Vec::new();
+    for i in 0..repeat {
+        println!("\n==> round {}/{repeat}", i + 1);
+        let started = Instant::now();
+        let r = run(tiers, no_setup || i > 0);
+        let took = started.elapsed().as_secs_f64();
+        match &r {
+            Ok(()) => println!("==> round {}/{repeat}: ok ({took:.0} s, load average {})", i + 1, crate::eval::loadavg()),
+            Err(e) => println!("==> round {}/{repeat}: FAILED ({took:.0} s, load average {}): {e:#}", i + 1, crate::eval::loadavg()),
+        }
+        rounds.push(r.is_ok());
+    }
+    let failed = rounds.iter().filter(|ok| !**ok).count();
+    let list: Vec<String> = rounds.iter().enumerate().map(|(i, ok)| format!("{}:{}", i + 1, if *ok { "ok" } else { "FAILED" })).collect();
+    println!("\n==> {repeat} rounds: {} ok, {failed} failed ({})", repeat as usize - failed, list.join(" "));
+    if failed > 0 {
+        bail!("{failed} of {repeat} rounds failed");
+    }
+    Ok(())
+}
