@@ -239,7 +239,7 @@ class JobClient:
         try:
             return Hint.from_json(body)
         except HintError as e:
-            raise ProtocolError(url, f"{e}; client and agent versions may differ") from e
+            raise ProtocolError(url, str(e)) from e
 
     def metrics(self) -> str:
         """The job's Prometheus text (``GET {job}/metrics``), only this job's series."""

@@ -322,26 +322,33 @@ class Hint:
         """
         p = "hint"
         obj = _load(data, p)
+        # Fields are checked in declaration order, so the error names the first bad one.
         job = _required(obj, "job", p)
         if not isinstance(job, str) or not job:
             raise HintError("hint.job", job, "a non-empty string (the job id)")
+        version = _int(obj, "version", 1, _U64_MAX, p)
+        step_from = _int(obj, "step_from", 0, _U64_MAX, p)
+        algorithm = Algorithm.parse(_required(obj, "algorithm", p), "hint.algorithm")
+        chunk_bytes = _int(obj, "chunk_bytes", 0, _U32_MAX, p)
+        channels = _int(obj, "channels", 1, 255, p)
+        compression = Codec.parse(_required(obj, "compression", p), "hint.compression")
+        ef = _required(obj, "error_feedback", p)
+        if not isinstance(ef, bool):
+            raise HintError("hint.error_feedback", ef, "true or false")
         reasons = _required(obj, "reasons", p)
         if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
             raise HintError("hint.reasons", reasons, "a list of strings")
         conf = _required(obj, "confidence", p)
         if isinstance(conf, bool) or not isinstance(conf, (int, float)) or not (0.0 <= conf <= 1.0):
             raise HintError("hint.confidence", conf, "a number from 0 to 1")
-        ef = _required(obj, "error_feedback", p)
-        if not isinstance(ef, bool):
-            raise HintError("hint.error_feedback", ef, "true or false")
         return cls(
             job=job,
-            version=_int(obj, "version", 1, _U64_MAX, p),
-            step_from=_int(obj, "step_from", 0, _U64_MAX, p),
-            algorithm=Algorithm.parse(_required(obj, "algorithm", p), "hint.algorithm"),
-            chunk_bytes=_int(obj, "chunk_bytes", 0, _U32_MAX, p),
-            channels=_int(obj, "channels", 1, 255, p),
-            compression=Codec.parse(_required(obj, "compression", p), "hint.compression"),
+            version=version,
+            step_from=step_from,
+            algorithm=algorithm,
+            chunk_bytes=chunk_bytes,
+            channels=channels,
+            compression=compression,
             error_feedback=ef,
             reasons=tuple(reasons),
             confidence=float(conf),
