@@ -153,88 +153,112 @@ def _wait_event(events, want, deadline, what):
             return ev
 
 
-def test_every_rank_switches_at_the_same_step_as_the_served_hint_changes(tmp_path):
+@pytest.fixture(scope="module")
+def follow_run(tmp_path_factory):
+    """One 3-rank training run following hints, driven through every phase:
+
+    1. no agent listening at the job url for the first 30 steps (fail open);
+    2. the agent comes up on that port serving v1 (`none`), then v2 (`int8`, from the next step);
+    3. v3 (`topk:0.25`) for a step 25 steps ahead;
+    4. v4 (`topk:0.01`), below the job's min_topk_ratio (0.1): refused;
+    5. v5 (`bf16`); the ranks stop 3 steps after it is in force.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free now; the agent binds it later (a race only with strangers)
+    job_url = f"http://127.0.0.1:{port}/v1/jobs/j-1"
     events = mp.get_context("spawn").Queue()
-    constraints = ringside.Constraints(min_topk_ratio=0.1)
-    with ScriptedAgent({TOKEN: "j-1"}) as agent:
+    seen = {}
+    agents = []
+
+    def drive(deadline):
+        _wait_event(events, lambda e: e[0] == "step" and e[1] >= 30, deadline, "30 steps without an agent")
+        agent = ScriptedAgent({TOKEN: "j-1"}, port=port)
+        agents.append(agent)
+        agent.__enter__()
         agent.publish(make_hint("j-1", 1))
-        seen = {}
+        seen["agent_up_step"] = _wait_event(events, lambda e: e[:2] == ("applied", 1), deadline, "v1 applied")[2]
+        agent.publish(make_hint("j-1", 2, "int8"))
+        s2 = _wait_event(events, lambda e: e[:2] == ("applied", 2), deadline, "v2 applied")[2]
+        # A plan for a future step: it must start exactly there (or on arrival, if that is later).
+        seen["v3_step_from"] = s2 + 25
+        agent.publish(make_hint("j-1", 3, "topk:0.25", step_from=s2 + 25))
+        _wait_event(events, lambda e: e[:2] == ("applied", 3), deadline, "v3 applied")
+        agent.publish(make_hint("j-1", 4, "topk:0.01"))
+        time.sleep(0.3)
+        agent.publish(make_hint("j-1", 5, "bf16", error_feedback=False))
 
-        def drive(deadline):
-            agent.wait_streams(1, timeout=max(1.0, deadline - time.monotonic()))
-            _wait_event(events, lambda e: e[:2] == ("applied", 1), deadline, "v1 applied")
-            agent.publish(make_hint("j-1", 2, "int8"))
-            s2 = _wait_event(events, lambda e: e[:2] == ("applied", 2), deadline, "v2 applied")[2]
-            # A plan for a future step: it must start exactly there (or on arrival, if later).
-            seen["v3_step_from"] = s2 + 25
-            agent.publish(make_hint("j-1", 3, "topk:0.25", step_from=s2 + 25))
-            _wait_event(events, lambda e: e[:2] == ("applied", 3), deadline, "v3 applied")
-            agent.publish(make_hint("j-1", 4, "topk:0.01"))  # below min_topk_ratio: refused
-            time.sleep(0.3)
-            agent.publish(make_hint("j-1", 5, "bf16", error_feedback=False))
-
+    try:
+        constraints = ringside.Constraints(min_topk_ratio=0.1)
         results = run_ranks(
-            follow_worker, WORLD, tmp_path, agent.job_url(), TOKEN, events, 5, 1500, constraints, FAST, 0.01, timeout=90, while_running=drive
+            follow_worker, WORLD, tmp_path_factory.mktemp("follow"), job_url, TOKEN, events, 5, 1500, constraints, FAST, 0.01, timeout=120, while_running=drive
         )
-        assert len(agent.stream_requests()) == 1, "only rank 0 talks to the agent"
-        assert agent.stream_requests()[0].headers["authorization"] == f"Bearer {TOKEN}"
+        seen["stream_requests"] = agents[0].stream_requests()
+    finally:
+        for a in agents:
+            a.stop()
+    return results, seen
 
+
+def test_every_rank_runs_the_same_plan_at_every_step(follow_run):
+    results, _ = follow_run
     per_step = [r["per_step"] for r in results]
     assert all(p == per_step[0] for p in per_step), "ranks ran different plans at some step"
     for r in results:
         assert r["applied"] == results[0]["applied"]
-        assert [v for _, v, _ in r["applied"]] == [1, 2, 3, 5]
-        assert [p for _, _, p in r["applied"]] == ["none", "int8", "topk:0.25", "bf16"]
+        assert r["finite"]
+    applied = results[0]["applied"]
+    assert [(v, p) for _, v, p in applied] == [(1, "none"), (2, "int8"), (3, "topk:0.25"), (5, "bf16")]
+    for step, version, name in applied:  # the plan in force per step matches the applied list
+        assert per_step[0][step] == (name, version)
+        assert per_step[0][step - 1][1] != version
+
+
+def test_the_codecs_of_the_hints_really_reduce_the_gradients(follow_run):
+    for r in follow_run[0]:
+        for name in ("none", "int8", "topk:0.25", "bf16"):
+            assert r["buckets_by_codec"].get(name, 0) > 0, f"{name} never reduced a bucket"
+
+
+def test_a_plan_for_a_future_step_starts_exactly_there(follow_run):
+    results, seen = follow_run
+    for r in results:
         got = {v: (s, sf) for s, v, sf in r["received"]}
         step3 = next(s for s, v, _ in r["applied"] if v == 3)
         assert got[3][1] == seen["v3_step_from"]
         assert step3 == max(got[3][0], seen["v3_step_from"])
-        for name in ("int8", "topk:0.25", "bf16"):
-            assert r["buckets_by_codec"].get(name, 0) > 0, f"{name} never reduced a bucket"
-        assert r["finite"]
-        assert r["config_errors"] and all("ConfigError" in m for m in r["config_errors"])
-    # The plan in force per step matches the applied list.
-    for step, version, name in results[0]["applied"]:
-        assert per_step[0][step] == (name, version)
-        assert step == 0 or per_step[0][step - 1][1] != version
-    assert results[0]["rejected"] == [4]
-    assert sum("outside the job's constraints" in m for m in results[0]["warnings"]) == 1
-    assert "use http://" in results[0]["config_errors"][0]
-    assert "rank 0 could not start" in results[1]["config_errors"][0]
+        # Hints with step_from 0 apply at the step they reach the ranks.
+        assert next(s for s, v, _ in r["applied"] if v == 2) == got[2][0]
 
 
-def test_training_goes_on_while_the_agent_is_down_and_follows_it_once_up(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    job_url = f"http://127.0.0.1:{port}/v1/jobs/j-1"
-    events = mp.get_context("spawn").Queue()
-    started = {}
-    agents = []
+def test_a_hint_outside_the_constraints_is_refused_and_logged_once(follow_run):
+    r0 = follow_run[0][0]
+    assert r0["rejected"] == [4]
+    assert 4 not in [v for _, v, _ in r0["applied"]]
+    assert sum("outside the job's constraints" in m for m in r0["warnings"]) == 1
 
-    def drive(deadline):
-        # Let the ranks train for a while with nothing listening, then start the agent there.
-        _wait_event(events, lambda e: e[0] == "step" and e[1] >= 40, deadline, "40 steps without an agent")
-        agent = ScriptedAgent({TOKEN: "j-1"}, port=port)
-        agents.append(agent)
-        agent.__enter__()
-        agent.publish(make_hint("j-1", 1, "int8"))
-        started["at"] = time.monotonic()
-        _wait_event(events, lambda e: e[:2] == ("applied", 1), deadline, "v1 applied after the agent came up")
 
-    try:
-        results = run_ranks(follow_worker, 2, tmp_path, job_url, TOKEN, events, 1, 1500, None, FAST, 0.01, timeout=90, while_running=drive)
-    finally:
-        for a in agents:
-            a.stop()
-    r0, r1 = results
-    assert r0["per_step"] == r1["per_step"]
-    first = next(i for i, (_, v) in enumerate(r0["per_step"]) if v == 1)
-    assert first >= 40, "a hint was applied before the agent existed"
+def test_training_goes_on_while_the_agent_is_down(follow_run):
+    results, seen = follow_run
+    r0 = results[0]
+    first = next(i for i, (_, v) in enumerate(r0["per_step"]) if v is not None)
+    assert first == seen["agent_up_step"] and first >= 30
     assert all(p == ("none", None) for p in r0["per_step"][:first])
-    assert r0["per_step"][first] == ("int8", 1)
     # Failing open never stalls the training loop: step() is a broadcast, never a network wait.
     assert max(r0["step_seconds"]) < 0.5, f"slowest step() took {max(r0['step_seconds']):.3f} s"
     # Logged once for the whole outage, although the background retried many times.
     assert sum("hints unavailable" in m for m in r0["warnings"]) == 1, r0["warnings"]
-    assert r1["warnings"] == [], "ranks other than 0 never talk to the agent"
+
+
+def test_only_rank_0_talks_to_the_agent(follow_run):
+    results, seen = follow_run
+    reqs = seen["stream_requests"]
+    assert len(reqs) == 1 and reqs[0].headers["authorization"] == f"Bearer {TOKEN}"
+    assert all(r["warnings"] == [] for r in results[1:])
+
+
+def test_a_bad_job_url_on_rank_0_stops_every_rank_with_an_error(follow_run):
+    results, _ = follow_run
+    assert all(len(r["config_errors"]) == 1 and r["config_errors"][0].startswith("ConfigError") for r in results)
+    assert "use http://" in results[0]["config_errors"][0]
+    assert all("rank 0 could not start" in r["config_errors"][0] for r in results[1:])
