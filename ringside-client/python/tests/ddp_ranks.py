@@ -183,6 +183,7 @@ def follow_worker(rank, world, job_url, token, events, stop_version, max_steps, 
         received=follower.received,
         buckets_by_codec=dict(follower.hook.buckets_by_codec),
         rejected=follower.rejected_versions,
+        latest_hint_version=follower.latest_hint.version if follower.latest_hint is not None else None,
         warnings=warnings.messages,
         finite=all(torch.isfinite(p).all().item() for p in model.parameters()),
     )

@@ -299,3 +299,21 @@ def test_close_from_another_thread_ends_a_blocked_read(agent):
     assert ended.wait(2.0), "close() must wake the reader"
     assert time.monotonic() - t0 < 1.0
     assert s.closed
+
+
+def test_on_failure_takes_over_the_reporting_of_retries(caplog):
+    c = JobClient(f"http://127.0.0.1:{free_port()}/v1/jobs/j-1", TOKEN, config=fast())
+    calls = []
+    with caplog.at_level("DEBUG", logger="ringside.client"):
+        s = c.stream_retrying(on_failure=lambda err, attempt: calls.append((type(err).__name__, attempt)))
+        with pytest.raises(ringside.GaveUp):
+            next(s)
+    assert calls == [("TransportError", 1), ("TransportError", 2), ("TransportError", 3)]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len([r for r in caplog.records if "unavailable" in r.getMessage()]) == 3  # at DEBUG
+    # Without a callback, the first failure of a run is a warning.
+    caplog.clear()
+    with caplog.at_level("DEBUG", logger="ringside.client"):
+        with pytest.raises(ringside.GaveUp):
+            next(c.stream_retrying())
+    assert [r.levelname for r in caplog.records if "unavailable" in r.getMessage()] == ["WARNING", "DEBUG", "DEBUG"]

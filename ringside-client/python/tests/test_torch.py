@@ -234,6 +234,7 @@ def test_a_plan_for_a_future_step_starts_exactly_there(follow_run):
 def test_a_hint_outside_the_constraints_is_refused_and_logged_once(follow_run):
     r0 = follow_run[0][0]
     assert r0["rejected"] == [4]
+    assert r0["latest_hint_version"] == 5 and all(r["latest_hint_version"] is None for r in follow_run[0][1:])
     assert 4 not in [v for _, v, _ in r0["applied"]]
     assert sum("outside the job's constraints" in m for m in r0["warnings"]) == 1
 
@@ -246,8 +247,10 @@ def test_training_goes_on_while_the_agent_is_down(follow_run):
     assert all(p == ("none", None) for p in r0["per_step"][:first])
     # Failing open never stalls the training loop: step() is a broadcast, never a network wait.
     assert max(r0["step_seconds"]) < 0.5, f"slowest step() took {max(r0['step_seconds']):.3f} s"
-    # Logged once for the whole outage, although the background retried many times.
+    # Logged once for the whole outage, although the background retried many times: rank 0's
+    # only other warning is the refused hint.
     assert sum("hints unavailable" in m for m in r0["warnings"]) == 1, r0["warnings"]
+    assert len(r0["warnings"]) == 2, r0["warnings"]
 
 
 def test_only_rank_0_talks_to_the_agent(follow_run):

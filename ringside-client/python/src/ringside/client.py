@@ -52,7 +52,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 from .errors import (
@@ -77,6 +77,7 @@ __all__ = [
     "MAX_SSE_LINE",
     "MAX_SSE_EVENT",
     "MAX_RETRY_AFTER_S",
+    "FailureCallback",
     "TOKEN_ENV",
 ]
 
@@ -246,17 +247,17 @@ class JobClient:
         url = f"{self.job_url}/metrics"
         return self._get(url, "/metrics", MAX_METRICS_BYTES, "text/plain").decode("utf-8", "replace")
 
-    def stream(self) -> "HintStream":
+    def stream(self, *, on_failure: Optional[FailureCallback] = None) -> "HintStream":
         """Opens the hint stream now: a connection failure or refusal is raised here, and only
-        later losses are retried by the stream."""
-        s = HintStream(self)
+        later losses are retried by the stream. See :class:`HintStream` for ``on_failure``."""
+        s = HintStream(self, on_failure)
         s._connect_first()
         return s
 
-    def stream_retrying(self) -> "HintStream":
+    def stream_retrying(self, *, on_failure: Optional[FailureCallback] = None) -> "HintStream":
         """A hint stream that connects on the first ``next()``, treating a first failure like any
         later one (retried with backoff). For callers that must not fail when the agent is down."""
-        return HintStream(self)
+        return HintStream(self, on_failure)
 
     def _headers(self, accept: str) -> Dict[str, str]:
         return {"Authorization": f"Bearer {self._token}", "Accept": accept, "User-Agent": "ringside-python/0.1"}
@@ -330,16 +331,26 @@ def _describe(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
+#: ``on_failure(error, attempt)``: called for each failure the stream retries.
+FailureCallback = Callable[[RingsideError, int], None]
+
+
 class _Lost(Exception):
     """The connection ended or failed: reconnect."""
 
 
 class HintStream(Iterator[Hint]):
     """Iterator over a job's hints from the SSE stream, reconnecting as needed (see the module
-    docs for the guarantees). Use as a context manager, or call :meth:`close`, to end it."""
+    docs for the guarantees). Use as a context manager, or call :meth:`close`, to end it.
 
-    def __init__(self, client: JobClient):
+    Retried failures are logged on ``ringside.client`` (the first of a run at WARNING, the rest at
+    DEBUG). With ``on_failure(error, attempt)`` the caller reports them instead and the stream
+    logs them at DEBUG only: for callers with their own once-per-outage reporting.
+    """
+
+    def __init__(self, client: JobClient, on_failure: Optional[FailureCallback] = None):
         self._client = client
+        self._on_failure = on_failure
         self.url = f"{client.job_url}/hints/stream"
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -433,9 +444,11 @@ class HintStream(Iterator[Hint]):
         if retry_after:
             delay = max(delay, retry_after)
         # The first failure in a row is worth a warning; the rest would only repeat it.
-        (log.warning if self.failures == 1 else log.debug)(
+        (log.warning if self.failures == 1 and self._on_failure is None else log.debug)(
             "hint stream %s unavailable (%s); retry %d in %.2f s", self.url, err, self.failures, delay
         )
+        if self._on_failure is not None:
+            self._on_failure(err, self.failures)
         self._closed.wait(delay)
 
     def _read_line(self) -> bytes:

@@ -29,8 +29,9 @@ Per element of block *b*: ``M_r`` is rank r's ``max|x|`` in that block and ``M_�
 block's, so the error of the average is at most ``(Σ_r M_r + M_Σ) / (254·W)``.
 
 ``topk:R``: each rank keeps its ``ceil(R·n)`` largest magnitudes; values and indices are
-all-gathered and summed into a dense bucket. Bytes on the wire per rank: ``(W-1)·8·ceil(R·n)``
-(received), so top-k pays off when ``R·W`` is small.
+all-gathered and summed into a dense bucket. Bytes received per rank: ``(W-1)·8·ceil(R·n)``,
+fewer than a float32 ring allreduce's ``2·(W-1)/W·4n`` only while ``R < 1/W`` (and than fp16's
+while ``R < 1/(2W)``).
 
 Error feedback (when the plan asks for it, int8 and top-k): what a rank's compression dropped
 (its input minus what it sent) is kept per bucket and added to that bucket's gradient at the next
