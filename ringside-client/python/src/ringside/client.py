@@ -127,7 +127,8 @@ class Backoff:
 class ClientConfig:
     """Timeouts (seconds) and the reconnect policy. Defaults suit a trainer near the agent."""
 
-    #: TCP connect (and name resolution) bound.
+    #: TCP connect bound. Name resolution is bounded only by the system resolver's own timeouts
+    #: (the standard library cannot interrupt it); give an IP address where that matters.
     connect_timeout: float = 5.0
     #: Whole-request bound for plain requests (hint, metrics) and for a stream's response headers.
     request_timeout: float = 15.0
