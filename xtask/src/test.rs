@@ -1,22 +1,31 @@
 //! `cargo xtask test`: every test tier, in order, failing if any fails.
 //!
 //! Tiers (docs/testing.md):
-//! - T0 unit: `cargo test` over the workspace; no root, no kernel.
+//! - T0 unit: `cargo test` over the workspace, then the Python client's pytest suite
+//!   (`ringside-client/python/tests`) with the venv `cargo xtask setup` makes (`target/venv`:
+//!   torch, pytest); no root, no kernel.
 //! - T1 in-kernel: `tests/t1_*.rs`, the real eBPF program run with BPF_PROG_TEST_RUN on crafted frames.
 //! - T2 testbed: `tests/t2_*.rs`, network namespaces, real traffic, the agent attached.
 //!
 //! Tests that need root are marked `#[ignore = "needs root ..."]` so plain `cargo test` reports
 //! them as ignored (with the reason) instead of failing on a developer's machine; here they run with
 //! `--ignored`, and fail loudly if they cannot do their job.
-use std::time::Instant;
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 
 use crate::{
     build, setup,
-    util::{cargo, is_root, sh},
+    util::{cargo, is_root, sh, workspace_root},
 };
+
+/// The Python package's tests, relative to the workspace root.
+const PY_TESTS: &str = "ringside-client/python/tests";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
 pub enum Tier {
@@ -43,6 +52,8 @@ pub fn run(tiers: &[Tier], no_setup: bool) -> Result<()> {
     if !no_setup {
         setup::run()?;
     }
+    // Checked before anything runs, so a machine without the venv fails at once and says why.
+    let python = if tiers.contains(&Tier::T0) { Some(venv_python()?) } else { None };
     let object = build::ebpf()?;
 
     let mut results = Vec::new();
@@ -69,7 +80,13 @@ pub fn run(tiers: &[Tier], no_setup: bool) -> Result<()> {
                     .args(["--ignored", "--test-threads=2"]);
             }
         }
-        let (ok, counts) = run_counting(&mut cmd)?;
+        let (mut ok, mut counts) = run_counting(&mut cmd, Counts::add_line)?;
+        if let (Tier::T0, Some(python)) = (tier, &python) {
+            println!("\n==> T0 Python client (pytest {PY_TESTS})");
+            let (py_ok, py_counts) = run_pytest(python)?;
+            ok &= py_ok;
+            counts.add(&py_counts);
+        }
         // A tier that ran nothing proves nothing (e.g. root-only tests that lost their #[ignore]
         // marker run in T0 and leave T1 empty): that is a failure, not a pass.
         let ok = ok && counts.passed > 0;
@@ -108,6 +125,30 @@ impl Counts {
         self.ignored += o.ignored;
     }
 
+    /// Adds the counts of pytest's summary line, `=== 1 failed, 52 passed, 1 skipped in 30.0s ===`
+    /// (errors count as failures, skips as ignored).
+    fn add_pytest_line(&mut self, line: &str) {
+        let line = line.trim();
+        if !(line.starts_with('=') && line.ends_with('=')) {
+            return;
+        }
+        let body = line.trim_matches(|c| c == '=' || c == ' ');
+        let Some((counts, took)) = body.rsplit_once(" in ") else { return };
+        if !took.ends_with('s') {
+            return;
+        }
+        for part in counts.split(", ") {
+            let Some((n, what)) = part.split_once(' ') else { continue };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => self.passed += n,
+                "failed" | "error" | "errors" => self.failed += n,
+                "skipped" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+
     /// Adds the counts of a libtest line `test result: ok. 3 passed; 0 failed; 1 ignored; ...`.
     fn add_line(&mut self, line: &str) {
         let Some(rest) = line.trim().strip_prefix("test result: ") else { return };
@@ -125,17 +166,47 @@ impl Counts {
     }
 }
 
-/// Runs `cargo test`, echoing its stdout line by line while summing its `test result:` lines.
-fn run_counting(cmd: &mut std::process::Command) -> Result<(bool, Counts)> {
+/// Runs a test command, echoing its stdout line by line while `count` sums its result lines.
+fn run_counting(cmd: &mut Command, count: fn(&mut Counts, &str)) -> Result<(bool, Counts)> {
     use std::io::{BufRead, BufReader};
     let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
     let mut counts = Counts::default();
     for line in BufReader::new(child.stdout.take().expect("piped stdout")).lines() {
         let line = line?;
         println!("{line}");
-        counts.add_line(&line);
+        count(&mut counts, &line);
     }
     Ok((child.wait()?.success(), counts))
+}
+
+/// The venv's interpreter (`cargo xtask setup` creates `target/venv` with torch and pytest).
+fn venv_python() -> Result<PathBuf> {
+    let python = workspace_root().join("target/venv/bin/python");
+    if !python.is_file() {
+        bail!(
+            "{} is missing: the Python client's tests (tier T0) run in the venv that `cargo xtask setup` creates (torch, pytest); run `cargo xtask setup`",
+            python.display()
+        );
+    }
+    Ok(python)
+}
+
+/// Runs the Python suite. Passes only if pytest exits 0 having run at least one test and skipped
+/// none: exit code 5 ("no tests collected") proves nothing, and a test that cannot run must fail
+/// and say why rather than be skipped.
+fn run_pytest(python: &Path) -> Result<(bool, Counts)> {
+    let mut cmd = Command::new(python);
+    // no:cacheprovider: nothing written into the source tree.
+    cmd.current_dir(workspace_root()).args(["-m", "pytest", PY_TESTS, "-p", "no:cacheprovider"]);
+    let (ok, counts) = run_counting(&mut cmd, Counts::add_pytest_line)
+        .with_context(|| format!("cannot run {} -m pytest; run `cargo xtask setup`", python.display()))?;
+    if counts.passed == 0 {
+        println!("pytest ran no test from {PY_TESTS} (exit code 5 is \"no tests collected\"): that is a failure");
+    }
+    if counts.ignored > 0 {
+        println!("pytest skipped {} test(s): a test that cannot run here must fail and say why", counts.ignored);
+    }
+    Ok((ok && counts.passed > 0 && counts.ignored == 0, counts))
 }
 
 #[cfg(test)]
@@ -149,6 +220,17 @@ mod tests {
         c.add_line("test result: FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 5 filtered out; finished in 1s");
         c.add_line("running 3 tests");
         assert_eq!((c.passed, c.failed, c.ignored), (4, 2, 1));
+    }
+
+    #[test]
+    fn sums_pytest_summary_lines() {
+        let mut c = Counts::default();
+        c.add_pytest_line("======================= 1 failed, 52 passed, 2 skipped, 1 warning in 30.12s =======================");
+        c.add_pytest_line("==================== 2 errors in 0.50s ====================");
+        c.add_pytest_line("tests/test_client.py::test_x PASSED in 3 passed ways");
+        c.add_pytest_line("========================= no tests ran in 0.01s =========================");
+        c.add_pytest_line("3 passed in 1.0s"); // not a summary line without the rule
+        assert_eq!((c.passed, c.failed, c.ignored), (52, 3, 2));
     }
 }
 

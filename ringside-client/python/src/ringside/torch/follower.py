@@ -1,0 +1,308 @@
+"""Following ringside's hints in a DDP training job: every rank switches codec at the same step.
+
+How it works:
+
+- Only rank 0 (of the DDP process group) talks to the agent: a background daemon thread
+  (:class:`_HintFeed`) follows the job's hint stream and keeps the newest hint that fits the
+  tenant's constraints. The training loop never waits for it.
+- At ``follower.step(i)`` (once per step, on every rank, before the forward pass) rank 0
+  broadcasts the newest hint's (version, codec, error feedback, step_from) through the process
+  group: five float64 values. A hint newer than the last one seen becomes *pending* and takes
+  effect at step ``max(step_from, i)``; since every rank receives the same values at the same
+  step, every rank switches at the same step. With ``sync_every=N`` the broadcast runs only every
+  N steps (hints then take up to N-1 steps longer to arrive); pending plans still apply at their
+  exact step.
+- Fail open: if the agent is unreachable, the stream fails, or a hint breaks the constraints, the
+  job keeps its current plan, logs the problem once (at WARNING, until it recovers) and keeps
+  retrying in the background with bounded backoff. A plan already in force stays in force when
+  its hint expires: ringside renews live hints, and an expired one only means the agent is gone.
+
+Overhead: one broadcast of 40 bytes per synchronised step, latency-bound. Measured on this
+project's test machine (gloo over loopback, 2 cores shared with other work): median 0.19 ms with
+2 ranks and 0.27 ms with 3, p99 4-5 ms when the cores are busy. Across hosts add one network round
+trip per tree level (log2 of the rank count). Use ``sync_every`` when even that matters.
+"""
+
+import logging
+import math
+import threading
+import time
+from typing import List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ..client import Backoff, ClientConfig, JobClient
+from ..errors import ConfigError, RingsideError
+from ..hints import Codec, CodecFamily, Constraints, Hint
+from .codecs import INT8_BLOCK, CompressionHook, compression_hook, parse_codec
+
+__all__ = ["HintFollower", "follow_hints", "use_codec"]
+
+log = logging.getLogger("ringside.torch")
+
+_FAMILIES = list(CodecFamily)
+# step_from travels as a float64: clamp to what it represents exactly.
+_MAX_EXACT = float(2**53)
+
+
+def _check_ddp(ddp_model) -> None:
+    if not dist.is_available() or not dist.is_initialized():
+        raise ConfigError("torch.distributed is not initialised: call torch.distributed.init_process_group(...) before wrapping the model in DDP")
+    if not hasattr(ddp_model, "register_comm_hook"):
+        raise ConfigError(f"expected a torch.nn.parallel.DistributedDataParallel model, got {type(ddp_model).__name__}: wrap it in DDP first")
+
+
+def _group_of(ddp_model, process_group):
+    return process_group if process_group is not None else getattr(ddp_model, "process_group", None)
+
+
+def _device_for(process_group) -> torch.device:
+    # NCCL only moves CUDA tensors; gloo (and others) take CPU tensors.
+    backend = dist.get_backend(process_group)
+    if str(backend).lower() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def use_codec(ddp_model, name="none", *, error_feedback: bool = True, process_group=None, int8_block: int = INT8_BLOCK) -> CompressionHook:
+    """Registers the compression hook with a fixed codec (``"none"``, ``"fp16"``, ``"bf16"``,
+    ``"int8"``, ``"topk"`` or ``"topk:R"``) and returns it (``.plan_name``, ``.set_plan``).
+
+    ``error_feedback`` applies to int8 and top-k. DDP allows one hook per model, so this cannot
+    be combined with :func:`follow_hints` on the same model.
+    """
+    _check_ddp(ddp_model)
+    hook = CompressionHook(_group_of(ddp_model, process_group), codec=name, error_feedback=error_feedback, int8_block=int8_block)
+    ddp_model.register_comm_hook(hook, compression_hook)
+    return hook
+
+
+class _HintFeed:
+    """Rank 0's background follower of the hint stream (daemon thread, never blocks training)."""
+
+    def __init__(self, client: JobClient, constraints: Constraints):
+        self._client = client
+        self._constraints = constraints
+        self._lock = threading.Lock()
+        self._latest: Optional[Hint] = None
+        self._stop = threading.Event()
+        self._stream = None
+        self._trouble: Optional[str] = None
+        #: Versions refused because they break the constraints.
+        self.rejected: List[int] = []
+        self._thread = threading.Thread(target=self._run, name="ringside-hints", daemon=True)
+        self._thread.start()
+
+    def latest(self) -> Optional[Hint]:
+        with self._lock:
+            return self._latest
+
+    def close(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        s = self._stream
+        if s is not None:
+            s.close()
+        self._thread.join(timeout)
+
+    def _problem(self, what: str) -> None:
+        # Log once per outage: a hint stream that stays down would otherwise fill the log.
+        if self._trouble is None:
+            log.warning("ringside hints unavailable (%s); training goes on with the current plan and retries in the background", what)
+        else:
+            log.debug("ringside hints still unavailable: %s", what)
+        self._trouble = what
+
+    def _healthy(self) -> None:
+        if self._trouble is not None:
+            log.info("ringside hints available again")
+            self._trouble = None
+
+    def _run(self) -> None:
+        backoff = self._client.config.reconnect
+        rounds = 0
+        # One stream at a time; each ends by giving up (bounded backoff inside), by an error, or by
+        # the job's deletion. Between streams, wait with the same bounded backoff. Runs until close().
+        while not self._stop.is_set():
+            # The stream reports each retried failure here (not as its own warnings), so an outage
+            # is logged once however many streams and attempts it spans.
+            stream = self._client.stream_retrying(on_failure=lambda err, attempt: self._problem(str(err)))
+            self._stream = stream
+            if self._stop.is_set():
+                break
+            try:
+                for hint in stream:
+                    rounds = 0
+                    self._healthy()
+                    why = self._constraints.why_not(hint)
+                    if why is not None:
+                        self.rejected.append(hint.version)
+                        log.warning("ignoring ringside hint v%d (%s): outside the job's constraints: %s; keeping the current plan", hint.version, hint.compression, why)
+                        continue
+                    with self._lock:
+                        self._latest = hint
+                if not self._stop.is_set():
+                    self._problem("the hint stream ended: the job was deleted")
+            except RingsideError as e:
+                self._problem(str(e))
+            except Exception as e:  # noqa: BLE001 - fail open: the thread must outlive any bug here
+                self._problem(f"unexpected {type(e).__name__}: {e}")
+            finally:
+                stream.close()
+            rounds += 1
+            self._stop.wait(backoff.delay(rounds))
+
+
+class HintFollower:
+    """What :func:`follow_hints` returns. Call :meth:`step` once per training step on every rank."""
+
+    def __init__(
+        self,
+        ddp_model,
+        job_url: str,
+        token: Optional[str] = None,
+        process_group=None,
+        *,
+        constraints: Optional[Constraints] = None,
+        initial="none",
+        sync_every: int = 1,
+        int8_block: int = INT8_BLOCK,
+        client_config: Optional[ClientConfig] = None,
+    ):
+        _check_ddp(ddp_model)
+        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+            raise ConfigError(f"sync_every {sync_every!r} must be a whole number of steps >= 1")
+        if constraints is not None and not isinstance(constraints, Constraints):
+            constraints = Constraints.from_json(constraints)
+        self.constraints = constraints or Constraints()
+        self.process_group = _group_of(ddp_model, process_group)
+        pg = self.process_group
+        self.rank = dist.get_rank(pg)
+        self._src = dist.get_global_rank(pg, 0) if pg is not None and pg is not dist.GroupMember.WORLD else 0
+        self._device = _device_for(pg)
+        self.sync_every = sync_every
+        self.hook = CompressionHook(pg, codec=initial, error_feedback=self.constraints.error_feedback, int8_block=int8_block)
+
+        # Rank 0 checks the url and token; every rank learns the verdict, so a bad configuration
+        # stops all ranks with an error instead of leaving the others waiting in a collective.
+        problem: Optional[ConfigError] = None
+        client = None
+        if self.rank == 0:
+            try:
+                client = JobClient(job_url, token, config=client_config)
+            except ConfigError as e:
+                problem = e
+        ok = torch.tensor([0.0 if problem else 1.0], dtype=torch.float64, device=self._device)
+        dist.broadcast(ok, self._src, group=pg)
+        if problem is not None:
+            raise problem
+        if ok.item() != 1.0:
+            raise ConfigError("rank 0 could not start following ringside hints (bad job url or token): see rank 0's error")
+
+        ddp_model.register_comm_hook(self.hook, compression_hook)
+        self._feed = _HintFeed(client, self.constraints) if client is not None else None
+        #: Version of the hint whose plan is in force, or None (the initial plan).
+        self.hint_version: Optional[int] = None
+        #: The newest version seen (applied or pending).
+        self._seen_version = 0
+        self._pending: Optional[Tuple[int, Codec, bool, int]] = None  # version, codec, ef, apply_at
+        self._last_step: Optional[int] = None
+        #: (step, version, plan name) of every plan change, on every rank.
+        self.applied: List[Tuple[int, int, str]] = []
+        #: (step, version, step_from) at which each new hint reached this rank.
+        self.received: List[Tuple[int, int, int]] = []
+
+    # -- what the training loop sees -------------------------------------------------------------
+
+    @property
+    def plan_name(self) -> str:
+        """The codec in force: ``"none"``, ``"fp16"``, ``"bf16"``, ``"int8"`` or ``"topk:R"``."""
+        return self.hook.plan_name
+
+    @property
+    def latest_hint(self) -> Optional[Hint]:
+        """The newest hint rank 0 accepted (whole, with algorithm, channels and reasons), whether
+        or not its plan is in force yet; None on other ranks and before the first hint."""
+        return self._feed.latest() if self._feed is not None else None
+
+    @property
+    def rejected_versions(self) -> List[int]:
+        """Hint versions refused because they break the constraints (rank 0 only; [] elsewhere)."""
+        return list(self._feed.rejected) if self._feed is not None else []
+
+    def step(self, step_index: int) -> None:
+        """Call once per training step on every rank, before the forward pass, with the same
+        ``step_index`` everywhere. Collective (a small broadcast) on synchronised steps."""
+        if isinstance(step_index, bool) or not isinstance(step_index, int) or step_index < 0:
+            raise ValueError(f"step_index {step_index!r} must be a whole number >= 0 (the training step)")
+        if self._last_step is not None and step_index <= self._last_step:
+            raise ValueError(f"step_index {step_index} is not after the previous step {self._last_step}: pass the training step, increasing")
+        self._last_step = step_index
+        if step_index % self.sync_every == 0:
+            self._sync(step_index)
+        p = self._pending
+        if p is not None and p[3] <= step_index:
+            version, codec, ef, _ = p
+            self._pending = None
+            self.hook.set_plan(codec, ef)
+            self.hint_version = version
+            self.applied.append((step_index, version, str(codec)))
+            if self.rank == 0:
+                log.info("ringside hint v%d applied at step %d: compression %s%s", version, step_index, codec, " with error feedback" if ef else "")
+
+    def close(self) -> None:
+        """Stops rank 0's background stream (the hook stays registered with the current plan)."""
+        if self._feed is not None:
+            self._feed.close()
+
+    def __enter__(self) -> "HintFollower":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _sync(self, step_index: int) -> None:
+        msg = torch.zeros(5, dtype=torch.float64, device=self._device)
+        if self._feed is not None:
+            h = self._feed.latest()
+            if h is not None:
+                c = h.compression
+                msg = torch.tensor(
+                    [float(h.version), float(_FAMILIES.index(c.family)), float(c.ratio or 0.0), 1.0 if h.error_feedback else 0.0, min(float(h.step_from), _MAX_EXACT)],
+                    dtype=torch.float64,
+                    device=self._device,
+                )
+        dist.broadcast(msg, self._src, group=self.process_group)
+        version, fam, ratio, ef, step_from = msg.tolist()
+        version = int(version)
+        if version <= self._seen_version:
+            return
+        self._seen_version = version
+        family = _FAMILIES[int(fam)]
+        codec = Codec(family, ratio) if family is CodecFamily.TOPK else Codec(family)
+        apply_at = max(int(step_from), step_index)
+        self._pending = (version, codec, ef == 1.0, apply_at)
+        self.received.append((step_index, version, int(step_from)))
+
+
+def follow_hints(ddp_model, job_url: str, token: Optional[str] = None, process_group=None, **options) -> HintFollower:
+    """Registers the compression hook on ``ddp_model`` and follows the job's hints.
+
+    Call it on every rank after wrapping the model in DDP. ``job_url`` is
+    ``http://HOST:9464/v1/jobs/ID``; ``token`` (the job's tenant token) defaults to
+    ``RINGSIDE_TOKEN`` and is needed on rank 0 only. ``process_group`` defaults to the model's.
+    Options (keyword):
+
+    - ``constraints``: a :class:`~ringside.hints.Constraints` (or its JSON) the hints must keep;
+      default: the registration defaults. A hint outside them is logged and ignored.
+    - ``initial``: the codec before the first hint (default ``"none"``).
+    - ``sync_every``: broadcast the plan every N steps (default 1).
+    - ``int8_block``: elements per int8 scale (default 256).
+    - ``client_config``: a :class:`~ringside.client.ClientConfig` (timeouts, reconnect backoff).
+
+    Returns a :class:`HintFollower`: call ``.step(i)`` once per step before the forward pass;
+    ``.plan_name`` and ``.hint_version`` say what is in force.
+    """
+    return HintFollower(ddp_model, job_url, token, process_group, **options)
