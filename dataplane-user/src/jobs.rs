@@ -170,8 +170,8 @@ impl JobSet {
             if !sent_by_peer_with_data(key, b) {
                 continue;
             }
-            acc.bursts.push(summary(b));
-            conn_bursts.entry(job).or_default().entry(ConnId::of(key)).or_default().push(summary(b));
+            acc.bursts.push(summary(key, b));
+            conn_bursts.entry(job).or_default().entry(ConnId::of(key)).or_default().push(summary(key, b));
         }
         for (job, per_conn) in conn_bursts {
             for (id, bursts) in per_conn {
@@ -239,8 +239,10 @@ impl DirectedConn {
     }
 }
 
-fn summary(b: &BurstRecord) -> BurstSummary {
-    BurstSummary { start_ns: b.start_ns, end_ns: b.start_ns.saturating_add(b.duration_ns), bytes: b.bytes }
+/// A burst of `key`'s flow; `to` is the flow's destination (for a burst the peer sent: whom it
+/// sent to).
+fn summary(key: &FlowKey, b: &BurstRecord) -> BurstSummary {
+    BurstSummary { start_ns: b.start_ns, end_ns: b.start_ns.saturating_add(b.duration_ns), bytes: b.bytes, to: Some(addr_ip(key.dst_addr)) }
 }
 
 /// Bytes and time inside the communication phases of `bursts`, merged and filtered as the
@@ -290,7 +292,7 @@ impl<'a> LinkTraffic<'a> {
     /// One burst of a job's flow (kept only if it carried data).
     fn add_burst(&mut self, key: &FlowKey, b: &BurstRecord, job: &'a str) {
         if b.bytes >= b.packets.saturating_mul(MIN_DATA_BURST_PACKET_BYTES) {
-            self.dirs.entry((key.ifindex, key.direction)).or_default().bursts.entry(job).or_default().push(summary(b));
+            self.dirs.entry((key.ifindex, key.direction)).or_default().bursts.entry(job).or_default().push(summary(key, b));
         }
     }
 
@@ -584,7 +586,7 @@ mod tests {
         assert_eq!(p.data_packets, 120 + 55 - 52);
         assert_eq!(p.retrans, 4);
         // Only the data the peer sent (ingress) is a burst of the peer; its egress bursts are ours.
-        assert_eq!(p.bursts, vec![BurstSummary { start_ns: 1100 * MS, end_ns: 1111 * MS, bytes: 2_000 }]);
+        assert_eq!(p.bursts, vec![BurstSummary { start_ns: 1100 * MS, end_ns: 1111 * MS, bytes: 2_000, to: Some("10.77.0.1".parse().unwrap()) }]);
 
         // The next window starts where this one ended, empty.
         let same = FlowStats { tcp_retrans: 4, tcp_pure_acks: 2, ..stats(120, 170_000, 1, 1999 * MS) };
@@ -613,7 +615,7 @@ mod tests {
         assert_eq!(w.bursts.len(), 1);
         let jw = JobSet::from_config(None).windows(&w, |_| "eth0".into());
         assert_eq!(jw[0].job, DEFAULT_JOB);
-        assert_eq!(jw[0].peers[0].bursts, vec![BurstSummary { start_ns: 190 * MS, end_ns: 250 * MS, bytes: 7_000 }]);
+        assert_eq!(jw[0].peers[0].bursts, vec![BurstSummary { start_ns: 190 * MS, end_ns: 250 * MS, bytes: 7_000, to: Some("10.77.0.1".parse().unwrap()) }]);
         assert_eq!(jw[0].peers[0].bytes, 0, "a burst without counter growth still names its peer");
     }
 

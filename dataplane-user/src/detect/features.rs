@@ -32,6 +32,9 @@
 //!   `co_start_ns` after) is ambiguous: with a rendezvous protocol (OpenMPI's TCP BTL above its
 //!   eager limit) the straggler's predecessor can only send once the straggler asks for the data,
 //!   so both start at once and the wire cannot say which was late. Such a sample counts as 0.
+//!   So does a late start whose data goes only to peers that sent nothing while this one idled:
+//!   it may be waiting for that receiver's go-ahead (recursive doubling's folded ranks send to
+//!   their partner, the straggler, only once it asks), which blames the wrong end.
 
 use std::net::IpAddr;
 
@@ -56,6 +59,8 @@ pub(crate) struct PeerFeatures {
     pub phases: Vec<(u64, u64)>,
     /// End of the peer's last phase before this window, if any.
     pub prev_phase_end_ns: Option<u64>,
+    /// (start, destination) of every burst of the window: whom the peer sent to, when.
+    pub sends: Vec<(u64, Option<IpAddr>)>,
     /// End of the last phase seen so far (this window or earlier).
     pub last_phase_end_ns: Option<u64>,
     /// Filled by [`fill_lateness`].
@@ -88,6 +93,7 @@ impl PeerFeatures {
             phase_starts: vec![],
             phases: vec![],
             prev_phase_end_ns: None,
+            sends: vec![],
             last_phase_end_ns: None,
             lateness_ns: None,
             steps: Default::default(),
@@ -180,6 +186,7 @@ pub(crate) fn peer_features(
         phase_starts,
         phases: phases.iter().map(|p| (p.start_ns, p.end_ns)).collect(),
         prev_phase_end_ns: prev_last_end_ns,
+        sends: w.bursts.iter().map(|b| (b.start_ns, b.to)).collect(),
         last_phase_end_ns,
         lateness_ns: None,
         steps,
@@ -235,15 +242,32 @@ fn another_starts_within(peers: &[PeerFeatures], me: usize, t: u64, within: u64)
     peers.iter().enumerate().any(|(j, p)| j != me && p.phases.iter().any(|&(start, _)| start > t && start - t <= within))
 }
 
+/// Whether everything `peers[me]` starts sending at `t` goes to peers of the job that started no
+/// phase in `(since, t)`: receivers that were idle while it was, which it may have waited for.
+fn sends_only_to_idle_peers(cfg: &DetectorConfig, peers: &[PeerFeatures], me: usize, t: u64, since: u64) -> bool {
+    let window = cfg.straggler.co_start_ns;
+    let mut dests = peers[me].sends.iter().filter(|(start, _)| (t..=t + window).contains(start)).map(|(_, to)| *to).peekable();
+    if dests.peek().is_none() {
+        return false;
+    }
+    dests.all(|to| {
+        let Some(j) = to.and_then(|a| peers.iter().position(|p| p.peer == a)) else { return false };
+        j != me && !peers[j].phases.iter().any(|&(start, _)| start > since && start < t)
+    })
+}
+
 /// A lateness sample capped by the job's silence before the start it was measured at, and 0 when
-/// another peer breaks the same silence at once (see the module docs): lateness that followed
-/// other peers' data is waiting, not computing, and a shared start names no one.
-fn gated(cfg: &DetectorConfig, late: f64, peers: &[PeerFeatures], me: usize, t: u64) -> f64 {
+/// another peer breaks the same silence at once or the data goes only to peers that were idle too
+/// (see the module docs): lateness that followed other peers' data is waiting, not computing,
+/// and a shared or go-ahead-gated start names no one. `since`: from when a receiver that sent
+/// anything counts as active (the start of this peer's idle gap, or one matching offset back).
+fn gated(cfg: &DetectorConfig, late: f64, peers: &[PeerFeatures], me: usize, t: u64, since: u64) -> f64 {
     if late <= 0.0 {
         return late;
     }
     match job_silence_before(peers, me, t) {
         Some(_) if another_starts_within(peers, me, t, cfg.straggler.co_start_ns) => 0.0,
+        Some(_) if sends_only_to_idle_peers(cfg, peers, me, t, since) => 0.0,
         Some(silent) => late.min(silent),
         None => late,
     }
@@ -278,7 +302,7 @@ pub(crate) fn fill_lateness(cfg: &DetectorConfig, peers: &mut [PeerFeatures], pr
                     .collect();
                 if refs.len() >= min_others {
                     let r = Robust::of(refs)?;
-                    samples.push(gated(cfg, s as f64 - r.median, peers, i, s));
+                    samples.push(gated(cfg, s as f64 - r.median, peers, i, s, s.saturating_sub(sc.max_start_offset_ns)));
                 }
             }
             if samples.len() < sc.min_matched_phases.max(1) {
@@ -327,7 +351,7 @@ pub(crate) fn fill_step_lateness(cfg: &DetectorConfig, peers: &mut [PeerFeatures
                         r.get(k).filter(|&&x| x <= s).map_or(0.0, |&x| (s - x) as f64)
                     });
                     let late = Robust::of(contributions).map_or(0.0, |r| r.median);
-                    gated(cfg, late, peers, i, s)
+                    gated(cfg, late, peers, i, s, gap_start)
                 })
                 .collect();
             if samples.len() < sc.min_matched_phases.max(1) {
@@ -402,7 +426,7 @@ mod tests {
     }
 
     fn b(start_ms: u64, end_ms: u64, bytes: u64) -> BurstSummary {
-        BurstSummary { start_ns: start_ms * MS, end_ns: end_ms * MS, bytes }
+        BurstSummary { start_ns: start_ms * MS, end_ns: end_ms * MS, bytes, to: None }
     }
 
     #[test]
@@ -460,6 +484,22 @@ mod tests {
         let mut peers = vec![mk(&[(10, 20)]), mk(&[(11, 20)]), mk(&[(9, 5), (61, 20)]), mk(&[(60, 20)])];
         fill_lateness(&cfg, &mut peers, &vec![Vec::new(); 4]);
         assert_eq!(peers[3].lateness_ns, Some(0.0), "peer 2 started 1 ms after peer 3");
+        // A late send only to a peer that sent nothing meanwhile (peer 2's data to peer 1, which
+        // idled too: it may have waited for peer 1's go-ahead) names no one either.
+        let to = |mut f: PeerFeatures, dst: &str| {
+            let a: IpAddr = dst.parse().unwrap();
+            f.sends.iter_mut().for_each(|s| s.1 = Some(a));
+            f
+        };
+        let mut peers = vec![mk(&[(10, 20)]), mk(&[(11, 20)]), mk(&[(9, 5), (65, 20)]), mk(&[(60, 20)])];
+        for (i, p) in peers.iter_mut().enumerate() {
+            p.peer = format!("10.0.0.{}", i + 1).parse().unwrap();
+        }
+        peers[3] = to(peers[3].clone(), "10.0.0.1");
+        let mut idle_receiver = peers.clone();
+        idle_receiver[0].phases.clear();
+        fill_lateness(&cfg, &mut idle_receiver, &vec![Vec::new(); 4]);
+        assert_eq!(idle_receiver[3].lateness_ns, Some(0.0), "its receiver sent nothing while it idled");
         // 5 ms apart (an eager protocol: peer 3's first chunk reached peer 2) names peer 3.
         let mut peers = vec![mk(&[(10, 20)]), mk(&[(11, 20)]), mk(&[(9, 5), (65, 20)]), mk(&[(60, 20)])];
         fill_lateness(&cfg, &mut peers, &vec![Vec::new(); 4]);

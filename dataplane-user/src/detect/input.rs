@@ -29,6 +29,9 @@ pub struct BurstSummary {
     pub end_ns: u64,
     /// L3 bytes carried by the burst.
     pub bytes: u64,
+    /// Whom the burst was sent to (the flow's destination), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<IpAddr>,
 }
 
 /// One peer's traffic in one window.
@@ -182,7 +185,7 @@ mod tests {
     use super::*;
 
     fn b(start_ns: u64, end_ns: u64, bytes: u64) -> BurstSummary {
-        BurstSummary { start_ns, end_ns, bytes }
+        BurstSummary { start_ns, end_ns, bytes, to: None }
     }
 
     #[test]

@@ -493,13 +493,13 @@ fn root_job(seed: u64, straggler: Option<(usize, u64)>, n: usize) -> Vec<JobWind
             let end = start + 20 * MS + rng.range(0, 2 * MS);
             inputs_done = inputs_done.max(end);
             if let Some(w) = bursts.get_mut((end / S) as usize) {
-                w[r].push(BurstSummary { start_ns: start, end_ns: end, bytes: 2_000_000 });
+                w[r].push(BurstSummary { start_ns: start, end_ns: end, bytes: 2_000_000, to: None });
             }
         }
         let start = inputs_done + MS + rng.range(0, MS);
         let end = start + 60 * MS;
         if let Some(w) = bursts.get_mut((end / S) as usize) {
-            w[0].push(BurstSummary { start_ns: start, end_ns: end, bytes: 6_000_000 });
+            w[0].push(BurstSummary { start_ns: start, end_ns: end, bytes: 6_000_000, to: None });
         }
     }
     bursts

@@ -259,7 +259,7 @@ impl Scenario {
                     let third = (p.end - p.start).saturating_sub(4 * MS) / 3;
                     for j in 0..3u64 {
                         let s = p.start + j * (third + 2 * MS);
-                        let b = BurstSummary { start_ns: s, end_ns: s + third, bytes: p.bytes / 3 };
+                        let b = BurstSummary { start_ns: s, end_ns: s + third, bytes: p.bytes / 3, to: None };
                         let wi = ((b.end_ns / S) as usize).min(n + 1);
                         bursts[wi][pi].push(b);
                     }
@@ -378,7 +378,7 @@ impl RingJob {
                 for k in 0..sends {
                     let wi = (done[r][k] / S) as usize;
                     if wi < n {
-                        bursts[wi][r].push(BurstSummary { start_ns: t[r][k], end_ns: done[r][k], bytes: self.chunk_bytes });
+                        bursts[wi][r].push(BurstSummary { start_ns: t[r][k], end_ns: done[r][k], bytes: self.chunk_bytes, to: Some(self.peer((r + 1) % ranks)) });
                     }
                 }
             }

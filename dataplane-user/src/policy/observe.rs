@@ -375,7 +375,7 @@ mod tests {
 
     #[test]
     fn goodput_loss_and_verdict_attribution() {
-        let b = |s: u64, e: u64| BurstSummary { start_ns: s * MS, end_ns: e * MS, bytes: 1_000_000 };
+        let b = |s: u64, e: u64| BurstSummary { start_ns: s * MS, end_ns: e * MS, bytes: 1_000_000, to: None };
         let w = JobWindow {
             job: "j".into(),
             window_start_ns: 0,

@@ -101,15 +101,15 @@ impl FakeJob {
             for (i, b) in bursts.iter_mut().enumerate() {
                 let (s, e) = if self.straggler_ns > 0 && i != 0 {
                     // Peers send a first chunk, then wait for rank 0's late data.
-                    b.push(BurstSummary { start_ns: c0, end_ns: c0 + 2 * MS, bytes: peer_bytes / 6 });
+                    b.push(BurstSummary { start_ns: c0, end_ns: c0 + 2 * MS, bytes: peer_bytes / 6, to: None });
                     (c0 + self.straggler_ns, c0 + self.straggler_ns + comm)
                 } else {
                     (c0 + if i == 0 { self.straggler_ns } else { 0 }, c0 + self.straggler_ns + comm)
                 };
                 // The kernel splits a phase into bursts at 1 ms idle gaps.
                 let mid = s + (e - s) / 2;
-                b.push(BurstSummary { start_ns: s, end_ns: mid, bytes: peer_bytes / 2 });
-                b.push(BurstSummary { start_ns: mid + MS / 2, end_ns: e, bytes: peer_bytes - peer_bytes / 2 });
+                b.push(BurstSummary { start_ns: s, end_ns: mid, bytes: peer_bytes / 2, to: None });
+                b.push(BurstSummary { start_ns: mid + MS / 2, end_ns: e, bytes: peer_bytes - peer_bytes / 2, to: None });
                 let pk = peer_bytes / 1448;
                 data_pkts[i] += pk;
                 loss_pkts[i] += (pk as f64 * self.loss[i]) as u64;
