@@ -1125,7 +1125,12 @@ fn render_markdown(
     let _ = writeln!(
         m,
         "- Star scenarios: 6 hosts, offloads off, the release agent in the switch namespace on every bridge port (the T2 tests' vantage), \
-         `[match]` on the whole rig prefix (all traffic, so what shares a link with the job is seen), one `[[job]]` (members 10.77.0.0/24, TCP 29500), the emulated job: 6 ranks, ring allreduce of 4 MiB, 50 ms compute per step.\n\
+         `[match]` on the whole rig prefix (all traffic, so what shares a link with the job is seen), one `[[job]]` per traffic source (below), 6 ranks.\n\
+         - Traffic sources (`--source`): `rank` is ringside's own emulated job (`ringside-rank`, ring allreduce of 4 MiB, 50 ms compute per step; job = members 10.77.0.0/24, TCP 29500); \
+         `openmpi` is OpenMPI 4.1's `MPI_Allreduce` of 4 MiB after a 50 ms compute sleep per step (`ringside-testbed mpi`: mpirun across the host namespaces, TCP BTL on ports 30000-30063; job = those ports), \
+         run i of each scenario with the ((i + scenario index) mod 5)-th of OpenMPI's default decision, ring, segmented ring, recursive doubling and Rabenseifner; \
+         `torch` is PyTorch DDP over gloo on CPU (`ringside-testbed torch`: a real model and optimizer, one rank per host; gloo picks its own ports, so the job is the ranks' addresses with no port filter). \
+         The agent's configuration is the same for every source but the `[[job]]` lines: no tuning per source.\n\
          - Uplink congestion: leaf-spine 2 leaves × 3 hosts; job ranks on h0, h1 (leaf 0) and h3, h4 (leaf 1); one agent per leaf namespace \
          on its host ports and its `uplink`; the faulted leaf's uplink is capped at {cap} Mbit/s from the start (the fabric's bottleneck, not \
          scored as a fault); the fault is 4 unbounded TCP streams from that leaf's spare host to the other leaf's spare host.\n\
