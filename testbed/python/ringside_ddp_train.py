@@ -66,8 +66,13 @@ def parse_args(argv):
     p.add_argument("--straggler-extra-ms", type=float, default=0.0, help="sleep this much extra per step on this rank")
     p.add_argument("--compression", choices=COMPRESSIONS, default="none", help="static DDP comm hook: torch's allreduce, fp16 or bf16 compression")
     p.add_argument("--follow-hints", metavar="URL", help="let ringside.torch.follow_hints drive the comm hook from the agent at URL")
-    p.add_argument("--token", help="tenant token for --follow-hints")
+    p.add_argument(
+        "--token",
+        default=os.environ.get("RINGSIDE_TOKEN"),
+        help="tenant token for --follow-hints (default: $RINGSIDE_TOKEN; the testbed passes it that way, out of ps's sight)",
+    )
     p.add_argument("--timeout-s", type=float, default=60.0, help="bound on the rendezvous and on every collective")
+    p.add_argument("--dry-run", action="store_true", help="validate the arguments, print them as JSON and exit (torch is not imported)")
     a = p.parse_args(argv)
     problems = []
     if a.world < 2:
@@ -330,6 +335,9 @@ def summarize(doc):
 
 def main(argv):
     a = parse_args(argv)
+    if a.dry_run:
+        print(json.dumps(vars(a), sort_keys=True))
+        return 0
     doc = {
         "rank": a.rank,
         "world": a.world,
