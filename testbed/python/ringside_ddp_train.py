@@ -200,6 +200,7 @@ def train(a, doc):
 
     # The venv has no numpy and nothing here needs it; torch would warn about that on every rank.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    t_import = time.monotonic()
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -222,6 +223,7 @@ def train(a, doc):
                 f"interpreter ({sys.executable}): {e}"
             )
 
+    doc["summary"]["import_ms"] = round((time.monotonic() - t_import) * 1e3, 3)
     t_init = time.monotonic()
     dist.init_process_group(
         backend="gloo",
@@ -273,6 +275,7 @@ def train(a, doc):
     extra_s = a.straggler_extra_ms / 1e3
     steps = doc["steps"]
     t_begin = time.monotonic()
+    doc["summary"]["setup_ms"] = round((t_begin - t_init) * 1e3 - doc["summary"]["init_ms"], 3)
     t_prev = t_begin
     step = 0
     while True:
@@ -316,7 +319,9 @@ def train(a, doc):
         if stop:
             break
     doc["summary"]["train_ms"] = round((time.monotonic() - t_begin) * 1e3, 3)
+    t_down = time.monotonic()
     dist.destroy_process_group()
+    doc["summary"]["shutdown_ms"] = round((time.monotonic() - t_down) * 1e3, 3)
 
 
 def summarize(doc):
@@ -334,6 +339,7 @@ def summarize(doc):
 
 
 def main(argv):
+    t_start = time.monotonic()
     a = parse_args(argv)
     if a.dry_run:
         print(json.dumps(vars(a), sort_keys=True))
@@ -360,6 +366,7 @@ def main(argv):
         if not isinstance(e, SystemExit):
             traceback.print_exc()
         status = status or 1
+    doc["summary"]["process_ms"] = round((time.monotonic() - t_start) * 1e3, 3)
     summarize(doc)
     write_json(a.out, doc)
     if doc["error"]:

@@ -487,9 +487,9 @@ struct TorchArgs {
     /// Number of ranks (one host namespace each).
     #[arg(long, default_value_t = 4)]
     ranks: usize,
-    /// Steps (0: until --duration-s).
-    #[arg(long, default_value_t = 50)]
-    steps: u64,
+    /// Steps [default: 50, or no limit with --duration-s; with both, whichever ends first].
+    #[arg(long)]
+    steps: Option<u64>,
     /// Stop after the first step that ends this many seconds after training began (rank 0
     /// decides and tells the others, so every rank stops after the same step).
     #[arg(long)]
@@ -940,7 +940,7 @@ fn cmd_torch(a: TorchArgs) -> anyhow::Result<()> {
     let cfg = TorchConfig {
         ranks: a.ranks,
         hosts: None,
-        steps: a.steps,
+        steps: a.steps.unwrap_or(if a.duration_s.is_some() { 0 } else { 50 }),
         duration: a.duration_s.map(Duration::from_secs),
         hidden: a.hidden,
         layers: a.layers,
