@@ -1,0 +1,150 @@
+//! T2: a real PyTorch DDP job (gloo, CPU) across the namespaces of a star, through
+//! `testbed::spawn_torch`: every rank trains, the loss falls, the switch delivered at least the
+//! gradient bytes an allreduce must move, and every TCP connection of the job stayed inside the
+//! job's port range.
+//!
+//! Needs root and the PyTorch venv of `cargo xtask setup` (`target/venv`, found next to this test
+//! binary) or `RINGSIDE_PYTHON`; without them it FAILS saying so. About a minute: each rank
+//! imports torch, which takes several CPU seconds.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use testbed::{FaultKind, Rig, Star, StarConfig, TorchCompression, TorchConfig};
+
+/// Removes the job's output directory however the test ends.
+struct OutDir(PathBuf);
+
+impl Drop for OutDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Bytes each switch port has sent so far (= bytes delivered to its host), from the switch
+/// namespace's /proc/thread-self/net/dev (the calling thread's namespace, unlike /proc/self).
+fn switch_tx_bytes(star: &Star) -> BTreeMap<String, u64> {
+    let dev = star.switch.run(|| std::fs::read_to_string("/proc/thread-self/net/dev")).expect("reading the switch's /proc/net/dev");
+    let mut out = BTreeMap::new();
+    for line in dev.lines().skip(2) {
+        let Some((name, fields)) = line.split_once(':') else { continue };
+        let f: Vec<u64> = fields.split_whitespace().map(|x| x.parse().unwrap()).collect();
+        // 8 receive fields, then transmit bytes.
+        out.insert(name.trim().to_string(), f[8]);
+    }
+    out
+}
+
+/// (local port, remote port) of every IPv4/IPv6 TCP socket in `ns` (TIME_WAIT ones included),
+/// from /proc/thread-self/net/tcp{,6}.
+fn tcp_ports(ns: &testbed::Netns) -> Vec<(u16, u16)> {
+    ns.run(|| {
+        let mut v = Vec::new();
+        for table in ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"] {
+            let text = std::fs::read_to_string(table).unwrap_or_default();
+            for line in text.lines().skip(1) {
+                let cols: Vec<&str> = line.split_whitespace().collect();
+                let port = |addr: &str| u16::from_str_radix(addr.rsplit(':').next().unwrap(), 16).unwrap();
+                v.push((port(cols[1]), port(cols[2])));
+            }
+        }
+        v
+    })
+}
+
+fn rank_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+#[test]
+#[ignore = "needs root (T2): run with cargo xtask test"]
+fn ddp_trains_across_namespaces_and_its_gradients_cross_the_switch() {
+    if let Err(e) = testbed::require_root() {
+        panic!("t2_torch creates network namespaces: {e}");
+    }
+    let python = testbed::torch::find_python(None).unwrap_or_else(|e| panic!("t2_torch runs PyTorch: {e}"));
+    let ranks = 3;
+    let star = Star::new(StarConfig { hosts: ranks, ..Default::default() }).unwrap();
+    let dir = OutDir(std::env::temp_dir().join(format!("ringside-t2-torch-{}", std::process::id())));
+    let base = TorchConfig {
+        ranks,
+        python: Some(python),
+        // Away from the default, so a job started by hand on another rig never meets this one.
+        port: 29700,
+        timeout: Duration::from_secs(300),
+        ..Default::default()
+    };
+
+    // 1. A fixed number of fp32 steps, rank 2 a compute straggler.
+    let steps = 20;
+    let cfg = TorchConfig { steps, straggler: Some((2, 30)), out_dir: Some(dir.0.join("steps")), ..base.clone() };
+    let before = switch_tx_bytes(&star);
+    let report = testbed::spawn_torch(&star, &cfg).unwrap().wait(None).unwrap_or_else(|e| panic!("the DDP job failed: {e}"));
+    let after = switch_tx_bytes(&star);
+
+    assert_eq!(report.ranks.len(), ranks);
+    let mut grad_bytes = 0;
+    for r in &report.ranks {
+        assert_eq!(r.error, None, "rank {} (log {})", r.rank, r.log.display());
+        assert_eq!(r.step_ms.count, steps as usize, "rank {} steps", r.rank);
+        assert_eq!(r.comm_ms.count, steps as usize, "rank {} comm times", r.rank);
+        assert!(r.comm_ms.mean > 0.0, "rank {}: no time in communication", r.rank);
+        let v = rank_json(&r.out);
+        let s = v["steps"].as_array().unwrap();
+        let loss: Vec<f64> = s.iter().map(|x| x["loss"].as_f64().unwrap()).collect();
+        let (first, last) = (mean(&loss[..3]), mean(&loss[loss.len() - 3..]));
+        assert!(last < 0.9 * first, "rank {}: loss did not fall: {loss:?}", r.rank);
+        assert!(s.iter().all(|x| x["compression"] == "none" && x["hint_version"].is_null()));
+        // The script counts the bytes DDP hands to the hook; they match the launcher's estimate.
+        grad_bytes = s[s.len() - 1]["grad_bytes"].as_u64().unwrap();
+        assert_eq!(grad_bytes, cfg.grad_bytes(), "rank {}", r.rank);
+        assert_eq!(v["summary"]["gloo_socket_ifname"], "eth0");
+    }
+    // Whatever the algorithm, each rank must receive at least the other ranks' share of every
+    // gradient byte: (n-1)/n of it per step. gloo's ring moves about twice that.
+    let floor = steps * grad_bytes * (ranks as u64 - 1) / ranks as u64;
+    for (i, h) in star.hosts.iter().enumerate() {
+        let delivered = after[&h.switch_port] - before[&h.switch_port];
+        eprintln!("switch port {} -> host {i}: {delivered} bytes in {steps} steps ({:.1} MB per step)", h.switch_port, delivered as f64 / steps as f64 / 1e6);
+        assert!(delivered >= floor, "host {i} received {delivered} bytes, less than the {floor} bytes an allreduce of {steps} x {grad_bytes} must deliver");
+    }
+    let stragglers: Vec<_> = star.faults().into_iter().filter(|f| matches!(f.kind, FaultKind::Straggler { rank: 2, extra_ms: 30 })).collect();
+    assert_eq!(stragglers.len(), 1, "the straggler is in the fault log, ended with the job");
+    assert!(stragglers[0].ended_unix_ms.is_some());
+
+    // Every connection the job made (their TIME_WAIT remains) used only the job's ports.
+    let (lo, hi) = (cfg.port, cfg.port + testbed::torch::PORT_RANGE - 1);
+    let mut seen = 0;
+    for h in &star.hosts {
+        for (local, remote) in tcp_ports(&h.ns) {
+            seen += 1;
+            assert!((lo..=hi).contains(&local) && (lo..=hi).contains(&remote), "{}: a connection {local} -> {remote} outside {lo}-{hi}", h.ns.name());
+        }
+    }
+    assert!(seen > 0, "no TCP socket left in the rank namespaces to check the port range on");
+
+    // 2. Wall-clock stop with bf16 compression: rank 0 decides, every rank stops after the same step.
+    let cfg = TorchConfig {
+        steps: 0,
+        duration: Some(Duration::from_secs(3)),
+        compression: TorchCompression::Bf16,
+        out_dir: Some(dir.0.join("duration")),
+        ..base
+    };
+    let report = testbed::spawn_torch(&star, &cfg).unwrap().wait(None).unwrap_or_else(|e| panic!("the timed DDP job failed: {e}"));
+    let counts: Vec<usize> = report.ranks.iter().map(|r| r.step_ms.count).collect();
+    assert!(counts.iter().all(|&c| c == counts[0] && c >= 2), "steps per rank {counts:?}");
+    for r in &report.ranks {
+        let v = rank_json(&r.out);
+        assert!(v["error"].is_null(), "rank {}: {}", r.rank, v["error"]);
+        assert!(v["steps"].as_array().unwrap().iter().all(|x| x["compression"] == "bf16"));
+        // Rank 0's clock decides; the others began training within a step of it.
+        let train_ms = v["summary"]["train_ms"].as_f64().unwrap();
+        let want = if r.rank == 0 { 3000.0 } else { 2500.0 };
+        assert!(train_ms >= want, "rank {} trained {train_ms} ms, stopped before the 3 s duration", r.rank);
+    }
+}
