@@ -59,7 +59,7 @@ def parse_args(argv):
     p.add_argument("--duration-ms", type=int, default=0, help="stop after the first step ending this long after training began")
     p.add_argument("--hidden", type=int, default=1024, help="width of the MLP (input and hidden layers)")
     p.add_argument("--layers", type=int, default=2, help="hidden layers; parameters ~ layers * hidden^2")
-    p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
+    p.add_argument("--batch", type=int, default=128, help="samples per rank per step")
     p.add_argument("--bucket-cap-mb", type=float, default=4.0, help="DDP gradient bucket size (MiB)")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
     p.add_argument("--seed", type=int, default=1234, help="model and data seed (data: seed + 1 + rank)")

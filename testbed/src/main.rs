@@ -500,8 +500,8 @@ struct TorchArgs {
     /// Hidden layers (gradient bytes per step ~ 4 * layers * hidden^2).
     #[arg(long, default_value_t = 2)]
     layers: u64,
-    /// Samples per rank per step.
-    #[arg(long, default_value_t = 32)]
+    /// Samples per rank per step (compute per step grows with it).
+    #[arg(long, default_value_t = 128)]
     batch: u64,
     /// DDP gradient bucket size in MiB (PyTorch's default is 25).
     #[arg(long, default_value_t = 4.0)]

@@ -124,7 +124,7 @@ impl Default for TorchConfig {
             duration: None,
             hidden: 1024,
             layers: 2,
-            batch: 32,
+            batch: 128,
             bucket_cap_mb: 4.0,
             straggler: None,
             compression: TorchCompression::None,
@@ -167,8 +167,11 @@ impl TorchConfig {
         if !(16..=8192).contains(&self.hidden) {
             return bad("hidden", format!("{} (need 16..=8192)", self.hidden));
         }
-        if !(1..=64).contains(&self.layers) || !(1..=65536).contains(&self.batch) {
-            return bad("layers", format!("layers {} batch {} (need layers 1..=64, batch 1..=65536)", self.layers, self.batch));
+        if !(1..=64).contains(&self.layers) {
+            return bad("layers", format!("{} (need 1..=64)", self.layers));
+        }
+        if !(1..=65536).contains(&self.batch) {
+            return bad("batch", format!("{} (need 1..=65536)", self.batch));
         }
         // Every rank holds the model, its gradients and the optimizer's momentum: 3 copies.
         if self.grad_bytes() > 1 << 30 {
@@ -332,6 +335,8 @@ mod tests {
         assert!(err(TorchConfig { steps: 0, ..Default::default() }).contains("never stop"));
         assert!(err(TorchConfig { steps: 0, duration: Some(Duration::ZERO), ..Default::default() }).contains("duration"));
         assert!(err(TorchConfig { hidden: 8, ..Default::default() }).contains("hidden"));
+        assert!(err(TorchConfig { layers: 0, ..Default::default() }).contains("layers"));
+        assert!(err(TorchConfig { batch: 0, ..Default::default() }).contains("batch"));
         assert!(err(TorchConfig { hidden: 8192, layers: 8, ..Default::default() }).contains("MiB of gradients"));
         assert!(err(TorchConfig { bucket_cap_mb: 0.0, ..Default::default() }).contains("bucket_cap_mb"));
         assert!(err(TorchConfig { bucket_cap_mb: f64::NAN, ..Default::default() }).contains("bucket_cap_mb"));
@@ -359,7 +364,7 @@ mod tests {
         let a = |r| c.rank_args(r, "10.77.0.1:29500", Path::new("/tmp/o/rank.json")).join(" ");
         assert_eq!(
             a(0),
-            "--rank 0 --world 3 --master 10.77.0.1:29500 --out /tmp/o/rank.json --hidden 1024 --layers 2 --batch 32 \
+            "--rank 0 --world 3 --master 10.77.0.1:29500 --out /tmp/o/rank.json --hidden 1024 --layers 2 --batch 128 \
              --bucket-cap-mb 4 --timeout-s 60 --duration-ms 2500 --compression bf16"
         );
         assert!(a(1).contains("--straggler-extra-ms 40"));
