@@ -3,14 +3,22 @@
 //! gradient bytes an allreduce must move, and every TCP connection of the job stayed inside the
 //! job's port range.
 //!
+//! A second test runs the `--follow-hints` path against a stand-in for the `ringside.torch`
+//! package (the API the script relies on: `follow_hints(ddp, url, token=...)` registering a comm
+//! hook and returning an object with `.step(i)`, `.plan_name`, `.hint_version`).
+//!
 //! Needs root and the PyTorch venv of `cargo xtask setup` (`target/venv`, found next to this test
 //! binary) or `RINGSIDE_PYTHON`; without them it FAILS saying so. About a minute: each rank
 //! imports torch, which takes several CPU seconds.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use testbed::{FaultKind, Rig, Star, StarConfig, TorchCompression, TorchConfig};
+
+/// The tests of this file take turns: each runs several Python ranks on the machine's few cores.
+static ONE_JOB_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// Removes the job's output directory however the test ends.
 struct OutDir(PathBuf);
@@ -67,6 +75,7 @@ fn ddp_trains_across_namespaces_and_its_gradients_cross_the_switch() {
         panic!("t2_torch creates network namespaces: {e}");
     }
     let python = testbed::torch::find_python(None).unwrap_or_else(|e| panic!("t2_torch runs PyTorch: {e}"));
+    let _turn = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let ranks = 3;
     let star = Star::new(StarConfig { hosts: ranks, ..Default::default() }).unwrap();
     let dir = OutDir(std::env::temp_dir().join(format!("ringside-t2-torch-{}", std::process::id())));
@@ -146,5 +155,84 @@ fn ddp_trains_across_namespaces_and_its_gradients_cross_the_switch() {
         let train_ms = v["summary"]["train_ms"].as_f64().unwrap();
         let want = if r.rank == 0 { 3000.0 } else { 2500.0 };
         assert!(train_ms >= want, "rank {} trained {train_ms} ms, stopped before the 3 s duration", r.rank);
+    }
+}
+
+/// A stand-in for `ringside.torch` (the real one lives in ringside-client/python): it checks the
+/// URL and token it is given, registers a comm hook through `ddp.register_comm_hook`, and switches
+/// from plain allreduce to fp16 compression at step 3, as a hint would.
+const FAKE_RINGSIDE_TORCH: &str = r#"
+import os
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+class _Follower:
+    def __init__(self, ddp, url, token):
+        if url != os.environ["FAKE_EXPECT_URL"] or token != os.environ["FAKE_EXPECT_TOKEN"]:
+            raise ValueError(f"follow_hints got url {url!r} and a token that is not the expected one")
+        self.plan_name = "none"
+        self.hint_version = 0
+        ddp.register_comm_hook(self, _hook)
+
+    def step(self, index):
+        if index >= 3:
+            self.plan_name, self.hint_version = "fp16", 1
+
+def _hook(state, bucket):
+    if state.plan_name == "fp16":
+        return default_hooks.fp16_compress_hook(None, bucket)
+    return default_hooks.allreduce_hook(None, bucket)
+
+def follow_hints(ddp, url, token=None):
+    return _Follower(ddp, url, token)
+"#;
+
+#[test]
+#[ignore = "needs root (T2): run with cargo xtask test"]
+fn follow_hints_drives_the_comm_hook_and_is_timed() {
+    if let Err(e) = testbed::require_root() {
+        panic!("t2_torch creates network namespaces: {e}");
+    }
+    let python = testbed::torch::find_python(None).unwrap_or_else(|e| panic!("t2_torch runs PyTorch: {e}"));
+    let _turn = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = OutDir(std::env::temp_dir().join(format!("ringside-t2-torch-hints-{}", std::process::id())));
+    let pkg = dir.0.join("pythonpath").join("ringside");
+    std::fs::create_dir_all(&pkg).unwrap();
+    std::fs::write(pkg.join("__init__.py"), "").unwrap();
+    std::fs::write(pkg.join("torch.py"), FAKE_RINGSIDE_TORCH).unwrap();
+
+    let star = Star::new(StarConfig { hosts: 2, ..Default::default() }).unwrap();
+    let (url, token) = ("http://10.77.0.253:9464", "tenant-secret");
+    let cfg = TorchConfig {
+        ranks: 2,
+        steps: 6,
+        hidden: 256,
+        python: Some(python),
+        port: 29900,
+        follow_hints: Some((url.into(), token.into())),
+        timeout: Duration::from_secs(300),
+        out_dir: Some(dir.0.join("out")),
+        env: vec![
+            // Ahead of the venv's site-packages: the stand-in wins over an installed `ringside`.
+            ("PYTHONPATH".into(), dir.0.join("pythonpath").display().to_string()),
+            ("FAKE_EXPECT_URL".into(), url.into()),
+            ("FAKE_EXPECT_TOKEN".into(), token.into()),
+        ],
+        ..Default::default()
+    };
+    let report = testbed::spawn_torch(&star, &cfg).unwrap().wait(None).unwrap_or_else(|e| panic!("the DDP job following hints failed: {e}"));
+    for r in &report.ranks {
+        let v = rank_json(&r.out);
+        assert!(v["error"].is_null(), "rank {}: {}", r.rank, v["error"]);
+        let plan: Vec<(String, i64)> = v["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["compression"].as_str().unwrap().to_string(), s["hint_version"].as_i64().unwrap()))
+            .collect();
+        let want: Vec<(String, i64)> = (0..6).map(|i| if i < 3 { ("none".into(), 0) } else { ("fp16".into(), 1) }).collect();
+        assert_eq!(plan, want, "rank {}: the plan of each step", r.rank);
+        // The script timed the stand-in's hook: it wrapped what follow_hints registered.
+        assert_eq!(r.comm_ms.count, 6);
+        assert!(v["steps"].as_array().unwrap().iter().all(|s| s["buckets"].as_u64().unwrap() >= 1));
     }
 }
