@@ -26,6 +26,9 @@ Stopping: after `--steps` steps, or with `--duration-ms` rank 0 decides after ea
 from the start of the first step) and broadcasts the decision, so every rank stops after the same
 step and none waits in a collective the others never enter.
 
+When the first step begins, `rank-R.started` (beside `--out rank-R.json`) is written: JSON
+{"rank", "started_unix_ms"}.
+
 Output: `--out FILE` (JSON, written atomically), the shape testbed::job::step_times reads:
   {"rank", "world", "steps": [{"step", "step_ms", "compute_ms", "comm_ms", "exposed_comm_ms",
    "end_unix_ms", "loss", "compression", "hint_version", "buckets", "grad_bytes"}],
@@ -160,6 +163,11 @@ def write_json(path, doc):
     os.replace(tmp, path)
 
 
+def started_path(out):
+    """`rank-R.started` beside `rank-R.json`."""
+    return os.path.splitext(out)[0] + ".started"
+
+
 def build_model(torch, hidden, layers, classes):
     nn = torch.nn
     mods = []
@@ -275,6 +283,9 @@ def train(a, doc):
     extra_s = a.straggler_extra_ms / 1e3
     steps = doc["steps"]
     t_begin = time.monotonic()
+    # Tells the launcher that this rank is past import and setup (several seconds of CPU) and
+    # trains now, so fault injection can be timed from here.
+    write_json(started_path(a.out), {"rank": a.rank, "started_unix_ms": unix_ms()})
     doc["summary"]["setup_ms"] = round((t_begin - t_init) * 1e3 - doc["summary"]["init_ms"], 3)
     t_prev = t_begin
     step = 0

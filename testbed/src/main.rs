@@ -160,6 +160,9 @@ enum Command {
     /// gradients, 8 MiB by default) on fresh synthetic data, and DDP all-reduces the gradients in
     /// --bucket-cap-mb buckets during the backward pass: that is the traffic an agent sees.
     ///
+    /// Faults: the same flags as `job`; --faults-after counts from the moment every rank began
+    /// training (importing torch and setting up DDP takes each rank 5-15 s first).
+    ///
     /// Ports: every TCP connection of the job has both ends in PORT..PORT+255 (the store on PORT;
     /// the rank hosts' ephemeral port range is narrowed to the rest, since gloo's own ports cannot
     /// be set), so an agent matches the job with e.g. `tcp_ports = ["29500-29755"]`.
@@ -975,6 +978,10 @@ fn cmd_torch(a: TorchArgs) -> anyhow::Result<()> {
         cfg.port_range()
     );
     let job = testbed::spawn_torch(jr.rig.as_ref(), &cfg)?;
+    // Importing torch and setting up DDP takes each rank seconds of CPU: time --faults-after
+    // from the first training step, so the faults hit training.
+    let t = testbed::torch::wait_training_started(&job, cfg.timeout, Some(testbed::signals::stop_flag()))?;
+    eprintln!("every rank is training (since {t} ms after the Unix epoch)");
     jr.run(
         job,
         &a.faults,

@@ -24,7 +24,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::job::{rank_hosts_of, RunningJob};
@@ -287,6 +288,7 @@ pub fn spawn_torch<R: Rig + ?Sized>(rig: &R, cfg: &TorchConfig) -> Result<Runnin
         let out = out_dir.join(format!("rank-{r}.json"));
         let log = out_dir.join(format!("rank-{r}.log"));
         let _ = std::fs::remove_file(&out);
+        let _ = std::fs::remove_file(started_file(&out_dir, r));
         let logf = std::fs::File::create(&log).map_err(|e| Error::file(&log, e))?;
         let logf2 = logf.try_clone().map_err(|e| Error::file(&log, e))?;
         let mut cmd = ns.command(&python);
@@ -312,6 +314,63 @@ pub fn spawn_torch<R: Rig + ?Sized>(rig: &R, cfg: &TorchConfig) -> Result<Runnin
         job.add_rank(r, Some(child), out, log);
     }
     Ok(job)
+}
+
+/// `rank-R.started`, which the script writes when rank R begins its first step.
+fn started_file(out_dir: &Path, rank: usize) -> PathBuf {
+    out_dir.join(format!("rank-{rank}.started"))
+}
+
+/// Waits until every rank of `job` (started by [`spawn_torch`]) has begun training, and returns
+/// when the last one did (Unix ms). Starting a rank costs seconds of CPU (importing torch,
+/// rendezvous, DDP setup: 5-15 s on 2 shared cores), so a fault meant to hit training is timed
+/// from here, not from the spawn. Polls every 100 ms; fails when a rank exits first (its log
+/// says why), when `stop` is set, or after `timeout`.
+pub fn wait_training_started(job: &RunningJob, timeout: Duration, stop: Option<&AtomicBool>) -> Result<u64> {
+    let started = Instant::now();
+    let poll = Duration::from_millis(100);
+    let pids = job.pids();
+    for _ in 0..=(timeout.as_millis() / poll.as_millis()) {
+        let mut latest = Some(0u64);
+        for (rank, pid) in pids.iter().enumerate() {
+            let path = started_file(job.out_dir(), rank);
+            match std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok()) {
+                Some(v) => latest = latest.map(|l| l.max(v["started_unix_ms"].as_u64().unwrap_or(0))),
+                None => {
+                    latest = None;
+                    if pid.is_some_and(|p| !process_alive(p)) {
+                        let log = job.out_dir().join(format!("rank-{rank}.log"));
+                        return Err(Error::RankFailed { rank, detail: "exited before training began".into(), log });
+                    }
+                }
+            }
+        }
+        if let Some(t) = latest {
+            return Ok(t);
+        }
+        if stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
+            break;
+        }
+        if started.elapsed() >= timeout {
+            break;
+        }
+        std::thread::sleep(poll);
+    }
+    Err(Error::Timeout {
+        what: "every PyTorch rank to begin training".into(),
+        waited: started.elapsed(),
+        detail: format!("see the rank logs in {}", job.out_dir().display()),
+    })
+}
+
+/// Whether `pid` is running: present in /proc and not a zombie (an exited child nobody reaped
+/// yet; [`RunningJob::wait`] reaps the ranks).
+fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        // The state follows the command name, which is in parentheses and may contain spaces.
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with(|c| c != 'Z' && c != 'X')))
+        .unwrap_or(false)
 }
 
 #[cfg(test)]
@@ -425,6 +484,23 @@ mod tests {
             assert!(stderr.contains(want), "{want:?} missing from {stderr}");
         }
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn process_liveness_reads_proc() {
+        assert!(process_alive(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Until reaped, the exited child is a zombie: not alive.
+        for _ in 0..100 {
+            if !process_alive(pid) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!process_alive(pid));
+        child.wait().unwrap();
+        assert!(!process_alive(pid));
     }
 
     #[test]

@@ -144,13 +144,17 @@ fn ddp_trains_across_namespaces_and_its_gradients_cross_the_switch() {
         out_dir: Some(dir.0.join("duration")),
         ..base
     };
-    let report = testbed::spawn_torch(&star, &cfg).unwrap().wait(None).unwrap_or_else(|e| panic!("the timed DDP job failed: {e}"));
+    let job = testbed::spawn_torch(&star, &cfg).unwrap();
+    let began = testbed::torch::wait_training_started(&job, Duration::from_secs(240), None).unwrap_or_else(|e| panic!("waiting for training: {e}"));
+    let report = job.wait(None).unwrap_or_else(|e| panic!("the timed DDP job failed: {e}"));
     let counts: Vec<usize> = report.ranks.iter().map(|r| r.step_ms.count).collect();
     assert!(counts.iter().all(|&c| c == counts[0] && c >= 2), "steps per rank {counts:?}");
     for r in &report.ranks {
         let v = rank_json(&r.out);
         assert!(v["error"].is_null(), "rank {}: {}", r.rank, v["error"]);
         assert!(v["steps"].as_array().unwrap().iter().all(|x| x["compression"] == "bf16"));
+        let first_end = v["steps"][0]["end_unix_ms"].as_u64().unwrap();
+        assert!(began <= first_end, "rank {}: 'training began' at {began} is after its first step ended at {first_end}", r.rank);
         // Rank 0's clock decides; the others began training within a step of it.
         let train_ms = v["summary"]["train_ms"].as_f64().unwrap();
         let want = if r.rank == 0 { 3000.0 } else { 2500.0 };
