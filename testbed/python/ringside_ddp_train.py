@@ -18,6 +18,9 @@ Timing per step (all on this rank, monotonic clock, milliseconds):
   exposed_comm_ms  how long backward() went on after the last bucket was handed over, i.e. time
                    spent only waiting for communication (or for a slower peer)
   compute_ms       step_ms - exposed_comm_ms
+Per step also: buckets (allreduces DDP launched) and grad_bytes (bytes of the gradient buckets
+handed to the hook: fp32, before any compression; what goes on the wire is about 2(n-1)/n times
+that per rank for a ring, half of it with fp16/bf16). Step 0 is slower: DDP rebuilds its buckets.
 The timing comes from a wrapper around the DDP communication hook (torch's own
 `default_hooks.allreduce_hook`, `fp16_compress_hook` or `bf16_compress_hook`, or the hook that
 `ringside.torch.follow_hints` registers).
