@@ -121,6 +121,11 @@ fn ddp_trains_across_namespaces_and_its_gradients_cross_the_switch() {
         eprintln!("switch port {} -> host {i}: {delivered} bytes in {steps} steps ({:.1} MB per step)", h.switch_port, delivered as f64 / steps as f64 / 1e6);
         assert!(delivered >= floor, "host {i} received {delivered} bytes, less than the {floor} bytes an allreduce of {steps} x {grad_bytes} must deliver");
     }
+    // The straggler's peers wait for it inside backward(): their exposed communication time
+    // exceeds its own by about its extra 30 ms per step.
+    let exposed: Vec<f64> = report.ranks.iter().map(|r| rank_json(&r.out)["summary"]["mean_exposed_comm_ms"].as_f64().unwrap()).collect();
+    eprintln!("mean exposed communication per rank (rank 2 sleeps 30 ms more per step): {exposed:?} ms");
+    assert!(mean(&exposed[..2]) - exposed[2] >= 10.0, "the straggler did not make its peers wait: {exposed:?}");
     let stragglers: Vec<_> = star.faults().into_iter().filter(|f| matches!(f.kind, FaultKind::Straggler { rank: 2, extra_ms: 30 })).collect();
     assert_eq!(stragglers.len(), 1, "the straggler is in the fault log, ended with the job");
     assert!(stragglers[0].ended_unix_ms.is_some());
