@@ -42,6 +42,9 @@ pub enum Error {
     #[error("{binary} not found: build it (`cargo build -p ipu-firmware`) or pass --rank-bin PATH")]
     RankBinaryMissing { binary: PathBuf },
 
+    #[error("python {python} not found: run `cargo xtask setup` (it installs PyTorch into <workspace>/target/venv), or point RINGSIDE_PYTHON (or --python) at a Python that has torch")]
+    PythonMissing { python: PathBuf },
+
     #[error("rank {rank} failed: {detail} (see its log {log})")]
     RankFailed { rank: usize, detail: String, log: PathBuf },
 }

@@ -10,7 +10,8 @@
 //!   [`Rig::link_flap`] (link down/up), [`Rig::cross_traffic`] (bulk TCP between two hosts);
 //!   the star's older [`Star::add_loss`] / [`Star::rate_cap`] take a host index.
 //! - Traffic with exact ground truth: [`tcp_send`] / [`TcpSink`], [`roce_send`] / [`RoceSink`].
-//! - [`job`]: launches one emulated training rank (`ringside-rank`) per host.
+//! - [`job`]: launches one emulated training rank (`ringside-rank`) per host; [`mpi`] and
+//!   [`torch`] run OpenMPI and PyTorch DDP jobs on a rig through the same [`RunningJob`].
 //! - [`clean`]: removes namespaces left behind by crashed runs.
 //!
 //! Everything here needs root (CAP_NET_ADMIN + CAP_SYS_ADMIN); calls fail with
@@ -30,6 +31,7 @@ pub mod signals;
 pub mod size;
 pub mod star;
 pub mod tcp;
+pub mod torch;
 pub mod tuning;
 
 pub use cmd::require_root;
@@ -46,4 +48,5 @@ pub use netns::{clean, CleanReport, Netns, NetnsHandle};
 pub use roce::{roce_send, RoceRecvReport, RoceSendReport, RoceSink, RoceSpec, ROCEV2_UDP_PORT};
 pub use size::ByteSize;
 pub use star::{Star, StarConfig, StarHost};
+pub use torch::{spawn_torch, TorchCompression, TorchConfig};
 pub use tcp::{tcp_send, tcp_send_with_timeout, tcp_sink, TcpSendReport, TcpSink, TcpSinkReport};

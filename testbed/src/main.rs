@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 use testbed::job::JobConfig;
 use testbed::{MpiAlgorithm, MpiConfig};
+use testbed::{TorchCompression, TorchConfig};
 use testbed::{ByteSize, CrossTrafficSpec, FlapSpec, LeafSpine, LeafSpineConfig, Rig, RoceSpec, Star, StarConfig};
 
 /// Network-namespace rigs for ringside: a star of hosts on a bridge, TCP and RoCEv2 traffic that
@@ -147,6 +148,39 @@ enum Command {
     ///   ringside-testbed mpi --ranks 4 --algorithm ring --size 4MiB --duration-s 60 --loss 1:2 --faults-after 20
     #[command(verbatim_doc_comment)]
     Mpi(MpiArgs),
+
+    /// Run a real PyTorch DistributedDataParallel training job (gloo backend, CPU): build a rig as
+    /// `job` does, start one Python process per rank in its host's namespace, inject the faults,
+    /// wait, and print every rank's step and communication times and the fault log (JSON).
+    ///
+    /// What runs where: rank r runs `ringside_ddp_train.py` (embedded in this binary, written to
+    /// the out dir) in host r's namespace with GLOO_SOCKET_IFNAME=eth0. Rank 0 serves the
+    /// rendezvous (PyTorch's TCP store) on --port of its address; gloo then connects every pair
+    /// of ranks. Each step trains an MLP (--hidden, --layers: about 4·layers·hidden² bytes of
+    /// gradients, 8 MiB by default) on fresh synthetic data, and DDP all-reduces the gradients in
+    /// --bucket-cap-mb buckets during the backward pass: that is the traffic an agent sees.
+    ///
+    /// Faults: the same flags as `job`; --faults-after counts from the moment every rank began
+    /// training (importing torch and setting up DDP takes each rank 5-15 s first).
+    ///
+    /// Ports: every TCP connection of the job has both ends in PORT..PORT+255 (the store on PORT;
+    /// the rank hosts' ephemeral port range is narrowed to the rest, since gloo's own ports cannot
+    /// be set), so an agent matches the job with e.g. `tcp_ports = ["29500-29755"]`.
+    ///
+    /// The JSON: "job" (per rank: step_ms and comm_ms distributions, exit, paths of rank-R.json
+    /// and rank-R.log; rank-R.json holds every step's step_ms, compute_ms, comm_ms (first bucket
+    /// handed to gloo → last bucket reduced), exposed_comm_ms, loss, compression), "faults",
+    /// "cross_traffic", "tcp_ports", "grad_bytes_per_step", "compression".
+    ///
+    /// Needs the venv of `cargo xtask setup` (PyTorch in <workspace>/target/venv), or --python /
+    /// RINGSIDE_PYTHON naming a Python with torch; --follow-hints also needs the `ringside`
+    /// package (ringside-client/python) in it.
+    ///
+    ///   ringside-testbed torch --ranks 4 --steps 100
+    ///   ringside-testbed torch --ranks 6 --duration-s 60 --compression fp16 --straggler 2:80
+    ///   ringside-testbed torch --ranks 4 --duration-s 90 --loss 1:2 --faults-after 30
+    #[command(verbatim_doc_comment)]
+    Torch(TorchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -436,6 +470,74 @@ struct MpiArgs {
     #[arg(long, default_value_t = 300)]
     timeout: u64,
     /// Directory for rank-R.json and mpirun.log (default: a new directory under /tmp).
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+    /// Rig to run on: `star` or `leaf-spine` (ranks split over two leaves).
+    #[arg(long, value_enum, default_value_t = Topology::Star)]
+    topology: Topology,
+    /// Leaf-spine only: hosts per leaf (default: enough for the ranks, plus one for cross traffic).
+    #[arg(long)]
+    hosts_per_leaf: Option<usize>,
+    #[command(flatten)]
+    faults: FaultArgs,
+    /// Turn TSO/GSO/GRO off on every link.
+    #[arg(long)]
+    no_offloads: bool,
+}
+
+#[derive(Debug, Args)]
+struct TorchArgs {
+    /// Number of ranks (one host namespace each).
+    #[arg(long, default_value_t = 4)]
+    ranks: usize,
+    /// Steps [default: 50, or no limit with --duration-s; with both, whichever ends first].
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Stop after the first step that ends this many seconds after training began (rank 0
+    /// decides and tells the others, so every rank stops after the same step).
+    #[arg(long)]
+    duration_s: Option<u64>,
+    /// MLP width (input and hidden layers).
+    #[arg(long, default_value_t = 1024)]
+    hidden: u64,
+    /// Hidden layers (gradient bytes per step ~ 4 * layers * hidden^2).
+    #[arg(long, default_value_t = 2)]
+    layers: u64,
+    /// Samples per rank per step (compute per step grows with it).
+    #[arg(long, default_value_t = 128)]
+    batch: u64,
+    /// DDP gradient bucket size in MiB (PyTorch's default is 25).
+    #[arg(long, default_value_t = 4.0)]
+    bucket_cap_mb: f64,
+    /// DDP communication hook: PyTorch's plain allreduce, or its fp16 / bf16 compression hook.
+    #[arg(long, value_enum, default_value_t = TorchCompression::None)]
+    compression: TorchCompression,
+    /// Make one rank slow: RANK:EXTRA_MS sleeps EXTRA_MS more per step on RANK.
+    #[arg(long, value_parser = parse_straggler)]
+    straggler: Option<(usize, u64)>,
+    /// Let ringside steer the job: the ranks call ringside.torch.follow_hints(model, URL) with
+    /// the tenant token of --token (URL: the agent as seen from the rank hosts, e.g.
+    /// http://10.77.0.253:9464).
+    #[arg(long, value_name = "URL", requires = "token", conflicts_with = "compression")]
+    follow_hints: Option<String>,
+    /// Tenant token for --follow-hints (from `POST /v1/jobs`); passed to the ranks in their
+    /// environment, not on their command line.
+    #[arg(long, env = "RINGSIDE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Rank 0's rendezvous port, and the first of the job's 256 TCP ports.
+    #[arg(long, default_value_t = 29500)]
+    port: u16,
+    /// The Python with torch (default: $RINGSIDE_PYTHON, else target/venv/bin/python next to
+    /// this binary, installed by `cargo xtask setup`).
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// Bound, in seconds, on the rendezvous and on each collective inside the ranks.
+    #[arg(long, default_value_t = 60)]
+    collective_timeout: u64,
+    /// Kill the job after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// Directory for the script, rank-R.json and rank-R.log (default: a new directory under /tmp).
     #[arg(long)]
     out_dir: Option<PathBuf>,
     /// Rig to run on: `star` or `leaf-spine` (ranks split over two leaves).
@@ -837,6 +939,60 @@ fn cmd_mpi(a: MpiArgs) -> anyhow::Result<()> {
     jr.run(job, &a.faults, serde_json::json!({ "algorithm": cfg.algorithm.name(), "tcp_ports": cfg.port_range() }))
 }
 
+fn cmd_torch(a: TorchArgs) -> anyhow::Result<()> {
+    let cfg = TorchConfig {
+        ranks: a.ranks,
+        hosts: None,
+        steps: a.steps.unwrap_or(if a.duration_s.is_some() { 0 } else { 50 }),
+        duration: a.duration_s.map(Duration::from_secs),
+        hidden: a.hidden,
+        layers: a.layers,
+        batch: a.batch,
+        bucket_cap_mb: a.bucket_cap_mb,
+        straggler: a.straggler,
+        compression: a.compression,
+        follow_hints: a.follow_hints.zip(a.token),
+        port: a.port,
+        python: a.python,
+        collective_timeout: Duration::from_secs(a.collective_timeout),
+        timeout: Duration::from_secs(a.timeout),
+        out_dir: a.out_dir,
+        env: Vec::new(),
+    };
+    // Refuse bad input and a missing Python before building a rig for them.
+    cfg.validate()?;
+    let python = testbed::torch::find_python(cfg.python.as_deref())?;
+    let jr = JobRig::build(a.topology, cfg.ranks, a.hosts_per_leaf, &a.faults, a.no_offloads)?;
+    let cfg = TorchConfig { python: Some(python), hosts: Some(jr.hosts.clone()), ..cfg };
+    let mode = match &cfg.follow_hints {
+        Some((url, _)) => format!("following hints from {url}"),
+        None => format!("compression {}", cfg.compression.name()),
+    };
+    eprintln!(
+        "PyTorch DDP (gloo) on {:?} {}: {} ranks on hosts {:?}, {:.1} MiB of gradients per step, {mode}, TCP ports {} (rank-R.log and rank-R.json under the out dir)",
+        a.topology,
+        jr.rig.rig_prefix(),
+        cfg.ranks,
+        jr.hosts,
+        cfg.grad_bytes() as f64 / f64::from(1 << 20),
+        cfg.port_range()
+    );
+    let job = testbed::spawn_torch(jr.rig.as_ref(), &cfg)?;
+    // Importing torch and setting up DDP takes each rank seconds of CPU: time --faults-after
+    // from the first training step, so the faults hit training.
+    let t = testbed::torch::wait_training_started(&job, cfg.timeout, Some(testbed::signals::stop_flag()))?;
+    eprintln!("every rank is training (since {t} ms after the Unix epoch)");
+    jr.run(
+        job,
+        &a.faults,
+        serde_json::json!({
+            "tcp_ports": cfg.port_range(),
+            "grad_bytes_per_step": cfg.grad_bytes(),
+            "compression": if cfg.follow_hints.is_some() { "hints" } else { cfg.compression.name() },
+        }),
+    )
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
@@ -902,6 +1058,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Job(a) => cmd_job(a)?,
         Command::Mpi(a) => cmd_mpi(a)?,
+        Command::Torch(a) => cmd_torch(a)?,
     }
     Ok(())
 }
@@ -945,5 +1102,19 @@ mod tests {
         let cli = Cli::try_parse_from(["ringside-testbed", "star", "--cross-traffic", "0:1:50"]).unwrap();
         let Command::Star(s) = cli.command else { panic!() };
         assert_eq!(s.faults.cross_traffic, Some(CrossArg::Hosts(0, 1, Some(50))));
+    }
+
+    #[test]
+    fn torch_flags_parse() {
+        let cli = Cli::try_parse_from(["ringside-testbed", "torch", "--ranks", "6", "--duration-s", "30", "--compression", "bf16", "--straggler", "2:80", "--loss", "1:2", "--faults-after", "10"]).unwrap();
+        let Command::Torch(t) = cli.command else { panic!() };
+        assert_eq!((t.ranks, t.duration_s, t.compression, t.straggler), (6, Some(30), TorchCompression::Bf16, Some((2, 80))));
+        assert_eq!((t.faults.loss.clone(), t.faults.faults_after), (vec![(Some("1".to_string()), 2.0)], 10));
+        // A hint URL needs a token, and excludes a static compression.
+        assert!(Cli::try_parse_from(["ringside-testbed", "torch", "--follow-hints", "http://10.77.0.253:9464"]).is_err());
+        assert!(Cli::try_parse_from(["ringside-testbed", "torch", "--follow-hints", "http://x:1", "--token", "t", "--compression", "fp16"]).is_err());
+        let cli = Cli::try_parse_from(["ringside-testbed", "torch", "--follow-hints", "http://10.77.0.253:9464", "--token", "t"]).unwrap();
+        let Command::Torch(t) = cli.command else { panic!() };
+        assert_eq!((t.follow_hints.as_deref(), t.token.as_deref()), (Some("http://10.77.0.253:9464"), Some("t")));
     }
 }

@@ -3,11 +3,20 @@
 //! Each step first checks whether its result is already there (a Debian package installed, a
 //! rustup component present, `bpf-linker` answering, bpffs mounted) and does nothing if so, so a
 //! second run takes well under a second. See shared/TOOLCHAIN.md for why each piece is pinned.
-use std::{process::Command, time::Instant};
+//!
+//! The Python side (PyTorch for `ringside-testbed torch`, pytest) goes into a venv at
+//! `<workspace>/target/venv` ([`venv_python`]): under `target/` so that a fresh clone gets it from
+//! this command and nothing has to be installed by hand, `cargo clean` removes it with the rest of
+//! the build output, and no system or user Python is touched.
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
 
 use anyhow::{bail, Context, Result};
 
-use crate::util::{is_root, output, sh, succeeds};
+use crate::util::{is_root, output, sh, succeeds, workspace_root};
 
 /// Debian packages the build, the tests, the demo and the benchmarks use.
 const DEB_PACKAGES: &[(&str, &str)] = &[
@@ -23,6 +32,17 @@ const DEB_PACKAGES: &[(&str, &str)] = &[
     ("libopenmpi-dev", "mpicc for the MPI baseline"),
     ("fonts-dejavu-core", "the font of the `eval detection` plot's labels"),
 ];
+
+/// The venv's packages, pinned: the plain PyPI Linux wheel of torch (it pulls NVIDIA libraries,
+/// about 5 GB, and runs on the CPU here: the testbed's DDP job uses gloo), and pytest.
+pub const VENV_PACKAGES: &[&str] = &["torch==2.15.0", "pytest==9.2.0"];
+
+/// Written into the venv after a successful install, holding [`VENV_PACKAGES`]: a later run that
+/// finds the same list (and torch importing) does nothing; a changed pin reinstalls.
+const VENV_MARKER: &str = "ringside-packages.txt";
+
+/// The interpreter that creates the venv (CPython 3.11 on the project's machines).
+const SYSTEM_PYTHON: &str = "python3";
 
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -85,6 +105,10 @@ pub fn run() -> Result<()> {
         }
     }
 
+    if let Some(done) = ensure_venv()? {
+        did.push(done);
+    }
+
     if did.is_empty() {
         println!("setup: everything present ({:.1} s)", started.elapsed().as_secs_f64());
     } else {
@@ -109,4 +133,55 @@ pub fn bpffs_mounted() -> bool {
     std::fs::read_to_string("/proc/mounts")
         .map(|m| m.lines().any(|l| l.split_whitespace().nth(2) == Some("bpf")))
         .unwrap_or(false)
+}
+
+/// `<workspace>/target/venv`: see the module docs for why it lives there.
+pub fn venv_dir() -> PathBuf {
+    workspace_root().join("target").join("venv")
+}
+
+/// The venv's Python (`<workspace>/target/venv/bin/python`), with torch and pytest once
+/// `cargo xtask setup` has run. `ringside-testbed torch` finds the same path on its own (next to
+/// its executable) or takes `RINGSIDE_PYTHON`.
+pub fn venv_python() -> PathBuf {
+    venv_dir().join("bin").join("python")
+}
+
+/// Creates the venv and installs [`VENV_PACKAGES`] unless the marker says they are there and
+/// torch imports. Returns what it did, or `None` when nothing was needed.
+fn ensure_venv() -> Result<Option<String>> {
+    let dir = venv_dir();
+    let python = venv_python();
+    let marker = dir.join(VENV_MARKER);
+    let want = VENV_PACKAGES.join("\n") + "\n";
+    if venv_ok(&python, &marker, &want) {
+        return Ok(None);
+    }
+    let started = Instant::now();
+    if !python.is_file() {
+        println!("setup: creating the Python venv {}", dir.display());
+        sh(Command::new(SYSTEM_PYTHON).args(["-m", "venv"]).arg(&dir)).with_context(|| {
+            format!("creating the venv needs {SYSTEM_PYTHON} with its venv module (Debian: apt-get install -y python3-venv)")
+        })?;
+    }
+    // Drop a stale marker before installing, so an interrupted install is never taken for a
+    // finished one.
+    let _ = std::fs::remove_file(&marker);
+    println!("setup: pip install {} into {} (torch is ~5 GB: about a minute)", VENV_PACKAGES.join(" "), dir.display());
+    sh(Command::new(&python)
+        .args(["-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off"])
+        .args(VENV_PACKAGES))
+    .context("installing the venv's packages failed (it needs PyPI and ~6 GB of disk); run `cargo xtask setup` again to retry")?;
+    if !succeeds(Command::new(&python).args(["-c", "import torch, torch.distributed as d; assert d.is_gloo_available()"])) {
+        bail!("{} cannot import torch with gloo after the install; remove {} and run `cargo xtask setup` again", python.display(), dir.display());
+    }
+    std::fs::write(&marker, &want).with_context(|| format!("writing {}", marker.display()))?;
+    Ok(Some(format!("installed {} into {} in {:.0} s", VENV_PACKAGES.join(" "), dir.display(), started.elapsed().as_secs_f64())))
+}
+
+/// The fast check of a second run: the marker lists exactly the pinned packages and torch imports.
+fn venv_ok(python: &Path, marker: &Path, want: &str) -> bool {
+    python.is_file()
+        && std::fs::read_to_string(marker).is_ok_and(|m| m == want)
+        && succeeds(Command::new(python).args(["-c", "import torch"]))
 }
