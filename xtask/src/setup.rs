@@ -41,6 +41,9 @@ pub const VENV_PACKAGES: &[&str] = &["torch==2.15.0", "pytest==9.2.0"];
 /// finds the same list (and torch importing) does nothing; a changed pin reinstalls.
 const VENV_MARKER: &str = "ringside-packages.txt";
 
+/// The tenants' Python package (`ringside`, with `ringside.torch`), installed editable into the venv.
+const TENANT_PACKAGE: &str = "ringside-client/python";
+
 /// The interpreter that creates the venv (CPython 3.11 on the project's machines).
 const SYSTEM_PYTHON: &str = "python3";
 
@@ -153,7 +156,7 @@ fn ensure_venv() -> Result<Option<String>> {
     let dir = venv_dir();
     let python = venv_python();
     let marker = dir.join(VENV_MARKER);
-    let want = VENV_PACKAGES.join("\n") + "\n";
+    let want = VENV_PACKAGES.join("\n") + "\n" + TENANT_PACKAGE + "\n";
     if venv_ok(&python, &marker, &want) {
         return Ok(None);
     }
@@ -172,7 +175,13 @@ fn ensure_venv() -> Result<Option<String>> {
         .args(["-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off"])
         .args(VENV_PACKAGES))
     .context("installing the venv's packages failed (it needs PyPI and ~6 GB of disk); run `cargo xtask setup` again to retry")?;
-    if !succeeds(Command::new(&python).args(["-c", "import torch, torch.distributed as d; assert d.is_gloo_available()"])) {
+    // The tenants' package, editable: the training script and the T2 tests use this checkout's
+    // `ringside` (ringside.torch), not a copy frozen at setup time.
+    sh(Command::new(&python)
+        .args(["-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "--no-deps", "-e"])
+        .arg(workspace_root().join(TENANT_PACKAGE)))
+    .context("installing the ringside Python package (ringside-client/python) into the venv failed")?;
+    if !succeeds(Command::new(&python).args(["-c", "import torch, torch.distributed as d, ringside.torch; assert d.is_gloo_available()"])) {
         bail!("{} cannot import torch with gloo after the install; remove {} and run `cargo xtask setup` again", python.display(), dir.display());
     }
     std::fs::write(&marker, &want).with_context(|| format!("writing {}", marker.display()))?;
@@ -183,5 +192,5 @@ fn ensure_venv() -> Result<Option<String>> {
 fn venv_ok(python: &Path, marker: &Path, want: &str) -> bool {
     python.is_file()
         && std::fs::read_to_string(marker).is_ok_and(|m| m == want)
-        && succeeds(Command::new(python).args(["-c", "import torch"]))
+        && succeeds(Command::new(python).args(["-c", "import torch, ringside"]))
 }
