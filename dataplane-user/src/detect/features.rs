@@ -28,10 +28,11 @@
 //!   peers' data, which it was waiting for. So every lateness sample (phase-matched or step
 //!   start) is capped by the job's silence just before it: how long no other peer had sent
 //!   anything (`job_silence_before`). Late-by-role samples shrink to ~0; a straggler's stay.
-//!   And a silence that two peers break together (another peer starts sending within
-//!   `co_start_ns` after) is ambiguous: with a rendezvous protocol (OpenMPI's TCP BTL above its
-//!   eager limit) the straggler's predecessor can only send once the straggler asks for the data,
-//!   so both start at once and the wire cannot say which was late. Such a sample counts as 0.
+//!   And a silence that two peers break together (another peer starts sending *to this one*
+//!   within `co_start_ns` after) is ambiguous: with a rendezvous protocol (OpenMPI's TCP BTL
+//!   above its eager limit) the straggler's predecessor can only send once the straggler asks for
+//!   the data, so both start at once and the wire cannot say which was late. Such a sample
+//!   counts as 0. (A peer that starts sending elsewhere right after is forwarding this one's data.)
 //!   So does a late start whose data goes only to peers that sent nothing while this one idled:
 //!   it may be waiting for that receiver's go-ahead (recursive doubling's folded ranks send to
 //!   their partner, the straggler, only once it asks), which blames the wrong end.
@@ -237,9 +238,15 @@ fn job_silence_before(peers: &[PeerFeatures], me: usize, t: u64) -> Option<f64> 
     latest.map(|l| (t - l) as f64)
 }
 
-/// Whether a peer other than `peers[me]` starts a phase in `(t, t + within]`.
+/// Whether a peer other than `peers[me]` starts sending *to it* (or to an unknown destination)
+/// in `(t, t + within]`: it was waiting for `me`'s go-ahead, so the two started together. A peer
+/// that starts sending elsewhere right after `me` is forwarding `me`'s data (an eager ring's
+/// next hop), which `me` caused.
 fn another_starts_within(peers: &[PeerFeatures], me: usize, t: u64, within: u64) -> bool {
-    peers.iter().enumerate().any(|(j, p)| j != me && p.phases.iter().any(|&(start, _)| start > t && start - t <= within))
+    let me_addr = peers[me].peer;
+    peers.iter().enumerate().any(|(j, p)| {
+        j != me && p.sends.iter().any(|&(start, to)| start > t && start - t <= within && to.is_none_or(|a| a == me_addr))
+    })
 }
 
 /// Whether everything `peers[me]` starts sending at `t` goes to peers of the job that started no
@@ -484,6 +491,15 @@ mod tests {
         let mut peers = vec![mk(&[(10, 20)]), mk(&[(11, 20)]), mk(&[(9, 5), (61, 20)]), mk(&[(60, 20)])];
         fill_lateness(&cfg, &mut peers, &vec![Vec::new(); 4]);
         assert_eq!(peers[3].lateness_ns, Some(0.0), "peer 2 started 1 ms after peer 3");
+        // The same timing where peer 2 sends on to another peer (an eager ring's next hop,
+        // forwarding peer 3's data) names peer 3.
+        let mut forwarding = vec![mk(&[(10, 20)]), mk(&[(11, 20)]), mk(&[(9, 5), (61, 20)]), mk(&[(60, 20)])];
+        for (i, p) in forwarding.iter_mut().enumerate() {
+            p.peer = format!("10.0.0.{}", i + 1).parse().unwrap();
+        }
+        forwarding[2].sends.iter_mut().for_each(|s| s.1 = Some("10.0.0.1".parse().unwrap()));
+        fill_lateness(&cfg, &mut forwarding, &vec![Vec::new(); 4]);
+        assert!(forwarding[3].lateness_ns.unwrap() >= 20.0 * MS as f64, "{:?}", forwarding[3].lateness_ns);
         // A late send only to a peer that sent nothing meanwhile (peer 2's data to peer 1, which
         // idled too: it may have waited for peer 1's go-ahead) names no one either.
         let to = |mut f: PeerFeatures, dst: &str| {
