@@ -36,7 +36,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use testbed::{ByteSize, CrossTrafficSpec, FaultRecord, FlapSpec, JobConfig, LeafSpine, LeafSpineConfig, MpiAlgorithm, MpiConfig, Rig, RunningJob, Star, StarConfig};
+use testbed::{ByteSize, CrossTrafficSpec, FaultRecord, FlapSpec, JobConfig, LeafSpine, LeafSpineConfig, MpiAlgorithm, MpiConfig, Rig, RunningJob, Star, StarConfig, TorchConfig};
 
 use crate::{
     agent::{Agent, AgentSpec},
@@ -164,6 +164,8 @@ const MPI_ALGORITHMS: [MpiAlgorithm; 5] = [
 
 /// First TCP port of OpenMPI's BTL in the evaluation (the agent's job matches its range).
 const MPI_PORT_MIN: u16 = 30000;
+/// PyTorch's store port; gloo's connections use the range above it (`TorchConfig::port_range`).
+const TORCH_PORT: u16 = 29500;
 
 impl Source {
     fn name(self) -> String {
@@ -398,15 +400,17 @@ struct RunCtx<'a> {
 }
 
 /// The agent watches all traffic of the rig's prefix (so it sees what shares a link with the job,
-/// as congestion detection needs); the job is its members and, where the source has fixed ports,
-/// those ports. PyTorch's gloo picks its own ports, so its job is its members alone: the ranks'
-/// addresses (`job_members`), never the spare hosts that carry cross traffic.
+/// as congestion detection needs); the job is its members and its ports. PyTorch's gloo picks
+/// ephemeral ports, which the testbed confines to a range on the ranks' hosts.
 fn agent_config(source: Source, prefix: &str, job_members: &[String]) -> String {
     let members = job_members.iter().map(|m| format!("\"{m}\"")).collect::<Vec<_>>().join(", ");
     let ports = match source {
         Source::Rank => format!("tcp_ports = [{JOB_PORT}]\n"),
         Source::OpenMpi(_) => format!("tcp_ports = [\"{}-{}\"]\n", MPI_PORT_MIN, MPI_PORT_MIN + testbed::mpi::PORT_RANGE - 1),
-        Source::Torch => String::new(),
+        Source::Torch => {
+            let range = TorchConfig { port: TORCH_PORT, ..Default::default() }.port_range();
+            format!("tcp_ports = [\"{range}\"]\n")
+        }
     };
     format!("[match]\nprefixes = [\"{prefix}\"]\n[[job]]\nname = \"eval\"\nmembers = [{members}]\n{ports}")
 }
@@ -435,7 +439,26 @@ fn spawn_workload(ctx: &RunCtx, rig: &dyn Rig, ranks: usize, hosts: Option<Vec<u
             };
             testbed::spawn_mpi(rig, &cfg)?
         }
-        Source::Torch => bail!("the torch source is not available in this build"),
+        Source::Torch => {
+            let duration = run_len + Duration::from_secs(3);
+            let cfg = TorchConfig {
+                ranks,
+                hosts,
+                steps: 0,
+                duration: Some(duration),
+                straggler,
+                python: Some(crate::setup::venv_python()),
+                port: TORCH_PORT,
+                timeout: duration + Duration::from_secs(120),
+                out_dir: Some(out),
+                ..Default::default()
+            };
+            let job = testbed::spawn_torch(rig, &cfg)?;
+            // Importing torch and building DDP takes each rank seconds of CPU: the run's clock
+            // (warm-up, fault) starts when every rank is training.
+            testbed::torch::wait_training_started(&job, Duration::from_secs(120), Some(ctx.stop))?;
+            job
+        }
     })
 }
 
@@ -661,9 +684,10 @@ fn collect(agents: &mut [Agent], r: &mut RunResult) -> Result<()> {
 /// hurt the job at all. Step times are placed on the clock by summing `step_ms` from the job's
 /// start (rank start-up delay ignored); ranks killed before writing their file are skipped.
 fn job_summary(job: testbed::RunningJob, out: &Path, job_start_ms: u64, fault: Option<&FaultRecord>) -> Value {
-    // OpenMPI's ranks write their reports when the job ends by itself, a few seconds from now
-    // (it was told to run a little longer than the harness watches); the emulated job runs until killed.
-    if out.join("mpirun.log").exists() {
+    // OpenMPI's and PyTorch's ranks write their reports when the job ends by itself, a few
+    // seconds from now (it was told to run a little longer than the harness watches); the
+    // emulated job runs until killed.
+    if out.join("mpirun.log").exists() || out.join("rank-0.started").exists() {
         if let Err(e) = job.wait(None) {
             println!("    OpenMPI job: {e}");
         }
