@@ -83,7 +83,9 @@ fn compute_straggler_is_a_straggler_not_a_network_fault() {
     let started = Instant::now();
     let _job = testbed::spawn_job(&star, &job(rank_bin, Some((target, 60)))).expect("starting the emulated job");
     let mut network_seen = Vec::new();
-    let found = wait_for(Duration::from_secs(30), POLL, "a straggler event naming the slow rank's host", || {
+    // Generous: on a loaded machine the ranks' steps stretch and jitter, and the detector stays
+    // silent while the evidence is ambiguous (speed is measured by `cargo xtask eval detection`).
+    let found = wait_for(Duration::from_secs(60), POLL, "a straggler event naming the slow rank's host", || {
         let r = agent.events(&star);
         network_seen.extend(r.events.iter().filter(|e| e.kind.is_network_fault()).map(|e| e.id));
         if !network_seen.is_empty() {

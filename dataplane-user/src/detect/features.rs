@@ -32,7 +32,9 @@
 //!   within `co_start_ns` after) is ambiguous: with a rendezvous protocol (OpenMPI's TCP BTL
 //!   above its eager limit) the straggler's predecessor can only send once the straggler asks for
 //!   the data, so both start at once and the wire cannot say which was late. Such a sample
-//!   counts as 0. (A peer that starts sending elsewhere right after is forwarding this one's data.)
+//!   counts as 0. (A peer that starts sending elsewhere right after is forwarding this one's data;
+//!   one that had already sent to it earlier in the step and stalled is resuming as its TCP
+//!   receive window opens: neither makes the start ambiguous.)
 //!   So does a late start whose data goes only to peers that sent nothing while this one idled:
 //!   it may be waiting for that receiver's go-ahead (recursive doubling's folded ranks send to
 //!   their partner, the straggler, only once it asks), which blames the wrong end.
@@ -239,13 +241,18 @@ fn job_silence_before(peers: &[PeerFeatures], me: usize, t: u64) -> Option<f64> 
 }
 
 /// Whether a peer other than `peers[me]` starts sending *to it* (or to an unknown destination)
-/// in `(t, t + within]`: it was waiting for `me`'s go-ahead, so the two started together. A peer
-/// that starts sending elsewhere right after `me` is forwarding `me`'s data (an eager ring's
-/// next hop), which `me` caused.
-fn another_starts_within(peers: &[PeerFeatures], me: usize, t: u64, within: u64) -> bool {
+/// in `(t, t + within]` without having sent to it in `(since, t)`: it was waiting for `me`'s
+/// go-ahead, so the two started together. A peer that starts sending elsewhere right after `me` is
+/// forwarding `me`'s data (an eager ring's next hop), and one that had already begun sending to
+/// `me` and stalled is resuming as `me`'s receive window opens (TCP flow control on a peer that
+/// was not reading): both were on time, and `me` was what they waited for.
+fn another_starts_within(peers: &[PeerFeatures], me: usize, t: u64, within: u64, since: u64) -> bool {
     let me_addr = peers[me].peer;
+    let to_me = |to: Option<IpAddr>| to.is_none_or(|a| a == me_addr);
     peers.iter().enumerate().any(|(j, p)| {
-        j != me && p.sends.iter().any(|&(start, to)| start > t && start - t <= within && to.is_none_or(|a| a == me_addr))
+        j != me
+            && p.sends.iter().any(|&(start, to)| start > t && start - t <= within && to_me(to))
+            && !p.sends.iter().any(|&(start, to)| start > since && start < t && to.is_some_and(|a| a == me_addr))
     })
 }
 
@@ -273,7 +280,7 @@ fn gated(cfg: &DetectorConfig, late: f64, peers: &[PeerFeatures], me: usize, t: 
         return late;
     }
     match job_silence_before(peers, me, t) {
-        Some(_) if another_starts_within(peers, me, t, cfg.straggler.co_start_ns) => 0.0,
+        Some(_) if another_starts_within(peers, me, t, cfg.straggler.co_start_ns, since) => 0.0,
         Some(_) if sends_only_to_idle_peers(cfg, peers, me, t, since) => 0.0,
         Some(silent) => late.min(silent),
         None => late,

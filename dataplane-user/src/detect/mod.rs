@@ -221,11 +221,30 @@ impl JobState {
             changes.extend(ls.congestion.observe(&cfg.persistence, &ctx, a, false, true, next_id));
         }
 
-        // 3. Peers.
-        for (f, s) in feats.iter().zip(&stats) {
+        // 3. Peers. Gray failure first for every peer: a severe window raises at once only when
+        // it names one peer. Two unexplained peers severe together are usually the two ends of one
+        // bad connection in a window attribution could not settle yet (a fault's first, partial
+        // window): neither is raised on that window alone; k of n windows still decide.
+        let mut gray_all: Vec<Option<Assessment>> = feats
+            .iter()
+            .zip(&stats)
+            .map(|(f, s)| {
+                let baseline = self.peers.get(&f.peer).and_then(|ps| warm(&ps.goodput_baseline, cfg));
+                gray::assess(&cfg.gray, f, s, baseline)
+            })
+            .collect();
+        let severe = |a: &Option<Assessment>| matches!(a, Some(a) if a.state == lifecycle::WindowState::Anomalous { severe: true });
+        let severe_unexplained = feats.iter().zip(&gray_all).filter(|(f, a)| f.explained_by.is_none() && severe(a)).count();
+        if severe_unexplained >= 2 {
+            for a in gray_all.iter_mut().flatten() {
+                if a.state == (lifecycle::WindowState::Anomalous { severe: true }) {
+                    a.state = lifecycle::WindowState::Anomalous { severe: false };
+                }
+            }
+        }
+        for ((f, s), gray_a) in feats.iter().zip(&stats).zip(gray_all) {
             let Some(ps) = self.peers.get_mut(&f.peer) else { continue };
             let link_congested = congested.contains(f.link.as_str());
-            let gray_a = gray::assess(&cfg.gray, f, s, warm(&ps.goodput_baseline, cfg));
             let gray_anomalous = gray_a.as_ref().is_some_and(Assessment::is_anomalous);
             let straggler_a = straggler::assess(&cfg.straggler, f, s, gray_anomalous);
             let scope = Scope::Peer { peer: f.peer, link: f.link.clone() };

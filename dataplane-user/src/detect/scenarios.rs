@@ -201,6 +201,19 @@ fn severe_loss_is_raised_in_the_first_window_and_critical() {
 }
 
 #[test]
+fn two_peers_severe_in_one_window_are_not_raised_on_it_alone() {
+    // The first, partial window of a fault: both ends of the bad connection look severe before
+    // attribution can tell them apart. One such window raises nothing ...
+    let s = Scenario::star(5).with(Fault::Loss { peer: 1, rate: 0.05 }, 20, 21).with(Fault::Loss { peer: 2, rate: 0.05 }, 20, 21);
+    let changes = run(&s, 30);
+    assert!(changes.is_empty(), "{changes:#?}");
+    // ... while a lasting fault still raises by k of n windows (the second one).
+    let s = Scenario::star(5).with(Fault::Loss { peer: 1, rate: 0.05 }, 20, 40).with(Fault::Loss { peer: 2, rate: 0.05 }, 20, 40);
+    let opened: Vec<usize> = run(&s, 45).iter().filter(|(_, c)| matches!(c, VerdictChange::Opened(_))).map(|(i, _)| *i).collect();
+    assert_eq!(opened, vec![21, 21]);
+}
+
+#[test]
 fn rate_cap_on_one_peers_link_is_a_gray_failure_not_congestion() {
     // A pure rate cap: no loss at all, only goodput.
     let s = Scenario::star(7).with(Fault::GoodputCut { peer: 3, factor: 0.25 }, 20, 40);
