@@ -238,11 +238,11 @@ struct LeafSpineArgs {
 #[derive(Debug, Args, Default)]
 struct FaultArgs {
     /// Random loss on a link, both directions: LINK:PERCENT, e.g. h1:2.5 or up0:1 (repeatable).
-    /// A bare PERCENT means host 0 (rank 0 in `job`).
+    /// A bare PERCENT means host 0 (with a job: rank 0's host).
     #[arg(long, value_name = "LINK:PCT", value_parser = parse_link_f64)]
     loss: Vec<(Option<String>, f64)>,
     /// tbf rate cap on a link, both directions: LINK:MBIT, e.g. up0:200 (repeatable). A bare
-    /// MBIT means host 0 (rank 0 in `job`).
+    /// MBIT means host 0 (with a job: rank 0's host).
     #[arg(long, value_name = "LINK:MBIT", value_parser = parse_link_u64)]
     rate_cap: Vec<(Option<String>, u64)>,
     /// Link flap: LINK:DOWN_MS[:PERIOD_MS]: the link goes down for DOWN_MS, then up; again every
@@ -419,8 +419,18 @@ struct JobArgs {
     /// Directory for rank-R.json and rank-R.log (default: a new directory under /tmp).
     #[arg(long)]
     out_dir: Option<PathBuf>,
+    #[command(flatten)]
+    rig: JobRigArgs,
+    /// Extra arguments for every ringside-rank, after `--`, e.g. `-- --channels 2 --chunk-bytes 4MiB`.
+    #[arg(last = true, value_name = "RANK_ARGS")]
+    rank_args: Vec<String>,
+}
+
+/// Where a job runs and what goes wrong there; shared by `job`, `mpi` and `torch`.
+#[derive(Debug, Args)]
+struct JobRigArgs {
     /// Rig to run on: `star` (one bridge) or `leaf-spine` (ranks split over two leaves, so
-    /// half the ring crosses the uplinks).
+    /// traffic between the halves crosses the uplinks).
     #[arg(long, value_enum, default_value_t = Topology::Star)]
     topology: Topology,
     /// Leaf-spine only: hosts per leaf (default: enough for the ranks, plus one for cross traffic).
@@ -431,9 +441,6 @@ struct JobArgs {
     /// Turn TSO/GSO/GRO off on every link.
     #[arg(long)]
     no_offloads: bool,
-    /// Extra arguments for every ringside-rank, after `--`, e.g. `-- --channels 2 --chunk-bytes 4MiB`.
-    #[arg(last = true, value_name = "RANK_ARGS")]
-    rank_args: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -472,17 +479,8 @@ struct MpiArgs {
     /// Directory for rank-R.json and mpirun.log (default: a new directory under /tmp).
     #[arg(long)]
     out_dir: Option<PathBuf>,
-    /// Rig to run on: `star` or `leaf-spine` (ranks split over two leaves).
-    #[arg(long, value_enum, default_value_t = Topology::Star)]
-    topology: Topology,
-    /// Leaf-spine only: hosts per leaf (default: enough for the ranks, plus one for cross traffic).
-    #[arg(long)]
-    hosts_per_leaf: Option<usize>,
     #[command(flatten)]
-    faults: FaultArgs,
-    /// Turn TSO/GSO/GRO off on every link.
-    #[arg(long)]
-    no_offloads: bool,
+    rig: JobRigArgs,
 }
 
 #[derive(Debug, Args)]
@@ -540,17 +538,8 @@ struct TorchArgs {
     /// Directory for the script, rank-R.json and rank-R.log (default: a new directory under /tmp).
     #[arg(long)]
     out_dir: Option<PathBuf>,
-    /// Rig to run on: `star` or `leaf-spine` (ranks split over two leaves).
-    #[arg(long, value_enum, default_value_t = Topology::Star)]
-    topology: Topology,
-    /// Leaf-spine only: hosts per leaf (default: enough for the ranks, plus one for cross traffic).
-    #[arg(long)]
-    hosts_per_leaf: Option<usize>,
     #[command(flatten)]
-    faults: FaultArgs,
-    /// Turn TSO/GSO/GRO off on every link.
-    #[arg(long)]
-    no_offloads: bool,
+    rig: JobRigArgs,
 }
 
 fn parse_mca(s: &str) -> Result<(String, String), String> {
@@ -834,11 +823,11 @@ fn cmd_job(a: JobArgs) -> anyhow::Result<()> {
     };
     // Find the binary before building a rig for it.
     let bin = testbed::job::find_rank_binary(cfg.rank_bin.as_deref())?;
-    let jr = JobRig::build(a.topology, cfg.ranks, a.hosts_per_leaf, &a.faults, a.no_offloads)?;
+    let jr = JobRig::build(&a.rig, cfg.ranks)?;
     let cfg = JobConfig { rank_bin: Some(bin), hosts: Some(jr.hosts.clone()), ..cfg };
-    eprintln!("job on {:?} {}: {} ranks on hosts {:?}, {} per collective, {} steps", a.topology, jr.rig.rig_prefix(), cfg.ranks, jr.hosts, cfg.size, cfg.steps);
+    eprintln!("job on {:?} {}: {} ranks on hosts {:?}, {} per collective, {} steps", a.rig.topology, jr.rig.rig_prefix(), cfg.ranks, jr.hosts, cfg.size, cfg.steps);
     let job = testbed::spawn_job(jr.rig.as_ref(), &cfg)?;
-    jr.run(job, &a.faults, serde_json::json!({}))
+    jr.run(job, &a.rig.faults, serde_json::json!({}))
 }
 
 /// Where a job's ranks run: the rig, the host of each rank, and the (from, to) hosts of a bare
@@ -852,7 +841,8 @@ struct JobRig {
 impl JobRig {
     /// A star of `ranks` hosts (two more for a bare --cross-traffic), or two leaves with the ranks
     /// split between them (one more host per leaf for a bare --cross-traffic).
-    fn build(topology: Topology, ranks: usize, hosts_per_leaf: Option<usize>, faults: &FaultArgs, no_offloads: bool) -> anyhow::Result<JobRig> {
+    fn build(a: &JobRigArgs, ranks: usize) -> anyhow::Result<JobRig> {
+        let (topology, hosts_per_leaf, faults, no_offloads) = (a.topology, a.hosts_per_leaf, &a.faults, a.no_offloads);
         // Ctrl-C from here on tears the rig down (the handlers only set a flag).
         testbed::signals::stop_flag();
         let auto_cross = faults.cross_traffic == Some(CrossArg::Auto);
@@ -910,7 +900,7 @@ fn cmd_mpi(a: MpiArgs) -> anyhow::Result<()> {
     if a.steps == 0 && a.duration_s.is_none() {
         bail!("--steps 0 needs --duration-s: the job would never stop");
     }
-    let jr = JobRig::build(a.topology, a.ranks, a.hosts_per_leaf, &a.faults, a.no_offloads)?;
+    let jr = JobRig::build(&a.rig, a.ranks)?;
     let cfg = MpiConfig {
         ranks: a.ranks,
         hosts: Some(jr.hosts.clone()),
@@ -928,7 +918,7 @@ fn cmd_mpi(a: MpiArgs) -> anyhow::Result<()> {
     eprintln!(
         "OpenMPI allreduce ({}) on {:?} {}: {} ranks on hosts {:?}, {} per step, TCP ports {} (mpirun log and rank-R.json under the out dir)",
         cfg.algorithm.name(),
-        a.topology,
+        a.rig.topology,
         jr.rig.rig_prefix(),
         cfg.ranks,
         jr.hosts,
@@ -936,7 +926,7 @@ fn cmd_mpi(a: MpiArgs) -> anyhow::Result<()> {
         cfg.port_range()
     );
     let job = testbed::spawn_mpi(jr.rig.as_ref(), &cfg)?;
-    jr.run(job, &a.faults, serde_json::json!({ "algorithm": cfg.algorithm.name(), "tcp_ports": cfg.port_range() }))
+    jr.run(job, &a.rig.faults, serde_json::json!({ "algorithm": cfg.algorithm.name(), "tcp_ports": cfg.port_range() }))
 }
 
 fn cmd_torch(a: TorchArgs) -> anyhow::Result<()> {
@@ -962,7 +952,7 @@ fn cmd_torch(a: TorchArgs) -> anyhow::Result<()> {
     // Refuse bad input and a missing Python before building a rig for them.
     cfg.validate()?;
     let python = testbed::torch::find_python(cfg.python.as_deref())?;
-    let jr = JobRig::build(a.topology, cfg.ranks, a.hosts_per_leaf, &a.faults, a.no_offloads)?;
+    let jr = JobRig::build(&a.rig, cfg.ranks)?;
     let cfg = TorchConfig { python: Some(python), hosts: Some(jr.hosts.clone()), ..cfg };
     let mode = match &cfg.follow_hints {
         Some((url, _)) => format!("following hints from {url}"),
@@ -970,7 +960,7 @@ fn cmd_torch(a: TorchArgs) -> anyhow::Result<()> {
     };
     eprintln!(
         "PyTorch DDP (gloo) on {:?} {}: {} ranks on hosts {:?}, {:.1} MiB of gradients per step, {mode}, TCP ports {} (rank-R.log and rank-R.json under the out dir)",
-        a.topology,
+        a.rig.topology,
         jr.rig.rig_prefix(),
         cfg.ranks,
         jr.hosts,
@@ -984,7 +974,7 @@ fn cmd_torch(a: TorchArgs) -> anyhow::Result<()> {
     eprintln!("every rank is training (since {t} ms after the Unix epoch)");
     jr.run(
         job,
-        &a.faults,
+        &a.rig.faults,
         serde_json::json!({
             "tcp_ports": cfg.port_range(),
             "grad_bytes_per_step": cfg.grad_bytes(),
