@@ -1086,9 +1086,9 @@ mod tests {
     fn fault_flags_parse() {
         let cli = Cli::try_parse_from(["ringside-testbed", "job", "--topology", "leaf-spine", "--loss", "1:2", "--rate-cap", "up0:100", "--flap", "up1:300:3000", "--cross-traffic"]).unwrap();
         let Command::Job(j) = cli.command else { panic!() };
-        assert_eq!(j.topology, Topology::LeafSpine);
-        assert_eq!(j.faults.cross_traffic, Some(CrossArg::Auto));
-        assert_eq!(j.faults.flap, vec![("up1".to_string(), 300, Some(3000))]);
+        assert_eq!(j.rig.topology, Topology::LeafSpine);
+        assert_eq!(j.rig.faults.cross_traffic, Some(CrossArg::Auto));
+        assert_eq!(j.rig.faults.flap, vec![("up1".to_string(), 300, Some(3000))]);
         let cli = Cli::try_parse_from(["ringside-testbed", "star", "--cross-traffic", "0:1:50"]).unwrap();
         let Command::Star(s) = cli.command else { panic!() };
         assert_eq!(s.faults.cross_traffic, Some(CrossArg::Hosts(0, 1, Some(50))));
@@ -1099,7 +1099,7 @@ mod tests {
         let cli = Cli::try_parse_from(["ringside-testbed", "torch", "--ranks", "6", "--duration-s", "30", "--compression", "bf16", "--straggler", "2:80", "--loss", "1:2", "--faults-after", "10"]).unwrap();
         let Command::Torch(t) = cli.command else { panic!() };
         assert_eq!((t.ranks, t.duration_s, t.compression, t.straggler), (6, Some(30), TorchCompression::Bf16, Some((2, 80))));
-        assert_eq!((t.faults.loss.clone(), t.faults.faults_after), (vec![(Some("1".to_string()), 2.0)], 10));
+        assert_eq!((t.rig.faults.loss.clone(), t.rig.faults.faults_after), (vec![(Some("1".to_string()), 2.0)], 10));
         // A hint URL needs a token, and excludes a static compression.
         assert!(Cli::try_parse_from(["ringside-testbed", "torch", "--follow-hints", "http://10.77.0.253:9464"]).is_err());
         assert!(Cli::try_parse_from(["ringside-testbed", "torch", "--follow-hints", "http://x:1", "--token", "t", "--compression", "fp16"]).is_err());
