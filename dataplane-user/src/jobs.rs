@@ -144,6 +144,7 @@ impl JobSet {
             c: Counters,
             bytes_by_if: BTreeMap<u32, u64>,
             bursts: Vec<BurstSummary>,
+            pokes: Vec<BurstSummary>,
         }
         let mut jobs: BTreeMap<&str, BTreeMap<IpAddr, Acc>> = BTreeMap::new();
         // Per job, its directed connections (for `attribution`), and their senders' data bursts.
@@ -168,6 +169,9 @@ impl JobSet {
             let acc = jobs.entry(job).or_default().entry(peer_ip(key)).or_default();
             acc.bytes_by_if.entry(key.ifindex).or_default();
             if !sent_by_peer_with_data(key, b) {
+                if key.direction == direction::INGRESS && acc.pokes.len() < MAX_POKES_PER_PEER {
+                    acc.pokes.push(summary(key, b));
+                }
                 continue;
             }
             acc.bursts.push(summary(key, b));
@@ -205,6 +209,7 @@ impl JobSet {
                         let mut pw = peer_window(peer, ifname(ifindex), &a.c, a.bursts);
                         pw.explained_by = blame.explained_by.get(&peer).copied();
                         pw.shared_links = shared_links.get(&peer).cloned().unwrap_or_default();
+                        pw.pokes = a.pokes;
                         pw
                     })
                     .collect(),
@@ -350,6 +355,10 @@ impl<'a> LinkTraffic<'a> {
 /// Smallest average packet of a burst that counts as data (a TCP pure-ACK burst averages 52-66 B).
 pub const MIN_DATA_BURST_PACKET_BYTES: u64 = 256;
 
+/// At most this many small bursts ([`PeerWindow::pokes`]) per peer and window: they only place a
+/// go-ahead in time, and a chatty peer must not grow a window without bound.
+const MAX_POKES_PER_PEER: usize = 4096;
+
 /// Whether a burst is data sent by the flow's peer (see the module docs).
 fn sent_by_peer_with_data(key: &FlowKey, b: &BurstRecord) -> bool {
     key.direction == direction::INGRESS && b.bytes >= b.packets.saturating_mul(MIN_DATA_BURST_PACKET_BYTES)
@@ -370,6 +379,7 @@ pub fn peer_window(peer: IpAddr, link: String, c: &Counters, bursts: Vec<BurstSu
         bursts,
         explained_by: None,
         shared_links: Vec::new(),
+        pokes: Vec::new(),
     }
 }
 

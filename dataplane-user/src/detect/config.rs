@@ -257,6 +257,9 @@ pub struct StragglerConfig {
     /// A late start that another peer's start follows within this (3 ms) names no one: with a
     /// rendezvous protocol the straggler's predecessor sends only once the straggler asks.
     pub co_start_ns: u64,
+    /// A late start whose receiver sent this peer anything small (a go-ahead) in the 10 ms
+    /// before names no one: it was waiting for that receiver.
+    pub go_ahead_ns: u64,
 }
 
 impl Default for StragglerConfig {
@@ -274,6 +277,7 @@ impl Default for StragglerConfig {
             scale_floor_ns: 2_000_000,
             normal_goodput_ratio: 0.8,
             co_start_ns: 3_000_000,
+            go_ahead_ns: 10_000_000,
         }
     }
 }

@@ -35,9 +35,11 @@
 //!   counts as 0. (A peer that starts sending elsewhere right after is forwarding this one's data;
 //!   one that had already sent to it earlier in the step and stalled is resuming as its TCP
 //!   receive window opens: neither makes the start ambiguous.)
-//!   So does a late start whose data goes only to peers that sent nothing while this one idled:
-//!   it may be waiting for that receiver's go-ahead (recursive doubling's folded ranks send to
-//!   their partner, the straggler, only once it asks), which blames the wrong end.
+//!   So does a late start whose receivers told it to go ahead just before (a small send from the
+//!   receiver to this peer in the `go_ahead_ns` before its data, [`PeerWindow::pokes`]): it was
+//!   waiting for that receiver, not computing (recursive doubling's folded ranks send to their
+//!   partner, the straggler, only once it asks). With an eager protocol nothing comes back
+//!   before the data, and the late sender keeps the blame.
 
 use std::net::IpAddr;
 
@@ -62,8 +64,10 @@ pub(crate) struct PeerFeatures {
     pub phases: Vec<(u64, u64)>,
     /// End of the peer's last phase before this window, if any.
     pub prev_phase_end_ns: Option<u64>,
-    /// (start, destination) of every burst of the window: whom the peer sent to, when.
-    pub sends: Vec<(u64, Option<IpAddr>)>,
+    /// (start, end, destination) of every burst of the window: whom the peer sent to, when.
+    pub sends: Vec<(u64, u64, Option<IpAddr>)>,
+    /// (start, destination) of the peer's small sends (ACKs, control messages).
+    pub pokes: Vec<(u64, Option<IpAddr>)>,
     /// End of the last phase seen so far (this window or earlier).
     pub last_phase_end_ns: Option<u64>,
     /// Filled by [`fill_lateness`].
@@ -97,6 +101,7 @@ impl PeerFeatures {
             phases: vec![],
             prev_phase_end_ns: None,
             sends: vec![],
+            pokes: vec![],
             last_phase_end_ns: None,
             lateness_ns: None,
             steps: Default::default(),
@@ -189,7 +194,8 @@ pub(crate) fn peer_features(
         phase_starts,
         phases: phases.iter().map(|p| (p.start_ns, p.end_ns)).collect(),
         prev_phase_end_ns: prev_last_end_ns,
-        sends: w.bursts.iter().map(|b| (b.start_ns, b.to)).collect(),
+        sends: w.bursts.iter().map(|b| (b.start_ns, b.end_ns, b.to)).collect(),
+        pokes: w.pokes.iter().map(|b| (b.start_ns, b.to)).collect(),
         last_phase_end_ns,
         lateness_ns: None,
         steps,
@@ -218,19 +224,28 @@ fn nearest(sorted: &[u64], t: u64, max_offset: u64) -> Option<u64> {
     (best.abs_diff(t) <= max_offset).then_some(best)
 }
 
-/// How long before `t` no peer other than `peers[me]` had been sending: `t` minus the latest end
-/// of their phases that started before `t` (0 if one is still running at `t`); `None` if none of
-/// them had sent anything before `t` in this window or the previous one (nothing to wait on).
-fn job_silence_before(peers: &[PeerFeatures], me: usize, t: u64) -> Option<f64> {
+/// How long before `t` the rest of the job had been quiet: `t` minus the latest end of the other
+/// peers' bursts that started before `t - co_start_ns` (0 if one is still running at `t`);
+/// `None` if none of them had sent anything before in this window or the previous one. Not
+/// counted: a burst *to* `peers[me]` still running at `t` (input waiting for it to read, as a
+/// peer that is not reading stalls its senders), and bursts starting within `co_start_ns` of `t`
+/// (reactions to its own first packets, within the timestamps' jitter).
+fn job_silence_before(cfg: &DetectorConfig, peers: &[PeerFeatures], me: usize, t: u64) -> Option<f64> {
+    let me_addr = peers[me].peer;
+    let before = t.saturating_sub(cfg.straggler.co_start_ns);
     let mut latest: Option<u64> = None;
     for (j, p) in peers.iter().enumerate() {
         if j == me {
             continue;
         }
-        for &(_, end) in p.phases.iter().take_while(|(start, _)| *start < t) {
+        for &(start, end, to) in p.sends.iter().filter(|(start, _, _)| *start < before) {
             if end >= t {
+                if to == Some(me_addr) {
+                    continue;
+                }
                 return Some(0.0);
             }
+            let _ = start;
             latest = Some(latest.map_or(end, |l| l.max(end)));
         }
         if let Some(e) = p.prev_phase_end_ns.filter(|&e| e < t) {
@@ -251,37 +266,40 @@ fn another_starts_within(peers: &[PeerFeatures], me: usize, t: u64, within: u64,
     let to_me = |to: Option<IpAddr>| to.is_none_or(|a| a == me_addr);
     peers.iter().enumerate().any(|(j, p)| {
         j != me
-            && p.sends.iter().any(|&(start, to)| start > t && start - t <= within && to_me(to))
-            && !p.sends.iter().any(|&(start, to)| start > since && start < t && to.is_some_and(|a| a == me_addr))
+            && p.sends.iter().any(|&(start, _, to)| start > t && start - t <= within && to_me(to))
+            && !p.sends.iter().any(|&(start, _, to)| start > since && start < t && to.is_some_and(|a| a == me_addr))
     })
 }
 
-/// Whether everything `peers[me]` starts sending at `t` goes to peers of the job that started no
-/// phase in `(since, t)`: receivers that were idle while it was, which it may have waited for.
-fn sends_only_to_idle_peers(cfg: &DetectorConfig, peers: &[PeerFeatures], me: usize, t: u64, since: u64) -> bool {
+/// Whether every peer `peers[me]` starts sending data to at `t` had just told it to go ahead:
+/// a small send from that receiver to `me` in `[t - go_ahead_ns, t)`.
+fn waited_for_go_ahead(cfg: &DetectorConfig, peers: &[PeerFeatures], me: usize, t: u64) -> bool {
+    let me_addr = peers[me].peer;
     let window = cfg.straggler.co_start_ns;
-    let mut dests = peers[me].sends.iter().filter(|(start, _)| (t..=t + window).contains(start)).map(|(_, to)| *to).peekable();
+    let from = t.saturating_sub(cfg.straggler.go_ahead_ns);
+    let mut dests = peers[me].sends.iter().filter(|(start, _, _)| (t..=t + window).contains(start)).map(|(_, _, to)| *to).peekable();
     if dests.peek().is_none() {
         return false;
     }
     dests.all(|to| {
-        let Some(j) = to.and_then(|a| peers.iter().position(|p| p.peer == a)) else { return false };
-        j != me && !peers[j].phases.iter().any(|&(start, _)| start > since && start < t)
+        let Some(r) = to.and_then(|a| peers.iter().position(|p| p.peer == a)) else { return false };
+        r != me && peers[r].pokes.iter().any(|&(start, to)| to == Some(me_addr) && (from..t).contains(&start))
     })
 }
 
 /// A lateness sample capped by the job's silence before the start it was measured at, and 0 when
-/// another peer breaks the same silence at once or the data goes only to peers that were idle too
-/// (see the module docs): lateness that followed other peers' data is waiting, not computing,
-/// and a shared or go-ahead-gated start names no one. `since`: from when a receiver that sent
-/// anything counts as active (the start of this peer's idle gap, or one matching offset back).
+/// another peer breaks the same silence at once or the receivers had just told this peer to go
+/// ahead (see the module docs): lateness that followed other peers' data is waiting, not
+/// computing, and a shared or go-ahead-gated start names no one. `since`: from when an earlier
+/// send to this peer makes a co-starter's send a resumption (the start of this peer's idle gap,
+/// or one matching offset back).
 fn gated(cfg: &DetectorConfig, late: f64, peers: &[PeerFeatures], me: usize, t: u64, since: u64) -> f64 {
     if late <= 0.0 {
         return late;
     }
-    match job_silence_before(peers, me, t) {
+    match job_silence_before(cfg, peers, me, t) {
         Some(_) if another_starts_within(peers, me, t, cfg.straggler.co_start_ns, since) => 0.0,
-        Some(_) if sends_only_to_idle_peers(cfg, peers, me, t, since) => 0.0,
+        Some(_) if waited_for_go_ahead(cfg, peers, me, t) => 0.0,
         Some(silent) => late.min(silent),
         None => late,
     }
@@ -436,6 +454,7 @@ mod tests {
             bursts,
             explained_by: None,
             shared_links: Vec::new(),
+            pokes: Vec::new(),
         }
     }
 
@@ -480,7 +499,7 @@ mod tests {
         fill_lateness(&cfg, &mut peers, &vec![Vec::new(); 4]);
         assert_eq!(peers[3].lateness_ns, Some(29.0 * MS as f64), "50 ms late, capped by 60 - 31 ms of silence");
         assert_eq!(peers[0].lateness_ns, Some(-1.0 * MS as f64), "median of 11, 9, 60 ms is 11 ms");
-        assert_eq!(peers[1].lateness_ns, Some(0.0), "1 ms late, but peer 0 was still sending");
+        assert_eq!(peers[1].lateness_ns, Some(1.0 * MS as f64), "starts 1 ms apart are simultaneous: nothing to cap");
         // The same start while the others are still sending (10-90 ms) is waiting on them: 0.
         let mut peers = vec![mk(10, 80), mk(11, 80), mk(9, 80), mk(60, 20)];
         fill_lateness(&cfg, &mut peers, &vec![Vec::new(); 4]);
@@ -504,25 +523,31 @@ mod tests {
         for (i, p) in forwarding.iter_mut().enumerate() {
             p.peer = format!("10.0.0.{}", i + 1).parse().unwrap();
         }
-        forwarding[2].sends.iter_mut().for_each(|s| s.1 = Some("10.0.0.1".parse().unwrap()));
+        forwarding[2].sends.iter_mut().for_each(|s| s.2 = Some("10.0.0.1".parse().unwrap()));
         fill_lateness(&cfg, &mut forwarding, &vec![Vec::new(); 4]);
         assert!(forwarding[3].lateness_ns.unwrap() >= 20.0 * MS as f64, "{:?}", forwarding[3].lateness_ns);
-        // A late send only to a peer that sent nothing meanwhile (peer 2's data to peer 1, which
-        // idled too: it may have waited for peer 1's go-ahead) names no one either.
+        // A late send to a peer that had just told it to go ahead (a small send 2 ms before:
+        // a rendezvous CTS) names no one: it waited for that receiver. Without the go-ahead (an
+        // eager protocol, the receiver idle and waiting for this data) the sender is named.
         let to = |mut f: PeerFeatures, dst: &str| {
             let a: IpAddr = dst.parse().unwrap();
-            f.sends.iter_mut().for_each(|s| s.1 = Some(a));
+            f.sends.iter_mut().for_each(|s| s.2 = Some(a));
             f
         };
-        let mut peers = vec![mk(&[(10, 20)]), mk(&[(11, 20)]), mk(&[(9, 5), (65, 20)]), mk(&[(60, 20)])];
-        for (i, p) in peers.iter_mut().enumerate() {
+        let mut base = vec![mk(&[(10, 20)]), mk(&[(11, 20)]), mk(&[(9, 5), (65, 20)]), mk(&[(60, 20)])];
+        for (i, p) in base.iter_mut().enumerate() {
             p.peer = format!("10.0.0.{}", i + 1).parse().unwrap();
         }
-        peers[3] = to(peers[3].clone(), "10.0.0.1");
-        let mut idle_receiver = peers.clone();
-        idle_receiver[0].phases.clear();
-        fill_lateness(&cfg, &mut idle_receiver, &vec![Vec::new(); 4]);
-        assert_eq!(idle_receiver[3].lateness_ns, Some(0.0), "its receiver sent nothing while it idled");
+        base[3] = to(base[3].clone(), "10.0.0.1");
+        let mut eager = base.clone();
+        eager[0].phases.clear();
+        fill_lateness(&cfg, &mut eager, &vec![Vec::new(); 4]);
+        assert!(eager[3].lateness_ns.unwrap() >= 20.0 * MS as f64, "{:?}", eager[3].lateness_ns);
+        let mut rendezvous = eager.clone();
+        let me: IpAddr = "10.0.0.4".parse().unwrap();
+        rendezvous[0].pokes = (0..5).map(|k| ((k * 200 + 58) * MS, Some(me))).collect();
+        fill_lateness(&cfg, &mut rendezvous, &vec![Vec::new(); 4]);
+        assert_eq!(rendezvous[3].lateness_ns, Some(0.0), "its receiver told it to go ahead");
         // 5 ms apart (an eager protocol: peer 3's first chunk reached peer 2) names peer 3.
         let mut peers = vec![mk(&[(10, 20)]), mk(&[(11, 20)]), mk(&[(9, 5), (65, 20)]), mk(&[(60, 20)])];
         fill_lateness(&cfg, &mut peers, &vec![Vec::new(); 4]);

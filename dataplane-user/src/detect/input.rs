@@ -73,6 +73,11 @@ pub struct PeerWindow {
     /// degradation is that link's, not a gray failure of the peer.
     #[serde(default)]
     pub shared_links: Vec<String>,
+    /// The peer's small sends of the window (bursts of its flows without data-sized packets:
+    /// ACKs, and a protocol's control messages such as a rendezvous go-ahead), with their
+    /// destination: whether it told another peer to go ahead just before that peer sent to it.
+    #[serde(default)]
+    pub pokes: Vec<BurstSummary>,
 }
 
 /// One direction of a link the job's data crosses, counted over *all* flows on it, the job's and
@@ -225,6 +230,7 @@ mod tests {
             bursts: vec![],
             explained_by: None,
             shared_links: Vec::new(),
+            pokes: Vec::new(),
         };
         assert_eq!(w.loss_packets(), 6);
     }

@@ -90,6 +90,10 @@ struct LinkState {
 
 #[derive(Debug)]
 struct JobState {
+    /// Per active peer of the last window: (peer, phase lateness, step lateness) in ns, for the
+    /// replay tool (`scenarios::replay_recorded_windows`).
+    #[cfg(test)]
+    last_lateness: Vec<(IpAddr, Option<f64>, Option<f64>)>,
     last_end_ns: u64,
     peers: BTreeMap<IpAddr, PeerState>,
     links: BTreeMap<String, LinkState>,
@@ -101,7 +105,13 @@ fn warm(ring: &Ring, cfg: &DetectorConfig) -> Option<Robust> {
 
 impl JobState {
     fn new() -> Self {
-        Self { last_end_ns: 0, peers: BTreeMap::new(), links: BTreeMap::new() }
+        Self {
+            #[cfg(test)]
+            last_lateness: Vec::new(),
+            last_end_ns: 0,
+            peers: BTreeMap::new(),
+            links: BTreeMap::new(),
+        }
     }
 
     fn observe(
@@ -154,6 +164,10 @@ impl JobState {
         }
         fill_lateness(cfg, &mut feats, &prev_starts);
         fill_step_lateness(cfg, &mut feats, &prev_step_starts);
+        #[cfg(test)]
+        {
+            self.last_lateness = feats.iter().map(|f| (f.peer, f.lateness_ns, f.step_lateness_ns)).collect();
+        }
         let stats = peer_stats(cfg, &feats);
 
         // 2. Links.
@@ -382,6 +396,12 @@ impl DetectorSet {
     /// The open verdicts, with the evidence of their latest anomalous window.
     pub fn open_verdicts(&self) -> impl Iterator<Item = &Verdict> {
         self.jobs.values().flat_map(|j| j.tracks()).filter_map(Track::open_verdict)
+    }
+
+    /// The replay tool's view of `job`'s last window: (peer, phase lateness, step lateness).
+    #[cfg(test)]
+    pub(crate) fn last_lateness(&self, job: &str) -> Vec<(IpAddr, Option<f64>, Option<f64>)> {
+        self.jobs.get(job).map(|j| j.last_lateness.clone()).unwrap_or_default()
     }
 
     /// Peers ignored because a job already had `max_peers_per_job` (for a metric).

@@ -540,6 +540,7 @@ fn root_job(seed: u64, straggler: Option<(usize, u64)>, n: usize) -> Vec<JobWind
                         bursts: b,
                         explained_by: None,
                         shared_links: Vec::new(),
+                        pokes: Vec::new(),
                     }
                 })
                 .collect(),
@@ -570,5 +571,34 @@ fn a_compute_straggler_is_found_whatever_the_algorithm() {
         assert!(*opened <= 3, "seed {seed}: opened in window {opened}");
         let late = &c.verdict().evidence[0];
         assert!((25e6..=60e6).contains(&late.value), "seed {seed}: {late:?}");
+    }
+}
+
+/// A tool, not a check: replays the windows an agent recorded (run it with
+/// `RUST_LOG=info,ringside::detect::input=debug`: one JSON `JobWindow` per log line) through the
+/// detectors and prints, per window, each peer's straggler lateness and every verdict change.
+/// `RINGSIDE_REPLAY=agent.log cargo test -p dataplane-user --lib replay_recorded_windows -- --ignored --nocapture`
+#[test]
+#[ignore = "a tool: set RINGSIDE_REPLAY to an agent log with recorded windows"]
+fn replay_recorded_windows() {
+    let path = std::env::var("RINGSIDE_REPLAY").expect("RINGSIDE_REPLAY=<agent log recorded with ringside::detect::input=debug>");
+    let text = std::fs::read_to_string(&path).expect("reading the log");
+    let windows: Vec<JobWindow> =
+        text.lines().filter_map(|l| l.find("{\"job\"").and_then(|i| serde_json::from_str(&l[i..]).ok())).collect();
+    assert!(!windows.is_empty(), "no recorded window in {path}");
+    let mut cfg = DetectorConfig::default();
+    if let Ok(v) = std::env::var("RINGSIDE_REPLAY_CO_START_NS") {
+        cfg.straggler.co_start_ns = v.parse().expect("a number of ns");
+    }
+    let mut set = DetectorSet::new(cfg);
+    let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{:.0}", v / 1e6));
+    for (i, w) in windows.iter().enumerate() {
+        let changes = set.observe(w).expect("valid window");
+        let late: Vec<String> = set.last_lateness(&w.job).iter().map(|(p, a, b)| format!("{p}:{}/{}", ms(*a), ms(*b))).collect();
+        println!("w{i} {} late ms (phase/step): {}", w.job, late.join(" "));
+        for c in changes {
+            let v = c.verdict();
+            println!("    {:?} {:?} {:?} {:?}", v.kind, v.scope, v.severity, v.evidence.first().map(|e| (e.metric, e.value)));
+        }
     }
 }

@@ -250,6 +250,7 @@ impl Scenario {
                     bursts: Vec::new(),
                     explained_by: None,
                     shared_links: Vec::new(),
+                    pokes: Vec::new(),
                 });
             }
             stall_behind_latest(&mut all_phases, &delays);
@@ -412,6 +413,7 @@ impl RingJob {
                             bursts: b,
                             explained_by: None,
                             shared_links: Vec::new(),
+                            pokes: Vec::new(),
                         }
                     })
                     .collect(),

@@ -370,6 +370,7 @@ mod tests {
             bursts,
             explained_by: None,
             shared_links: Vec::new(),
+            pokes: Vec::new(),
         }
     }
 

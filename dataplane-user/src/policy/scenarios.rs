@@ -144,6 +144,7 @@ impl FakeJob {
                     bursts: std::mem::take(&mut bursts[i]),
                     explained_by: None,
                     shared_links: Vec::new(),
+                    pokes: Vec::new(),
                 })
                 .collect(),
             links: Vec::new(),
