@@ -24,6 +24,10 @@
 //! - greedily, the peer with the most distinct counterparts over its not yet explained bad
 //!   connections is *blamed* when that count is at least 2 (ties: more loss, then lower address);
 //!   its bad connections become explained; repeat;
+//! - then, for a bad connection still unexplained between two peers, the end *every* active
+//!   connection of which is bad (at least [`MIN_ACTIVE_DATA_PACKETS`] data packets), when the
+//!   other end also has a good one, is blamed: pairwise algorithms (recursive doubling,
+//!   Rabenseifner's folded ranks) give a faulty host a single counterpart in a window;
 //! - then a bad connection still unexplained whose two ends are both peers (a lone bad
 //!   connection: one direction of one link degraded) is blamed on its *receiver*: from a switch,
 //!   the queue toward the receiver is where a single flow is shaped or dropped, and a sender's
@@ -51,6 +55,9 @@ pub const LOSS_OUTLIER_FACTOR: f64 = 4.0;
 pub const SLOW_FACTOR: f64 = 0.5;
 /// Connections with goodput needed before "slow" is judged.
 pub const MIN_CONNS_FOR_MEDIAN: usize = 3;
+/// A connection with at least this many data packets in the window counts as an active one of
+/// its ends (for "every active connection of this peer is bad").
+pub const MIN_ACTIVE_DATA_PACKETS: u64 = 100;
 
 /// One direction of one connection in one window.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -151,6 +158,33 @@ pub fn attribute(conns: &[DirectedConn], peers: &BTreeSet<IpAddr>) -> Attributio
             }
         }
     }
+    // A peer all of whose active connections are bad, against a counterpart that also has good
+    // ones: the fault is on its path. (Pairwise algorithms, recursive doubling's folded ranks, a
+    // flapped host with one partner in the window: one counterpart, so the rule above cannot see
+    // it, and the receiver rule below would blame whichever end received.)
+    let has_good: BTreeSet<IpAddr> = conns
+        .iter()
+        .filter(|c| c.data_packets >= MIN_ACTIVE_DATA_PACKETS && !bad.iter().any(|&(s, d, _)| Some(s) == c.src && Some(d) == c.dst))
+        .flat_map(|c| [c.src, c.dst])
+        .flatten()
+        .collect();
+    for i in 0..bad.len() {
+        let (s, d, _) = bad[i];
+        if explained[i] || !peers.contains(&s) || !peers.contains(&d) {
+            continue;
+        }
+        let culprit = match (has_good.contains(&s), has_good.contains(&d)) {
+            (false, true) => s,
+            (true, false) => d,
+            _ => continue,
+        };
+        out.blamed.insert(culprit);
+        for (j, &(s2, d2, _)) in bad.iter().enumerate() {
+            if s2 == culprit || d2 == culprit {
+                explained[j] = true;
+            }
+        }
+    }
     // Lone bad connections between two peers: the receiver's link.
     for (i, &(s, d, _)) in bad.iter().enumerate() {
         if !explained[i] && peers.contains(&s) && peers.contains(&d) && !out.blamed.contains(&s) {
@@ -178,6 +212,17 @@ pub fn attribute(conns: &[DirectedConn], peers: &BTreeSet<IpAddr>) -> Attributio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_whose_only_connections_are_bad_is_blamed_not_its_partner() {
+        // Host 5 talks to host 1 only (a folded rank), both ways lossy; host 1 also talks to 2 and 3.
+        let c = |s: u8, d: u8, loss: u64| DirectedConn { src: Some(ip(s)), dst: Some(ip(d)), loss_packets: loss, data_packets: 10_000, ..Default::default() };
+        let conns = vec![c(5, 1, 300), c(1, 5, 280), c(1, 2, 1), c(2, 1, 0), c(1, 3, 2), c(3, 1, 1), c(2, 3, 0)];
+        let peers: BTreeSet<IpAddr> = [1, 2, 3, 5].map(ip).into();
+        let a = attribute(&conns, &peers);
+        assert_eq!(a.blamed, [ip(5)].into());
+        assert_eq!(a.explained_by.get(&ip(1)), Some(&ip(5)));
+    }
 
     fn ip(last: u8) -> IpAddr {
         IpAddr::from([10, 77, 0, last])
