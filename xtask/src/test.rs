@@ -134,7 +134,8 @@ impl Counts {
         }
         let body = line.trim_matches(|c| c == '=' || c == ' ');
         let Some((counts, took)) = body.rsplit_once(" in ") else { return };
-        if !took.ends_with('s') {
+        // "in 12.34s", or past a minute "in 89.79s (0:01:29)".
+        if !took.split_whitespace().next().is_some_and(|t| t.ends_with('s')) {
             return;
         }
         for part in counts.split(", ") {
@@ -231,6 +232,10 @@ mod tests {
         c.add_pytest_line("========================= no tests ran in 0.01s =========================");
         c.add_pytest_line("3 passed in 1.0s"); // not a summary line without the rule
         assert_eq!((c.passed, c.failed, c.ignored), (52, 3, 2));
+        // Past a minute pytest adds the duration as h:mm:ss.
+        let mut c = Counts::default();
+        c.add_pytest_line("======================== 59 passed in 89.79s (0:01:29) =========================");
+        assert_eq!(c.passed, 59);
     }
 }
 
