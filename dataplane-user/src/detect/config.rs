@@ -260,6 +260,10 @@ pub struct StragglerConfig {
     /// A late start whose receiver sent this peer anything small (a go-ahead) in the 10 ms
     /// before names no one: it was waiting for that receiver.
     pub go_ahead_ns: u64,
+    /// Raise a straggler on `raise_k` (4) of the last `raise_n` (5) windows, stricter than
+    /// network faults: a rank of a busy host runs late for a window or two without being one.
+    pub raise_k: u32,
+    pub raise_n: u32,
 }
 
 impl Default for StragglerConfig {
@@ -278,6 +282,8 @@ impl Default for StragglerConfig {
             normal_goodput_ratio: 0.8,
             co_start_ns: 3_000_000,
             go_ahead_ns: 10_000_000,
+            raise_k: 4,
+            raise_n: 5,
         }
     }
 }

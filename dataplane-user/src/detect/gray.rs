@@ -3,8 +3,9 @@
 //! Compared with the other peers of the same job in the same window (leave-one-out median and
 //! MAD), so whatever the whole job does (a slower step, a shared CPU hiccup) cancels out. Three
 //! signals, any of which makes the window anomalous:
-//! - in-burst goodput well below the others (a rate cap, a bad link, heavy loss); below the
-//!   severe ratio that alone is enough, but a milder dip must also be a drop against the peer's
+//! - in-burst goodput well below the others (a rate cap, a bad link, heavy loss), in k of n
+//!   windows (never one window alone: a rank starved of CPU on a busy host is as slow for a
+//!   window); below the severe ratio that alone is enough, but a milder dip must also be a drop against the peer's
 //!   *own* history (`own_baseline`, warm): peers of a job need not move bytes equally (a
 //!   compute straggler or a rank with another role in the algorithm sends at another pace from
 //!   its first step), and a network fault is a change;
@@ -38,7 +39,10 @@ pub(crate) struct Fold {
     evaluated: bool,
     ambiguous: bool,
     anomalous: bool,
+    /// Raise on this window alone.
     severe: bool,
+    /// Report as critical (severe, or as bad as severe without raising at once).
+    critical: bool,
     evidence: Vec<Evidence>,
 }
 
@@ -56,6 +60,15 @@ impl Fold {
         self.evaluated = true;
         self.anomalous = true;
         self.severe |= severe;
+        self.critical |= severe;
+        self.evidence.push(e);
+    }
+
+    /// Anomalous, reported as critical when `critical`, but never raised on this window alone.
+    pub fn anomalous_not_at_once(&mut self, critical: bool, e: Evidence) {
+        self.evaluated = true;
+        self.anomalous = true;
+        self.critical |= critical;
         self.evidence.push(e);
     }
 
@@ -67,7 +80,7 @@ impl Fold {
         Some(if self.anomalous {
             Assessment {
                 state: WindowState::Anomalous { severe: self.severe },
-                severity: severity(self.severe),
+                severity: severity(self.critical),
                 evidence: self.evidence,
             }
         } else if self.ambiguous {
@@ -90,8 +103,10 @@ pub(crate) fn assess(cfg: &GrayConfig, f: &PeerFeatures, s: &PeerStats, own_base
         if ratio <= cfg.goodput_open_ratio && z >= cfg.z_open && !severe && !dropped {
             fold.ambiguous();
         } else if ratio <= cfg.goodput_open_ratio && z >= cfg.z_open {
+            // Never raised on one window: a rank starved of CPU on a busy host moves its bytes
+            // as slowly for a window, and only loss is the network's own signature.
             let e = evidence(Metric::InBurstGoodputBps, g, &r, Reference::PeerMedian);
-            fold.anomalous(severe, e);
+            fold.anomalous_not_at_once(severe, e);
         } else if ratio >= cfg.goodput_clear_ratio || z < cfg.z_clear {
             fold.clean();
         } else {
@@ -167,9 +182,9 @@ mod tests {
     }
 
     #[test]
-    fn quarter_goodput_is_severe() {
+    fn quarter_goodput_is_critical_but_not_raised_on_one_window() {
         let a = assess(&GrayConfig::default(), &features(25e6, 1e-4), &stats(&G, &L), None).unwrap();
-        assert_eq!(a.state, WindowState::Anomalous { severe: true });
+        assert_eq!(a.state, WindowState::Anomalous { severe: false });
         assert_eq!(a.severity, Severity::Critical);
         assert_eq!(a.evidence[0].metric, Metric::InBurstGoodputBps);
     }

@@ -281,7 +281,8 @@ impl JobState {
             }
             if let Some(a) = straggler_a {
                 let ctx = ctx(VerdictKind::Straggler);
-                changes.extend(ps.straggler.observe(&cfg.persistence, &ctx, a, false, false, next_id));
+                let persistence = PersistenceConfig { raise_k: cfg.straggler.raise_k, raise_n: cfg.straggler.raise_n, ..cfg.persistence.clone() };
+                changes.extend(ps.straggler.observe(&persistence, &ctx, a, false, false, next_id));
             }
             if !link_congested && !gray_anomalous {
                 f.goodput_bps.inspect(|&g| ps.goodput_baseline.push(g));
