@@ -35,10 +35,13 @@ const JOB_SOURCE: &str = include_str!("../mpi/ringside_mpi_job.c");
 pub enum MpiAlgorithm {
     #[default]
     Default,
+    #[value(alias = "basic_linear")]
     BasicLinear,
     Nonoverlapping,
+    #[value(alias = "recursive_doubling")]
     RecursiveDoubling,
     Ring,
+    #[value(alias = "segmented_ring")]
     SegmentedRing,
     Rabenseifner,
 }
