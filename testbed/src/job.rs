@@ -205,6 +205,8 @@ impl RunningJob {
             None => std::env::temp_dir().join(format!("{prefix}-{}-{}", std::process::id(), JOB_COUNTER.fetch_add(1, Ordering::Relaxed))),
         };
         std::fs::create_dir_all(&out_dir).map_err(|e| Error::file(&out_dir, e))?;
+        // Absolute: ranks may run from another working directory (PyTorch's from this one).
+        let out_dir = std::fs::canonicalize(&out_dir).map_err(|e| Error::file(&out_dir, e))?;
         Ok(RunningJob {
             ranks: Vec::new(),
             out_dir,
