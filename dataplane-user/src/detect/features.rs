@@ -60,8 +60,6 @@ pub(crate) struct PeerFeatures {
     pub silence_ns: Option<f64>,
     /// Starts of the phases with at least `min_phase_bytes`, sorted.
     pub phase_starts: Vec<u64>,
-    /// (start, end) of every phase of the window, sorted by start: when this peer was sending.
-    pub phases: Vec<(u64, u64)>,
     /// End of the peer's last phase before this window, if any.
     pub prev_phase_end_ns: Option<u64>,
     /// (start, end, destination) of every burst of the window: whom the peer sent to, when.
@@ -98,7 +96,6 @@ impl PeerFeatures {
             cnps: 0,
             silence_ns: None,
             phase_starts: vec![],
-            phases: vec![],
             prev_phase_end_ns: None,
             sends: vec![],
             pokes: vec![],
@@ -192,7 +189,6 @@ pub(crate) fn peer_features(
         cnps: w.cnps,
         silence_ns: silence.map(|s| s as f64),
         phase_starts,
-        phases: phases.iter().map(|p| (p.start_ns, p.end_ns)).collect(),
         prev_phase_end_ns: prev_last_end_ns,
         sends: w.bursts.iter().map(|b| (b.start_ns, b.end_ns, b.to)).collect(),
         pokes: w.pokes.iter().map(|b| (b.start_ns, b.to)).collect(),
@@ -238,14 +234,13 @@ fn job_silence_before(cfg: &DetectorConfig, peers: &[PeerFeatures], me: usize, t
         if j == me {
             continue;
         }
-        for &(start, end, to) in p.sends.iter().filter(|(start, _, _)| *start < before) {
+        for &(_, end, to) in p.sends.iter().filter(|(start, _, _)| *start < before) {
             if end >= t {
                 if to == Some(me_addr) {
                     continue;
                 }
                 return Some(0.0);
             }
-            let _ = start;
             latest = Some(latest.map_or(end, |l| l.max(end)));
         }
         if let Some(e) = p.prev_phase_end_ns.filter(|&e| e < t) {
@@ -540,7 +535,6 @@ mod tests {
         }
         base[3] = to(base[3].clone(), "10.0.0.1");
         let mut eager = base.clone();
-        eager[0].phases.clear();
         fill_lateness(&cfg, &mut eager, &vec![Vec::new(); 4]);
         assert!(eager[3].lateness_ns.unwrap() >= 20.0 * MS as f64, "{:?}", eager[3].lateness_ns);
         let mut rendezvous = eager.clone();
