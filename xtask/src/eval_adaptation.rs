@@ -282,12 +282,16 @@ pub fn run(opts: Opts) -> Result<()> {
             // within the noise; two interleaved pairs measure that noise (static vs static).
             let rounds = if sc == Scenario::Healthy { HEALTHY_PAIRS } else { 1 };
             let mut pair: Vec<(Mode, RunResult)> = Vec::new();
+            // The rate cap's sending rate, measured in the scenario's first run and reused in the
+            // second: both modes must face the same cap (on a shared machine the measured rate
+            // varies by tens of percent between runs a minute apart).
+            let mut send_rate = None;
             for mode in (0..rounds).flat_map(|_| order) {
                 if stop.load(std::sync::atomic::Ordering::SeqCst) {
                     bail!("interrupted");
                 }
                 println!("\n==> {} / {} / {} ({:.0} s elapsed)", source.name(), sc.name(), mode.name(), started.elapsed().as_secs_f64());
-                let r = run_one(&ctx, sc, mode, target).unwrap_or_else(|e| RunResult { error: Some(format!("{e:#}")), ..Default::default() });
+                let r = run_one(&ctx, sc, mode, target, &mut send_rate).unwrap_or_else(|e| RunResult { error: Some(format!("{e:#}")), ..Default::default() });
                 print_run(&r);
                 pair.push((mode, r));
             }
@@ -389,7 +393,9 @@ fn torch_registration(name: String, members: Vec<String>, cfg: &TorchConfig) -> 
     })
 }
 
-fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize) -> Result<RunResult> {
+/// One run. `send_rate` is the faulted host's sending rate (Mbit/s) the rate cap is sized from:
+/// measured by the first run of a scenario, reused by the second.
+fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut Option<f64>) -> Result<RunResult> {
     let tag = format!("{}-{}-{}", ctx.source.name(), sc.name(), mode.name());
     let leaf_spine = sc == Scenario::UplinkCongestion;
     // The rig, the agent's namespace and interfaces, and the address the ranks reach it at.
@@ -497,7 +503,14 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize) -> Result<RunResu
             r.target = format!("2 % loss both ways on h{target}'s link");
         }
         (Scenario::RateCapQuarter, Some(s), _) => {
-            let rate = job_send_rate_mbit(&agent, &s.hosts[target].switch_port, ctx.stop)?;
+            let rate = match *send_rate {
+                // Same timing as a measuring run: the fault starts after the same warm-up.
+                Some(rate) => {
+                    sleep_checked(sampling, ctx.stop);
+                    rate
+                }
+                None => *send_rate.insert(job_send_rate_mbit(&agent, &s.hosts[target].switch_port, ctx.stop)?),
+            };
             let cap = (rate / 4.0).round().max(10.0) as u64;
             _guards.push(Box::new(s.link_rate_cap(&format!("h{target}"), cap)?));
             r.target = format!("h{target}'s link capped to {cap} Mbit/s (1/4 of the {rate:.0} Mbit/s it sent at)");
