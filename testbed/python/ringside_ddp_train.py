@@ -337,11 +337,15 @@ def train(a, doc):
             break
     doc["summary"]["train_ms"] = round((time.monotonic() - t_begin) * 1e3, 3)
     if controller is not None:
-        # Stop rank 0's hint stream before the process group goes: its thread must not outlive it.
-        controller.close()
-        doc["hints"] = [{"step": s, "version": v, "compression": c} for s, v, c in controller.applied]
-        doc["hints_received"] = [{"step": s, "version": v, "step_from": f} for s, v, f in controller.received]
-        latest = controller.latest_hint
+        # The script needs only step/plan_name/hint_version (t2_torch drives it with a stand-in);
+        # ringside.torch's HintFollower also has these, recorded when present.
+        close = getattr(controller, "close", None)
+        if close is not None:
+            # Stop rank 0's hint stream before the process group goes.
+            close()
+        doc["hints"] = [{"step": s, "version": v, "compression": c} for s, v, c in getattr(controller, "applied", [])]
+        doc["hints_received"] = [{"step": s, "version": v, "step_from": f} for s, v, f in getattr(controller, "received", [])]
+        latest = getattr(controller, "latest_hint", None)
         if latest is not None:
             doc["latest_hint"] = {"version": latest.version, "compression": str(latest.compression), "reasons": list(latest.reasons)}
     t_down = time.monotonic()
