@@ -24,12 +24,13 @@ mod support;
 
 use std::{
     net::IpAddr,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use detect_rig::*;
 use ringside_client::{Algorithm, Constraints, JobClient, JobRegistration, OperatorClient, PortRange};
 use serde_json::Value;
+use support::adapt::{f, job_metrics, mean, unix_ms};
 use testbed::{ByteSize, JobConfig, Star, StarConfig};
 
 const RANKS: usize = 4;
@@ -46,18 +47,6 @@ const CAP_MBIT: u64 = 150;
 const WARMUP: Duration = Duration::from_secs(12);
 /// Steps of the job: ≈ 100 healthy (≈ 120 ms with `--verify`), a few capped, then ≈ 200 adapted (≈ 150 ms).
 const STEPS: u32 = 300;
-
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
-}
-
-fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len().max(1) as f64
-}
-
-fn f(v: &Value, k: &str) -> f64 {
-    v[k].as_f64().unwrap_or_else(|| panic!("step record without numeric {k}: {v}"))
-}
 
 fn codec(plan: &Value) -> &str {
     plan["compression"]["codec"].as_str().unwrap_or_else(|| panic!("plan without a codec: {plan}"))
@@ -234,15 +223,4 @@ fn rate_cap_makes_the_job_compress_and_its_comm_time_recover() {
     assert!(step_gain >= 1.2, "the plan change did not recover step time: capped {c_step:.1} ms, after {a_step:.1} ms (×{step_gain:.2})");
     // Passed: the ranks' reports and logs are not needed (a failure keeps them for a look).
     let _ = std::fs::remove_dir_all(&report.out_dir);
-}
-
-/// The job's Prometheus text from the agent (`GET /v1/jobs/{id}/metrics`), or the error.
-fn job_metrics(star: &Star, job_url: &str, token: &str) -> String {
-    star.switch
-        .run(|| JobClient::new(job_url, token).and_then(|c| c.metrics()))
-        .unwrap_or_else(|e| format!("(GET metrics failed: {e})"))
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .collect::<Vec<_>>()
-        .join("\n")
 }

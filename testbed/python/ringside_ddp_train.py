@@ -36,6 +36,9 @@ Output: `--out FILE` (JSON, written atomically), the shape testbed::job::step_ti
   {"rank", "world", "steps": [{"step", "step_ms", "compute_ms", "comm_ms", "exposed_comm_ms",
    "end_unix_ms", "loss", "compression", "hint_version", "buckets", "grad_bytes"}],
    "summary": {...}, "error": null}
+With --follow-hints also "hints" (every plan change: {"step", "version", "compression"}, the
+same on every rank), "hints_received" ({"step", "version", "step_from"}: when each new hint
+reached this rank) and, on rank 0, "latest_hint" ({"version", "compression", "reasons"}).
 On any exception the file is still written, with "error" set, and the exit status is 1.
 """
 
@@ -333,6 +336,18 @@ def train(a, doc):
         if stop:
             break
     doc["summary"]["train_ms"] = round((time.monotonic() - t_begin) * 1e3, 3)
+    if controller is not None:
+        # The script needs only step/plan_name/hint_version (t2_torch drives it with a stand-in);
+        # ringside.torch's HintFollower also has these, recorded when present.
+        close = getattr(controller, "close", None)
+        if close is not None:
+            # Stop rank 0's hint stream before the process group goes.
+            close()
+        doc["hints"] = [{"step": s, "version": v, "compression": c} for s, v, c in getattr(controller, "applied", [])]
+        doc["hints_received"] = [{"step": s, "version": v, "step_from": f} for s, v, f in getattr(controller, "received", [])]
+        latest = getattr(controller, "latest_hint", None)
+        if latest is not None:
+            doc["latest_hint"] = {"version": latest.version, "compression": str(latest.compression), "reasons": list(latest.reasons)}
     t_down = time.monotonic()
     dist.destroy_process_group()
     doc["summary"]["shutdown_ms"] = round((time.monotonic() - t_down) * 1e3, 3)

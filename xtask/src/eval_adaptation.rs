@@ -1,10 +1,18 @@
 //! `cargo xtask eval adaptation`: does following ringside's hints pay?
 //!
-//! For each scenario the same emulated job (4 ranks, ring allreduce, fixed step count) runs twice on
-//! a fresh rig with the real agent: once with its static plan (ring, no compression), once
-//! following the agent's hints (`ringside-rank --follow-hints`, rank 0 streams them and all ranks
-//! switch at the same step). Same seed, same target, same fault timing; the order of the two alternates
-//! by scenario so slow drift of the shared machine does not always favour one.
+//! Two jobs (`--source`, repeatable; both by default):
+//! - `rank`: ringside's emulated job (4 ranks, ring allreduce, fixed step count); the adaptive run
+//!   is `ringside-rank --follow-hints` (rank 0 streams the hints, all ranks switch at the same step);
+//! - `torch`: a real PyTorch DDP job over gloo (`testbed::spawn_torch`, 4 ranks, an MLP with 8.4 MB
+//!   of gradients per step, SGD, fixed seed) run for a fixed time; the static run uses torch's
+//!   `allreduce_hook`, the adaptive one `ringside.torch.follow_hints` (the same broadcast-at-a-step
+//!   protocol). Its clock (warm-up, fault) starts when every rank trains: importing torch takes
+//!   seconds of CPU.
+//!
+//! For each source and scenario the job runs twice on a fresh rig with the real agent: once with
+//! its static plan (no compression), once following the agent's hints. Same seed, same target, same
+//! fault timing; the order of the two alternates by scenario so slow drift of the shared machine
+//! does not always favour one.
 //!
 //! Each run: the agent on the switch ports (star) or on leaf 0's ports and uplink (leaf-spine),
 //! listening on the rig's management address; the job registered through `POST /v1/jobs` (the
@@ -13,8 +21,12 @@
 //! (for healthy and straggler, after the same point in time): mean communication time, mean and p99
 //! step time; the ratio static / adaptive of the mean communication time.
 //!
-//! Targets (issue 5): ≥ 1.5× lower mean communication time under uplink congestion and the rate
-//! cap, ≥ 1.2× under 2 % loss, and ≤ 3 % slower mean step time when healthy.
+//! Targets: for `rank` (issue 5) ≥ 1.5× lower mean communication time under uplink congestion and
+//! the rate cap, ≥ 1.2× under 2 % loss; for `torch` (issue 9) the same ratios on the mean *step*
+//! time (DDP overlaps communication with the backward pass, so step time is what the tenant sees),
+//! and the training loss within 2 % of the static (uncompressed) run's over the last
+//! [`LOSS_STEPS`] steps both runs completed. Both: ≤ 3 % slower mean step time when healthy (or
+//! within the static runs' own spread), and no compression for a compute straggler.
 use std::{
     fmt::Write as _,
     path::Path,
@@ -23,9 +35,9 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use ringside_client::{Constraints, JobRegistration, PortRange};
+use ringside_client::{Algorithm, Constraints, JobRegistration, PortRange};
 use serde_json::{json, Value};
-use testbed::{ByteSize, CrossTrafficSpec, JobConfig, LeafSpine, LeafSpineConfig, Rig, Star, StarConfig};
+use testbed::{ByteSize, CrossTrafficSpec, JobConfig, LeafSpine, LeafSpineConfig, Rig, RunningJob, Star, StarConfig, TorchConfig};
 
 use crate::{
     agent::{Agent, AgentSpec},
@@ -35,6 +47,19 @@ use crate::{
 
 const RANKS: usize = 4;
 const JOB_PORT: u16 = 29500;
+/// The PyTorch job's first port (its TCP store; gloo's connections use the range after it).
+const TORCH_PORT: u16 = 29500;
+/// The loss comparison: mean over ranks and over this many steps, the last ones both the static
+/// and the adaptive run completed (same seed: the same batches at the same step).
+const LOSS_STEPS: usize = 20;
+/// Steps at the start of a run left out of its pre-fault mean (connection setup; DDP rebuilds its
+/// buckets after step 0).
+const SKIP_STEPS: usize = 10;
+/// The largest relative difference of that loss the torch target accepts.
+const LOSS_TOLERANCE: f64 = 0.02;
+/// Codecs the torch job registers: the DDP hook has top-k too, but a tenant that cares about its
+/// model's loss leaves out the lossiest codec.
+const TORCH_CODECS: [&str; 4] = ["none", "fp16", "bf16", "int8"];
 const AGENT_PORT: u16 = 9464;
 const STRAGGLER_EXTRA_MS: u64 = 60;
 /// Hosts per leaf in the uplink scenario: ranks on h0, h1 (leaf 0) and h3, h4 (leaf 1); h2 sends
@@ -61,7 +86,15 @@ pub struct Opts {
     /// Gradient buffer per step.
     #[arg(long, default_value = "4MiB")]
     pub size: ByteSize,
-    /// Write docs/eval-adaptation.md even for a --scenario run (default: only for all scenarios).
+    /// PyTorch job only: how long it trains after the warm-up (its fault lasts that long).
+    #[arg(long, default_value_t = 40)]
+    pub torch_fault_s: u64,
+    /// Job to evaluate (repeatable; default both): `rank` (ringside's emulated job) or `torch`
+    /// (PyTorch DDP over gloo).
+    #[arg(long = "source", value_name = "SOURCE")]
+    pub sources: Vec<String>,
+    /// Write docs/eval-adaptation.md even for a --scenario or --source run (default: only for all
+    /// scenarios and sources).
     #[arg(long)]
     pub write_docs: bool,
     /// Skip `cargo xtask setup` and the builds (binaries must exist).
@@ -100,6 +133,38 @@ impl Scenario {
     }
 }
 
+/// The job under evaluation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Source {
+    Rank,
+    Torch,
+}
+
+const SOURCES: [Source; 2] = [Source::Rank, Source::Torch];
+
+impl Source {
+    fn name(self) -> &'static str {
+        match self {
+            Source::Rank => "rank",
+            Source::Torch => "torch",
+        }
+    }
+    /// What the targets' ratio compares: communication time for the emulated job (issue 5), step
+    /// time for PyTorch (issue 9: DDP overlaps its communication with backward).
+    fn ratio_metric(self) -> &'static str {
+        match self {
+            Source::Rank => "comm",
+            Source::Torch => "step",
+        }
+    }
+    fn ratio(self, s: &RunResult, a: &RunResult) -> Option<f64> {
+        match self {
+            Source::Rank => ratio(s.comm_mean, a.comm_mean),
+            Source::Torch => ratio(s.step_mean, a.step_mean),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {
     Static,
@@ -116,6 +181,7 @@ impl Mode {
 }
 
 struct Ctx<'a> {
+    source: Source,
     ringside: &'a Path,
     rank_bin: &'a Path,
     opts: &'a Opts,
@@ -142,10 +208,13 @@ fn combine(mut runs: Vec<RunResult>) -> RunResult {
         target: runs[0].target.clone(),
         comm_mean: avg(&|r| r.comm_mean),
         step_mean: avg(&|r| r.step_mean),
+        pre_fault_step_mean: avg(&|r| r.pre_fault_step_mean),
         step_p99: runs.iter().filter_map(|r| r.step_p99).reduce(f64::max),
         steps_measured: runs.iter().map(|r| r.steps_measured).sum(),
         first_change_s: runs.iter().filter_map(|r| r.first_change_s).reduce(f64::min),
         hints: runs.iter().map(|r| r.hints).sum(),
+        // The loss curves of the first run (all of them ran the same plan: healthy).
+        loss: runs[0].loss.clone(),
         spread: steps.iter().copied().reduce(f64::max).zip(steps.iter().copied().reduce(f64::min)).zip(mean(&steps)).map(|((hi, lo), m)| (hi - lo) / m),
         ..Default::default()
     };
@@ -176,14 +245,26 @@ struct RunResult {
     hints: usize,
     /// Several runs combined: (largest − smallest) / mean of their mean step times.
     spread: Option<f64>,
+    /// PyTorch only: the training loss per step, mean over the ranks.
+    loss: Vec<f64>,
+    /// Mean step time of the same run before the fault (after its first [`SKIP_STEPS`] steps):
+    /// how fast the shared machine let this run go, for the normalized ratio.
+    pre_fault_step_mean: Option<f64>,
     error: Option<String>,
 }
+
+/// One source's results: (scenario, static, adaptive) per scenario.
+type Rows = Vec<(Scenario, RunResult, RunResult)>;
 
 pub fn run(opts: Opts) -> Result<()> {
     testbed::require_root().context("the evaluation creates network namespaces and loads eBPF programs")?;
     let stop = testbed::signals::stop_flag();
     let scenarios = pick(&ALL, &opts.scenarios, |s| s.name().to_string())?;
+    let sources = pick(&SOURCES, &opts.sources, |s| s.name().to_string())?;
     let (ringside, rank_bin) = release_binaries(opts.no_build)?;
+    if sources.contains(&Source::Torch) && !crate::setup::venv_python().is_file() {
+        bail!("the torch source needs the PyTorch venv of `cargo xtask setup` at {}", crate::setup::venv_python().display());
+    }
     let out_dir = workspace_root().join("target/eval");
     let logs = out_dir.join("adaptation-logs");
     let _ = std::fs::remove_dir_all(&logs);
@@ -195,37 +276,49 @@ pub fn run(opts: Opts) -> Result<()> {
     let capacity = measure_capacity().context("link capacity measurement")?;
     let uplink_cap_mbit = (capacity / 4.0).round().max(10.0) as u64;
     println!("    {capacity:.0} Mbit/s → the leaf-spine uplink is capped at 1/4: {uplink_cap_mbit} Mbit/s");
-    let ctx = Ctx { ringside: &ringside, rank_bin: &rank_bin, opts: &opts, uplink_cap_mbit, logs: &logs, stop };
 
-    let mut rows = Vec::new();
-    for (i, &sc) in scenarios.iter().enumerate() {
-        // The faulted host: any rank's host, from the seed.
-        let target = ((opts.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(i as u64) >> 33) % RANKS as u64) as usize;
-        let order = if i % 2 == 0 { [Mode::Static, Mode::Adaptive] } else { [Mode::Adaptive, Mode::Static] };
-        // Healthy: the plans should be identical, so the question is whether the difference is
-        // within the noise; two interleaved pairs measure that noise (static vs static).
-        let rounds = if sc == Scenario::Healthy { HEALTHY_PAIRS } else { 1 };
-        let mut pair: Vec<(Mode, RunResult)> = Vec::new();
-        for mode in (0..rounds).flat_map(|_| order) {
-            if stop.load(std::sync::atomic::Ordering::SeqCst) {
-                bail!("interrupted");
+    let mut per_source: Vec<(Source, Rows)> = Vec::new();
+    for &source in &sources {
+        let ctx = Ctx { source, ringside: &ringside, rank_bin: &rank_bin, opts: &opts, uplink_cap_mbit, logs: &logs, stop };
+        let mut rows = Vec::new();
+        for (i, &sc) in scenarios.iter().enumerate() {
+            // The faulted host: any rank's host, from the seed (the same for every source).
+            let target = ((opts.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(i as u64) >> 33) % RANKS as u64) as usize;
+            let order = if i % 2 == 0 { [Mode::Static, Mode::Adaptive] } else { [Mode::Adaptive, Mode::Static] };
+            // Healthy: the plans should be identical, so the question is whether the difference is
+            // within the noise; two interleaved pairs measure that noise (static vs static).
+            let rounds = if sc == Scenario::Healthy { HEALTHY_PAIRS } else { 1 };
+            let mut pair: Vec<(Mode, RunResult)> = Vec::new();
+            // The rate cap's sending rate, measured in the scenario's first run and reused in the
+            // second: both modes must face the same cap (on a shared machine the measured rate
+            // varies by tens of percent between runs a minute apart).
+            let mut send_rate = None;
+            for mode in (0..rounds).flat_map(|_| order) {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    bail!("interrupted");
+                }
+                println!("\n==> {} / {} / {} ({:.0} s elapsed)", source.name(), sc.name(), mode.name(), started.elapsed().as_secs_f64());
+                let r = run_one(&ctx, sc, mode, target, &mut send_rate).unwrap_or_else(|e| RunResult { error: Some(format!("{e:#}")), ..Default::default() });
+                print_run(&r);
+                pair.push((mode, r));
             }
-            println!("\n==> {} / {} ({:.0} s elapsed)", sc.name(), mode.name(), started.elapsed().as_secs_f64());
-            let r = run_one(&ctx, sc, mode, target).unwrap_or_else(|e| RunResult { error: Some(format!("{e:#}")), ..Default::default() });
-            print_run(&r);
-            pair.push((mode, r));
+            let (s, a): (Vec<_>, Vec<_>) = pair.into_iter().partition(|(m, _)| *m == Mode::Static);
+            rows.push((sc, combine(s.into_iter().map(|x| x.1).collect()), combine(a.into_iter().map(|x| x.1).collect())));
         }
-        let (s, a): (Vec<_>, Vec<_>) = pair.into_iter().partition(|(m, _)| *m == Mode::Static);
-        rows.push((sc, combine(s.into_iter().map(|x| x.1).collect()), combine(a.into_iter().map(|x| x.1).collect())));
+        per_source.push((source, rows));
     }
     let elapsed = started.elapsed();
     let load_after = loadavg();
 
-    let table = render_table(&rows);
-    let verdicts = targets(&rows);
-    println!("\n{table}");
-    for (what, measured, status) in &verdicts {
-        println!("  {what:<64} {measured:<28} {status}");
+    let mut reports = Vec::new();
+    for (source, rows) in &per_source {
+        let table = render_table(*source, rows);
+        let verdicts = targets(*source, rows);
+        println!("\n### {}\n\n{table}", source.name());
+        for (what, measured, status) in &verdicts {
+            println!("  {what:<64} {measured:<28} {status}");
+        }
+        reports.push((*source, table, verdicts));
     }
     let json_path = out_dir.join("adaptation.json");
     let doc = json!({
@@ -235,25 +328,36 @@ pub fn run(opts: Opts) -> Result<()> {
         "load_after": load_after,
         "elapsed_s": elapsed.as_secs_f64(),
         "uplink_cap_mbit": uplink_cap_mbit,
-        "runs": rows.iter().map(|(sc, s, a)| json!({"scenario": sc.name(), "static": run_json(s), "adaptive": run_json(a), "comm_ratio": ratio(s.comm_mean, a.comm_mean)})).collect::<Vec<_>>(),
-        "targets": verdicts.iter().map(|(w, m, st)| json!({"target": w, "measured": m, "status": st})).collect::<Vec<_>>(),
+        "sources": per_source.iter().zip(&reports).map(|((source, rows), (_, _, verdicts))| json!({
+            "source": source.name(),
+            "ratio_metric": source.ratio_metric(),
+            "runs": rows.iter().map(|(sc, s, a)| json!({
+                "scenario": sc.name(), "static": run_json(s), "adaptive": run_json(a),
+                "comm_ratio": ratio(s.comm_mean, a.comm_mean), "step_ratio": ratio(s.step_mean, a.step_mean),
+                "step_ratio_normalized": normalized_step_ratio(s, a),
+                "loss": loss_compare(s, a).map(|(s, a, n)| json!({"static": s, "adaptive": a, "up_to_step": n, "mean_over_steps": LOSS_STEPS})),
+            })).collect::<Vec<_>>(),
+            "targets": verdicts.iter().map(|(w, m, st)| json!({"target": w, "measured": m, "status": st})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
     });
     std::fs::write(&json_path, serde_json::to_string_pretty(&doc)?)?;
     println!("\nwrote {}", json_path.display());
-    let png = out_dir.join("adaptation.png");
-    match plot(&rows, &png) {
-        Ok(()) => println!("wrote {}", png.display()),
-        Err(e) => println!("no plot: {e:#}"),
+    for (source, rows) in &per_source {
+        let png = out_dir.join(format!("adaptation-{}.png", source.name()));
+        match plot(*source, rows, &png) {
+            Ok(()) => println!("wrote {}", png.display()),
+            Err(e) => println!("no plot: {e:#}"),
+        }
     }
-    let md = render_markdown(&opts, &machine(), &load_before, &load_after, elapsed, uplink_cap_mbit, &table, &verdicts, &rows);
+    let md = render_markdown(&opts, &machine(), &load_before, &load_after, elapsed, uplink_cap_mbit, &reports, &per_source);
     let md_path = out_dir.join("adaptation.md");
     std::fs::write(&md_path, &md)?;
-    if opts.scenarios.is_empty() || opts.write_docs {
+    if (opts.scenarios.is_empty() && opts.sources.is_empty()) || opts.write_docs {
         let doc = workspace_root().join("docs/eval-adaptation.md");
         std::fs::write(&doc, &md)?;
         println!("wrote {}", doc.display());
     } else {
-        println!("wrote {} (docs/eval-adaptation.md is only written for all scenarios or with --write-docs)", md_path.display());
+        println!("wrote {} (docs/eval-adaptation.md is only written for all scenarios and sources, or with --write-docs)", md_path.display());
     }
     println!("rank and agent logs: {}", logs.display());
     println!("run time {:.0} s, load average before {load_before} after {load_after}", elapsed.as_secs_f64());
@@ -277,8 +381,30 @@ fn registration(name: String, prefix: &str, size: u64) -> JobRegistration {
     }
 }
 
-fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize) -> Result<RunResult> {
-    let tag = format!("{}-{}", sc.name(), mode.name());
+/// The PyTorch job's registration: its ranks' addresses, its port range, its gradient bytes, and
+/// what its DDP hook can follow: the codec only (gloo's allreduce algorithm is gloo's), one
+/// channel, [`TORCH_CODECS`].
+fn torch_registration(name: String, members: Vec<String>, cfg: &TorchConfig) -> Result<JobRegistration> {
+    let range = cfg.port_range();
+    let (lo, hi) = range.split_once('-').context("port range")?;
+    Ok(JobRegistration {
+        name,
+        members,
+        tcp_ports: vec![PortRange { lo: lo.parse()?, hi: hi.parse()? }],
+        udp_ports: Vec::new(),
+        gradient_bytes: Some(cfg.grad_bytes()),
+        constraints: Constraints {
+            algorithms: vec![Algorithm::Ring],
+            codecs: TORCH_CODECS.map(String::from).to_vec(),
+            ..Constraints::default()
+        },
+    })
+}
+
+/// One run. `send_rate` is the faulted host's sending rate (Mbit/s) the rate cap is sized from:
+/// measured by the first run of a scenario, reused by the second.
+fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut Option<f64>) -> Result<RunResult> {
+    let tag = format!("{}-{}-{}", ctx.source.name(), sc.name(), mode.name());
     let leaf_spine = sc == Scenario::UplinkCongestion;
     // The rig, the agent's namespace and interfaces, and the address the ranks reach it at.
     let (star, ls) = if leaf_spine {
@@ -307,33 +433,64 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize) -> Result<RunResu
         },
     )?;
     agent.wait_ready(Duration::from_secs(30))?;
-    let created = agent.register(&registration(format!("eval-{tag}"), prefix, ctx.opts.size.0))?;
-
+    let rig: &dyn Rig = match (&star, &ls) {
+        (Some(s), _) => s,
+        (_, Some(l)) => l,
+        _ => unreachable!(),
+    };
     let out = ctx.logs.join(format!("{tag}-job"));
-    let mut extra = Vec::new();
-    if mode == Mode::Adaptive {
-        extra = vec!["--follow-hints".into(), format!("http://{mgmt}:{AGENT_PORT}/v1/jobs/{}", created.id), "--token".into(), created.tenant_token.clone()];
-    }
     let hosts = leaf_spine.then(|| vec![0, 1, LEAF_HOSTS, LEAF_HOSTS + 1]);
     let straggler = (sc == Scenario::Straggler).then_some((target, STRAGGLER_EXTRA_MS));
-    let cfg = JobConfig {
-        ranks: RANKS,
-        size: ctx.opts.size,
-        steps: ctx.opts.steps,
-        compute_ms: 50,
-        straggler,
-        verify: true,
-        rank_bin: Some(ctx.rank_bin.to_path_buf()),
-        timeout: Duration::from_secs(600),
-        out_dir: Some(out.clone()),
-        extra_args: extra,
-        hosts,
-        ..Default::default()
-    };
-    let job = match (&star, &ls) {
-        (Some(s), _) => testbed::spawn_job(s, &cfg)?,
-        (_, Some(l)) => testbed::spawn_job(l, &cfg)?,
-        _ => unreachable!(),
+    let (created, job) = match ctx.source {
+        Source::Rank => {
+            let created = agent.register(&registration(format!("eval-{tag}"), prefix, ctx.opts.size.0))?;
+            let mut extra = Vec::new();
+            if mode == Mode::Adaptive {
+                extra = vec!["--follow-hints".into(), format!("http://{mgmt}:{AGENT_PORT}/v1/jobs/{}", created.id), "--token".into(), created.tenant_token.clone()];
+            }
+            let cfg = JobConfig {
+                ranks: RANKS,
+                size: ctx.opts.size,
+                steps: ctx.opts.steps,
+                compute_ms: 50,
+                straggler,
+                verify: true,
+                rank_bin: Some(ctx.rank_bin.to_path_buf()),
+                timeout: Duration::from_secs(600),
+                out_dir: Some(out.clone()),
+                extra_args: extra,
+                hosts,
+                ..Default::default()
+            };
+            let job = testbed::spawn_job(rig, &cfg)?;
+            (created, job)
+        }
+        Source::Torch => {
+            let train = Duration::from_secs(ctx.opts.warmup_s + ctx.opts.torch_fault_s);
+            let mut cfg = TorchConfig {
+                ranks: RANKS,
+                hosts: hosts.clone(),
+                steps: 0,
+                duration: Some(train),
+                straggler,
+                port: TORCH_PORT,
+                python: Some(crate::setup::venv_python()),
+                // Import and rendezvous (seconds of CPU per rank), then the run, with a margin.
+                timeout: train + Duration::from_secs(180),
+                out_dir: Some(out.clone()),
+                ..Default::default()
+            };
+            let rank_hosts = hosts.clone().unwrap_or_else(|| (0..RANKS).collect());
+            let members = rank_hosts.iter().map(|&h| Ok(format!("{}/32", rig.host_ipv4(h)?))).collect::<Result<Vec<_>>>()?;
+            let created = agent.register(&torch_registration(format!("eval-{tag}"), members, &cfg)?)?;
+            if mode == Mode::Adaptive {
+                cfg.follow_hints = Some((format!("http://{mgmt}:{AGENT_PORT}/v1/jobs/{}", created.id), created.tenant_token.clone()));
+            }
+            let job: RunningJob = testbed::spawn_torch(rig, &cfg)?;
+            // The run's clock (warm-up, fault) starts when every rank trains.
+            testbed::torch::wait_training_started(&job, Duration::from_secs(120), Some(ctx.stop))?;
+            (created, job)
+        }
     };
     let mut r = RunResult::default();
     let warmup = Duration::from_secs(ctx.opts.warmup_s);
@@ -354,7 +511,14 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize) -> Result<RunResu
             r.target = format!("2 % loss both ways on h{target}'s link");
         }
         (Scenario::RateCapQuarter, Some(s), _) => {
-            let rate = job_send_rate_mbit(&agent, &s.hosts[target].switch_port, ctx.stop)?;
+            let rate = match *send_rate {
+                // Same timing as a measuring run: the fault starts after the same warm-up.
+                Some(rate) => {
+                    sleep_checked(sampling, ctx.stop);
+                    rate
+                }
+                None => *send_rate.insert(job_send_rate_mbit(&agent, &s.hosts[target].switch_port, ctx.stop)?),
+            };
             let cap = (rate / 4.0).round().max(10.0) as u64;
             _guards.push(Box::new(s.link_rate_cap(&format!("h{target}"), cap)?));
             r.target = format!("h{target}'s link capped to {cap} Mbit/s (1/4 of the {rate:.0} Mbit/s it sent at)");
@@ -373,7 +537,10 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize) -> Result<RunResu
     let _ = std::fs::write(ctx.logs.join(format!("{tag}-hint.json")), agent.get(&format!("/v1/jobs/{}/hints", created.id)).unwrap_or_default());
     drop(agent);
     waited.with_context(|| format!("the {tag} job failed (logs in {})", out.display()))?;
-    measure(&out.join("rank-0.json"), &mut r)?;
+    match ctx.source {
+        Source::Rank => measure(&out.join("rank-0.json"), &mut r)?,
+        Source::Torch => measure_torch(&out, &mut r)?,
+    }
     Ok(r)
 }
 
@@ -394,6 +561,7 @@ fn measure(report: &Path, r: &mut RunResult) -> Result<()> {
     r.comm_mean = mean(&comm);
     r.step_mean = mean(&step);
     r.step_p99 = percentile(&step, 0.99);
+    r.pre_fault_step_mean = pre_fault_mean(steps, r.fault_start_ms);
     for s in &after {
         let p = &s["plan"];
         let label = format!("{}/{}", p["algorithm"].as_str().unwrap_or("?"), p["compression"]["codec"].as_str().unwrap_or("?"));
@@ -412,6 +580,88 @@ fn measure(report: &Path, r: &mut RunResult) -> Result<()> {
         bail!("only {} steps ran after the fault started: raise --steps", after.len());
     }
     Ok(())
+}
+
+/// Fills `r` from a PyTorch job's reports (`rank-R.json` in `out`): step and communication times
+/// of rank 0's steps that ended after the fault start, its plans (codec), and the loss per step
+/// (mean over the ranks). Fails when the ranks disagree on the plan of any step: every rank must
+/// switch at the same step.
+fn measure_torch(out: &Path, r: &mut RunResult) -> Result<()> {
+    let mut ranks = Vec::new();
+    for rank in 0..RANKS {
+        let path = out.join(format!("rank-{rank}.json"));
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?)?;
+        if let Some(e) = v["error"].as_str() {
+            bail!("rank {rank} failed: {e}");
+        }
+        ranks.push(v);
+    }
+    let steps_of = |v: &Value| v["steps"].as_array().cloned().unwrap_or_default();
+    let steps = steps_of(&ranks[0]);
+    for (rank, v) in ranks.iter().enumerate().skip(1) {
+        let other = steps_of(v);
+        if other.len() != steps.len() {
+            bail!("rank {rank} ran {} steps, rank 0 {}", other.len(), steps.len());
+        }
+        if let Some((a, _)) = steps.iter().zip(&other).find(|(a, b)| (&a["compression"], &a["hint_version"]) != (&b["compression"], &b["hint_version"])) {
+            bail!("rank {rank} and rank 0 ran different plans at step {}", a["step"]);
+        }
+    }
+    r.loss = (0..steps.len())
+        .map(|i| ranks.iter().map(|v| v["steps"][i]["loss"].as_f64().unwrap_or(f64::NAN)).sum::<f64>() / RANKS as f64)
+        .collect();
+    let after: Vec<&Value> = steps.iter().filter(|s| s["end_unix_ms"].as_u64().unwrap_or(0) >= r.fault_start_ms).collect();
+    let comm: Vec<f64> = after.iter().filter_map(|s| s["comm_ms"].as_f64()).collect();
+    let step: Vec<f64> = after.iter().filter_map(|s| s["step_ms"].as_f64()).collect();
+    r.steps_measured = after.len();
+    r.comm_mean = mean(&comm);
+    r.step_mean = mean(&step);
+    r.step_p99 = percentile(&step, 0.99);
+    r.pre_fault_step_mean = pre_fault_mean(&steps, r.fault_start_ms);
+    for s in &after {
+        // gloo chooses the allreduce algorithm; the hint only changes the codec.
+        let label = format!("gloo/{}", s["compression"].as_str().unwrap_or("?"));
+        match r.plans.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, n)) => *n += 1,
+            None => r.plans.push((label, 1)),
+        }
+    }
+    r.first_change_s = after
+        .iter()
+        .find(|s| s["hint_version"].as_u64().is_some_and(|v| v >= 2))
+        .and_then(|s| s["end_unix_ms"].as_u64())
+        .map(|t| t.saturating_sub(r.fault_start_ms) as f64 / 1e3);
+    r.hints = ranks[0]["hints"].as_array().map_or(0, Vec::len);
+    if after.len() < 20 {
+        bail!("only {} steps ran after the fault started: raise --torch-fault-s", after.len());
+    }
+    Ok(())
+}
+
+/// Mean step time of the steps that ended before `fault_start_ms`, after the first [`SKIP_STEPS`].
+fn pre_fault_mean(steps: &[Value], fault_start_ms: u64) -> Option<f64> {
+    let v: Vec<f64> = steps.iter().skip(SKIP_STEPS).filter(|s| s["end_unix_ms"].as_u64().unwrap_or(u64::MAX) < fault_start_ms).filter_map(|s| s["step_ms"].as_f64()).collect();
+    mean(&v)
+}
+
+/// static / adaptive mean step time during the fault, each first divided by its own run's
+/// pre-fault mean step time. Runs minutes apart on a shared machine run at different speeds
+/// (other work comes and goes); this ratio compares how much each mode slowed down relative to
+/// itself, so a run that happened to get less CPU throughout is not counted against its mode.
+fn normalized_step_ratio(s: &RunResult, a: &RunResult) -> Option<f64> {
+    ratio(ratio(s.step_mean, s.pre_fault_step_mean), ratio(a.step_mean, a.pre_fault_step_mean))
+}
+
+/// The torch loss target's numbers: (static, adaptive, steps) = the mean loss over the last
+/// [`LOSS_STEPS`] steps both runs completed, and how many steps that is. None without losses
+/// (the emulated job has no model).
+fn loss_compare(s: &RunResult, a: &RunResult) -> Option<(f64, f64, usize)> {
+    let n = s.loss.len().min(a.loss.len());
+    if n < LOSS_STEPS {
+        return None;
+    }
+    let window = |l: &[f64]| l[n - LOSS_STEPS..n].iter().sum::<f64>() / LOSS_STEPS as f64;
+    Some((window(&s.loss), window(&a.loss), n))
 }
 
 fn mean(v: &[f64]) -> Option<f64> {
@@ -453,26 +703,39 @@ fn plans(r: &RunResult) -> String {
 fn run_json(r: &RunResult) -> Value {
     json!({
         "target": r.target, "error": r.error, "steps_measured": r.steps_measured,
-        "comm_ms_mean": r.comm_mean, "step_ms_mean": r.step_mean, "step_ms_p99": r.step_p99,
+        "comm_ms_mean": r.comm_mean, "step_ms_mean": r.step_mean, "step_ms_p99": r.step_p99, "pre_fault_step_ms_mean": r.pre_fault_step_mean,
         "plans": r.plans.iter().map(|(l, n)| json!({"plan": l, "steps": n})).collect::<Vec<_>>(),
         "first_change_s": r.first_change_s, "hints_applied": r.hints, "step_spread_between_runs": r.spread,
     })
 }
 
-fn render_table(rows: &[(Scenario, RunResult, RunResult)]) -> String {
+fn render_table(source: Source, rows: &[(Scenario, RunResult, RunResult)]) -> String {
+    let torch = source == Source::Torch;
     let mut t = String::from(
-        "| scenario | fault | static comm ms | adaptive comm ms | comm ratio (static/adaptive) | static step ms (p99) | adaptive step ms (p99) | step ratio | adaptive plans during the fault | first change |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---|---:|\n",
+        "| scenario | fault | static comm ms | adaptive comm ms | comm ratio (static/adaptive) | static step ms (p99) | adaptive step ms (p99) | step ratio | step ratio, normalized¹ |",
     );
+    t.push_str(if torch { " loss static / adaptive |" } else { "" });
+    t.push_str(" adaptive plans during the fault | first change |\n|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    t.push_str(if torch { "---:|" } else { "" });
+    t.push_str("---|---:|\n");
+    let (bold_comm, bold_step) = match source {
+        Source::Rank => ("**", ""),
+        Source::Torch => ("", "**"),
+    };
     for (sc, s, a) in rows {
         let err = s.error.as_ref().or(a.error.as_ref());
         if let Some(e) = err {
-            let _ = writeln!(t, "| {} | failed: {} | | | | | | | | |", sc.name(), e.replace('|', "/").lines().next().unwrap_or(""));
+            let _ = writeln!(t, "| {} | failed: {} | | | | | | | |{} | |", sc.name(), e.replace('|', "/").lines().next().unwrap_or(""), if torch { " |" } else { "" });
             continue;
         }
+        let loss = match loss_compare(s, a) {
+            Some((ls, la, n)) => format!(" {ls:.4} / {la:.4} ({:+.2} %, steps {}-{}) |", (la / ls - 1.0) * 100.0, n - LOSS_STEPS, n - 1),
+            None if torch => " - |".into(),
+            None => String::new(),
+        };
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | **{}** | {} ({}) | {} ({}) | {} | {} | {} |",
+            "| {} | {} | {} | {} | {bold_comm}{}{bold_comm} | {} ({}) | {} ({}) | {bold_step}{}{bold_step} | {} |{loss} {} | {} |",
             sc.name(),
             s.target,
             ms(s.comm_mean),
@@ -483,19 +746,42 @@ fn render_table(rows: &[(Scenario, RunResult, RunResult)]) -> String {
             ms(a.step_mean),
             ms(a.step_p99),
             ratio(s.step_mean, a.step_mean).map_or("-".into(), |x| format!("{x:.2}")),
+            normalized_step_ratio(s, a).map_or("-".into(), |x| format!("{x:.2}")),
             plans(a),
             a.first_change_s.map_or("-".into(), |s| format!("+{s:.1} s"))
         );
     }
+    t.push_str(
+        "\n¹ each run's mean step time during the fault divided by its own mean step time before the fault, then static / \
+         adaptive: how much each mode slowed down relative to itself, which cancels most of the difference in machine load \
+         between the two runs (not a target; the targets use the plain ratios).\n",
+    );
     t
 }
 
-fn targets(rows: &[(Scenario, RunResult, RunResult)]) -> Vec<(String, String, String)> {
+fn targets(source: Source, rows: &[(Scenario, RunResult, RunResult)]) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
+    let status = |met: Option<bool>| {
+        match met {
+            Some(true) => "met",
+            Some(false) => "NOT MET",
+            None => "not measured",
+        }
+        .to_string()
+    };
     for (sc, s, a) in rows {
+        if s.error.is_some() || a.error.is_some() {
+            out.push((format!("{}: the runs", sc.name()), "failed (see the table)".into(), "NOT MET".into()));
+            continue;
+        }
         let (what, measured, met) = if let Some(want) = sc.target_ratio() {
-            let got = ratio(s.comm_mean, a.comm_mean);
-            (format!("{}: mean comm time >= {want}x lower with hints", sc.name()), got.map_or("-".into(), |x| format!("{x:.2}x")), got.map(|x| x >= want))
+            let got = source.ratio(s, a);
+            let measured = match (got, normalized_step_ratio(s, a)) {
+                (Some(x), Some(n)) => format!("{x:.2}x (step time normalized¹: {n:.2}x)"),
+                (Some(x), None) => format!("{x:.2}x"),
+                _ => "-".into(),
+            };
+            (format!("{}: mean {} time >= {want}x lower with hints", sc.name(), source.ratio_metric()), measured, got.map(|x| x >= want))
         } else if *sc == Scenario::Healthy {
             // Within noise: at most 3 % slower, or no more than the spread between the two
             // static runs themselves.
@@ -510,12 +796,16 @@ fn targets(rows: &[(Scenario, RunResult, RunResult)]) -> Vec<(String, String, St
             let changed = a.plans.iter().any(|(l, _)| !l.ends_with("/none"));
             ("straggler: no compression (not a network fault)".to_string(), plans(a), Some(!changed))
         };
-        let status = match met {
-            Some(true) => "met",
-            Some(false) => "NOT MET",
-            None => "not measured",
-        };
-        out.push((what, measured, status.to_string()));
+        out.push((what, measured, status(met)));
+        // The model's side of compression (torch): the loss after the same steps as uncompressed.
+        if source == Source::Torch && a.plans.iter().any(|(l, _)| !l.ends_with("/none")) {
+            let got = loss_compare(s, a);
+            out.push((
+                format!("{}: training loss within {:.0} % of the static run (mean of the last {LOSS_STEPS} common steps, all ranks)", sc.name(), LOSS_TOLERANCE * 100.0),
+                got.map_or("-".into(), |(ls, la, n)| format!("{la:.4} vs {ls:.4} ({:+.2} %) at steps {}-{}", (la / ls - 1.0) * 100.0, n - LOSS_STEPS, n - 1)),
+                status(got.map(|(ls, la, _)| (la / ls - 1.0).abs() <= LOSS_TOLERANCE)),
+            ));
+        }
     }
     out
 }
@@ -534,6 +824,12 @@ fn command_line(o: &Opts) -> String {
     if o.steps != 360 {
         let _ = write!(c, " --steps {}", o.steps);
     }
+    if o.torch_fault_s != 40 {
+        let _ = write!(c, " --torch-fault-s {}", o.torch_fault_s);
+    }
+    for s in &o.sources {
+        let _ = write!(c, " --source {s}");
+    }
     c
 }
 
@@ -545,27 +841,51 @@ fn render_markdown(
     load_after: &str,
     elapsed: Duration,
     uplink_cap: u64,
-    table: &str,
-    verdicts: &[(String, String, String)],
-    rows: &[(Scenario, RunResult, RunResult)],
+    reports: &[(Source, String, Vec<(String, String, String)>)],
+    per_source: &[(Source, Rows)],
 ) -> String {
     let mut m = String::from("# Adaptation evaluation\n\n");
     let _ = writeln!(
         m,
-        "Generated by `{}` (xtask/src/eval_adaptation.rs); raw numbers in `target/eval/adaptation.json`, plot in \
-         `target/eval/adaptation.png`, rank and agent logs in `target/eval/adaptation-logs/`.\n",
+        "Generated by `{}` (xtask/src/eval_adaptation.rs); raw numbers in `target/eval/adaptation.json`, plots in \
+         `target/eval/adaptation-<source>.png`, rank and agent logs in `target/eval/adaptation-logs/`.\n",
         command_line(opts)
     );
     let _ = writeln!(m, "- Machine: {machine}; load average {load_before} before, {load_after} after (other work shares this machine).");
     let _ = writeln!(m, "- Run time {:.0} s.", elapsed.as_secs_f64());
-    let _ = writeln!(
-        m,
-        "- Job: {RANKS} ranks, ring allreduce of {} f32 per step, 50 ms compute, {} steps, `--verify` (every step's sum checked); \
-         adaptive runs add `--follow-hints <job url> --token <tenant token>`. Registered through `POST /v1/jobs` with default \
-         constraints (all algorithms and codecs down to top-k 10 %, 1 channel) and `gradient_bytes` set.",
-        opts.size,
-        opts.steps
-    );
+    let has = |src| per_source.iter().any(|(s, _)| *s == src);
+    if has(Source::Rank) {
+        let _ = writeln!(
+            m,
+            "- Job `rank` (ringside's emulated job): {RANKS} ranks, ring allreduce of {} f32 per step, 50 ms compute, {} steps, `--verify` \
+             (every step's sum checked); adaptive runs add `--follow-hints <job url> --token <tenant token>`. Registered through \
+             `POST /v1/jobs` with default constraints (all algorithms and codecs down to top-k 10 %, 1 channel) and `gradient_bytes` set.",
+            opts.size,
+            opts.steps
+        );
+    }
+    if has(Source::Torch) {
+        let t = TorchConfig::default();
+        let _ = writeln!(
+            m,
+            "- Job `torch` (PyTorch DDP over gloo, CPU, one rank per host): {RANKS} ranks, an MLP ({} hidden layers of {}, batch {} per rank, \
+             {:.1} MB of fp32 gradients per step in {} MiB buckets), SGD with momentum, seed 1234 (same data and initial weights in every run), \
+             {} s of training after the warm-up (the clock starts when every rank trains); static runs use torch's `allreduce_hook`, adaptive \
+             runs `ringside.torch.follow_hints`. Registered through `POST /v1/jobs` with members = the ranks' addresses, tcp ports = the \
+             job's range ({}), `gradient_bytes` = {} and these tenant constraints: algorithms `ring` only (gloo runs its own allreduce; the \
+             hook switches only the codec), codecs {} (top-k left out: a tenant that watches its loss keeps the lossiest codec off), 1 \
+             channel, error feedback allowed.",
+            t.layers,
+            t.hidden,
+            t.batch,
+            t.grad_bytes() as f64 / 1e6,
+            t.bucket_cap_mb,
+            opts.torch_fault_s,
+            TorchConfig { port: TORCH_PORT, ..Default::default() }.port_range(),
+            t.grad_bytes(),
+            TORCH_CODECS.join(", "),
+        );
+    }
     let _ = writeln!(
         m,
         "- Rigs: a {RANKS}-host star with the agent on every switch port; for uplink congestion a 2×{LEAF_HOSTS} leaf-spine, ranks on h0, h1, \
@@ -579,13 +899,20 @@ fn render_markdown(
          steps that ended after the fault started.\n",
         opts.warmup_s
     );
-    let _ = writeln!(m, "## Results\n\n{table}");
-    let _ = writeln!(m, "## Targets (issue 5)\n\n| target | measured | status |\n|---|---|---|");
-    for (w, meas, st) in verdicts {
-        let st = if st == "met" { st.clone() } else { format!("**{st}**") };
-        let _ = writeln!(m, "| {w} | {meas} | {st} |");
+    for (source, table, verdicts) in reports {
+        let _ = writeln!(m, "## Results: `{}`\n\n{table}", source.name());
+        let issue = match source {
+            Source::Rank => "issue 5: communication time",
+            Source::Torch => "issue 9: step time and training loss",
+        };
+        let _ = writeln!(m, "### Targets ({issue})\n\n| target | measured | status |\n|---|---|---|");
+        for (w, meas, st) in verdicts {
+            let st = if st == "met" { st.clone() } else { format!("**{st}**") };
+            let _ = writeln!(m, "| {w} | {meas} | {st} |");
+        }
+        let _ = writeln!(m);
     }
-    let _ = writeln!(m, "\nAnchors: MCCS reports up to 2.4× over NCCL from provider-side algorithm choice; NetHint 2.7× on allreduce with hints every 100 ms.\n");
+    let _ = writeln!(m, "Anchors: MCCS reports up to 2.4× over NCCL from provider-side algorithm choice; NetHint 2.7× on allreduce with hints every 100 ms.\n");
     let _ = writeln!(m, "## Caveats\n");
     let _ = writeln!(
         m,
@@ -593,27 +920,44 @@ fn render_markdown(
          compare runs made minutes apart, not interleaved steps.\n\
          - The measured window includes the time the policy needs to react (detection, 3 windows of evidence or a verdict, then the \
          next step boundary), so the ratio is what a job gets over the whole fault, not at steady state.\n\
-         - Compression is lossy; the job verifies every step against a tolerance per codec (`ipu-firmware/src/job.rs`), which is what \
-         the tenant's constraints allow, not a statement about model quality."
+         - Compression is lossy. The emulated job verifies every step against a tolerance per codec (`ipu-firmware/src/job.rs`), which \
+         is what the tenant's constraints allow, not a statement about model quality; the PyTorch job's loss column is that statement \
+         for one small model: the same batches at the same steps (same seed), the mean over all ranks and the last {LOSS_STEPS} steps \
+         both runs completed (the runs are timed, so the faster one runs more steps; the comparison stops at the slower one's last).\n\
+         - PyTorch: DDP overlaps gradient communication with the backward pass, so its `comm ms` (first bucket handed to the hook to \
+         the last allreduce done) is not time lost; step time is the tenant's measure. The `int8` codec runs its collectives inside \
+         the hook, synchronously, so it gives up that overlap."
     );
-    for (sc, s, a) in rows {
-        for (mode, r) in [("static", s), ("adaptive", a)] {
-            if let Some(e) = &r.error {
-                let _ = writeln!(m, "- {} / {mode} failed: {e}", sc.name());
+    for (source, rows) in per_source {
+        for (sc, s, a) in rows {
+            for (mode, r) in [("static", s), ("adaptive", a)] {
+                if let Some(e) = &r.error {
+                    let _ = writeln!(m, "- {} / {} / {mode} failed: {e}", source.name(), sc.name());
+                }
             }
         }
     }
     m
 }
 
-fn plot(rows: &[(Scenario, RunResult, RunResult)], path: &Path) -> Result<()> {
+/// Bars per scenario, static beside adaptive, of the source's target metric (communication time
+/// for `rank`, step time for `torch`).
+fn plot(source: Source, rows: &[(Scenario, RunResult, RunResult)], path: &Path) -> Result<()> {
     use plotters::prelude::*;
     crate::eval::register_font()?;
     let root = BitMapBackend::new(path, (900, 420)).into_drawing_area();
     root.fill(&WHITE)?;
-    let max = rows.iter().flat_map(|(_, s, a)| [s.comm_mean, a.comm_mean]).flatten().fold(1.0f64, f64::max) * 1.15;
+    let value = |r: &RunResult| match source {
+        Source::Rank => r.comm_mean,
+        Source::Torch => r.step_mean,
+    };
+    let max = rows.iter().flat_map(|(_, s, a)| [value(s), value(a)]).flatten().fold(1.0f64, f64::max) * 1.15;
+    let caption = match source {
+        Source::Rank => "rank: mean communication time per step during the fault (ms)",
+        Source::Torch => "torch (PyTorch DDP): mean step time during the fault (ms)",
+    };
     let mut chart = ChartBuilder::on(&root)
-        .caption("mean communication time per step during the fault (ms)", ("sans-serif", 18))
+        .caption(caption, ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
@@ -633,10 +977,10 @@ fn plot(rows: &[(Scenario, RunResult, RunResult)], path: &Path) -> Result<()> {
         .draw()?;
     for (i, (_, s, a)) in rows.iter().enumerate() {
         let x = i as f64;
-        if let Some(v) = s.comm_mean {
+        if let Some(v) = value(s) {
             chart.draw_series(std::iter::once(Rectangle::new([(x - 0.38, 0.0), (x - 0.02, v)], RED.mix(0.6).filled())))?;
         }
-        if let Some(v) = a.comm_mean {
+        if let Some(v) = value(a) {
             chart.draw_series(std::iter::once(Rectangle::new([(x + 0.02, 0.0), (x + 0.38, v)], BLUE.mix(0.6).filled())))?;
         }
     }
@@ -658,7 +1002,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ringside-plot-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let png = dir.join("adaptation.png");
-        plot(&rows, &png).unwrap();
+        plot(Source::Rank, &rows, &png).unwrap();
         let len = std::fs::metadata(&png).unwrap().len();
         let _ = std::fs::remove_dir_all(&dir);
         assert!(len > 10_000, "a {len}-byte PNG");
