@@ -528,24 +528,7 @@ fn root_job(seed: u64, straggler: Option<(usize, u64)>, n: usize) -> Vec<JobWind
             peers: per
                 .into_iter()
                 .enumerate()
-                .map(|(r, b)| {
-                    let bytes: u64 = b.iter().map(|b| b.bytes).sum();
-                    PeerWindow {
-                        peer: peer(r),
-                        link: format!("p{r}"),
-                        bytes,
-                        data_packets: bytes.div_ceil(1448),
-                        retrans: 0,
-                        ce_marks: 0,
-                        cnps: 0,
-                        psn_gap_packets: 0,
-                        naks: 0,
-                        bursts: b,
-                        explained_by: None,
-                        shared_links: Vec::new(),
-                        pokes: Vec::new(),
-                    }
-                })
+                .map(|(r, b)| super::sim::peer_of_bursts(peer(r), format!("p{r}"), b, 0))
                 .collect(),
             links: Vec::new(),
         })

@@ -276,6 +276,27 @@ impl Scenario {
     }
 }
 
+/// A peer window made only of the data bursts the peer sent (MSS-sized packets, `retrans` of them
+/// retransmitted, no ECN or RoCE evidence).
+pub fn peer_of_bursts(peer: IpAddr, link: String, bursts: Vec<BurstSummary>, retrans: u64) -> PeerWindow {
+    let bytes: u64 = bursts.iter().map(|b| b.bytes).sum();
+    PeerWindow {
+        peer,
+        link,
+        bytes,
+        data_packets: bytes.div_ceil(MSS),
+        retrans,
+        ce_marks: 0,
+        cnps: 0,
+        psn_gap_packets: 0,
+        naks: 0,
+        bursts,
+        explained_by: None,
+        shared_links: Vec::new(),
+        pokes: Vec::new(),
+    }
+}
+
 /// A collective cannot finish without every peer: when one peer's worker starts a step late
 /// (`delays[p]`, a compute straggler), the others send what they can without it (their first
 /// 8 ms) and then wait, sending the rest of the step once its data reaches them (5 ms after it
@@ -397,25 +418,7 @@ impl RingJob {
                 peers: per_rank
                     .into_iter()
                     .enumerate()
-                    .map(|(r, b)| {
-                        let bytes: u64 = b.iter().map(|b| b.bytes).sum();
-                        let packets = bytes.div_ceil(MSS);
-                        PeerWindow {
-                            peer: self.peer(r),
-                            link: Self::link(r),
-                            bytes,
-                            data_packets: packets,
-                            retrans: rng.range(0, 6),
-                            ce_marks: 0,
-                            cnps: 0,
-                            psn_gap_packets: 0,
-                            naks: 0,
-                            bursts: b,
-                            explained_by: None,
-                            shared_links: Vec::new(),
-                            pokes: Vec::new(),
-                        }
-                    })
+                    .map(|(r, b)| peer_of_bursts(self.peer(r), Self::link(r), b, rng.range(0, 6)))
                     .collect(),
                 links: Vec::new(),
             })
