@@ -17,7 +17,8 @@
 //!   time inside the data bursts its sender sent;
 //! - it is *bad* when lossy (at least [`MIN_LOSS_PACKETS`] loss packets and a loss ratio of at
 //!   least [`MIN_LOSS_RATIO`] and [`LOSS_OUTLIER_FACTOR`] × the lower quartile of the job's
-//!   connections' ratios) or slow (in-burst goodput at most [`SLOW_FACTOR`] × the upper quartile
+//!   connections' ratios, on at least [`MIN_LOSS_DATA_PACKETS`] data packets unless the loss
+//!   itself is at least [`MIN_LOSS_PACKETS_FEW_DATA`]) or slow (in-burst goodput at most [`SLOW_FACTOR`] × the upper quartile
 //!   of the job's connections with goodput, when at least [`MIN_CONNS_FOR_MEDIAN`] have one).
 //!   Quartiles, not medians, so that two faulty hosts, whose four bad connections are most of a
 //!   six-rank ring, still stand out;
@@ -33,7 +34,11 @@
 //!   the queue toward the receiver is where a single flow is shaped or dropped, and a sender's
 //!   own queue drops are resent by its stack without a visible retransmission (so a rate cap or
 //!   loss on a host's link shows as its inbound connection only). A fault on the sender's uplink
-//!   alone is then mislocated; both ends would otherwise be blamed, which is no better;
+//!   alone is then mislocated; both ends would otherwise be blamed, which is no better. Except
+//!   when exactly one of the two ends was blamed by one of the first two rules (the structural
+//!   ones) in the last [`BLAME_MEMORY_WINDOWS`] windows: a fault lasts, and a window that shows
+//!   only one of its connections (a flapped host's first window back, when only what it had
+//!   queued is resent; a lull in a ring's phases) is that fault's, not a new one at the other end;
 //! - a peer that is not blamed and whose bad connections are all explained is *explained by* the
 //!   blamed endpoint of the first of them.
 //!
@@ -58,9 +63,22 @@ pub const MIN_CONNS_FOR_MEDIAN: usize = 3;
 /// A connection with at least this many data packets in the window counts as an active one of
 /// its ends (for "every active connection of this peer is bad").
 pub const MIN_ACTIVE_DATA_PACKETS: u64 = 100;
+/// Fewest data packets on which a connection's loss ratio is judged (the detectors' own
+/// `min_data_packets` for a peer's). A low-volume direction (a collective library's small
+/// control messages, 100-200 a second) shows a few retransmissions per second on a healthy busy
+/// machine: tail-loss probes fire when the reply's ACK is late, and 6 of 128 packets is a 5 %
+/// "loss ratio". Seen on PyTorch/gloo: up to 14 such packets per connection and window, never on
+/// a connection with 1,000 data packets or more.
+pub const MIN_LOSS_DATA_PACKETS: u64 = 1000;
+/// Loss packets that make a connection with fewer than [`MIN_LOSS_DATA_PACKETS`] data packets
+/// lossy anyway (a link that went down mid-window leaves few packets, most of them resent).
+pub const MIN_LOSS_PACKETS_FEW_DATA: u64 = 32;
+/// Windows for which a structurally blamed peer (see the module docs) settles a lone bad
+/// connection in its favour.
+pub const BLAME_MEMORY_WINDOWS: usize = 3;
 
 /// One direction of one connection in one window.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DirectedConn {
     pub src: Option<IpAddr>,
     pub dst: Option<IpAddr>,
@@ -77,7 +95,10 @@ pub struct DirectedConn {
 /// Whether a connection with these counts is lossy (the first half of "bad" in the module docs,
 /// without the comparison with the job's other connections).
 pub fn is_lossy(loss_packets: u64, data_packets: u64) -> bool {
-    loss_packets >= MIN_LOSS_PACKETS && data_packets > 0 && loss_packets as f64 >= MIN_LOSS_RATIO * data_packets as f64
+    loss_packets >= MIN_LOSS_PACKETS
+        && data_packets > 0
+        && loss_packets as f64 >= MIN_LOSS_RATIO * data_packets as f64
+        && (data_packets >= MIN_LOSS_DATA_PACKETS || loss_packets >= MIN_LOSS_PACKETS_FEW_DATA)
 }
 
 impl DirectedConn {
@@ -104,20 +125,45 @@ fn quantile(mut v: Vec<f64>, q: f64) -> Option<f64> {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Attribution {
     pub blamed: BTreeSet<IpAddr>,
+    /// Those of `blamed` the structural rules blamed (several counterparts, or every active
+    /// connection bad), as opposed to the lone-connection rule's guess.
+    pub structural: BTreeSet<IpAddr>,
     pub explained_by: BTreeMap<IpAddr, IpAddr>,
 }
 
+/// The peers one job's last [`BLAME_MEMORY_WINDOWS`] windows blamed structurally.
+#[derive(Clone, Debug, Default)]
+pub struct BlameMemory {
+    windows: std::collections::VecDeque<BTreeSet<IpAddr>>,
+}
+
+impl BlameMemory {
+    /// Peers blamed structurally in any remembered window.
+    pub fn recent(&self) -> BTreeSet<IpAddr> {
+        self.windows.iter().flatten().copied().collect()
+    }
+
+    /// Remembers one window's outcome, forgetting the oldest beyond [`BLAME_MEMORY_WINDOWS`].
+    pub fn push(&mut self, a: &Attribution) {
+        if self.windows.len() == BLAME_MEMORY_WINDOWS {
+            self.windows.pop_front();
+        }
+        self.windows.push_back(a.structural.clone());
+    }
+}
+
 /// Applies the rules of the module docs to one job's connections. `peers` are the job's peers
-/// in the window (the candidates for blame).
-pub fn attribute(conns: &[DirectedConn], peers: &BTreeSet<IpAddr>) -> Attribution {
+/// in the window (the candidates for blame); `recent` the peers blamed structurally in the job's
+/// last windows ([`BlameMemory::recent`]).
+pub fn attribute(conns: &[DirectedConn], peers: &BTreeSet<IpAddr>, recent: &BTreeSet<IpAddr>) -> Attribution {
     let loss_ref = quantile(conns.iter().filter_map(DirectedConn::loss_ratio).collect(), 0.25).unwrap_or(0.0);
     let goodputs: Vec<f64> = conns.iter().filter_map(DirectedConn::goodput).collect();
     let goodput_ref = (goodputs.len() >= MIN_CONNS_FOR_MEDIAN).then(|| quantile(goodputs, 0.75)).flatten();
     let bad: Vec<(IpAddr, IpAddr, u64)> = conns
         .iter()
         .filter(|c| {
-            let lossy = c.loss_packets >= MIN_LOSS_PACKETS
-                && c.loss_ratio().is_some_and(|r| r >= MIN_LOSS_RATIO && r >= LOSS_OUTLIER_FACTOR * loss_ref);
+            let lossy = is_lossy(c.loss_packets, c.data_packets)
+                && c.loss_ratio().is_some_and(|r| r >= LOSS_OUTLIER_FACTOR * loss_ref);
             let slow = matches!((c.goodput(), goodput_ref), (Some(g), Some(m)) if g <= SLOW_FACTOR * m);
             lossy || slow
         })
@@ -152,6 +198,7 @@ pub fn attribute(conns: &[DirectedConn], peers: &BTreeSet<IpAddr>) -> Attributio
             break;
         }
         out.blamed.insert(culprit);
+        out.structural.insert(culprit);
         for (i, &(s, d, _)) in bad.iter().enumerate() {
             if s == culprit || d == culprit {
                 explained[i] = true;
@@ -179,18 +226,22 @@ pub fn attribute(conns: &[DirectedConn], peers: &BTreeSet<IpAddr>) -> Attributio
             _ => continue,
         };
         out.blamed.insert(culprit);
+        out.structural.insert(culprit);
         for (j, &(s2, d2, _)) in bad.iter().enumerate() {
             if s2 == culprit || d2 == culprit {
                 explained[j] = true;
             }
         }
     }
-    // Lone bad connections between two peers: the receiver's link.
+    // Lone bad connections between two peers: the receiver's link, unless only the sender was
+    // blamed structurally of late.
     for (i, &(s, d, _)) in bad.iter().enumerate() {
-        if !explained[i] && peers.contains(&s) && peers.contains(&d) && !out.blamed.contains(&s) {
-            out.blamed.insert(d);
-            explained[i] = true;
+        if explained[i] || !peers.contains(&s) || !peers.contains(&d) || out.blamed.contains(&s) {
+            continue;
         }
+        let culprit = if recent.contains(&s) && !recent.contains(&d) { s } else { d };
+        out.blamed.insert(culprit);
+        explained[i] = true;
     }
     // Explained peers: every bad connection of theirs has a blamed other end.
     let mut by_peer: BTreeMap<IpAddr, Vec<Option<IpAddr>>> = BTreeMap::new();
@@ -206,6 +257,27 @@ pub fn attribute(conns: &[DirectedConn], peers: &BTreeSet<IpAddr>) -> Attributio
             out.explained_by.insert(peer, first);
         }
     }
+    if !bad.is_empty() {
+        // What each window's blame rests on, for `RUST_LOG=ringside::detect::attribution=debug`
+        // (never per packet: one line per job window with a bad connection).
+        let active: Vec<String> = conns
+            .iter()
+            .filter(|c| c.data_packets >= MIN_ACTIVE_DATA_PACKETS)
+            .filter_map(|c| {
+                let g = c.goodput().map_or(-1.0, |g| g / 1e6);
+                Some(format!("{}>{}:{}/{}@{g:.0}", c.src?, c.dst?, c.loss_packets, c.data_packets))
+            })
+            .collect();
+        tracing::debug!(
+            target: "ringside::detect::attribution",
+            bad = ?bad.iter().map(|(s, d, l)| format!("{s}>{d}:{l}")).collect::<Vec<_>>(),
+            blamed = ?out.blamed,
+            explained = ?out.explained_by,
+            loss_ref, goodput_ref_mbps = goodput_ref.map_or(-1.0, |g| g / 1e6),
+            conns = ?active,
+            "attribution"
+        );
+    }
     out
 }
 
@@ -219,7 +291,7 @@ mod tests {
         let c = |s: u8, d: u8, loss: u64| DirectedConn { src: Some(ip(s)), dst: Some(ip(d)), loss_packets: loss, data_packets: 10_000, ..Default::default() };
         let conns = vec![c(5, 1, 300), c(1, 5, 280), c(1, 2, 1), c(2, 1, 0), c(1, 3, 2), c(3, 1, 1), c(2, 3, 0)];
         let peers: BTreeSet<IpAddr> = [1, 2, 3, 5].map(ip).into();
-        let a = attribute(&conns, &peers);
+        let a = attribute(&conns, &peers, &BTreeSet::new());
         assert_eq!(a.blamed, [ip(5)].into());
         assert_eq!(a.explained_by.get(&ip(1)), Some(&ip(5)));
     }
@@ -251,7 +323,7 @@ mod tests {
     fn lossy_host_link_blames_the_host_and_explains_both_neighbours() {
         // Host 4's link drops both ways: 3 -> 4 and 4 -> 5 lose; 1 spurious retrans elsewhere.
         let c = ring(6, &[1, 0, 60, 45, 0, 2], &[1.0; 6]);
-        let a = attribute(&c, &all_peers(6));
+        let a = attribute(&c, &all_peers(6), &BTreeSet::new());
         assert_eq!(a.blamed, BTreeSet::from([ip(4)]));
         assert_eq!(a.explained_by, BTreeMap::from([(ip(3), ip(4)), (ip(5), ip(4))]));
     }
@@ -259,7 +331,7 @@ mod tests {
     #[test]
     fn rate_capped_host_is_blamed_from_goodput() {
         let c = ring(6, &[0; 6], &[1.0, 1.1, 0.25, 0.24, 0.9, 1.0]);
-        let a = attribute(&c, &all_peers(6));
+        let a = attribute(&c, &all_peers(6), &BTreeSet::new());
         assert_eq!(a.blamed, BTreeSet::from([ip(4)]));
         assert_eq!(a.explained_by.keys().copied().collect::<Vec<_>>(), vec![ip(3), ip(5)]);
     }
@@ -268,17 +340,17 @@ mod tests {
     fn a_lone_bad_connection_is_blamed_on_its_receiver() {
         // Only 3 -> 4 is bad (one direction of one link): host 4's link, whose switch queue it is.
         let c = ring(6, &[0, 0, 60, 0, 0, 0], &[1.0; 6]);
-        let a = attribute(&c, &all_peers(6));
+        let a = attribute(&c, &all_peers(6), &BTreeSet::new());
         assert_eq!(a.blamed, BTreeSet::from([ip(4)]));
         assert_eq!(a.explained_by, BTreeMap::from([(ip(3), ip(4))]));
         // Seen from a host (the sender is not a peer), nothing changes.
-        assert_eq!(attribute(&c, &BTreeSet::from([ip(4)])), Attribution::default());
+        assert_eq!(attribute(&c, &BTreeSet::from([ip(4)]), &BTreeSet::new()), Attribution::default());
     }
 
     #[test]
     fn healthy_noise_changes_nothing() {
         let c = ring(6, &[3, 2, 1, 0, 3, 2], &[1.0, 0.8, 1.2, 0.9, 1.1, 0.7]);
-        assert_eq!(attribute(&c, &all_peers(6)), Attribution::default());
+        assert_eq!(attribute(&c, &all_peers(6), &BTreeSet::new()), Attribution::default());
     }
 
     #[test]
@@ -289,15 +361,48 @@ mod tests {
             DirectedConn { src: Some(ip(1)), dst: Some(ip(2)), loss_packets: 80, data_packets: 10_000, ..Default::default() },
             DirectedConn { src: Some(ip(6)), dst: Some(ip(1)), loss_packets: 70, data_packets: 10_000, ..Default::default() },
         ];
-        let a = attribute(&c, &BTreeSet::from([ip(2), ip(6)]));
+        let a = attribute(&c, &BTreeSet::from([ip(2), ip(6)]), &BTreeSet::new());
         assert_eq!(a, Attribution::default());
+    }
+
+    #[test]
+    fn a_few_resends_on_a_low_volume_direction_are_not_loss() {
+        // Ring 1 -> 2 -> 3 -> 4 healthy; 2 -> 1 carries a collective library's small control
+        // messages, 6 of 128 of them resent (tail-loss probes on a busy machine).
+        let mut c = ring(4, &[1, 2, 0, 1], &[1.0; 4]);
+        c.push(DirectedConn { src: Some(ip(2)), dst: Some(ip(1)), loss_packets: 6, data_packets: 128, ..Default::default() });
+        assert_eq!(attribute(&c, &all_peers(4), &BTreeSet::new()), Attribution::default());
+        // A link that went down mid-window: few packets, most of them resent.
+        c.last_mut().unwrap().loss_packets = 80;
+        assert_eq!(attribute(&c, &all_peers(4), &BTreeSet::new()).blamed, BTreeSet::from([ip(1)]));
+    }
+
+    #[test]
+    fn a_lone_bad_connection_from_a_recently_blamed_peer_is_its_sender_s() {
+        // Host 2's link flapped: a window blamed it from both of its connections; the next shows
+        // only what it resent to host 3.
+        let mut memory = BlameMemory::default();
+        let first = attribute(&ring(6, &[60, 70, 0, 0, 0, 0], &[1.0; 6]), &all_peers(6), &memory.recent());
+        assert_eq!(first.structural, BTreeSet::from([ip(2)]));
+        memory.push(&first);
+        let c = ring(6, &[0, 300, 0, 0, 0, 0], &[1.0; 6]);
+        let a = attribute(&c, &all_peers(6), &memory.recent());
+        assert_eq!(a.blamed, BTreeSet::from([ip(2)]));
+        assert_eq!(a.explained_by, BTreeMap::from([(ip(3), ip(2))]));
+        assert!(a.structural.is_empty(), "a guess is not remembered as structural blame");
+        // Without the memory the receiver is blamed; and the memory fades.
+        assert_eq!(attribute(&c, &all_peers(6), &BTreeSet::new()).blamed, BTreeSet::from([ip(3)]));
+        for _ in 0..BLAME_MEMORY_WINDOWS {
+            memory.push(&a);
+        }
+        assert_eq!(attribute(&c, &all_peers(6), &memory.recent()).blamed, BTreeSet::from([ip(3)]));
     }
 
     #[test]
     fn two_faulty_hosts_are_both_blamed() {
         // Links of hosts 2 and 5 lossy both ways in a ring of 6.
         let c = ring(6, &[50, 50, 0, 50, 50, 0], &[1.0; 6]);
-        let a = attribute(&c, &all_peers(6));
+        let a = attribute(&c, &all_peers(6), &BTreeSet::new());
         assert_eq!(a.blamed, BTreeSet::from([ip(2), ip(5)]));
         assert_eq!(a.explained_by, BTreeMap::from([(ip(1), ip(2)), (ip(3), ip(2)), (ip(4), ip(5)), (ip(6), ip(5))]));
     }

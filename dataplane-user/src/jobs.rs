@@ -21,8 +21,8 @@
 //!   [`MIN_DATA_BURST_PACKET_BYTES`]. A rank that computes late still ACKs (its kernel does) and
 //!   still receives its neighbour's data on time (socket buffers absorb it); only its own sends
 //!   start late, so counting the other bursts would hide a compute straggler;
-//! - each peer's `explained_by` comes from [`crate::attribution`] over the job's directed
-//!   connections (loss per connection, goodput over its sender's merged data bursts), and the job's
+//! - the job's directed connections (loss per connection, goodput over its sender's merged data
+//!   bursts) go with the window, for the detectors' [`crate::attribution`]; the job's
 //!   [`LinkWindow`]s and each peer's `shared_links` from the traffic of *every* matched flow per
 //!   interface direction (the job's and others'), so the detectors can tell a shared congested link
 //!   from a bad host path.
@@ -186,13 +186,11 @@ impl JobSet {
         }
         jobs.into_iter()
             .map(|(job, peers)| {
-                let candidates: BTreeSet<IpAddr> = peers.keys().copied().collect();
-                let job_conns = conns.remove(job).unwrap_or_default();
+                let job_conns: Vec<DirectedConn> = conns.remove(job).unwrap_or_default().into_values().collect();
                 let (links, shared_links) = traffic.for_job(job, &ifname);
-                let blame = attribution::attribute(&job_conns.into_values().collect::<Vec<_>>(), &candidates);
-                (job, peers, blame, links, shared_links)
+                (job, peers, job_conns, links, shared_links)
             })
-            .map(|(job, peers, blame, links, shared_links)| JobWindow {
+            .map(|(job, peers, job_conns, links, shared_links)| JobWindow {
                 job: job.to_owned(),
                 window_start_ns: start,
                 window_end_ns: w.end_ns,
@@ -207,13 +205,13 @@ impl JobSet {
                             .map(|(i, _)| *i)
                             .unwrap_or(0);
                         let mut pw = peer_window(peer, ifname(ifindex), &a.c, a.bursts);
-                        pw.explained_by = blame.explained_by.get(&peer).copied();
                         pw.shared_links = shared_links.get(&peer).cloned().unwrap_or_default();
                         pw.pokes = a.pokes;
                         pw
                     })
                     .collect(),
                 links,
+                conns: job_conns,
             })
             .collect()
     }
@@ -496,7 +494,11 @@ mod tests {
         t.apply(&PollSnapshot { mono_ns: 1000 * MS, flows: flows.into_iter().map(|(k, v)| (k, vec![v])).collect(), ..Default::default() });
         let w = t.take_window().unwrap();
         let jw = &jobs("").windows(&w, |i| format!("p{i}"))[0];
-        let explained: Vec<_> = jw.peers.iter().map(|p| (p.peer.to_string(), p.retrans, p.explained_by.map(|e| e.to_string()))).collect();
+        // The window carries the directed connections; the detectors attribute them.
+        let peers: BTreeSet<IpAddr> = jw.peers.iter().map(|p| p.peer).collect();
+        let blame = attribution::attribute(&jw.conns, &peers, &BTreeSet::new());
+        let explained: Vec<_> =
+            jw.peers.iter().map(|p| (p.peer.to_string(), p.retrans, blame.explained_by.get(&p.peer).map(|e| e.to_string()))).collect();
         let by2 = Some("10.77.0.2".to_string());
         assert_eq!(
             explained,

@@ -65,7 +65,8 @@ pub struct PeerWindow {
     pub bursts: Vec<BurstSummary>,
     /// Set when the agent sees both ends of this peer's degraded connections and another peer's
     /// path explains all of them ([`crate::attribution`]): the peer is then not judged a gray
-    /// failure in this window (the other one is).
+    /// failure in this window (the other one is). The detectors compute it from
+    /// [`JobWindow::conns`] when the window has them; otherwise this value is used as given.
     #[serde(default)]
     pub explained_by: Option<IpAddr>,
     /// Links whose egress carries this peer's job traffic together with other traffic (another
@@ -150,6 +151,12 @@ pub struct JobWindow {
     /// Link directions the job's data crosses in the window.
     #[serde(default)]
     pub links: Vec<LinkWindow>,
+    /// The job's directed connections in the window, when the agent sees both ends of them (on
+    /// a switch, or a DPU serving several hosts): the detectors attribute degraded connections
+    /// to one end ([`crate::attribution`]) and set each peer's `explained_by` from it, with the
+    /// job's recent blame as memory. Empty: the peers' `explained_by` are used as given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conns: Vec<crate::attribution::DirectedConn>,
 }
 
 /// A peer's communication phases in one window: its bursts merged across flows.

@@ -45,6 +45,7 @@ pub use verdict::{
     VerdictChange, VerdictKind, WindowCount,
 };
 
+use crate::attribution;
 use congestion::{LinkInput, LinkPeer};
 use features::{fill_lateness, fill_step_lateness, peer_features, peer_stats};
 use lifecycle::{Assessment, Track, TrackCtx};
@@ -97,6 +98,8 @@ struct JobState {
     last_end_ns: u64,
     peers: BTreeMap<IpAddr, PeerState>,
     links: BTreeMap<String, LinkState>,
+    /// Who the job's last windows blamed structurally ([`crate::attribution`]).
+    blame: attribution::BlameMemory,
 }
 
 fn warm(ring: &Ring, cfg: &DetectorConfig) -> Option<Robust> {
@@ -111,6 +114,7 @@ impl JobState {
             last_end_ns: 0,
             peers: BTreeMap::new(),
             links: BTreeMap::new(),
+            blame: attribution::BlameMemory::default(),
         }
     }
 
@@ -161,6 +165,15 @@ impl JobState {
             feats.push(peer_features(cfg, pw, w.window_start_ns, ps.last_phase_end_ns, ps.last_step_end_ns));
             prev_starts.push(std::mem::take(&mut ps.prev_phase_starts));
             prev_step_starts.push(std::mem::take(&mut ps.prev_step_starts));
+        }
+        if !w.conns.is_empty() {
+            // Every peer of the window is a candidate, idle ones too (as the connections are).
+            let candidates: BTreeSet<IpAddr> = w.peers.iter().map(|p| p.peer).collect();
+            let blame = attribution::attribute(&w.conns, &candidates, &self.blame.recent());
+            self.blame.push(&blame);
+            for f in &mut feats {
+                f.explained_by = blame.explained_by.get(&f.peer).copied();
+            }
         }
         fill_lateness(cfg, &mut feats, &prev_starts);
         fill_step_lateness(cfg, &mut feats, &prev_step_starts);

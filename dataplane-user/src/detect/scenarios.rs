@@ -531,6 +531,7 @@ fn root_job(seed: u64, straggler: Option<(usize, u64)>, n: usize) -> Vec<JobWind
                 .map(|(r, b)| super::sim::peer_of_bursts(peer(r), format!("p{r}"), b, 0))
                 .collect(),
             links: Vec::new(),
+            conns: Vec::new(),
         })
         .collect()
 }

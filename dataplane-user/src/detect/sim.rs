@@ -139,6 +139,7 @@ impl Scenario {
                 window_end_ns: (w as u64 + 1) * S,
                 peers: Vec::new(),
                 links: Vec::new(),
+                conns: Vec::new(),
             })
             .collect();
         // Bursts are reported in the window where they end; counters where the step started.
@@ -421,6 +422,7 @@ impl RingJob {
                     .map(|(r, b)| peer_of_bursts(self.peer(r), Self::link(r), b, rng.range(0, 6)))
                     .collect(),
                 links: Vec::new(),
+                conns: Vec::new(),
             })
             .collect()
     }

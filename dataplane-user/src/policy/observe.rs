@@ -386,6 +386,7 @@ mod tests {
                 pw("10.0.0.2", "l1", (0..10).map(|i| b(i * 100, i * 100 + 10)).collect(), 10_000, 1),
             ],
             links: Vec::new(),
+            conns: Vec::new(),
         };
         let v = VerdictSummary { gray_peers: ["10.0.0.3".parse().unwrap()].into(), ..Default::default() };
         let o = WindowObservation::from_window(&params(), &w, v, &mut StepTracker::default());

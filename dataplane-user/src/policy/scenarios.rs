@@ -148,6 +148,7 @@ impl FakeJob {
                 })
                 .collect(),
             links: Vec::new(),
+            conns: Vec::new(),
         }
     }
 }
