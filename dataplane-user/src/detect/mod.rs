@@ -166,6 +166,8 @@ impl JobState {
             prev_starts.push(std::mem::take(&mut ps.prev_phase_starts));
             prev_step_starts.push(std::mem::take(&mut ps.prev_step_starts));
         }
+        // Peers blamed in this window only by attribution's lone-connection guess.
+        let mut guessed: BTreeSet<IpAddr> = BTreeSet::new();
         if !w.conns.is_empty() {
             // Every peer of the window is a candidate, idle ones too (as the connections are).
             let candidates: BTreeSet<IpAddr> = w.peers.iter().map(|p| p.peer).collect();
@@ -174,6 +176,7 @@ impl JobState {
             for f in &mut feats {
                 f.explained_by = blame.explained_by.get(&f.peer).copied();
             }
+            guessed = blame.blamed.difference(&blame.structural).copied().collect();
         }
         fill_lateness(cfg, &mut feats, &prev_starts);
         fill_step_lateness(cfg, &mut feats, &prev_step_starts);
@@ -262,11 +265,13 @@ impl JobState {
             .collect();
         let severe = |a: &Option<Assessment>| matches!(a, Some(a) if a.state == lifecycle::WindowState::Anomalous { severe: true });
         let severe_unexplained = feats.iter().zip(&gray_all).filter(|(f, a)| f.explained_by.is_none() && severe(a)).count();
-        if severe_unexplained >= 2 {
-            for a in gray_all.iter_mut().flatten() {
-                if a.state == (lifecycle::WindowState::Anomalous { severe: true }) {
-                    a.state = lifecycle::WindowState::Anomalous { severe: false };
-                }
+        // Nor is a peer whose blame is only attribution's guess at one end of a lone bad
+        // connection (after a flap, the resent burst of the flapped host to one neighbour can
+        // land on that neighbour): a lasting fault shows again in the next windows.
+        for (f, a) in feats.iter().zip(gray_all.iter_mut()) {
+            let Some(a) = a else { continue };
+            if a.state == (lifecycle::WindowState::Anomalous { severe: true }) && (severe_unexplained >= 2 || guessed.contains(&f.peer)) {
+                a.state = lifecycle::WindowState::Anomalous { severe: false };
             }
         }
         for ((f, s), gray_a) in feats.iter().zip(&stats).zip(gray_all) {

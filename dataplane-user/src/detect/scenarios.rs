@@ -214,6 +214,37 @@ fn two_peers_severe_in_one_window_are_not_raised_on_it_alone() {
 }
 
 #[test]
+fn a_peer_blamed_only_by_attribution_s_guess_is_not_raised_on_one_window() {
+    // Seen from a switch: the windows carry the job's connections, a ring over the peers. Only the
+    // connection into peer 6 loses (5 %): both ends have good connections too, so attribution can
+    // only guess (the receiver). One such window raises nothing; a lasting fault raises on the
+    // second window.
+    let conns = |s: &Scenario, w: &JobWindow, lossy: bool| -> Vec<crate::attribution::DirectedConn> {
+        let n = s.peers.len();
+        (0..n)
+            .map(|i| crate::attribution::DirectedConn {
+                src: Some(s.peer(i)),
+                dst: Some(s.peer((i + 1) % n)),
+                loss_packets: if lossy && (i + 1) % n == 6 { 500 } else { 1 },
+                data_packets: 10_000,
+                ..Default::default()
+            })
+            .filter(|_| !w.peers.is_empty())
+            .collect()
+    };
+    for (end, expect) in [(21, vec![]), (40, vec![21])] {
+        let s = Scenario::two_leaves(5).with(Fault::Loss { peer: 6, rate: 0.05 }, 20, end);
+        let mut windows = s.windows(50);
+        for (i, w) in windows.iter_mut().enumerate() {
+            w.conns = conns(&s, w, (20..end).contains(&i));
+        }
+        let opened: Vec<usize> =
+            run_with(DetectorConfig::default(), &windows).iter().filter(|(_, c)| matches!(c, VerdictChange::Opened(_))).map(|(i, _)| *i).collect();
+        assert_eq!(opened, expect, "fault in windows 20..{end}");
+    }
+}
+
+#[test]
 fn rate_cap_on_one_peers_link_is_a_gray_failure_not_congestion() {
     // A pure rate cap: no loss at all, only goodput.
     let s = Scenario::star(7).with(Fault::GoodputCut { peer: 3, factor: 0.25 }, 20, 40);
