@@ -120,6 +120,17 @@ impl LinkWindow {
         self.direction == "egress" && self.lossy_flows >= min_flows.max(2) && self.common_endpoint.is_none()
     }
 
+    /// Several unrelated flows, not all of them the job's, losing on their way *in* through this
+    /// link: the loss happened upstream, on a path the job shares with other traffic (a
+    /// congested uplink of another switch, which the agent there reports). A peer whose traffic
+    /// arrives through this link is then not a gray failure of its own in the window.
+    pub fn upstream_shared_loss(&self, min_flows: u32) -> bool {
+        self.direction == "ingress"
+            && self.lossy_flows >= min_flows.max(2)
+            && self.lossy_flows > self.lossy_job_flows
+            && self.common_endpoint.is_none()
+    }
+
     /// The job's in-burst goodput here, bytes/s.
     pub fn job_goodput_bps(&self) -> Option<f64> {
         (self.job_burst_ns > 0).then(|| self.job_burst_bytes as f64 * 1e9 / self.job_burst_ns as f64)

@@ -274,6 +274,13 @@ impl JobState {
                 a.state = lifecycle::WindowState::Anomalous { severe: false };
             }
         }
+        // Links whose inbound traffic lost upstream together with other traffic.
+        let upstream_lossy: BTreeSet<&str> = w
+            .links
+            .iter()
+            .filter(|l| l.upstream_shared_loss(cfg.congestion.min_shared_loss_flows))
+            .map(|l| l.link.as_str())
+            .collect();
         for ((f, s), gray_a) in feats.iter().zip(&stats).zip(gray_all) {
             let Some(ps) = self.peers.get_mut(&f.peer) else { continue };
             let link_congested = congested.contains(f.link.as_str());
@@ -289,10 +296,13 @@ impl JobState {
             };
             if let Some(a) = gray_a {
                 // A congested link explains its peers' degradation: not a gray failure. So does
-                // another peer's bad path when all of this peer's bad connections run to it
-                // (`crate::attribution`): the gray failure is that peer's.
+                // loss shared with other traffic upstream of the link the peer's traffic comes in
+                // by (another switch's congested uplink), and another peer's bad path when all of
+                // this peer's bad connections run to it (`crate::attribution`): the gray failure
+                // is that peer's.
                 let via_congested = f.shared_links.iter().any(|l| congested.contains(l.as_str()));
-                let explained = link_congested || via_congested || f.explained_by.is_some();
+                let upstream = upstream_lossy.contains(f.link.as_str());
+                let explained = link_congested || via_congested || upstream || f.explained_by.is_some();
                 let a = if explained && a.is_anomalous() { Assessment::ambiguous() } else { a };
                 let ctx = ctx(VerdictKind::GrayFailure);
                 changes.extend(ps.gray.observe(&cfg.persistence, &ctx, a, true, true, next_id));

@@ -154,6 +154,42 @@ fn shared_loss_on_an_uplink_is_congestion_and_excuses_the_peers_behind_it() {
     }
 }
 
+#[test]
+fn loss_shared_upstream_excuses_the_peers_that_come_in_by_that_link() {
+    // A leaf's view of a host behind the uplink (peer 2's traffic comes in by it): another
+    // switch's congested uplink drops the job's connection from peer 2 and three cross-traffic
+    // flows on their way in. That agent reports the congestion; here peer 2 is not a gray failure.
+    // With one host common to every lossy flow (peer 2's own path), it is.
+    let s = Scenario::two_leaves(6).with(Fault::Loss { peer: 2, rate: 0.02 }, 20, 40);
+    for (common, expect_verdict) in [(None, false), (Some(s.peer(2)), true)] {
+        let mut windows = s.windows(60);
+        for w in &mut windows {
+            for p in w.peers.iter_mut().filter(|p| p.peer == s.peer(2)) {
+                p.link = "uplink".into();
+            }
+        }
+        for w in &mut windows[20..40] {
+            w.links.push(LinkWindow {
+                link: "uplink".into(),
+                direction: "ingress".into(),
+                flows: 4,
+                lossy_flows: 4,
+                lossy_job_flows: 1,
+                common_endpoint: common,
+                loss_packets: 800,
+                data_packets: 40_000,
+                ..Default::default()
+            });
+        }
+        let changes = run_with(DetectorConfig::default(), &windows);
+        if expect_verdict {
+            single_verdict(&changes, VerdictKind::GrayFailure, &Scope::Peer { peer: s.peer(2), link: "uplink".into() }, 21, 43);
+        } else {
+            assert!(changes.is_empty(), "{changes:#?}");
+        }
+    }
+}
+
 /// Peer 2's sends cross `uplink`, whose egress the job shares with `other` bytes of other
 /// traffic per window from window 20 to 40, when peer 2's goodput (and the job's on the
 /// uplink) falls to 1/4.
