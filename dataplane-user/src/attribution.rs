@@ -18,7 +18,9 @@
 //! - it is *bad* when lossy (at least [`MIN_LOSS_PACKETS`] loss packets and a loss ratio of at
 //!   least [`MIN_LOSS_RATIO`] and [`LOSS_OUTLIER_FACTOR`] × the lower quartile of the job's
 //!   connections' ratios, on at least [`MIN_LOSS_DATA_PACKETS`] data packets unless the loss
-//!   itself is at least [`MIN_LOSS_PACKETS_FEW_DATA`]) or slow (in-burst goodput at most [`SLOW_FACTOR`] × the upper quartile
+//!   itself is at least [`MIN_LOSS_PACKETS_FEW_DATA`]) or, when no connection of the window is
+//!   lossy (slowness also follows from loss elsewhere: a sender busy resending is slower to
+//!   everyone), slow (in-burst goodput at most [`SLOW_FACTOR`] × the upper quartile
 //!   of the job's connections with goodput, when at least [`MIN_CONNS_FOR_MEDIAN`] have one).
 //!   Quartiles, not medians, so that two faulty hosts, whose four bad connections are most of a
 //!   six-rank ring, still stand out;
@@ -159,14 +161,17 @@ pub fn attribute(conns: &[DirectedConn], peers: &BTreeSet<IpAddr>, recent: &BTre
     let loss_ref = quantile(conns.iter().filter_map(DirectedConn::loss_ratio).collect(), 0.25).unwrap_or(0.0);
     let goodputs: Vec<f64> = conns.iter().filter_map(DirectedConn::goodput).collect();
     let goodput_ref = (goodputs.len() >= MIN_CONNS_FOR_MEDIAN).then(|| quantile(goodputs, 0.75)).flatten();
+    let lossy = |c: &DirectedConn| {
+        is_lossy(c.loss_packets, c.data_packets) && c.loss_ratio().is_some_and(|r| r >= LOSS_OUTLIER_FACTOR * loss_ref)
+    };
+    let slow = |c: &DirectedConn| matches!((c.goodput(), goodput_ref), (Some(g), Some(m)) if g <= SLOW_FACTOR * m);
+    // Loss is the network's own signature; slowness also follows from it (a sender busy resending
+    // to a lossy peer is slower to everyone, a rank waiting on it sends late): when any connection
+    // is lossy, the slow ones are not evidence of their own.
+    let any_lossy = conns.iter().any(lossy);
     let bad: Vec<(IpAddr, IpAddr, u64)> = conns
         .iter()
-        .filter(|c| {
-            let lossy = is_lossy(c.loss_packets, c.data_packets)
-                && c.loss_ratio().is_some_and(|r| r >= LOSS_OUTLIER_FACTOR * loss_ref);
-            let slow = matches!((c.goodput(), goodput_ref), (Some(g), Some(m)) if g <= SLOW_FACTOR * m);
-            lossy || slow
-        })
+        .filter(|c| if any_lossy { lossy(c) } else { slow(c) })
         .filter_map(|c| Some((c.src?, c.dst?, c.loss_packets)))
         .filter(|(s, d, _)| s != d)
         .collect();
@@ -396,6 +401,25 @@ mod tests {
             memory.push(&a);
         }
         assert_eq!(attribute(&c, &all_peers(6), &memory.recent()).blamed, BTreeSet::from([ip(3)]));
+    }
+
+    #[test]
+    fn slow_connections_are_no_evidence_when_another_is_lossy() {
+        // Rabenseifner's fold: host 4 talks only to host 3, both ways lossy; host 3, busy
+        // resending, is slow to host 6 as well. Host 4 is blamed (its every connection is bad),
+        // not host 3 for having two bad counterparts.
+        let c = |s: u8, d: u8, loss: u64, gbps: f64| DirectedConn {
+            src: Some(ip(s)),
+            dst: Some(ip(d)),
+            loss_packets: loss,
+            data_packets: 20_000,
+            burst_bytes: (gbps * 1e8) as u64,
+            burst_ns: 100_000_000,
+        };
+        let conns = vec![c(3, 4, 1258, 1.0), c(4, 3, 821, 1.0), c(3, 6, 0, 0.3), c(6, 3, 0, 1.0), c(1, 2, 0, 1.0), c(2, 1, 0, 1.1), c(3, 1, 0, 0.9)];
+        let a = attribute(&conns, &all_peers(6), &BTreeSet::new());
+        assert_eq!(a.blamed, BTreeSet::from([ip(4)]));
+        assert_eq!(a.explained_by, BTreeMap::from([(ip(3), ip(4))]));
     }
 
     #[test]
