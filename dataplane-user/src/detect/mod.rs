@@ -202,6 +202,15 @@ impl JobState {
             by_link.entry(name.as_str()).or_default();
         }
         let window_s = (w.window_end_ns - w.window_start_ns) as f64 / 1e9;
+        // Links whose inbound traffic lost upstream together with other traffic: the peers that
+        // come in by them are evidence of that upstream path (which the agent there, on its
+        // egress, reports), neither of this link nor of their own.
+        let upstream_lossy: BTreeSet<&str> = w
+            .links
+            .iter()
+            .filter(|l| l.upstream_shared_loss(cfg.congestion.min_shared_loss_flows))
+            .map(|l| l.link.as_str())
+            .collect();
         let mut congested: BTreeSet<&str> = BTreeSet::new();
         for (link, idxs) in &by_link {
             let ls = self.links.entry((*link).to_owned()).or_insert_with(|| LinkState {
@@ -216,7 +225,7 @@ impl JobState {
                 // A peer explained by another peer's path is that path's evidence, not the link's.
                 peers: idxs
                     .iter()
-                    .filter(|&&i| feats[i].explained_by.is_none())
+                    .filter(|&&i| feats[i].explained_by.is_none() && !upstream_lossy.contains(feats[i].link.as_str()))
                     .map(|&i| LinkPeer {
                         f: &feats[i],
                         stats: &stats[i],
@@ -274,13 +283,6 @@ impl JobState {
                 a.state = lifecycle::WindowState::Anomalous { severe: false };
             }
         }
-        // Links whose inbound traffic lost upstream together with other traffic.
-        let upstream_lossy: BTreeSet<&str> = w
-            .links
-            .iter()
-            .filter(|l| l.upstream_shared_loss(cfg.congestion.min_shared_loss_flows))
-            .map(|l| l.link.as_str())
-            .collect();
         for ((f, s), gray_a) in feats.iter().zip(&stats).zip(gray_all) {
             let Some(ps) = self.peers.get_mut(&f.peer) else { continue };
             let link_congested = congested.contains(f.link.as_str());

@@ -156,15 +156,20 @@ fn shared_loss_on_an_uplink_is_congestion_and_excuses_the_peers_behind_it() {
 
 #[test]
 fn loss_shared_upstream_excuses_the_peers_that_come_in_by_that_link() {
-    // A leaf's view of a host behind the uplink (peer 2's traffic comes in by it): another
-    // switch's congested uplink drops the job's connection from peer 2 and three cross-traffic
-    // flows on their way in. That agent reports the congestion; here peer 2 is not a gray failure.
-    // With one host common to every lossy flow (peer 2's own path), it is.
-    let s = Scenario::two_leaves(6).with(Fault::Loss { peer: 2, rate: 0.02 }, 20, 40);
-    for (common, expect_verdict) in [(None, false), (Some(s.peer(2)), true)] {
+    // A leaf's view of hosts behind the uplink (peers 2 and 3 come in by it): another switch's
+    // congested uplink drops the job's connections from them and two cross-traffic flows on their
+    // way in. That agent reports the congestion (on its egress); here neither peer is a gray
+    // failure, nor is this uplink congested. With one host common to every lossy flow (peer 2's
+    // own path, peer 3 healthy), peer 2 is a gray failure.
+    for (common, expect_verdict) in [(None, false), (Some(2), true)] {
+        let mut s = Scenario::two_leaves(6).with(Fault::Loss { peer: 2, rate: 0.02 }, 20, 40);
+        if common.is_none() {
+            s = s.with(Fault::Loss { peer: 3, rate: 0.02 }, 20, 40);
+        }
+        let common = common.map(|i| s.peer(i));
         let mut windows = s.windows(60);
         for w in &mut windows {
-            for p in w.peers.iter_mut().filter(|p| p.peer == s.peer(2)) {
+            for p in w.peers.iter_mut().filter(|p| p.peer == s.peer(2) || p.peer == s.peer(3)) {
                 p.link = "uplink".into();
             }
         }
