@@ -22,32 +22,15 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::detect::{Classification, EndReason, Evidence, Scope, Severity, Verdict, VerdictChange, VerdictKind};
+use crate::detect::{EndReason, Verdict, VerdictChange, VerdictKind};
 
 /// File name of the persisted open events inside `state_dir`.
 pub const STATE_FILE: &str = "events.json";
 /// Version of the state file format.
 pub const STATE_VERSION: u32 = 1;
 
-/// Open or closed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EventState {
-    Open,
-    Closed,
-}
-
-/// Why an event closed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EventEnd {
-    /// The detectors saw `clear_windows` clean windows.
-    Cleared,
-    /// The peer, link or job stopped sending for `forget_after`.
-    Expired,
-    /// Carried over from before a restart and not raised again within `carry_over_windows`.
-    NotConfirmed,
-}
+// The event as `GET /v1/events` serves it (and the state file stores it) is the operator API's.
+pub use ringside_client::operator::{Event, EventEnd, EventState};
 
 impl From<EndReason> for EventEnd {
     fn from(r: EndReason) -> Self {
@@ -56,41 +39,6 @@ impl From<EndReason> for EventEnd {
             EndReason::Expired => EventEnd::Expired,
         }
     }
-}
-
-/// One event of `/v1/events`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Event {
-    pub id: u64,
-    pub job: String,
-    pub kind: VerdictKind,
-    /// What the event is about: `{"type":"peer","peer":..,"link":..}`, `{"type":"link","link":..}`.
-    pub scope: Scope,
-    pub severity: Severity,
-    /// Gray failures only: transient, intermittent or persistent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub classification: Option<Classification>,
-    pub state: EventState,
-    /// Loaded from the state file after a restart.
-    #[serde(default)]
-    pub carried_over: bool,
-    /// A carried-over event the detectors raised again after the restart.
-    #[serde(default)]
-    pub confirmed: bool,
-    /// Estimated fault start (start of the first anomalous window), Unix ms.
-    pub started_unix_ms: u64,
-    /// When the detectors raised it, Unix ms.
-    pub raised_unix_ms: u64,
-    /// Estimated fault end (closed events), Unix ms.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ended_unix_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub end_reason: Option<EventEnd>,
-    /// Windows observed since the raise, and how many of them were anomalous.
-    pub observed_windows: u32,
-    pub anomalous_windows: u32,
-    /// The numbers of the latest anomalous window.
-    pub evidence: Vec<Evidence>,
 }
 
 /// Converts the detectors' CLOCK_MONOTONIC nanoseconds to Unix milliseconds, from one pair of
@@ -382,7 +330,7 @@ pub fn load(dir: &Path) -> Result<Option<PersistedEvents>, StateFileError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::detect::{Metric, Reference, WindowCount};
+    use crate::detect::{Classification, Evidence, Metric, Reference, Scope, Severity, WindowCount};
 
     pub(crate) fn verdict(id: u64, kind: VerdictKind, peer: &str) -> Verdict {
         Verdict {

@@ -3,7 +3,7 @@ pub mod agent;
 pub mod api;
 pub mod attribution;
 pub mod auth;
-pub mod client;
+pub mod cli;
 pub mod collector;
 pub mod config;
 pub mod detection;

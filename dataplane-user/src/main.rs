@@ -1,14 +1,11 @@
-//! `ringside`: the agent and its command-line client.
-use std::{path::PathBuf, process::ExitCode};
+//! `ringside`: the agent and its command-line client. This file only parses the arguments and
+//! dispatches; each subcommand lives in `dataplane_user::cli`.
+use std::process::ExitCode;
 
-use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use dataplane_user::{
-    agent::{self, AgentArgs, AgentSettings},
-    api::{EventsResponse, FlowsResponse, StatusResponse},
-    client,
-    config::{ConfigFile, DEFAULT_PIN_DIR, DEFAULT_STATE_DIR},
-    loader,
+    agent::AgentArgs,
+    cli::{self, detach::DetachArgs, events::EventsArgs, flows::FlowsArgs, jobs::JobsCommand, status::StatusArgs},
 };
 
 /// ringside watches collective-communication traffic (TCP and RoCEv2) on the provider's side of
@@ -43,34 +40,13 @@ enum Command {
     ///   ringside flows --limit 50 --agent http://10.0.0.5:9464
     ///   ringside flows --json | jq '.flows[] | select(.kind == "rocev2")'
     #[command(verbatim_doc_comment)]
-    Flows {
-        /// How many flows (1-1000).
-        #[arg(long, default_value_t = 20)]
-        limit: usize,
-        /// The agent's base URL.
-        #[arg(long, default_value_t = client::default_agent_url())]
-        agent: String,
-        /// Print the raw JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        auth: TokenArgs,
-    },
+    Flows(FlowsArgs),
     /// Print the agent's attached interfaces, data-plane counters, flows tracked and poll age.
     ///
     /// Example:
     ///   ringside status --agent http://127.0.0.1:9464
     #[command(verbatim_doc_comment)]
-    Status {
-        /// The agent's base URL.
-        #[arg(long, default_value_t = client::default_agent_url())]
-        agent: String,
-        /// Print the raw JSON instead of a report.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        auth: TokenArgs,
-    },
+    Status(StatusArgs),
     /// Print the agent's detection events: open ones, and with --all the recently closed ones.
     ///
     /// Examples:
@@ -78,22 +54,7 @@ enum Command {
     ///   ringside events --all --agent http://10.0.0.5:9464
     ///   ringside events --json | jq '.events[] | select(.kind == "gray_failure") | .scope'
     #[command(verbatim_doc_comment)]
-    Events {
-        /// The agent's base URL.
-        #[arg(long, default_value_t = client::default_agent_url())]
-        agent: String,
-        /// Also list recently closed events.
-        #[arg(long)]
-        all: bool,
-        /// How many events at most (1-1000).
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
-        /// Print the raw JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        auth: TokenArgs,
-    },
+    Events(EventsArgs),
     /// Register, list and delete jobs (operator token). A registered job's tenant gets hints at
     /// /v1/jobs/ID/hints with the tenant token printed once by `register`.
     ///
@@ -117,102 +78,7 @@ enum Command {
     ///   ringside detach --iface eth0
     ///   ringside detach --iface eth0 --pin-dir /sys/fs/bpf/ringside-test --remove-qdisc
     #[command(verbatim_doc_comment)]
-    Detach {
-        /// Interface to clean up.
-        #[arg(long = "iface", value_name = "IF", required = true)]
-        interfaces: Vec<String>,
-        /// Pin directory the agent used.
-        #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
-        pin_dir: PathBuf,
-        /// Also delete the clsact qdisc.
-        #[arg(long)]
-        remove_qdisc: bool,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-enum JobsCommand {
-    /// Register a job; prints its id and tenant token (shown only once).
-    Register {
-        /// Job name, 1-64 characters of A-Z a-z 0-9 . _ - (unique).
-        #[arg(long)]
-        name: String,
-        /// A member host or prefix ("10.77.0.2", "10.77.0.0/24"); repeat for several.
-        #[arg(long = "member", value_name = "ADDR_OR_CIDR", required = true)]
-        members: Vec<String>,
-        /// TCP port range of the collective traffic ("29500" or "29500-29510"); repeatable.
-        #[arg(long = "tcp-ports", value_name = "RANGE")]
-        tcp_ports: Vec<ringside_client::PortRange>,
-        /// UDP / RoCEv2 port range; repeatable.
-        #[arg(long = "udp-ports", value_name = "RANGE")]
-        udp_ports: Vec<ringside_client::PortRange>,
-        /// Bytes reduced per step (the gradient buffer).
-        #[arg(long)]
-        gradient_bytes: Option<u64>,
-        /// Constraints as JSON, e.g. '{"codecs":["fp16","int8"],"max_channels":4}' [default: allow all].
-        #[arg(long, value_name = "JSON")]
-        constraints: Option<String>,
-        /// Print the raw JSON answer.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        conn: Conn,
-    },
-    /// List registered jobs (never tokens).
-    List {
-        /// Print the raw JSON.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        conn: Conn,
-    },
-    /// Delete a registered job: its hint streams end and its tenant token stops working.
-    Delete {
-        /// The job id (`j-...`).
-        id: String,
-        #[command(flatten)]
-        conn: Conn,
-    },
-}
-
-/// The agent to talk to and the operator token.
-#[derive(Debug, Clone, clap::Args)]
-struct Conn {
-    /// The agent's base URL.
-    #[arg(long, default_value_t = client::default_agent_url())]
-    agent: String,
-    #[command(flatten)]
-    auth: TokenArgs,
-}
-
-impl Conn {
-    fn call(&self, method: &str, path: &str, body: Option<&str>, expect: u16) -> Result<String, client::ClientError> {
-        let token = client::resolve_token(self.auth.token.as_deref(), &self.auth.state_dir)?;
-        client::call_expecting(&self.agent, Some(&token), method, path, body, expect)
-    }
-}
-
-/// How the CLI authenticates to the agent.
-#[derive(Debug, Clone, clap::Args)]
-struct TokenArgs {
-    /// Operator token [default: read from <state-dir>/operator.token].
-    #[arg(long, env = "RINGSIDE_TOKEN", hide_env_values = true, value_name = "TOKEN")]
-    token: Option<String>,
-    /// The agent's state directory, where it wrote operator.token.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
-    state_dir: PathBuf,
-}
-
-impl TokenArgs {
-    /// GETs `path` with the operator token. Without a token the request is still made, so an
-    /// unreachable agent is reported as such; a 401 then explains where the token comes from.
-    fn get<T: serde::de::DeserializeOwned>(&self, agent: &str, path: &str) -> Result<T, client::ClientError> {
-        let token = client::resolve_token(self.token.as_deref(), &self.state_dir);
-        client::get_json(agent, token.as_deref().ok(), path).map_err(|e| match (e, token) {
-            (client::ClientError::Status { status: 401, .. }, Err(missing)) => missing,
-            (e, _) => e,
-        })
-    }
+    Detach(DetachArgs),
 }
 
 fn main() -> ExitCode {
@@ -232,94 +98,14 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
-        Command::Agent(args) => {
-            let file = match &args.config {
-                Some(path) => ConfigFile::load(path)?,
-                None => ConfigFile::default(),
-            };
-            let settings = AgentSettings::resolve(&file, &args)?;
-            agent::run(settings)?;
-        }
-        Command::Flows { limit, agent, json, auth } => {
-            let r: FlowsResponse = auth.get(&agent, &format!("/v1/flows?limit={limit}"))?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                print!("{}", client::render_flows(&r));
-            }
-        }
-        Command::Status { agent, json, auth } => {
-            let r: StatusResponse = auth.get(&agent, "/v1/status")?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                print!("{}", client::render_status(&r));
-            }
-        }
-        Command::Events { agent, all, limit, json, auth } => {
-            let state = if all { "all" } else { "open" };
-            let r: EventsResponse = auth.get(&agent, &format!("/v1/events?state={state}&limit={limit}"))?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                print!("{}", client::render_events(&r));
-            }
-        }
-        Command::Jobs { action } => jobs(action)?,
-        Command::Detach { interfaces, pin_dir, remove_qdisc } => {
-            for iface in &interfaces {
-                let r = loader::detach_leftover(iface, &pin_dir, remove_qdisc)
-                    .with_context(|| format!("detaching from {iface}"))?;
-                if r.filters_removed.is_empty() && r.pins_removed.is_empty() && !r.qdisc_removed {
-                    println!("{iface}: nothing of ringside's was attached");
-                } else {
-                    println!(
-                        "{iface}: removed flowmon from [{}], {} pins from {}{}",
-                        r.filters_removed.join(", "),
-                        r.pins_removed.len(),
-                        pin_dir.display(),
-                        if r.qdisc_removed { ", and the clsact qdisc" } else { "" }
-                    );
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-fn jobs(action: JobsCommand) -> anyhow::Result<()> {
-    match action {
-        JobsCommand::Register { name, members, tcp_ports, udp_ports, gradient_bytes, constraints, json, conn } => {
-            let constraints = match constraints {
-                Some(c) => serde_json::from_str(&c).context("--constraints is not valid constraints JSON (see docs/openapi.json, Constraints)")?,
-                None => Default::default(),
-            };
-            let reg = ringside_client::JobRegistration { name, members, tcp_ports, udp_ports, gradient_bytes, constraints };
-            let body = conn.call("POST", "/v1/jobs", Some(&serde_json::to_string(&reg)?), 201)?;
-            let created: ringside_client::JobCreated = serde_json::from_str(&body).context("decoding the agent's answer")?;
-            if json {
-                println!("{body}");
-            } else {
-                println!("registered job {} ({})", created.id, created.name);
-                println!("tenant token: {}", created.tenant_token);
-                println!("give the tenant the id and the token; the token is shown only now (the agent keeps its hash)");
-            }
-        }
-        JobsCommand::List { json, conn } => {
-            let body = conn.call("GET", "/v1/jobs", None, 200)?;
-            let r: dataplane_user::api::JobsResponse = serde_json::from_str(&body).context("decoding the agent's answer")?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                print!("{}", client::render_jobs(&r));
-            }
-        }
-        JobsCommand::Delete { id, conn } => {
-            conn.call("DELETE", &format!("/v1/jobs/{id}"), None, 204)?;
-            println!("deleted job {id}");
-        }
+fn run(parsed: Cli) -> anyhow::Result<()> {
+    match parsed.command {
+        Command::Agent(args) => cli::agent::run(args)?,
+        Command::Flows(args) => cli::flows::run(args)?,
+        Command::Status(args) => cli::status::run(args)?,
+        Command::Events(args) => cli::events::run(args)?,
+        Command::Jobs { action } => cli::jobs::run(action)?,
+        Command::Detach(args) => cli::detach::run(args)?,
     }
     Ok(())
 }

@@ -13,10 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dataplane_user::{
-    api::{FlowView, FlowsResponse, StatusResponse},
-    client,
-};
+use ringside_client::{operator::FlowView, ClientError, FlowsResponse, JobClient, JobRegistration, OperatorClient, StatusResponse};
 use testbed::{RoceSink, RoceSpec, Star, StarConfig, TcpSink};
 
 const AGENT_PORT: u16 = 9464;
@@ -81,9 +78,18 @@ impl Drop for AgentProcess {
 /// The operator token of the test agent (written to its `[api] operator_tokens_file`).
 const OPERATOR_TOKEN: &str = "rso_t2-agent-operator-token";
 
-fn get<T: serde::de::DeserializeOwned + Send>(star: &Star, host: usize, path: &str) -> Result<T, client::ClientError> {
+/// One request of the operator client (`token`), made from inside host `host`'s namespace.
+fn as_operator<T: Send>(star: &Star, host: usize, token: &str, call: impl FnOnce(&OperatorClient) -> Result<T, ClientError> + Send) -> Result<T, ClientError> {
     let url = format!("http://127.0.0.1:{AGENT_PORT}");
-    star.hosts[host].ns.run(|| client::get_json::<T>(&url, Some(OPERATOR_TOKEN), path))
+    star.hosts[host].ns.run(|| OperatorClient::new(&url, token).and_then(|c| call(&c)))
+}
+
+fn get_status(star: &Star, host: usize) -> Result<StatusResponse, ClientError> {
+    as_operator(star, host, OPERATOR_TOKEN, OperatorClient::status)
+}
+
+fn get_flows(star: &Star, host: usize, limit: usize) -> Result<FlowsResponse, ClientError> {
+    as_operator(star, host, OPERATOR_TOKEN, |c| c.flows(limit))
 }
 
 fn get_metrics(star: &Star, host: usize) -> String {
@@ -149,7 +155,7 @@ fn agent_reports_what_senders_sent() {
 
     // Ready: attached and polled.
     let status: StatusResponse = wait_for(Duration::from_secs(15), POLL, "the agent to become ready", || {
-        get::<StatusResponse>(&star, 0, "/v1/status").ok().filter(|s| s.ready)
+        get_status(&star, 0).ok().filter(|s| s.ready)
     });
     assert_eq!(status.interfaces.len(), 1);
     assert_eq!(status.interfaces[0].name, "eth0");
@@ -168,7 +174,7 @@ fn agent_reports_what_senders_sent() {
     let l3_sent: u64 = sent.streams.iter().map(|s| s.l3_bytes_estimate).sum();
 
     let flows = wait_for(Duration::from_secs(5), POLL, "TCP payload in /v1/flows to reach what was sent", || {
-        let r: FlowsResponse = get(&star, 0, "/v1/flows?limit=100").ok()?;
+        let r = get_flows(&star, 0, 100).ok()?;
         let f = tcp_flows(&r.flows, "10.77.0.2", port);
         let payload: u64 = f.iter().map(|f| f.payload_bytes).sum();
         (f.len() == 2 && within_1pct(payload, payload_sent)).then_some(r)
@@ -230,7 +236,7 @@ fn agent_reports_what_senders_sent() {
     assert_eq!(metric(&text, &format!("ringside_peer_roce_cnps_total{roce_series}")), report.cnps);
     assert_eq!(metric(&text, &format!("ringside_peer_roce_naks_total{roce_series}")), report.naks);
     assert_eq!(metric(&text, &format!("ringside_peer_ce_marks_total{roce_series}")), report.ce_marked);
-    let r: FlowsResponse = get(&star, 0, "/v1/flows?limit=100").unwrap();
+    let r = get_flows(&star, 0, 100).unwrap();
     let rf = r.flows.iter().find(|f| f.kind == "rocev2" && f.dst_addr == "10.77.0.3" && f.direction == "egress").expect("RoCE flow listed");
     let roce = rf.roce.as_ref().unwrap();
     assert_eq!((roce.psn_gap_events, roce.psn_gap_packets, roce.cnps, roce.naks), (report.psn_gaps, report.skipped_psns, report.cnps, report.naks));
@@ -285,28 +291,22 @@ fn trie_holds_10_99(pin_dir: &Path) -> bool {
 /// trie, the tenant reads its hint but not `/v1/flows`, and DELETE removes the prefix again.
 fn check_job_registration(star: &Star, pin_dir: &Path) {
     let url = format!("http://127.0.0.1:{AGENT_PORT}");
-    let req = |token: Option<&str>, method: &str, path: &str, body: Option<&str>| {
-        star.hosts[0].ns.run(|| client::request(&url, token, method, path, body)).unwrap()
-    };
-    let body = r#"{"name":"t2-job","members":["10.77.0.2","10.99.0.0/16"],"tcp_ports":["29500"]}"#;
-    let (st, text) = req(None, "POST", "/v1/jobs", Some(body));
-    assert_eq!(st, 401, "{text}");
-    let (st, text) = req(Some(OPERATOR_TOKEN), "POST", "/v1/jobs", Some(body));
-    assert_eq!(st, 201, "{text}");
-    let created: ringside_client::JobCreated = serde_json::from_str(&text).unwrap();
+    let reg: JobRegistration = serde_json::from_str(r#"{"name":"t2-job","members":["10.77.0.2","10.99.0.0/16"],"tcp_ports":["29500"]}"#).unwrap();
+    let e = as_operator(star, 0, "", |c| c.register(&reg)).unwrap_err();
+    assert_eq!(e.status(), Some(401), "{e}");
+    let created = as_operator(star, 0, OPERATOR_TOKEN, |c| c.register(&reg)).unwrap();
     assert!(trie_holds_10_99(pin_dir), "the job's prefix is not in MATCH_PREFIXES");
-    let (st, text) = req(Some(&created.tenant_token), "GET", &format!("/v1/jobs/{}/hints", created.id), None);
-    assert_eq!(st, 200, "{text}");
-    let hint: ringside_client::Hint = serde_json::from_str(&text).unwrap();
+    let job_url = format!("{url}/v1/jobs/{}", created.id);
+    let tenant_hint = || star.hosts[0].ns.run(|| JobClient::new(&job_url, &created.tenant_token)?.hint());
+    let hint = tenant_hint().unwrap();
     assert_eq!(hint.job, created.id);
-    let (st, _) = req(Some(&created.tenant_token), "GET", "/v1/flows", None);
-    assert_eq!(st, 403, "a tenant token does not read the provider's flows");
-    let (st, text) = req(Some(OPERATOR_TOKEN), "DELETE", &format!("/v1/jobs/{}", created.id), None);
-    assert_eq!(st, 204, "{text}");
+    let e = as_operator(star, 0, &created.tenant_token, |c| c.flows(20)).unwrap_err();
+    assert_eq!(e.status(), Some(403), "a tenant token does not read the provider's flows: {e}");
+    as_operator(star, 0, OPERATOR_TOKEN, |c| c.delete(&created.id)).unwrap();
     assert!(!trie_holds_10_99(pin_dir), "the job's prefix stayed in MATCH_PREFIXES");
     // 10.77.0.0/24 is the config's [match] prefix: it stays whatever jobs come and go.
-    let (st, text) = req(Some(&created.tenant_token), "GET", &format!("/v1/jobs/{}/hints", created.id), None);
-    assert_eq!(st, 401, "a deleted job's token is no longer valid: {text}");
+    let e = tenant_hint().unwrap_err();
+    assert_eq!(e.status(), Some(401), "a deleted job's token is no longer valid: {e}");
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! - [`JobClient`] (tenant token of one job): [`JobClient::hint`] (`GET {job}/hints`),
 //!   [`JobClient::metrics`] (`GET {job}/metrics`, Prometheus text) and [`JobClient::stream`]
 //!   (`GET {job}/hints/stream`, server-sent events) which yields a [`HintStream`].
-//! - [`OperatorClient`] (operator token): register, list and delete jobs.
+//! - [`OperatorClient`] (operator token): register, list and delete jobs, and read the agent's
+//!   flows, status and detection events ([`crate::operator`]); the `ringside` CLI is built on it.
 //!
 //! Invariants:
 //! - Every wait is bounded: connecting, sending and each read have timeouts ([`ClientConfig`]);
@@ -39,9 +40,10 @@ use serde::de::DeserializeOwned;
 use ureq::http::Response;
 use ureq::{Agent, Body};
 
-use crate::types::{ApiError, Hint, JobCreated, JobRegistration, JobView};
+use crate::operator::{EventsResponse, FlowsResponse, JobsResponse, StatusResponse};
+use crate::types::{ApiError, Hint, JobCreated, JobRegistration};
 
-/// Largest JSON response body read (a hint or a job list), in bytes.
+/// Largest JSON response body read (a hint, a job list, flows or events), in bytes.
 pub const MAX_JSON_BYTES: u64 = 4 << 20;
 /// Largest Prometheus response read, in bytes.
 pub const MAX_METRICS_BYTES: u64 = 16 << 20;
@@ -622,10 +624,37 @@ impl OperatorClient {
         Http::read_json(&url, Http::check(&url, resp)?)
     }
 
-    /// `GET /v1/jobs`.
-    pub fn jobs(&self) -> Result<Vec<JobView>> {
-        let url = format!("{}/v1/jobs", self.base_url);
+    /// The agent's address, `http://HOST:PORT`.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// `GET {path}` on the agent, decoded as JSON.
+    fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let url = format!("{}{path}", self.base_url);
         Http::read_json(&url, self.http.get(&url)?)
+    }
+
+    /// `GET /v1/jobs`: registered jobs (never tokens) and the config file's job names.
+    pub fn jobs(&self) -> Result<JobsResponse> {
+        self.get_json("/v1/jobs")
+    }
+
+    /// `GET /v1/flows?limit=N`: the top `limit` flows by bytes (the agent accepts 1-1000).
+    pub fn flows(&self, limit: usize) -> Result<FlowsResponse> {
+        self.get_json(&format!("/v1/flows?limit={limit}"))
+    }
+
+    /// `GET /v1/status`: readiness, attached interfaces, data-plane counters, poll age.
+    pub fn status(&self) -> Result<StatusResponse> {
+        self.get_json("/v1/status")
+    }
+
+    /// `GET /v1/events?state=open|all&limit=N`: open detection events, and with
+    /// `include_closed` the recently closed ones too (the agent accepts a `limit` of 1-1000).
+    pub fn events(&self, include_closed: bool, limit: usize) -> Result<EventsResponse> {
+        let state = if include_closed { "all" } else { "open" };
+        self.get_json(&format!("/v1/events?state={state}&limit={limit}"))
     }
 
     /// `DELETE /v1/jobs/{id}`: ends the job's hint streams.

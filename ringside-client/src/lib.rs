@@ -1,5 +1,6 @@
-//! ringside's tenant-facing contract: the JSON types of the hints API ([`types`]) and a small
-//! blocking client for it ([`client`]: [`JobClient`], [`HintStream`], [`OperatorClient`]).
+//! ringside's API contract: the JSON types of the hints API ([`types`]) and of the operator API
+//! ([`operator`]: flows, status, events, jobs), and a small blocking client for both ([`client`]:
+//! [`JobClient`], [`HintStream`], [`OperatorClient`]).
 //!
 //! A *hint* is the plan ringside recommends for one registered job: which allreduce algorithm,
 //! chunk size, channel count and wire compression to use from some training step on, with coarse,
@@ -22,14 +23,17 @@
 //! }
 //! ```
 //!
-//! This crate is shared by the agent (which serves these types), the emulated training job
-//! (which follows them) and any Rust trainer that wants to embed the client.
+//! This crate is shared by the agent (which serves these types), its CLI (`ringside flows`,
+//! `status`, `events`, `jobs`: an [`OperatorClient`]), the emulated training job (which follows
+//! the hints) and any Rust trainer that wants to embed the client.
 
 pub mod client;
+pub mod operator;
 pub mod types;
 
 pub use types::{
     Algorithm, ApiError, Codec, Constraints, Hint, JobCreated, JobRegistration, JobView, ParseError,
     PortRange,
 };
+pub use operator::{EventsResponse, FlowsResponse, JobsResponse, StatusResponse};
 pub use client::{Backoff, ClientConfig, ClientError, HintStream, JobClient, OperatorClient};

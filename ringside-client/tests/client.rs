@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ringside_client::operator::Scope;
 use ringside_client::{Algorithm, Backoff, ClientConfig, ClientError, Codec, Constraints, JobClient, JobRegistration, OperatorClient};
 use support::canned::{hint_event, hint_json, serve, within, Reply};
 
@@ -195,7 +196,7 @@ fn a_url_that_is_not_a_stream_is_refused_at_once() {
 #[test]
 fn operator_registers_lists_and_deletes() {
     within(20, || {
-        let view = r#"[{"id":"j1","name":"llama","members":["10.77.0.0/24"],"tcp_ports":["29500-29510"],"udp_ports":[],"gradient_bytes":null,"constraints":{"algorithms":["ring","tree"],"codecs":["none","fp16"],"min_topk_ratio":0.1,"max_channels":2,"error_feedback":true,"step_time_target_ms":null},"registered_unix_ms":1}]"#;
+        let view = r#"{"jobs":[{"id":"j1","name":"llama","members":["10.77.0.0/24"],"tcp_ports":["29500-29510"],"udp_ports":[],"gradient_bytes":null,"constraints":{"algorithms":["ring","tree"],"codecs":["none","fp16"],"min_topk_ratio":0.1,"max_channels":2,"error_feedback":true,"step_time_target_ms":null},"registered_unix_ms":1}],"config_jobs":["cfg-job"]}"#;
         let srv = serve(vec![
             Reply::json(201, r#"{"id":"j1","name":"llama","tenant_token":"tt"}"#),
             Reply::json(200, view),
@@ -214,7 +215,8 @@ fn operator_registers_lists_and_deletes() {
         let created = op.register(&reg).unwrap();
         assert_eq!((created.id.as_str(), created.tenant_token.as_str()), ("j1", "tt"));
         let jobs = op.jobs().unwrap();
-        assert_eq!(jobs[0].constraints.max_channels, 2);
+        assert_eq!(jobs.jobs[0].constraints.max_channels, 2);
+        assert_eq!(jobs.config_jobs, vec!["cfg-job"]);
         op.delete("j1").unwrap();
         assert_eq!(op.delete("j2").unwrap_err().status(), Some(404));
         assert!(matches!(op.delete("../metrics"), Err(ClientError::BadJobId { .. })));
@@ -224,6 +226,43 @@ fn operator_registers_lists_and_deletes() {
         assert_eq!(reqs[1].request_line(), "GET /v1/jobs HTTP/1.1");
         assert_eq!(reqs[2].request_line(), "DELETE /v1/jobs/j1 HTTP/1.1");
         assert_eq!(reqs[2].header("authorization").as_deref(), Some("Bearer op"));
+    });
+}
+
+/// Bodies as the agent writes them (compact JSON, its field order, absent optionals omitted).
+const FLOWS: &str = r#"{"total_flows":2,"limit":1,"flows":[{"interface":"eth0","direction":"egress","kind":"tcp","src_addr":"10.77.0.1","dst_addr":"10.77.0.2","src_port":40000,"dst_port":29500,"peer":"10.77.0.2","packets":10,"bytes":15000,"payload_bytes":14000,"ce_marks":0,"rates":{"bytes_per_second":1000.0,"packets_per_second":1.0,"ewma_bytes_per_second":900.0,"ewma_packets_per_second":0.9},"idle_seconds":0.5,"tcp":{"retransmissions":3,"pure_acks":1,"dup_acks":0,"ece":0,"cwr":0,"rst":0,"fin":0,"syn":1},"bursts":{"count":1,"mean_duration_seconds":0.01,"mean_bytes":15000.0,"recent":[{"duration_seconds":0.01,"bytes":15000,"packets":10}]}}]}"#;
+const STATUS: &str = r#"{"ready":false,"not_ready_reason":"no poll yet","interfaces":[{"name":"eth0","ifindex":2,"mode":"clsact","qdisc_added":true}],"pin_dir":null,"poll_interval_seconds":0.1,"polls":0,"poll_errors":0,"last_poll_age_seconds":null,"flows_tracked":0,"dataplane":[["seen",5],["parsed",4]]}"#;
+const EVENTS: &str = r#"{"state":"all","limit":10,"open_count":1,"closed_retained":0,"windows":7,"jobs":["default"],"events":[{"id":1,"job":"default","kind":"gray_failure","scope":{"type":"peer","peer":"10.77.0.3","link":"p1"},"severity":"critical","classification":"transient","state":"open","carried_over":false,"confirmed":false,"started_unix_ms":1700000000000,"raised_unix_ms":1700000001000,"observed_windows":2,"anomalous_windows":2,"evidence":[{"metric":"loss_rate","value":0.05,"reference":0.0,"reference_kind":"peer_median","mad":0.0,"windows":{"anomalous":2,"of":2}}]}]}"#;
+
+#[test]
+fn operator_reads_flows_status_and_events() {
+    within(20, || {
+        let srv = serve(vec![Reply::json(200, FLOWS), Reply::json(200, STATUS), Reply::json(200, EVENTS), Reply::json(400, r#"{"error":"invalid limit `0`"}"#)]);
+        let op = OperatorClient::with_config(&format!("{}/", srv.base), "op", fast()).unwrap();
+        let flows = op.flows(1).unwrap();
+        assert_eq!(flows.flows[0].tcp.as_ref().map(|t| t.retransmissions), Some(3));
+        let status = op.status().unwrap();
+        assert_eq!(status.not_ready_reason.as_deref(), Some("no poll yet"));
+        let events = op.events(true, 10).unwrap();
+        assert_eq!(events.events[0].scope, Scope::Peer { peer: "10.77.0.3".parse().unwrap(), link: "p1".into() });
+        let e = op.events(false, 0).unwrap_err();
+        assert!(e.status() == Some(400) && e.to_string().contains("invalid limit"), "{e}");
+        // What the client decodes serializes back to the same bytes: the types are the wire.
+        assert_eq!(serde_json::to_string(&flows).unwrap(), FLOWS);
+        assert_eq!(serde_json::to_string(&status).unwrap(), STATUS);
+        assert_eq!(serde_json::to_string(&events).unwrap(), EVENTS);
+        let reqs = srv.requests.lock().unwrap();
+        let lines: Vec<&str> = reqs.iter().map(|r| r.request_line()).collect();
+        assert_eq!(
+            lines,
+            [
+                "GET /v1/flows?limit=1 HTTP/1.1",
+                "GET /v1/status HTTP/1.1",
+                "GET /v1/events?state=all&limit=10 HTTP/1.1",
+                "GET /v1/events?state=open&limit=0 HTTP/1.1"
+            ]
+        );
+        assert!(reqs.iter().all(|r| r.header("authorization").as_deref() == Some("Bearer op")));
     });
 }
 

@@ -10,7 +10,8 @@ use std::{
 };
 
 pub use crate::support::wait_for;
-use dataplane_user::{api::EventsResponse, client, detect::Scope, events::Event};
+use dataplane_user::{cli, detect::Scope, events::Event};
+use ringside_client::{EventsResponse, OperatorClient};
 use testbed::{ByteSize, JobConfig, Star};
 
 pub const HOSTS: usize = 6;
@@ -87,7 +88,7 @@ impl Agent {
         let agent = Agent { child: Some(child), port, pin_dir, config, state_dir };
         wait_for(Duration::from_secs(15), POLL, "the agent to become ready", || {
             star.switch
-                .run(|| client::get_json::<dataplane_user::api::StatusResponse>(&agent.url(), agent.token().as_deref(), "/v1/status"))
+                .run(|| OperatorClient::new(&agent.url(), &agent.token().unwrap_or_default())?.status())
                 .ok()
                 .filter(|s| s.ready)
         });
@@ -108,14 +109,14 @@ impl Agent {
 
     /// The operator token the agent generated in its state directory (once written).
     pub fn token(&self) -> Option<String> {
-        client::resolve_token(None, &self.state_dir).ok()
+        cli::resolve_token(None, &self.state_dir).ok()
     }
 
     pub fn events(&self, star: &Star) -> EventsResponse {
         let url = self.url();
         let token = self.token();
         star.switch
-            .run(|| client::get_json::<EventsResponse>(&url, token.as_deref(), "/v1/events?state=all&limit=1000"))
+            .run(|| OperatorClient::new(&url, &token.unwrap_or_default())?.events(true, 1000))
             .expect("GET /v1/events")
     }
 }
