@@ -233,7 +233,7 @@ fn operator_tokens(settings: &AgentSettings) -> Result<Vec<TokenHash>, TokenFile
 /// Config-file `[[job]]`s get a hint-board entry (and the baseline plan) like registered jobs, so
 /// the policy can plan them and the operator can read their hints.
 pub fn add_config_jobs_to_board(state: &mut AgentState, detect: &DetectSettings) {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    let now = crate::clock::unix_ms();
     for spec in detect.jobs.specs() {
         state.hints.ensure_job(&spec.name);
         if state.hints.latest(&spec.name).is_none() {

@@ -42,7 +42,8 @@ use crate::{
     flow_table::{direction_name, format_addr, kind_name, BurstRecord, FlowEntry, Rates},
     match_map, metrics,
     registry::{self, RegisterError},
-    state::{AgentState, AttachedInterface, SharedState},
+    loader::AttachedInterface,
+    state::{AgentState, SharedState},
 };
 use dataplane_common::{flow_kind, stats};
 use ringside_client::{Hint, JobCreated, JobRegistration, JobView};
@@ -307,10 +308,6 @@ async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON).into_response()
 }
 
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
 fn write(state: &SharedState) -> std::sync::RwLockWriteGuard<'_, AgentState> {
     state.write().unwrap_or_else(|p| p.into_inner())
 }
@@ -335,7 +332,7 @@ async fn create_job(_: Operator, State(state): State<SharedState>, body: Result<
         Ok(Json(r)) => r,
         Err(rej) => return json_rejection(rej),
     };
-    let now = unix_ms();
+    let now = crate::clock::unix_ms();
     // The write lock is held across the (microsecond) bpf syscalls so that the registry and the
     // kernel trie change together; registrations are rare.
     let mut s = write(&state);
@@ -738,7 +735,10 @@ mod tests {
     #[tokio::test]
     async fn events_endpoint_filters_and_limits() {
         use crate::detect::{EndReason, VerdictChange, VerdictKind};
-        use crate::events::{tests::verdict, Clock, EventState};
+        use crate::{
+            clock::Clock,
+            events::{tests::verdict, EventState},
+        };
         let state = sample_state();
         {
             let clock = Clock { mono_ns: 20_000_000_000, unix_ms: 1_700_000_020_000 };

@@ -18,7 +18,8 @@ use std::{
 use crate::{
     config::{self, ConfigFile},
     detect::{DetectorConfig, DetectorSet, JobWindow, VerdictChange},
-    events::{self, Clock, EventLog},
+    clock::Clock,
+    events::{self, EventLog},
     jobs::JobSet,
     policy::{JobContext, JobPolicies, PhaseParams, PlanChoice, PolicyConfig, VerdictSummary},
     state::SharedState,

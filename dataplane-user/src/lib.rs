@@ -3,6 +3,7 @@ pub mod agent;
 pub mod api;
 pub mod attribution;
 pub mod auth;
+pub mod clock;
 pub mod client;
 pub mod collector;
 pub mod config;

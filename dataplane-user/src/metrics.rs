@@ -441,7 +441,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::{
         flow_table::{tests::{key, stats}, PollSnapshot, TableSettings},
-        state::AttachedInterface,
+        loader::AttachedInterface,
     };
     use dataplane_common::{direction, event_kind, flow_kind, BurstState, Event, FlowStats};
     use std::time::Duration;
@@ -477,7 +477,7 @@ pub(crate) mod tests {
             }],
         });
         s.record_poll(Duration::from_micros(700));
-        let clock = crate::events::Clock { mono_ns: 20_000_000_000, unix_ms: 1_700_000_020_000 };
+        let clock = crate::clock::Clock { mono_ns: 20_000_000_000, unix_ms: 1_700_000_020_000 };
         let v = crate::events::tests::verdict(1, crate::detect::VerdictKind::GrayFailure, "10.77.0.3");
         s.events.apply(&[crate::detect::VerdictChange::Opened(v)], &clock);
         s.registry.set_operators(vec![crate::registry::TokenHash::of(TEST_OPERATOR_TOKEN)]);
