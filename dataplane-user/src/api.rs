@@ -40,8 +40,8 @@ use crate::{
     auth::{JobAccess, Operator},
     events::Event,
     flow_table::{direction_name, format_addr, kind_name, BurstRecord, FlowEntry, Rates},
-    match_map, metrics,
-    registry::{self, RegisterError},
+    jobs::RegisterError,
+    metrics,
     loader::AttachedInterface,
     state::{AgentState, SharedState},
 };
@@ -333,10 +333,12 @@ async fn create_job(_: Operator, State(state): State<SharedState>, body: Result<
         Err(rej) => return json_rejection(rej),
     };
     let now = crate::clock::unix_ms();
-    // The write lock is held across the (microsecond) bpf syscalls so that the registry and the
+    // The write lock is held across the (microsecond) bpf syscalls so that the catalog and the
     // kernel trie change together; registrations are rare.
     let mut s = write(&state);
-    let (id, token) = match s.registry.register(&reg, now) {
+    let s = &mut *s;
+    let pin_dir = s.pin_dir.clone().filter(|_| s.attached);
+    let (id, token) = match s.catalog.onboard(&reg, now, pin_dir.as_deref(), &mut s.hints) {
         Ok(r) => r,
         Err(e) => {
             let status = match &e {
@@ -344,35 +346,14 @@ async fn create_job(_: Operator, State(state): State<SharedState>, body: Result<
                 RegisterError::NameTaken { .. } => StatusCode::CONFLICT,
                 RegisterError::Full { .. } => StatusCode::TOO_MANY_REQUESTS,
                 RegisterError::Randomness(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                RegisterError::Kernel(_) => StatusCode::SERVICE_UNAVAILABLE,
             };
-            if status.is_server_error() {
+            if status == StatusCode::INTERNAL_SERVER_ERROR {
                 tracing::error!("{e}");
             }
             return error(status, e.to_string());
         }
     };
-    let keys = s.registry.prefix_keys(&id);
-    match s.pin_dir.clone().filter(|_| s.attached) {
-        Some(dir) => match match_map::add(&dir, &keys) {
-            Ok(match_map::Added::AllAddressesMatched) => {
-                tracing::debug!(job = %id, "no [match] prefixes configured: every address is already monitored");
-            }
-            Ok(match_map::Added::Inserted { total }) => {
-                tracing::debug!(job = %id, added = keys.len(), total, "job prefixes added to MATCH_PREFIXES");
-            }
-            Err(e) => {
-                s.registry.unregister(&id);
-                tracing::warn!(job = %id, "registration rolled back: {e}");
-                return error(StatusCode::SERVICE_UNAVAILABLE, format!("cannot monitor the job's members: {e}"));
-            }
-        },
-        None => tracing::info!(job = %id, "job registered while no eBPF program is loaded: its prefixes are not written to the kernel"),
-    }
-    s.hints.ensure_job(&id);
-    if let Err(e) = s.hints.publish(registry::baseline_hint(&id, now)) {
-        tracing::warn!("{e}");
-    }
-    drop(s);
     tracing::info!(job = %id, name = %reg.name, members = reg.members.len(), "job registered");
     (StatusCode::CREATED, Json(JobCreated { id, name: reg.name, tenant_token: token })).into_response()
 }
@@ -388,35 +369,23 @@ pub struct JobsResponse {
 
 async fn list_jobs(_: Operator, State(state): State<SharedState>) -> Response {
     let s = read(&state);
-    let jobs = s.registry.views();
-    let config_jobs = s.hints.jobs().filter(|j| !s.registry.contains(j)).map(str::to_owned).collect();
+    let jobs = s.catalog.views();
+    let config_jobs = s.hints.jobs().filter(|j| !s.catalog.contains(j)).map(str::to_owned).collect();
     drop(s);
     Json(JobsResponse { jobs, config_jobs }).into_response()
 }
 
 async fn delete_job(_: Operator, State(state): State<SharedState>, Path(id): Path<String>) -> Response {
     let mut s = write(&state);
-    let keys = s.registry.prefix_keys(&id);
-    if s.registry.unregister(&id).is_none() {
-        let msg = if s.hints.jobs().any(|j| j == id) {
-            format!("job `{id}` comes from the config file ([[job]]); remove it there and restart the agent")
-        } else {
-            format!("no registered job with id `{id}`; list them with GET /v1/jobs")
-        };
-        return error(StatusCode::NOT_FOUND, msg);
-    }
-    // Ends every hint stream of the job.
-    s.hints.remove_job(&id);
-    let unneeded = s.registry.unneeded(&keys);
-    if let Some(dir) = s.pin_dir.clone().filter(|_| s.attached) {
-        if let Err(e) = match_map::remove(&dir, &unneeded) {
-            // The job is gone either way; a stale prefix only keeps counting traffic nobody reads.
-            tracing::warn!(job = %id, "cannot remove the job's prefixes from MATCH_PREFIXES: {e}");
+    let s = &mut *s;
+    let pin_dir = s.pin_dir.clone().filter(|_| s.attached);
+    match s.catalog.remove(&id, pin_dir.as_deref(), &mut s.hints) {
+        Ok(released) => {
+            tracing::info!(job = %id, released_prefixes = released, "job unregistered");
+            StatusCode::NO_CONTENT.into_response()
         }
+        Err(e) => error(StatusCode::NOT_FOUND, e.to_string()),
     }
-    drop(s);
-    tracing::info!(job = %id, released_prefixes = unneeded.len(), "job unregistered");
-    StatusCode::NO_CONTENT.into_response()
 }
 
 async fn job_hints(access: JobAccess, State(state): State<SharedState>) -> Response {
@@ -849,7 +818,7 @@ mod tests {
         assert_eq!(a.name, "alpha-train");
         assert!(a.id.starts_with("j-") && a.tenant_token.starts_with("rst_"), "{a:?}");
         // Only the hash is kept.
-        assert!(!format!("{:?}", state.read().unwrap().registry).contains(&a.tenant_token));
+        assert!(!format!("{:?}", state.read().unwrap().catalog).contains(&a.tenant_token));
 
         let (st, _, body) = get(state.clone(), "/v1/jobs").await;
         assert_eq!(st, StatusCode::OK, "{body}");
@@ -867,7 +836,7 @@ mod tests {
             assert_eq!(h.reasons, vec!["initial plan: no measurements yet"]);
         }
         // The detection thread's job set now includes it.
-        let set = state.read().unwrap().registry.job_set(&[]);
+        let set = state.read().unwrap().catalog.job_set();
         assert!(set.spec(&a.id).is_some());
 
         let (st, _, body) = call(state.clone(), "DELETE", &format!("/v1/jobs/{}", a.id), Some(OP), None).await;
@@ -927,10 +896,10 @@ mod tests {
         assert!(e.contains("alpha-train"), "{e}");
         {
             let mut s = state.write().unwrap();
-            let ops = vec![crate::registry::TokenHash::of(OP)];
-            let mut r = crate::registry::JobRegistry::new(ops, vec![]).with_max_jobs(1);
-            r.register(&crate::registry::tests::registration("x", &["10.1.1.1"]), 0).unwrap();
-            s.registry = r;
+            let ops = vec![crate::jobs::TokenHash::of(OP)];
+            let mut r = crate::jobs::JobCatalog::new(ops, vec![]).with_max_jobs(1);
+            r.register(&crate::jobs::catalog::tests::registration("x", &["10.1.1.1"]), 0).unwrap();
+            s.catalog = r;
         }
         let (st, ct, text) = post(REG_B).await;
         let e = assert_json_error(st, StatusCode::TOO_MANY_REQUESTS, &ct, &text, "cap");
@@ -973,7 +942,7 @@ mod tests {
 
     #[tokio::test]
     async fn job_metrics_are_scoped_to_the_job() {
-        use crate::hints::{JobInsight, PeerHealth};
+        use crate::policy::{JobInsight, PeerHealth};
         let state = sample_state();
         let a = register(&state, REG_A).await;
         let b = register(&state, REG_B).await;
@@ -1044,7 +1013,7 @@ mod tests {
         let data = first.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
         assert_eq!(serde_json::from_str::<Hint>(data).unwrap().version, 1);
 
-        let mut next = registry::baseline_hint(&a.id, 0);
+        let mut next = crate::policy::baseline_hint(&a.id, 0);
         next.version = 2;
         next.compression = ringside_client::Codec::Int8;
         state.write().unwrap().hints.publish(next).unwrap();
@@ -1075,7 +1044,7 @@ mod tests {
         {
             let mut s = state.write().unwrap();
             s.hints.ensure_job("cfg-job");
-            s.hints.publish(registry::baseline_hint("cfg-job", 0)).unwrap();
+            s.hints.publish(crate::policy::baseline_hint("cfg-job", 0)).unwrap();
         }
         let a = register(&state, REG_A).await;
         let (st, _, body) = get(state.clone(), "/v1/jobs/cfg-job/hints").await;

@@ -1,5 +1,6 @@
 //! The ringside agent: loads the eBPF flow monitor, collects its maps, and serves metrics and hints.
 pub mod agent;
+pub mod analysis;
 pub mod api;
 pub mod attribution;
 pub mod auth;
@@ -7,18 +8,16 @@ pub mod clock;
 pub mod client;
 pub mod collector;
 pub mod config;
-pub mod detection;
 pub mod events;
 pub mod flow_table;
 pub mod frames;
-pub mod hints;
+pub mod hint_board;
 pub mod jobs;
 pub mod loader;
 pub mod match_map;
 pub mod metrics;
 pub mod object;
 pub mod policy;
-pub mod registry;
 pub mod state;
 pub mod testrun;
 pub mod detect;

@@ -317,14 +317,14 @@ fn families(state: &AgentState) -> Vec<Family> {
             (vec![("operation", "save".to_owned())], Value::Counter(ev.counters.state_write_errors)),
         ],
     });
-    out.push(single(&API_JOBS_REGISTERED, Value::Count(state.registry.len() as u64)));
+    out.push(single(&API_JOBS_REGISTERED, Value::Count(state.catalog.len() as u64)));
     out.push(single(&API_HINT_STREAMS, Value::Count(state.hint_streams.load(std::sync::atomic::Ordering::Relaxed) as u64)));
     out
 }
 
 /// The families of one job's metrics: its plan and what the policy measured, nothing else
 /// (no interface, link or other job).
-fn job_families(job: &str, hint: Option<&ringside_client::Hint>, insight: Option<&crate::hints::JobInsight>) -> Vec<Family> {
+fn job_families(job: &str, hint: Option<&ringside_client::Hint>, insight: Option<&crate::policy::JobInsight>) -> Vec<Family> {
     let j = || vec![("job", job.to_owned())];
     let gauge = |metric, v: Option<f64>| Family { metric, series: v.map(|v| (j(), Value::Gauge(v))).into_iter().collect() };
     let mut out = vec![Family {
@@ -347,7 +347,7 @@ fn job_families(job: &str, hint: Option<&ringside_client::Hint>, insight: Option
     out.push(gauge(&JOB_COMM_SECONDS, ms(insight.and_then(|i| i.comm_ms))));
     out.push(gauge(&JOB_PREDICTED_COMM_SECONDS, ms(insight.and_then(|i| i.predicted_comm_ms))));
     let peers = insight.map(|i| i.peers.as_slice()).unwrap_or_default();
-    let peer_labels = |p: &crate::hints::PeerHealth| vec![("job", job.to_owned()), ("peer", p.peer.to_string())];
+    let peer_labels = |p: &crate::policy::PeerHealth| vec![("job", job.to_owned()), ("peer", p.peer.to_string())];
     out.push(Family {
         metric: &JOB_PEER_HEALTH,
         series: peers
@@ -480,7 +480,7 @@ pub(crate) mod tests {
         let clock = crate::clock::Clock { mono_ns: 20_000_000_000, unix_ms: 1_700_000_020_000 };
         let v = crate::events::tests::verdict(1, crate::detect::VerdictKind::GrayFailure, "10.77.0.3");
         s.events.apply(&[crate::detect::VerdictChange::Opened(v)], &clock);
-        s.registry.set_operators(vec![crate::registry::TokenHash::of(TEST_OPERATOR_TOKEN)]);
+        s.catalog.set_operators(vec![crate::jobs::TokenHash::of(TEST_OPERATOR_TOKEN)]);
         s.shared()
     }
 

@@ -13,9 +13,9 @@ use std::{
 use crate::{
     loader::AttachedInterface,
     events::EventLog,
-    hints::HintBoard,
+    hint_board::HintBoard,
+    jobs::JobCatalog,
     flow_table::{FlowTable, TableSettings},
-    registry::JobRegistry,
 };
 
 /// Upper bounds (seconds) of the poll-duration histogram buckets; the last bucket is +Inf.
@@ -64,8 +64,8 @@ pub struct AgentState {
     pub jobs: Vec<String>,
     /// Each registered job's current hint and insight (written by the policy, read by the API).
     pub hints: HintBoard,
-    /// Registered jobs and the (hashed) operator and tenant tokens.
-    pub registry: JobRegistry,
+    /// Config-file and registered jobs and the (hashed) operator and tenant tokens.
+    pub catalog: JobCatalog,
     /// Open `/v1/jobs/{id}/hints/stream` responses (each holds a guard that decrements it).
     pub hint_streams: Arc<AtomicUsize>,
 }
@@ -90,7 +90,7 @@ impl AgentState {
             events: EventLog::new(crate::config::DEFAULT_RECENT_EVENTS, crate::config::DEFAULT_CARRY_OVER_WINDOWS),
             jobs: Vec::new(),
             hints: HintBoard::default(),
-            registry: JobRegistry::default(),
+            catalog: JobCatalog::default(),
             hint_streams: Arc::new(AtomicUsize::new(0)),
         }
     }

@@ -1,7 +1,8 @@
-//! The detection loop: every `detect.window_ms`, take the flow table's window (counter deltas and
-//! bursts, see [`crate::flow_table::WindowAccumulator`]), build each job's
-//! [`JobWindow`](crate::detect::JobWindow) ([`crate::jobs`]), run the detectors, fold their
-//! verdicts into the [`EventLog`], and persist the open events when they change.
+//! Analysis, the detection loop: every `detect.window_ms`, take the flow table's window (counter
+//! deltas and bursts, see [`crate::flow_table::WindowAccumulator`]), build each job's
+//! [`JobWindow`](crate::detect::JobWindow) ([`crate::jobs::windows`]) for the job set of the
+//! [`JobCatalog`](crate::jobs::JobCatalog), run the detectors, fold their verdicts into the
+//! [`EventLog`], persist the open events when they change, and run each job's policy.
 //!
 //! It runs on its own thread and holds the state's write lock only to take the window and to
 //! update the log; the detectors and the state-file write run outside it.
@@ -35,14 +36,13 @@ pub struct DetectSettings {
     pub recent_events: usize,
     pub carry_over_windows: u32,
     pub detectors: DetectorConfig,
-    pub jobs: JobSet,
     pub state_dir: PathBuf,
     /// `[policy]`.
     pub policy: PolicyConfig,
 }
 
 impl DetectSettings {
-    /// Defaults, overridden by the file's `[detect]`, `[[job]]` and `state_dir`.
+    /// Defaults, overridden by the file's `[detect]`, `[policy]` and `state_dir`.
     pub fn from_file(file: &ConfigFile) -> Self {
         let d = file.detect.clone().unwrap_or_default();
         let window = Duration::from_millis(d.window_ms.unwrap_or(config::DEFAULT_DETECT_WINDOW_MS));
@@ -71,7 +71,6 @@ impl DetectSettings {
             recent_events: d.recent_events.unwrap_or(config::DEFAULT_RECENT_EVENTS),
             carry_over_windows: d.carry_over_windows.unwrap_or(config::DEFAULT_CARRY_OVER_WINDOWS),
             detectors,
-            jobs: JobSet::from_config(file.jobs.as_deref()),
             state_dir: file.state_dir.clone().unwrap_or_else(|| config::DEFAULT_STATE_DIR.into()),
             policy: file.policy.clone().unwrap_or_default(),
         }
@@ -95,24 +94,24 @@ pub fn prepare(state: &SharedState, settings: &DetectSettings) {
     }
     let mut s = state.write().unwrap_or_else(|p| p.into_inner());
     s.events = log;
-    s.jobs = settings.jobs.names();
+    s.jobs = s.catalog.config_job_names();
     if settings.enabled {
         s.table.enable_windows();
     }
 }
 
 /// The detectors and the last persisted state, owned by the detection thread.
-pub struct Detection {
+pub struct Analysis {
     settings: DetectSettings,
     detectors: DetectorSet,
     policies: JobPolicies,
 }
 
-impl Detection {
+impl Analysis {
     pub fn new(settings: DetectSettings) -> Self {
         let detectors = DetectorSet::new(settings.detectors.clone());
         let policies = JobPolicies::new(settings.policy.clone(), PhaseParams::from(&settings.detectors));
-        Detection { settings, detectors, policies }
+        Analysis { settings, detectors, policies }
     }
 
     /// Runs one detection window if the table has accumulated at least 90 % of one. Returns
@@ -126,7 +125,7 @@ impl Detection {
             }
             let Some(w) = s.table.take_window() else { return false };
             // Config-file jobs, then the jobs registered through the API (as of this window).
-            let jobs = s.registry.job_set(self.settings.jobs.specs());
+            let jobs = s.catalog.job_set();
             s.jobs = jobs.names();
             (w, s.ifnames.clone(), jobs)
         };
@@ -239,7 +238,7 @@ pub fn spawn(settings: DetectSettings, state: SharedState, stop: Arc<AtomicBool>
         .name("ringside-detect".into())
         .spawn(move || {
             let step = (settings.window / 10).clamp(Duration::from_millis(10), Duration::from_millis(50));
-            let mut d = Detection::new(settings);
+            let mut d = Analysis::new(settings);
             let mut last = Instant::now();
             while !stop.load(Ordering::Relaxed) {
                 thread::sleep(step);
@@ -302,7 +301,7 @@ mod tests {
         assert_eq!(s.detectors.gray.z_open, 6.0);
         assert_eq!(s.detectors.gray.z_clear, crate::detect::GrayConfig::default().z_clear);
         assert_eq!(s.state_dir, PathBuf::from("/tmp/x"));
-        assert_eq!(s.jobs.names(), vec!["a"]);
+        assert_eq!(JobSet::from_config(f.jobs.as_deref()).names(), vec!["a"]);
         assert_eq!(s.policy, PolicyConfig { min_dwell_windows: 8, ..Default::default() });
         let d = DetectSettings::from_file(&ConfigFile::default());
         assert!(d.enabled);
@@ -317,7 +316,7 @@ mod tests {
         let settings = DetectSettings::from_file(&f);
         let state = AgentState::new(TableSettings::default(), Duration::from_millis(100)).shared();
         prepare(&state, &settings);
-        let mut d = Detection::new(settings.clone());
+        let mut d = Analysis::new(settings.clone());
         let t0 = 100_000 * MS;
         state.write().unwrap().table.apply(&second(t0, 0, 5, None));
         let _ = state.write().unwrap().table.take_window();
@@ -349,10 +348,10 @@ mod tests {
         let dir = tempdir("detect-policy");
         let f = ConfigFile::parse(&format!("state_dir = \"{}\"\n", dir.display()), Path::new("t.toml")).unwrap();
         let settings = DetectSettings::from_file(&f);
-        let job = settings.jobs.names()[0].clone();
+        let job = crate::jobs::DEFAULT_JOB.to_owned();
         let state = AgentState::new(TableSettings::default(), Duration::from_millis(100)).shared();
         prepare(&state, &settings);
-        let mut d = Detection::new(settings);
+        let mut d = Analysis::new(settings);
         let t0 = 100_000 * MS;
         state.write().unwrap().table.apply(&second(t0, 0, 5, None));
         let _ = state.write().unwrap().table.take_window();

@@ -33,7 +33,7 @@ use super::cost::{Calibrated, CostModel, PathModel, PlanChoice};
 use super::decide::{candidates, choose, Trigger};
 use super::observe::{median, ObservationHistory, PhaseParams, StepTracker, VerdictSummary, WindowObservation, WindowSummary};
 use crate::detect::JobWindow;
-use crate::hints::{JobInsight, PeerHealth};
+use super::insight::{JobInsight, PeerHealth};
 
 /// What the policy knows of the job from its registration.
 #[derive(Clone, Copy, Debug)]
