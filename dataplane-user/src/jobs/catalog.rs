@@ -16,7 +16,7 @@
 //! - At most [`MAX_JOBS`] registered jobs; names are unique among them.
 //! - The job set the detection thread uses ([`JobCatalog::job_set`]) lists config-file jobs first,
 //!   then registered jobs in registration order, so a flow belongs to exactly one job.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use dataplane_common::PrefixKey;
@@ -167,6 +167,12 @@ impl JobCatalog {
     /// Names of the config-file jobs (the implicit [`DEFAULT_JOB`] when there are none).
     pub fn config_job_names(&self) -> Vec<String> {
         JobSet::from_specs(self.config_jobs.clone()).names()
+    }
+
+    /// The jobs the policy plans: config-file jobs and registered ones (each has a hint-board
+    /// channel); never the implicit or catch-all [`DEFAULT_JOB`].
+    pub fn planned_jobs(&self) -> BTreeSet<String> {
+        self.config_jobs.iter().map(|j| j.name.clone()).chain(self.order.iter().cloned()).collect()
     }
 
     /// Onboards the config-file jobs: each gets a hint-board channel and the baseline plan, like a
