@@ -400,7 +400,7 @@ mod tests {
         let s = state.read().unwrap();
         let h = s.hints.latest(&job).unwrap();
         assert_eq!(h.version, 1, "a healthy job keeps its baseline plan");
-        assert!(h.expires_at > crate::policy::BASELINE_HINT_TTL_MS, "renewed");
+        assert!(h.expires_at > crate::policy::baseline::BASELINE_HINT_TTL_MS, "renewed");
         let insight = s.hints.insight(&job).expect("insight");
         assert_eq!(insight.peers.len(), 5);
         assert!(insight.peers.iter().all(|p| p.health == "healthy"), "{insight:?}");

@@ -177,7 +177,6 @@ impl FromRequestParts<SharedState> for Operator {
 #[derive(Debug, Clone)]
 pub struct JobAccess {
     pub job_id: String,
-    pub as_operator: bool,
 }
 
 impl FromRequestParts<SharedState> for JobAccess {
@@ -193,12 +192,12 @@ impl FromRequestParts<SharedState> for JobAccess {
         if s.catalog.is_operator(&h) {
             // Config-file jobs have no tenant but are on the hint board.
             if s.catalog.contains(&job_id) || s.hints.jobs().any(|j| j == job_id) {
-                return Ok(JobAccess { job_id, as_operator: true });
+                return Ok(JobAccess { job_id });
             }
             return Err(AuthRejection { status: StatusCode::NOT_FOUND, message: format!("no job with id `{job_id}`; list them with GET /v1/jobs") });
         }
         if s.catalog.is_tenant_of(&job_id, &h) {
-            return Ok(JobAccess { job_id, as_operator: false });
+            return Ok(JobAccess { job_id });
         }
         if s.catalog.is_any_tenant(&h) {
             // Same answer for another tenant's job and for no job at all.

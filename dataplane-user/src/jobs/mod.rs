@@ -9,6 +9,6 @@ pub mod catalog;
 pub mod tokens;
 pub mod windows;
 
-pub use catalog::{JobCatalog, RegisterError, RemoveError};
-pub use tokens::{TokenHash, OPERATOR_TOKEN_PREFIX, TENANT_TOKEN_PREFIX};
-pub use windows::{JobSet, JobSpec, DEFAULT_JOB};
+pub use catalog::{JobCatalog, RegisterError};
+pub use tokens::TokenHash;
+pub use windows::JobSet;

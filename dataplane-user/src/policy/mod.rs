@@ -30,10 +30,10 @@ mod scenarios;
 use std::collections::{BTreeMap, BTreeSet};
 
 pub use config::PolicyConfig;
-pub use cost::{Calibrated, CostConstants, CostModel, PathModel, PlanChoice};
-pub use baseline::{baseline_hint, BASELINE_HINT_TTL_MS};
+pub use cost::PlanChoice;
+pub use baseline::baseline_hint;
 pub use insight::{JobInsight, PeerHealth};
-pub use job_policy::{Decision, DecisionKind, JobContext, JobPolicy, PolicyOutput};
+pub use job_policy::{JobContext, JobPolicy};
 pub use observe::{PhaseParams, VerdictSummary};
 
 /// The policies of the jobs on the hint board, keyed by job id.
@@ -71,10 +71,12 @@ impl JobPolicies {
         self.jobs.get_mut(job)
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.jobs.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.jobs.is_empty()
     }
