@@ -10,12 +10,13 @@ use std::{
 use crate::{
     api,
     auth::{self, TokenFileError},
+    analysis::{self, DetectSettings},
+    clock,
     collector::{self, CollectError, KernelMaps},
     config::{self, AttachMode, ConfigError, ConfigFile, MatchSettings},
-    detection::{self, DetectSettings},
     flow_table::TableSettings,
+    jobs::{JobCatalog, JobSet, TokenHash},
     loader::{AttachRequest, Attachment, LoaderError},
-    registry::{self, JobRegistry, TokenHash},
     state::AgentState,
 };
 use dataplane_common::maps;
@@ -76,8 +77,20 @@ pub struct AgentSettings {
     pub table: TableSettings,
     pub matching: MatchSettings,
     pub detect: DetectSettings,
-    /// `[api] operator_tokens_file`; `None`: `<state_dir>/operator.token`, generated if missing.
-    pub operator_tokens_file: Option<PathBuf>,
+    /// The config file's `[[job]]`s (the job catalog onboards them at start).
+    pub jobs: JobSet,
+    /// Where the API's operator tokens come from.
+    pub operator_tokens: OperatorTokens,
+}
+
+/// Where the operator tokens come from: an API setting, resolved from `[api] operator_tokens_file`
+/// and `state_dir` / `--state-dir`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OperatorTokens {
+    /// `[api] operator_tokens_file`: one token per line, managed by the operator.
+    File(PathBuf),
+    /// `<state_dir>/operator.token`, generated if missing (the CLI reads it from there).
+    Generated { state_dir: PathBuf },
 }
 
 impl AgentSettings {
@@ -90,6 +103,7 @@ impl AgentSettings {
         nonzero(args.poll_interval_ms, "--poll-interval-ms")?;
         nonzero(args.flow_idle_timeout_secs, "--flow-idle-timeout-secs")?;
         nonzero(args.burst_gap_us, "--burst-gap-us")?;
+        let state_dir = args.state_dir.clone().or_else(|| file.state_dir.clone()).unwrap_or_else(|| config::DEFAULT_STATE_DIR.into());
         let mut interfaces = file.interfaces.clone().unwrap_or_default();
         for i in &args.interfaces {
             if !interfaces.contains(i) {
@@ -116,12 +130,14 @@ impl AgentSettings {
             matching: MatchSettings::from_file(file.match_.as_ref()),
             detect: {
                 let mut d = DetectSettings::from_file(file);
-                if let Some(dir) = &args.state_dir {
-                    d.state_dir = dir.clone();
-                }
+                d.state_dir = state_dir.clone();
                 d
             },
-            operator_tokens_file: file.api.as_ref().and_then(|a| a.operator_tokens_file.clone()),
+            jobs: JobSet::from_config(file.jobs.as_deref()),
+            operator_tokens: match file.api.as_ref().and_then(|a| a.operator_tokens_file.clone()) {
+                Some(path) => OperatorTokens::File(path),
+                None => OperatorTokens::Generated { state_dir },
+            },
         })
     }
 }
@@ -182,14 +198,14 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
     state.ifnames = state.interfaces.iter().map(|i| (i.ifindex, i.name.clone())).collect();
     state.pin_dir = Some(attachment.pin_dir().to_owned());
     state.attached = true;
-    state.registry = JobRegistry::new(operators, settings.matching.prefix_keys());
-    add_config_jobs_to_board(&mut state, &settings.detect);
+    state.catalog = JobCatalog::new(operators, settings.matching.prefix_keys()).with_config_jobs(&settings.jobs);
+    state.catalog.onboard_config_jobs(&mut state.hints, clock::unix_ms());
     let state = state.shared();
 
-    detection::prepare(&state, &settings.detect);
+    analysis::prepare(&state, &settings.detect);
     let stop = Arc::new(AtomicBool::new(false));
     let collector = collector::spawn(kernel_maps, state.clone(), settings.poll_interval, stop.clone());
-    let detector = settings.detect.enabled.then(|| detection::spawn(settings.detect.clone(), state.clone(), stop.clone()));
+    let detector = settings.detect.enabled.then(|| analysis::spawn(settings.detect.clone(), state.clone(), stop.clone()));
     tracing::info!(listen = %local, interfaces = ?settings.interfaces, pin_dir = %settings.pin_dir.display(), "ringside agent running");
 
     let served = serve(listener, state.clone());
@@ -212,34 +228,20 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
 /// The operator tokens: from `[api] operator_tokens_file`, or the generated
 /// `<state_dir>/operator.token`.
 fn operator_tokens(settings: &AgentSettings) -> Result<Vec<TokenHash>, TokenFileError> {
-    match &settings.operator_tokens_file {
-        Some(path) => {
+    match &settings.operator_tokens {
+        OperatorTokens::File(path) => {
             let tokens = auth::load_operator_tokens(path)?;
             tracing::info!(file = %path.display(), tokens = tokens.len(), "operator tokens loaded");
             Ok(tokens)
         }
-        None => {
-            let (path, hash) = auth::ensure_operator_token(&settings.detect.state_dir)?;
+        OperatorTokens::Generated { state_dir } => {
+            let (path, hash) = auth::ensure_operator_token(state_dir)?;
             tracing::info!(
                 file = %path.display(),
                 "operator token in {} (the CLI reads it from there; set [api] operator_tokens_file to manage tokens yourself)",
                 path.display()
             );
             Ok(vec![hash])
-        }
-    }
-}
-
-/// Config-file `[[job]]`s get a hint-board entry (and the baseline plan) like registered jobs, so
-/// the policy can plan them and the operator can read their hints.
-pub fn add_config_jobs_to_board(state: &mut AgentState, detect: &DetectSettings) {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-    for spec in detect.jobs.specs() {
-        state.hints.ensure_job(&spec.name);
-        if state.hints.latest(&spec.name).is_none() {
-            if let Err(e) = state.hints.publish(registry::baseline_hint(&spec.name, now)) {
-                tracing::warn!("{e}");
-            }
         }
     }
 }

@@ -26,7 +26,7 @@ use axum::{
 };
 
 use crate::{
-    registry::{new_token, RandomnessError, TokenHash, OPERATOR_TOKEN_PREFIX},
+    jobs::tokens::{new_token, RandomnessError, TokenHash, OPERATOR_TOKEN_PREFIX},
     state::SharedState,
 };
 use ringside_client::ApiError;
@@ -163,9 +163,9 @@ impl FromRequestParts<SharedState> for Operator {
     async fn from_request_parts(parts: &mut Parts, state: &SharedState) -> Result<Self, AuthRejection> {
         let h = token_hash(parts)?;
         let s = read(state);
-        if s.registry.is_operator(&h) {
+        if s.catalog.is_operator(&h) {
             Ok(Operator)
-        } else if s.registry.is_any_tenant(&h) {
+        } else if s.catalog.is_any_tenant(&h) {
             Err(AuthRejection { status: StatusCode::FORBIDDEN, message: NOT_OPERATOR.to_owned() })
         } else {
             Err(unauthorized(BAD_TOKEN))
@@ -177,7 +177,6 @@ impl FromRequestParts<SharedState> for Operator {
 #[derive(Debug, Clone)]
 pub struct JobAccess {
     pub job_id: String,
-    pub as_operator: bool,
 }
 
 impl FromRequestParts<SharedState> for JobAccess {
@@ -190,17 +189,17 @@ impl FromRequestParts<SharedState> for JobAccess {
             .await
             .map_err(|e| AuthRejection { status: StatusCode::BAD_REQUEST, message: format!("invalid job id in the path: {e}") })?;
         let s = read(state);
-        if s.registry.is_operator(&h) {
+        if s.catalog.is_operator(&h) {
             // Config-file jobs have no tenant but are on the hint board.
-            if s.registry.contains(&job_id) || s.hints.jobs().any(|j| j == job_id) {
-                return Ok(JobAccess { job_id, as_operator: true });
+            if s.catalog.contains(&job_id) || s.hints.jobs().any(|j| j == job_id) {
+                return Ok(JobAccess { job_id });
             }
             return Err(AuthRejection { status: StatusCode::NOT_FOUND, message: format!("no job with id `{job_id}`; list them with GET /v1/jobs") });
         }
-        if s.registry.is_tenant_of(&job_id, &h) {
-            return Ok(JobAccess { job_id, as_operator: false });
+        if s.catalog.is_tenant_of(&job_id, &h) {
+            return Ok(JobAccess { job_id });
         }
-        if s.registry.is_any_tenant(&h) {
+        if s.catalog.is_any_tenant(&h) {
             // Same answer for another tenant's job and for no job at all.
             return Err(AuthRejection { status: StatusCode::FORBIDDEN, message: OTHER_JOB.to_owned() });
         }

@@ -22,7 +22,10 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::detect::{EndReason, Verdict, VerdictChange, VerdictKind};
+use crate::{
+    clock::Clock,
+    detect::{EndReason, Verdict, VerdictChange, VerdictKind},
+};
 
 /// File name of the persisted open events inside `state_dir`.
 pub const STATE_FILE: &str = "events.json";
@@ -37,32 +40,6 @@ impl From<EndReason> for EventEnd {
         match r {
             EndReason::Cleared => EventEnd::Cleared,
             EndReason::Expired => EventEnd::Expired,
-        }
-    }
-}
-
-/// Converts the detectors' CLOCK_MONOTONIC nanoseconds to Unix milliseconds, from one pair of
-/// readings of both clocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Clock {
-    pub mono_ns: u64,
-    pub unix_ms: u64,
-}
-
-impl Clock {
-    pub fn now() -> Self {
-        let unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        Clock { mono_ns: crate::collector::monotonic_ns(), unix_ms }
-    }
-
-    pub fn unix_ms(&self, mono_ns: u64) -> u64 {
-        if mono_ns >= self.mono_ns {
-            self.unix_ms + (mono_ns - self.mono_ns) / 1_000_000
-        } else {
-            self.unix_ms.saturating_sub((self.mono_ns - mono_ns) / 1_000_000)
         }
     }
 }

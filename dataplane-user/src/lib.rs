@@ -1,23 +1,36 @@
 //! The ringside agent: loads the eBPF flow monitor, collects its maps, and serves metrics and hints.
+//!
+//! The crate's face is what the `ringside` binary, the tests and the benches use: the agent
+//! ([`agent`]: settings, `run`), the API and how it builds its responses ([`api`]; the response
+//! types are `ringside_client::operator`'s), the CLI ([`cli`]), the config file ([`config`]),
+//! detection events and verdicts ([`events`], [`detect`]), the loader's pins ([`loader`]) and the
+//! embedded eBPF object ([`object`]), with the most used re-exported below. Everything else
+//! (the collector, flow table, analysis, job catalog, policy, hint board, metrics, auth) is
+//! `pub(crate)`: see docs/architecture.md for the layers.
 pub mod agent;
+pub(crate) mod analysis;
 pub mod api;
-pub mod attribution;
-pub mod auth;
+pub(crate) mod attribution;
+pub(crate) mod auth;
 pub mod cli;
-pub mod collector;
+pub(crate) mod clock;
+pub(crate) mod collector;
 pub mod config;
-pub mod detection;
 pub mod events;
-pub mod flow_table;
+pub(crate) mod flow_table;
 pub mod frames;
-pub mod hints;
-pub mod jobs;
+pub(crate) mod hint_board;
+pub(crate) mod jobs;
 pub mod loader;
-pub mod match_map;
-pub mod metrics;
+pub(crate) mod match_map;
+pub(crate) mod metrics;
 pub mod object;
-pub mod policy;
-pub mod registry;
-pub mod state;
+pub(crate) mod policy;
+pub(crate) mod state;
 pub mod testrun;
 pub mod detect;
+
+pub use agent::{AgentArgs, AgentError, AgentSettings};
+pub use events::Event;
+pub use loader::PINNED_MAPS;
+pub use object::flowmon_object;

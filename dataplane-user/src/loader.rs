@@ -30,7 +30,18 @@ use aya::{
 };
 use dataplane_common::{maps, programs, PrefixKey, PrefixValue};
 
-use crate::{config::AttachMode, object, state::AttachedInterface};
+use crate::{config::AttachMode, object};
+
+/// An interface the classifier is attached to.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AttachedInterface {
+    pub name: String,
+    pub ifindex: u32,
+    /// `clsact` or `tcx`.
+    pub mode: String,
+    /// Whether the agent added the clsact qdisc (and so removes it on exit).
+    pub qdisc_added: bool,
+}
 
 /// Maps pinned under the pin directory.
 pub const PINNED_MAPS: [&str; 6] = [maps::FLOWS, maps::FLOW_STATE, maps::CONFIG, maps::MATCH_PREFIXES, maps::EVENTS, maps::STATS];

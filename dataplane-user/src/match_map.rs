@@ -5,7 +5,7 @@
 //! `CONFIG.n_prefixes > 0`. When the config file lists no `[match] prefixes`, every address already
 //! matches; inserting a job's prefixes then would *narrow* what is monitored, so nothing is written.
 //! Otherwise the job's prefixes are inserted and `n_prefixes` is recounted. Removal deletes only the
-//! keys the registry says nobody else needs, and never lets `n_prefixes` fall to 0 (which would
+//! keys the job catalog says nobody else needs, and never lets `n_prefixes` fall to 0 (which would
 //! widen matching to every address).
 //!
 //! Port ranges stay as configured: a job whose ports are outside `[match] tcp_ports/udp_ports`

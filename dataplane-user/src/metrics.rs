@@ -137,6 +137,7 @@ metric!(JOB_PEER_LOSS_RATIO, "ringside_job_peer_loss_ratio", Gauge,
     "Loss-evidence packets per data packet exchanged with a peer in the last window");
 
 /// Every job-scoped metric (`GET /v1/jobs/{id}/metrics`), in exposition order.
+#[cfg_attr(not(test), allow(dead_code))] // the catalogue the tests check names and help against
 pub const JOB_ALL: &[&Metric] = &[
     &JOB_PLAN_INFO, &JOB_PLAN_CHUNK_BYTES, &JOB_PLAN_CHANNELS, &JOB_PLAN_VERSION, &JOB_PLAN_CONFIDENCE,
     &JOB_PLAN_EXPIRES, &JOB_STEP_SECONDS, &JOB_COMM_SECONDS, &JOB_PREDICTED_COMM_SECONDS,
@@ -144,6 +145,7 @@ pub const JOB_ALL: &[&Metric] = &[
 ];
 
 /// Every metric, in exposition order.
+#[cfg_attr(not(test), allow(dead_code))] // the catalogue the tests check names and help against
 pub const ALL: &[&Metric] = &[
     &DATAPLANE_PACKETS, &DATAPLANE_MAP_FULL, &DATAPLANE_RINGBUF_FULL, &DATAPLANE_EVENTS,
     &FLOWS_TRACKED, &PEER_BYTES, &PEER_PACKETS, &PEER_TCP_RETRANSMISSIONS, &PEER_CE_MARKS,
@@ -317,14 +319,14 @@ fn families(state: &AgentState) -> Vec<Family> {
             (vec![("operation", "save".to_owned())], Value::Counter(ev.counters.state_write_errors)),
         ],
     });
-    out.push(single(&API_JOBS_REGISTERED, Value::Count(state.registry.len() as u64)));
+    out.push(single(&API_JOBS_REGISTERED, Value::Count(state.catalog.len() as u64)));
     out.push(single(&API_HINT_STREAMS, Value::Count(state.hint_streams.load(std::sync::atomic::Ordering::Relaxed) as u64)));
     out
 }
 
 /// The families of one job's metrics: its plan and what the policy measured, nothing else
 /// (no interface, link or other job).
-fn job_families(job: &str, hint: Option<&ringside_client::Hint>, insight: Option<&crate::hints::JobInsight>) -> Vec<Family> {
+fn job_families(job: &str, hint: Option<&ringside_client::Hint>, insight: Option<&crate::policy::JobInsight>) -> Vec<Family> {
     let j = || vec![("job", job.to_owned())];
     let gauge = |metric, v: Option<f64>| Family { metric, series: v.map(|v| (j(), Value::Gauge(v))).into_iter().collect() };
     let mut out = vec![Family {
@@ -347,7 +349,7 @@ fn job_families(job: &str, hint: Option<&ringside_client::Hint>, insight: Option
     out.push(gauge(&JOB_COMM_SECONDS, ms(insight.and_then(|i| i.comm_ms))));
     out.push(gauge(&JOB_PREDICTED_COMM_SECONDS, ms(insight.and_then(|i| i.predicted_comm_ms))));
     let peers = insight.map(|i| i.peers.as_slice()).unwrap_or_default();
-    let peer_labels = |p: &crate::hints::PeerHealth| vec![("job", job.to_owned()), ("peer", p.peer.to_string())];
+    let peer_labels = |p: &crate::policy::PeerHealth| vec![("job", job.to_owned()), ("peer", p.peer.to_string())];
     out.push(Family {
         metric: &JOB_PEER_HEALTH,
         series: peers
@@ -441,7 +443,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::{
         flow_table::{tests::{key, stats}, PollSnapshot, TableSettings},
-        state::AttachedInterface,
+        loader::AttachedInterface,
     };
     use dataplane_common::{direction, event_kind, flow_kind, BurstState, Event, FlowStats};
     use std::time::Duration;
@@ -477,10 +479,10 @@ pub(crate) mod tests {
             }],
         });
         s.record_poll(Duration::from_micros(700));
-        let clock = crate::events::Clock { mono_ns: 20_000_000_000, unix_ms: 1_700_000_020_000 };
+        let clock = crate::clock::Clock { mono_ns: 20_000_000_000, unix_ms: 1_700_000_020_000 };
         let v = crate::events::tests::verdict(1, crate::detect::VerdictKind::GrayFailure, "10.77.0.3");
         s.events.apply(&[crate::detect::VerdictChange::Opened(v)], &clock);
-        s.registry.set_operators(vec![crate::registry::TokenHash::of(TEST_OPERATOR_TOKEN)]);
+        s.catalog.set_operators(vec![crate::jobs::TokenHash::of(TEST_OPERATOR_TOKEN)]);
         s.shared()
     }
 

@@ -7,29 +7,19 @@ use std::{
     collections::HashMap,
     path::PathBuf,
     sync::{atomic::AtomicUsize, Arc, RwLock},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use crate::{
+    loader::AttachedInterface,
     events::EventLog,
-    hints::HintBoard,
+    hint_board::HintBoard,
+    jobs::JobCatalog,
     flow_table::{FlowTable, TableSettings},
-    registry::JobRegistry,
 };
 
 /// Upper bounds (seconds) of the poll-duration histogram buckets; the last bucket is +Inf.
 pub const POLL_DURATION_BUCKETS: [f64; 8] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1];
-
-/// An interface the classifier is attached to.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct AttachedInterface {
-    pub name: String,
-    pub ifindex: u32,
-    /// `clsact` or `tcx`.
-    pub mode: String,
-    /// Whether the agent added the clsact qdisc (and so removes it on exit).
-    pub qdisc_added: bool,
-}
 
 /// Durations of the collector's polls.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -74,8 +64,8 @@ pub struct AgentState {
     pub jobs: Vec<String>,
     /// Each registered job's current hint and insight (written by the policy, read by the API).
     pub hints: HintBoard,
-    /// Registered jobs and the (hashed) operator and tenant tokens.
-    pub registry: JobRegistry,
+    /// Config-file and registered jobs and the (hashed) operator and tenant tokens.
+    pub catalog: JobCatalog,
     /// Open `/v1/jobs/{id}/hints/stream` responses (each holds a guard that decrements it).
     pub hint_streams: Arc<AtomicUsize>,
 }
@@ -100,7 +90,7 @@ impl AgentState {
             events: EventLog::new(crate::config::DEFAULT_RECENT_EVENTS, crate::config::DEFAULT_CARRY_OVER_WINDOWS),
             jobs: Vec::new(),
             hints: HintBoard::default(),
-            registry: JobRegistry::default(),
+            catalog: JobCatalog::default(),
             hint_streams: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -113,7 +103,7 @@ impl AgentState {
     pub fn record_poll(&mut self, took: Duration) {
         self.polls += 1;
         self.last_poll = Some(Instant::now());
-        self.last_poll_unix_seconds = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        self.last_poll_unix_seconds = crate::clock::unix_seconds();
         self.poll_times.observe(took);
         self.last_error = None;
     }

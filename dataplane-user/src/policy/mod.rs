@@ -7,18 +7,21 @@
 //! - [`cost`]: the alpha-beta model of one allreduce per algorithm × codec × channels, calibrated
 //!   to the job's observed communication time;
 //! - [`decide`]: the candidate plans the constraints allow, the choice among them, the reasons;
-//! - [`job`]: [`JobPolicy`], the per-job state machine (triggers, hysteresis, dwell,
+//! - [`job_policy`]: [`JobPolicy`], the per-job state machine (triggers, hysteresis, dwell,
 //!   verification and revert, return to baseline);
-//! - [`config`]: [`PolicyConfig`], every parameter with its default.
+//! - [`config`]: [`PolicyConfig`], every parameter with its default;
+//! - [`baseline`]: the plan every job starts from; [`insight`]: what a tenant sees of its job.
 //!
 //! Invariants: pure and deterministic (no I/O, no clock: window times and `now_unix_ms` come in
 //! as arguments); bounded memory per job and at most [`PolicyConfig::max_jobs`] jobs in
 //! [`JobPolicies`]; reasons never name links, interfaces or other jobs.
 
+pub mod baseline;
 pub mod config;
 pub mod cost;
 pub mod decide;
-pub mod job;
+pub mod insight;
+pub mod job_policy;
 pub mod observe;
 
 #[cfg(test)]
@@ -27,8 +30,10 @@ mod scenarios;
 use std::collections::{BTreeMap, BTreeSet};
 
 pub use config::PolicyConfig;
-pub use cost::{Calibrated, CostConstants, CostModel, PathModel, PlanChoice};
-pub use job::{Decision, DecisionKind, JobContext, JobPolicy, PolicyOutput};
+pub use cost::PlanChoice;
+pub use baseline::baseline_hint;
+pub use insight::{JobInsight, PeerHealth};
+pub use job_policy::{JobContext, JobPolicy};
 pub use observe::{PhaseParams, VerdictSummary};
 
 /// The policies of the jobs on the hint board, keyed by job id.
@@ -66,10 +71,12 @@ impl JobPolicies {
         self.jobs.get_mut(job)
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.jobs.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.jobs.is_empty()
     }

@@ -289,12 +289,9 @@ impl ObservationHistory {
         self.windows.clear();
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.windows.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.windows.is_empty()
     }
 
     fn med(&self, f: impl Fn(&WindowSummary) -> Option<f64>) -> Option<f64> {

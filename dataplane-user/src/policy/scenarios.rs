@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ringside_client::{Algorithm, Codec, Constraints};
 
 use super::cost::{CostConstants, CostModel, PathModel, PlanChoice};
-use super::job::{DecisionKind, JobContext, JobPolicy};
+use super::job_policy::{DecisionKind, JobContext, JobPolicy};
 use super::observe::{PhaseParams, VerdictSummary};
 use super::PolicyConfig;
 use crate::detect::{BurstSummary, JobWindow, PeerWindow};

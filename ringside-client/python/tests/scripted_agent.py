@@ -1,5 +1,5 @@
 """A real HTTP server on 127.0.0.1 that speaks the ringside agent's tenant API formats exactly
-(``dataplane-user/src/api.rs`` and ``auth.rs``), with faults the tests script.
+(``dataplane-user/src/api/`` and ``auth.rs``), with faults the tests script.
 
 What it reproduces:
 

@@ -33,7 +33,7 @@ use super::cost::{Calibrated, CostModel, PathModel, PlanChoice};
 use super::decide::{candidates, choose, Trigger};
 use super::observe::{median, ObservationHistory, PhaseParams, StepTracker, VerdictSummary, WindowObservation, WindowSummary};
 use crate::detect::JobWindow;
-use crate::hints::{JobInsight, PeerHealth};
+use super::insight::{JobInsight, PeerHealth};
 
 /// What the policy knows of the job from its registration.
 #[derive(Clone, Copy, Debug)]
@@ -164,20 +164,18 @@ impl JobPolicy {
         }
     }
 
+    #[cfg(test)]
     pub fn current(&self) -> &PlanChoice {
         &self.current
     }
 
-    pub fn baseline(&self) -> &PlanChoice {
-        &self.baseline_plan
-    }
-
     /// The last `history_len` decisions, oldest first.
+    #[cfg(test)]
     pub fn history(&self) -> impl Iterator<Item = &Decision> {
         self.history.iter()
     }
 
-    /// The hint to publish after `out`, given the board's latest hint of the job: a new version
+    /// The hint to publish after `out`, given the job's last published hint: a new version
     /// for a change, the latest one with a new expiry for a renewal, else `None`.
     pub fn hint(&self, job: &str, out: &PolicyOutput, latest: Option<&Hint>, now_unix_ms: u64) -> Option<Hint> {
         let expires_at = now_unix_ms.saturating_add(self.cfg.hint_ttl_ms);

@@ -1,27 +1,38 @@
-//! Registered jobs and the tokens that guard the API: `POST /v1/jobs` lands here.
+//! The job catalog: every job the agent watches, from the config file (`[[job]]`) or registered
+//! through `POST /v1/jobs`, and the tokens that guard the API.
+//!
+//! It is the only place that onboards or removes a job: [`JobCatalog::onboard_config_jobs`] at
+//! start, [`JobCatalog::onboard`] and [`JobCatalog::remove`] for the API. Onboarding gives the job
+//! its hint-board channel and baseline plan ([`crate::policy::baseline_hint`]) and, for a
+//! registered job, its member prefixes in the kernel's `MATCH_PREFIXES` ([`crate::match_map`]);
+//! removing undoes both.
 //!
 //! Invariants:
-//! - A token is never stored: only its SHA-256 ([`TokenHash`]). A tenant token is shown once, in
-//!   the `201` of its registration; an operator token lives in a file the operator controls.
-//! - Tokens are compared in constant time on their hashes ([`subtle::ConstantTimeEq`]), and every
-//!   candidate hash is compared (no early exit), so response time does not say which prefix of a
-//!   token or which job matched.
+//! - Tokens are kept as hashes ([`TokenHash`]) and compared in constant time; every candidate
+//!   hash is compared (no early exit), so response time does not say which prefix of a token or
+//!   which job matched.
 //! - Job ids are random (`j-` + 12 hex digits): an id leaks nothing about other jobs and cannot be
 //!   guessed from a name.
 //! - At most [`MAX_JOBS`] registered jobs; names are unique among them.
-//! - The job set the detection thread uses ([`JobRegistry::job_set`]) lists config-file jobs first,
+//! - The job set the detection thread uses ([`JobCatalog::job_set`]) lists config-file jobs first,
 //!   then registered jobs in registration order, so a flow belongs to exactly one job.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use dataplane_common::PrefixKey;
-use ringside_client::{Algorithm, Codec, Hint, JobRegistration, JobView, PortRange};
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
+use std::path::Path;
 
+use ringside_client::{JobRegistration, JobView, PortRange};
+
+use super::{
+    tokens::{new_job_id, new_token, RandomnessError, TokenHash, TENANT_TOKEN_PREFIX},
+    windows::{JobSet, JobSpec, DEFAULT_JOB},
+};
 use crate::{
     config::{MemberSpec, PortSpec, PrefixSpec},
-    jobs::{JobSet, JobSpec, DEFAULT_JOB},
+    hint_board::HintBoard,
+    match_map::{self, MatchMapError},
+    policy::baseline_hint,
 };
 
 /// Most registered jobs (each costs a hint channel, a job window per detection window and trie
@@ -31,62 +42,6 @@ pub const MAX_JOBS: usize = 64;
 pub const MAX_MEMBERS: usize = 64;
 /// Most port ranges per protocol of one job.
 pub const MAX_PORT_RANGES_PER_JOB: usize = 16;
-/// Prefix of tenant tokens (so secret scanners and people recognise them).
-pub const TENANT_TOKEN_PREFIX: &str = "rst_";
-/// Prefix of the operator token the agent generates.
-pub const OPERATOR_TOKEN_PREFIX: &str = "rso_";
-/// How long the baseline hint of a new job is valid before the policy must renew it.
-pub const BASELINE_HINT_TTL_MS: u64 = 60_000;
-
-/// SHA-256 of a token: what the agent keeps instead of the token.
-#[derive(Clone, PartialEq, Eq)]
-pub struct TokenHash([u8; 32]);
-
-impl std::fmt::Debug for TokenHash {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Even the hash stays out of logs: it is enough to test guesses offline.
-        f.write_str("TokenHash(..)")
-    }
-}
-
-impl TokenHash {
-    pub fn of(token: &str) -> Self {
-        TokenHash(Sha256::digest(token.as_bytes()).into())
-    }
-
-    /// Constant-time comparison of two hashes.
-    pub fn matches(&self, other: &TokenHash) -> bool {
-        self.0.ct_eq(&other.0).into()
-    }
-
-    pub fn as_bytes(&self) -> &[u8; 32] {
-        &self.0
-    }
-}
-
-/// Getting randomness from the OS failed (no token or id could be made).
-#[derive(Debug, thiserror::Error)]
-#[error("the operating system's random number generator failed ({0}); check that getrandom(2) or /dev/urandom is available to the agent")]
-pub struct RandomnessError(pub getrandom::Error);
-
-fn random_hex(bytes: usize) -> Result<String, RandomnessError> {
-    let mut buf = vec![0u8; bytes];
-    // The OS CSPRNG directly (getrandom(2)): tokens are credentials, and this needs no seeded
-    // generator state in the agent.
-    getrandom::getrandom(&mut buf).map_err(RandomnessError)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// A new token: `prefix` + 32 random bytes in hex (256 bits).
-pub fn new_token(prefix: &str) -> Result<String, RandomnessError> {
-    Ok(format!("{prefix}{}", random_hex(32)?))
-}
-
-/// A new job id: `j-` + 12 hex digits (48 random bits: unique among [`MAX_JOBS`] jobs; secrecy
-/// comes from the token, not the id).
-pub fn new_job_id() -> Result<String, RandomnessError> {
-    Ok(format!("j-{}", random_hex(6)?))
-}
 
 /// Why a registration was refused. Each maps to one HTTP status (see `api`).
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +54,17 @@ pub enum RegisterError {
     Full { max: usize },
     #[error(transparent)]
     Randomness(#[from] RandomnessError),
+    #[error("cannot monitor the job's members: {0}")]
+    Kernel(MatchMapError),
+}
+
+/// Why a job could not be removed.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoveError {
+    #[error("job `{id}` comes from the config file ([[job]]); remove it there and restart the agent")]
+    ConfigJob { id: String },
+    #[error("no registered job with id `{id}`; list them with GET /v1/jobs")]
+    Unknown { id: String },
 }
 
 /// Whether `name` is 1-64 characters of `[A-Za-z0-9._-]`.
@@ -158,23 +124,6 @@ pub fn validate(reg: &JobRegistration) -> Result<ValidRegistration, RegisterErro
     })
 }
 
-/// The hint a job gets at registration: what a job does without ringside, at confidence 0.
-pub fn baseline_hint(job: &str, now_unix_ms: u64) -> Hint {
-    Hint {
-        job: job.to_owned(),
-        version: 1,
-        step_from: 0,
-        algorithm: Algorithm::Ring,
-        chunk_bytes: 1 << 20,
-        channels: 1,
-        compression: Codec::None,
-        error_feedback: false,
-        reasons: vec!["initial plan: no measurements yet".to_owned()],
-        confidence: 0.0,
-        expires_at: now_unix_ms + BASELINE_HINT_TTL_MS,
-    }
-}
-
 #[derive(Debug, Clone)]
 struct RegisteredJob {
     view: JobView,
@@ -182,9 +131,12 @@ struct RegisteredJob {
     token: TokenHash,
 }
 
-/// Registered jobs, the operator tokens, and the prefixes the config file already monitors.
+/// Config-file and registered jobs, the operator tokens, and the prefixes the config file already
+/// monitors.
 #[derive(Debug)]
-pub struct JobRegistry {
+pub struct JobCatalog {
+    /// The `[[job]]`s, in file order.
+    config_jobs: Vec<JobSpec>,
     /// By id; `order` keeps registration order (the match order).
     jobs: BTreeMap<String, RegisteredJob>,
     order: Vec<String>,
@@ -194,16 +146,105 @@ pub struct JobRegistry {
     max_jobs: usize,
 }
 
-impl Default for JobRegistry {
+impl Default for JobCatalog {
     /// No jobs and no operator token (nothing but the open endpoints is reachable).
     fn default() -> Self {
-        JobRegistry::new(Vec::new(), Vec::new())
+        JobCatalog::new(Vec::new(), Vec::new())
     }
 }
 
-impl JobRegistry {
+impl JobCatalog {
     pub fn new(operators: Vec<TokenHash>, static_prefixes: Vec<PrefixKey>) -> Self {
-        JobRegistry { jobs: BTreeMap::new(), order: Vec::new(), operators, static_prefixes, max_jobs: MAX_JOBS }
+        JobCatalog { config_jobs: Vec::new(), jobs: BTreeMap::new(), order: Vec::new(), operators, static_prefixes, max_jobs: MAX_JOBS }
+    }
+
+    /// With the config file's `[[job]]`s (onboard them with [`JobCatalog::onboard_config_jobs`]).
+    pub fn with_config_jobs(mut self, jobs: &JobSet) -> Self {
+        self.config_jobs = jobs.specs().to_vec();
+        self
+    }
+
+    /// Names of the config-file jobs (the implicit [`DEFAULT_JOB`] when there are none).
+    pub fn config_job_names(&self) -> Vec<String> {
+        JobSet::from_specs(self.config_jobs.clone()).names()
+    }
+
+    /// The jobs the policy plans: config-file jobs and registered ones (each has a hint-board
+    /// channel); never the implicit or catch-all [`DEFAULT_JOB`].
+    pub fn planned_jobs(&self) -> BTreeSet<String> {
+        self.config_jobs.iter().map(|j| j.name.clone()).chain(self.order.iter().cloned()).collect()
+    }
+
+    /// Onboards the config-file jobs: each gets a hint-board channel and the baseline plan, like a
+    /// registered job, so the policy plans them and the operator reads their hints.
+    pub fn onboard_config_jobs(&self, board: &mut HintBoard, now_unix_ms: u64) {
+        for spec in &self.config_jobs {
+            board.ensure_job(&spec.name);
+            if board.latest(&spec.name).is_none() {
+                if let Err(e) = board.publish(baseline_hint(&spec.name, now_unix_ms)) {
+                    tracing::warn!("{e}");
+                }
+            }
+        }
+    }
+
+    /// Onboards a registered job: checks and records it ([`JobCatalog::register`]), inserts its
+    /// prefixes into the kernel trie under `pin_dir` (`None`: no program loaded, the kernel is not
+    /// touched), and publishes its baseline hint. A kernel failure rolls the registration back.
+    /// Returns the job id and its tenant token.
+    pub fn onboard(
+        &mut self,
+        reg: &JobRegistration,
+        now_unix_ms: u64,
+        pin_dir: Option<&Path>,
+        board: &mut HintBoard,
+    ) -> Result<(String, String), RegisterError> {
+        let (id, token) = self.register(reg, now_unix_ms)?;
+        let keys = self.prefix_keys(&id);
+        match pin_dir {
+            Some(dir) => match match_map::add(dir, &keys) {
+                Ok(match_map::Added::AllAddressesMatched) => {
+                    tracing::debug!(job = %id, "no [match] prefixes configured: every address is already monitored");
+                }
+                Ok(match_map::Added::Inserted { total }) => {
+                    tracing::debug!(job = %id, added = keys.len(), total, "job prefixes added to MATCH_PREFIXES");
+                }
+                Err(e) => {
+                    self.unregister(&id);
+                    tracing::warn!(job = %id, "registration rolled back: {e}");
+                    return Err(RegisterError::Kernel(e));
+                }
+            },
+            None => tracing::info!(job = %id, "job registered while no eBPF program is loaded: its prefixes are not written to the kernel"),
+        }
+        board.ensure_job(&id);
+        if let Err(e) = board.publish(baseline_hint(&id, now_unix_ms)) {
+            tracing::warn!("{e}");
+        }
+        Ok((id, token))
+    }
+
+    /// Removes registered job `id`: ends its hint streams and releases the prefixes nobody else
+    /// needs from the kernel trie under `pin_dir`. Returns how many prefixes were released.
+    pub fn remove(&mut self, id: &str, pin_dir: Option<&Path>, board: &mut HintBoard) -> Result<usize, RemoveError> {
+        let keys = self.prefix_keys(id);
+        if self.unregister(id).is_none() {
+            return Err(if board.jobs().any(|j| j == id) {
+                RemoveError::ConfigJob { id: id.to_owned() }
+            } else {
+                RemoveError::Unknown { id: id.to_owned() }
+            });
+        }
+        // Ends every hint stream of the job.
+        board.remove_job(id);
+        let unneeded = self.unneeded(&keys);
+        if let Some(dir) = pin_dir {
+            if let Err(e) = match_map::remove(dir, &unneeded) {
+                // The job is gone either way; a stale prefix only keeps counting traffic nobody reads.
+                tracing::warn!(job = %id, "cannot remove the job's prefixes from MATCH_PREFIXES: {e}");
+            }
+        }
+        Ok(unneeded.len())
     }
 
     /// Lowers the job cap (tests).
@@ -222,7 +263,7 @@ impl JobRegistry {
 
     /// Whether `token` is an operator token. Compares against every operator hash.
     pub fn is_operator(&self, token: &TokenHash) -> bool {
-        self.operators.iter().fold(subtle::Choice::from(0), |acc, h| acc | h.0.ct_eq(&token.0)).into()
+        self.operators.iter().fold(subtle::Choice::from(0), |acc, h| acc | h.ct_eq(token)).into()
     }
 
     /// Whether `token` is the tenant token of job `id` (false for an unknown id). Walks every job,
@@ -230,13 +271,13 @@ impl JobRegistry {
     pub fn is_tenant_of(&self, id: &str, token: &TokenHash) -> bool {
         self.jobs
             .iter()
-            .fold(subtle::Choice::from(0), |acc, (jid, j)| acc | (subtle::Choice::from(u8::from(jid == id)) & j.token.0.ct_eq(&token.0)))
+            .fold(subtle::Choice::from(0), |acc, (jid, j)| acc | (subtle::Choice::from(u8::from(jid == id)) & j.token.ct_eq(token)))
             .into()
     }
 
     /// Whether `token` is the tenant token of some job. Compares against every job.
     pub fn is_any_tenant(&self, token: &TokenHash) -> bool {
-        self.jobs.values().fold(subtle::Choice::from(0), |acc, j| acc | j.token.0.ct_eq(&token.0)).into()
+        self.jobs.values().fold(subtle::Choice::from(0), |acc, j| acc | j.token.ct_eq(token)).into()
     }
 
     pub fn contains(&self, id: &str) -> bool {
@@ -302,10 +343,14 @@ impl JobRegistry {
         self.jobs.get(id).map(|j| &j.spec)
     }
 
-    /// The job set of the detection thread: `config_jobs` (the `[[job]]`s) first, then registered
+    /// The job set of the detection thread: the config-file jobs (the `[[job]]`s) first, then registered
     /// jobs in registration order. Without `[[job]]`s but with registered jobs, a catch-all
     /// [`DEFAULT_JOB`] comes last, so the operator keeps seeing events for the rest of the traffic.
-    pub fn job_set(&self, config_jobs: &[JobSpec]) -> JobSet {
+    pub fn job_set(&self) -> JobSet {
+        self.job_set_with(&self.config_jobs)
+    }
+
+    fn job_set_with(&self, config_jobs: &[JobSpec]) -> JobSet {
         let mut specs: Vec<JobSpec> = config_jobs.to_vec();
         specs.extend(self.order.iter().filter_map(|id| self.jobs.get(id)).map(|j| j.spec.clone()));
         if config_jobs.is_empty() && !self.jobs.is_empty() {
@@ -337,7 +382,7 @@ impl JobRegistry {
     }
 
     /// Of `keys` (a job being removed), those no registered job and no `[match]` prefix needs.
-    /// Call after [`JobRegistry::unregister`].
+    /// Call after [`JobCatalog::unregister`].
     pub fn unneeded(&self, keys: &[PrefixKey]) -> Vec<PrefixKey> {
         keys.iter()
             .filter(|k| !self.static_prefixes.contains(k))
@@ -365,11 +410,11 @@ pub(crate) mod tests {
 
     #[test]
     fn tokens_are_random_prefixed_and_stored_hashed() {
-        let mut r = JobRegistry::new(vec![TokenHash::of("op-secret-token-1")], vec![]);
+        let mut r = JobCatalog::new(vec![TokenHash::of("op-secret-token-1")], vec![]);
         let (id, token) = r.register(&registration("a", &["10.77.0.0/24"]), 1).unwrap();
         assert!(id.starts_with("j-") && id.len() == 14, "{id}");
         assert!(token.starts_with(TENANT_TOKEN_PREFIX) && token.len() == 4 + 64, "{token}");
-        // The registry holds no plain token anywhere (its Debug prints every field).
+        // The catalog holds no plain token anywhere (its Debug prints every field).
         let dump = format!("{r:?}");
         assert!(!dump.contains(&token) && !dump.contains(&token[4..]), "{dump}");
         assert!(r.is_tenant_of(&id, &TokenHash::of(&token)));
@@ -384,7 +429,7 @@ pub(crate) mod tests {
 
     #[test]
     fn validation_names_the_field() {
-        let mut r = JobRegistry::new(vec![], vec![]);
+        let mut r = JobCatalog::new(vec![], vec![]);
         let cases: Vec<(JobRegistration, &str)> = vec![
             (registration("", &["10.0.0.1"]), "name"),
             (registration("a b", &["10.0.0.1"]), "name"),
@@ -409,7 +454,7 @@ pub(crate) mod tests {
 
     #[test]
     fn names_are_unique_and_the_cap_holds() {
-        let mut r = JobRegistry::new(vec![], vec![]).with_max_jobs(2);
+        let mut r = JobCatalog::new(vec![], vec![]).with_max_jobs(2);
         let (a, _) = r.register(&registration("a", &["10.0.0.1"]), 0).unwrap();
         assert!(matches!(r.register(&registration("a", &["10.0.0.2"]), 0), Err(RegisterError::NameTaken { .. })));
         r.register(&registration("b", &["10.0.0.2"]), 0).unwrap();
@@ -424,27 +469,27 @@ pub(crate) mod tests {
     fn job_set_lists_config_jobs_first_then_registered_then_default() {
         use crate::flow_table::tests::key;
         use dataplane_common::{direction, flow_kind};
-        let mut r = JobRegistry::new(vec![], vec![]);
+        let mut r = JobCatalog::new(vec![], vec![]);
         let (id, _) = r.register(&registration("a", &["10.77.0.0/24"]), 0).unwrap();
         let k = key(1, 3, 29500, direction::EGRESS, flow_kind::TCP); // 10.77.0.1 → 10.77.0.3
         // No [[job]]: the registered job, then the catch-all default.
-        let set = r.job_set(&[]);
+        let set = r.job_set_with(&[]);
         assert_eq!(set.names(), vec![id.clone(), DEFAULT_JOB.to_owned()]);
         assert_eq!(set.job_of(&k), Some(id.as_str()));
         assert_eq!(set.job_of(&key(1, 3, 80, direction::EGRESS, flow_kind::TCP)), Some(DEFAULT_JOB));
         // A config job covering the same peer wins: a flow belongs to one job.
         let cfg = JobSpec { name: "cfg".into(), ..r.spec(&id).unwrap().clone() };
-        let set = r.job_set(std::slice::from_ref(&cfg));
+        let set = r.job_set_with(std::slice::from_ref(&cfg));
         assert_eq!(set.names(), vec!["cfg".to_owned(), id.clone()]);
         assert_eq!(set.job_of(&k), Some("cfg"));
         r.unregister(&id);
-        assert!(r.job_set(&[]).specs().is_empty(), "no jobs: the implicit default");
+        assert!(r.job_set_with(&[]).specs().is_empty(), "no jobs: the implicit default");
     }
 
     #[test]
     fn only_unneeded_prefixes_are_released() {
         let stat: PrefixSpec = "10.1.0.0/16".parse().unwrap();
-        let mut r = JobRegistry::new(vec![], vec![stat.to_key()]);
+        let mut r = JobCatalog::new(vec![], vec![stat.to_key()]);
         let (a, _) = r.register(&registration("a", &["10.77.0.0/24", "10.1.0.0/16", "10.9.0.1"]), 0).unwrap();
         let (_b, _) = r.register(&registration("b", &["10.77.0.0/24"]), 0).unwrap();
         let keys = r.prefix_keys(&a);
@@ -452,13 +497,5 @@ pub(crate) mod tests {
         r.unregister(&a);
         let gone = r.unneeded(&keys);
         assert_eq!(gone, vec!["10.9.0.1/32".parse::<PrefixSpec>().unwrap().to_key()]);
-    }
-
-    #[test]
-    fn baseline_hint_is_the_plain_plan() {
-        let h = baseline_hint("j-1", 1_000);
-        assert_eq!((h.version, h.algorithm, h.chunk_bytes, h.channels, h.compression), (1, Algorithm::Ring, 1 << 20, 1, Codec::None));
-        assert_eq!((h.confidence, h.expires_at), (0.0, 61_000));
-        assert_eq!(h.reasons, vec!["initial plan: no measurements yet"]);
     }
 }

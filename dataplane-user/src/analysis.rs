@@ -1,7 +1,8 @@
-//! The detection loop: every `detect.window_ms`, take the flow table's window (counter deltas and
-//! bursts, see [`crate::flow_table::WindowAccumulator`]), build each job's
-//! [`JobWindow`](crate::detect::JobWindow) ([`crate::jobs`]), run the detectors, fold their
-//! verdicts into the [`EventLog`], and persist the open events when they change.
+//! Analysis, the detection loop: every `detect.window_ms`, take the flow table's window (counter
+//! deltas and bursts, see [`crate::flow_table::WindowAccumulator`]), build each job's
+//! [`JobWindow`](crate::detect::JobWindow) ([`crate::jobs::windows`]) for the job set of the
+//! [`JobCatalog`](crate::jobs::JobCatalog), run the detectors, fold their verdicts into the
+//! [`EventLog`], persist the open events when they change, and run each job's policy.
 //!
 //! It runs on its own thread and holds the state's write lock only to take the window and to
 //! update the log; the detectors and the state-file write run outside it.
@@ -18,13 +19,15 @@ use std::{
 use crate::{
     config::{self, ConfigFile},
     detect::{DetectorConfig, DetectorSet, JobWindow, VerdictChange},
-    events::{self, Clock, EventLog},
+    clock::Clock,
+    events::{self, EventLog},
+    flow_table::WindowAccumulator,
     jobs::JobSet,
-    policy::{JobContext, JobPolicies, PhaseParams, PlanChoice, PolicyConfig, VerdictSummary},
+    policy::{baseline_hint, JobContext, JobInsight, JobPolicies, PhaseParams, PlanChoice, PolicyConfig, VerdictSummary},
     state::SharedState,
 };
 use ringside_client::{Constraints, Hint};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Resolved detection settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,14 +37,13 @@ pub struct DetectSettings {
     pub recent_events: usize,
     pub carry_over_windows: u32,
     pub detectors: DetectorConfig,
-    pub jobs: JobSet,
     pub state_dir: PathBuf,
     /// `[policy]`.
     pub policy: PolicyConfig,
 }
 
 impl DetectSettings {
-    /// Defaults, overridden by the file's `[detect]`, `[[job]]` and `state_dir`.
+    /// Defaults, overridden by the file's `[detect]`, `[policy]` and `state_dir`.
     pub fn from_file(file: &ConfigFile) -> Self {
         let d = file.detect.clone().unwrap_or_default();
         let window = Duration::from_millis(d.window_ms.unwrap_or(config::DEFAULT_DETECT_WINDOW_MS));
@@ -70,7 +72,6 @@ impl DetectSettings {
             recent_events: d.recent_events.unwrap_or(config::DEFAULT_RECENT_EVENTS),
             carry_over_windows: d.carry_over_windows.unwrap_or(config::DEFAULT_CARRY_OVER_WINDOWS),
             detectors,
-            jobs: JobSet::from_config(file.jobs.as_deref()),
             state_dir: file.state_dir.clone().unwrap_or_else(|| config::DEFAULT_STATE_DIR.into()),
             policy: file.policy.clone().unwrap_or_default(),
         }
@@ -94,41 +95,56 @@ pub fn prepare(state: &SharedState, settings: &DetectSettings) {
     }
     let mut s = state.write().unwrap_or_else(|p| p.into_inner());
     s.events = log;
-    s.jobs = settings.jobs.names();
+    s.jobs = s.catalog.config_job_names();
     if settings.enabled {
         s.table.enable_windows();
     }
 }
 
-/// The detectors and the last persisted state, owned by the detection thread.
-pub struct Detection {
+/// What the analysis stage owns: the detectors, each planned job's policy and the hint it last
+/// published. It reads the shared state once per window (the window, the job set) and writes it
+/// once (events, hints, insights); it never reads a hint back from the board.
+pub struct Analysis {
     settings: DetectSettings,
     detectors: DetectorSet,
     policies: JobPolicies,
+    /// The hint each policy last published (its baseline until its first change or renewal).
+    published: BTreeMap<String, Hint>,
 }
 
-impl Detection {
+/// One window's input, copied out of the shared state under one lock.
+struct WindowInput {
+    window: WindowAccumulator,
+    ifnames: HashMap<u32, String>,
+    jobs: JobSet,
+    planned: BTreeSet<String>,
+}
+
+impl Analysis {
     pub fn new(settings: DetectSettings) -> Self {
         let detectors = DetectorSet::new(settings.detectors.clone());
         let policies = JobPolicies::new(settings.policy.clone(), PhaseParams::from(&settings.detectors));
-        Detection { settings, detectors, policies }
+        Analysis { settings, detectors, policies, published: BTreeMap::new() }
+    }
+
+    /// Takes the window if the table has accumulated at least 90 % of one, with the catalog's job
+    /// set as of this window (config-file jobs, then the jobs registered through the API).
+    fn take_input(&self, state: &SharedState) -> Option<WindowInput> {
+        let min_ns = (self.settings.window.as_nanos() as u64) * 9 / 10;
+        let mut s = state.write().unwrap_or_else(|p| p.into_inner());
+        if s.table.pending_window_ns() < min_ns {
+            return None;
+        }
+        let window = s.table.take_window()?;
+        let jobs = s.catalog.job_set();
+        s.jobs = jobs.names();
+        Some(WindowInput { window, ifnames: s.ifnames.clone(), jobs, planned: s.catalog.planned_jobs() })
     }
 
     /// Runs one detection window if the table has accumulated at least 90 % of one. Returns
     /// whether a window ran.
     pub fn tick(&mut self, state: &SharedState) -> bool {
-        let min_ns = (self.settings.window.as_nanos() as u64) * 9 / 10;
-        let (window, ifnames, jobs) = {
-            let mut s = state.write().unwrap_or_else(|p| p.into_inner());
-            if s.table.pending_window_ns() < min_ns {
-                return false;
-            }
-            let Some(w) = s.table.take_window() else { return false };
-            // Config-file jobs, then the jobs registered through the API (as of this window).
-            let jobs = s.registry.job_set(self.settings.jobs.specs());
-            s.jobs = jobs.names();
-            (w, s.ifnames.clone(), jobs)
-        };
+        let Some(WindowInput { window, ifnames, jobs, planned }) = self.take_input(state) else { return false };
         let clock = Clock::now();
         let job_windows = jobs.windows(&window, |i| ifnames.get(&i).cloned().unwrap_or_else(|| format!("if{i}")));
         let mut changes: Vec<VerdictChange> = Vec::new();
@@ -161,6 +177,8 @@ impl Detection {
             };
             tracing::info!(job = %v.job, kind = ?v.kind, scope = ?v.scope, severity = ?v.severity, "verdict {what}");
         }
+        let updates = self.run_policy(&planned, &jobs, &job_windows, &clock);
+        // One write for everything this window produced: events, then hints and insights.
         let persisted = {
             let mut s = state.write().unwrap_or_else(|p| p.into_inner());
             s.events.counters.windows += 1;
@@ -168,6 +186,15 @@ impl Detection {
             let mut dirty = s.events.apply(&changes, &clock);
             s.events.refresh(self.detectors.open_verdicts());
             dirty |= s.events.end_window(&clock);
+            for (job, hint, insight) in updates {
+                // A job that left the board since the window was taken is not an error.
+                if let Some(h) = hint {
+                    let _ = s.hints.publish(h);
+                }
+                if let Some(i) = insight {
+                    let _ = s.hints.set_insight(&job, i);
+                }
+            }
             dirty.then(|| s.events.persisted(clock.unix_ms))
         };
         if let Some(p) = persisted {
@@ -176,24 +203,29 @@ impl Detection {
                 state.write().unwrap_or_else(|p| p.into_inner()).events.counters.state_write_errors += 1;
             }
         }
-        self.run_policy(state, &jobs, &job_windows, &clock);
         true
     }
 
-    /// The policy ([`crate::policy`]) of every job on the hint board with a window: updates its
-    /// plan and publishes plan changes (version + 1), renewals and the job's insight. Computes
-    /// outside the state lock; takes the read lock to copy the board's latest hints and the write
-    /// lock once to publish. A job without a hint yet (its baseline) is skipped.
-    fn run_policy(&mut self, state: &SharedState, jobs: &JobSet, job_windows: &[JobWindow], clock: &Clock) {
-        let latest: BTreeMap<String, Option<Hint>> = {
-            let s = state.read().unwrap_or_else(|p| p.into_inner());
-            s.hints.jobs().map(|j| (j.to_owned(), s.hints.latest(j))).collect()
-        };
-        self.policies.retain(&latest.keys().cloned().collect());
+    /// The policy ([`crate::policy`]) of every planned job (`planned`: the catalog's config-file
+    /// and registered jobs) with a window: updates its plan and returns plan changes (version + 1),
+    /// renewals and the job's insight, to publish. Pure computation on the stage's own state: a
+    /// job's policy starts from the baseline plan the catalog published when it onboarded the job
+    /// ([`baseline_hint`]), and each publish is remembered here.
+    fn run_policy(
+        &mut self,
+        planned: &BTreeSet<String>,
+        jobs: &JobSet,
+        job_windows: &[JobWindow],
+        clock: &Clock,
+    ) -> Vec<(String, Option<Hint>, Option<JobInsight>)> {
+        self.policies.retain(planned);
+        self.published.retain(|j, _| planned.contains(j));
         let no_constraints = Constraints::default();
         let mut updates = Vec::new();
         for jw in job_windows {
-            let Some(Some(latest)) = latest.get(&jw.job) else { continue };
+            if !planned.contains(&jw.job) {
+                continue;
+            }
             // The window's job set: config-file jobs and registered ones with their constraints.
             let spec = jobs.spec(&jw.job);
             let ctx = JobContext {
@@ -201,34 +233,32 @@ impl Detection {
                 gradient_bytes: spec.and_then(|s| s.gradient_bytes),
             };
             let verdicts = VerdictSummary::of_job(&jw.job, self.detectors.open_verdicts());
+            let latest = self.published.entry(jw.job.clone()).or_insert_with(|| baseline_hint(&jw.job, 0));
             let Some(policy) = self.policies.policy(&jw.job, || PlanChoice::from_hint(latest)) else { continue };
             let now = clock.unix_ms(jw.window_end_ns);
             let out = policy.observe(jw, verdicts, &ctx, now);
             if let Some(d) = &out.change {
                 tracing::info!(job = %jw.job, kind = ?d.kind, from = %d.from.label(), to = %d.to.label(), reasons = ?d.reasons, confidence = d.confidence, "plan changed");
             }
-            updates.push((jw.job.clone(), policy.hint(&jw.job, &out, Some(latest), now), Some(out.insight)));
+            let hint = policy.hint(&jw.job, &out, Some(latest), now);
+            if let Some(h) = &hint {
+                *latest = h.clone();
+            }
+            updates.push((jw.job.clone(), hint, Some(out.insight)));
         }
         // Jobs without traffic in this window keep their plan alive.
-        for (job, latest) in &latest {
-            let (Some(latest), Some(policy)) = (latest, self.policies.get_mut(job)) else { continue };
+        for (job, latest) in self.published.iter_mut() {
+            let Some(policy) = self.policies.get_mut(job) else { continue };
             if !job_windows.iter().any(|jw| &jw.job == job) {
-                updates.push((job.clone(), policy.renewal(latest, clock.unix_ms), None));
+                let hint = policy.renewal(latest, clock.unix_ms);
+                if let Some(h) = &hint {
+                    *latest = h.clone();
+                }
+                updates.push((job.clone(), hint, None));
             }
         }
-        if updates.iter().all(|(_, h, i)| h.is_none() && i.is_none()) {
-            return;
-        }
-        let mut s = state.write().unwrap_or_else(|p| p.into_inner());
-        for (job, hint, insight) in updates {
-            // A job that left the board since the read is not an error.
-            if let Some(h) = hint {
-                let _ = s.hints.publish(h);
-            }
-            if let Some(i) = insight {
-                let _ = s.hints.set_insight(&job, i);
-            }
-        }
+        updates.retain(|(_, h, i)| h.is_some() || i.is_some());
+        updates
     }
 }
 
@@ -238,7 +268,7 @@ pub fn spawn(settings: DetectSettings, state: SharedState, stop: Arc<AtomicBool>
         .name("ringside-detect".into())
         .spawn(move || {
             let step = (settings.window / 10).clamp(Duration::from_millis(10), Duration::from_millis(50));
-            let mut d = Detection::new(settings);
+            let mut d = Analysis::new(settings);
             let mut last = Instant::now();
             while !stop.load(Ordering::Relaxed) {
                 thread::sleep(step);
@@ -301,7 +331,7 @@ mod tests {
         assert_eq!(s.detectors.gray.z_open, 6.0);
         assert_eq!(s.detectors.gray.z_clear, crate::detect::GrayConfig::default().z_clear);
         assert_eq!(s.state_dir, PathBuf::from("/tmp/x"));
-        assert_eq!(s.jobs.names(), vec!["a"]);
+        assert_eq!(JobSet::from_config(f.jobs.as_deref()).names(), vec!["a"]);
         assert_eq!(s.policy, PolicyConfig { min_dwell_windows: 8, ..Default::default() });
         let d = DetectSettings::from_file(&ConfigFile::default());
         assert!(d.enabled);
@@ -316,7 +346,7 @@ mod tests {
         let settings = DetectSettings::from_file(&f);
         let state = AgentState::new(TableSettings::default(), Duration::from_millis(100)).shared();
         prepare(&state, &settings);
-        let mut d = Detection::new(settings.clone());
+        let mut d = Analysis::new(settings.clone());
         let t0 = 100_000 * MS;
         state.write().unwrap().table.apply(&second(t0, 0, 5, None));
         let _ = state.write().unwrap().table.take_window();
@@ -344,32 +374,25 @@ mod tests {
     }
 
     #[test]
-    fn policy_publishes_insight_and_renewals_for_jobs_on_the_board_only() {
+    fn policy_publishes_insight_and_renewals_for_catalog_jobs_only() {
         let dir = tempdir("detect-policy");
         let f = ConfigFile::parse(&format!("state_dir = \"{}\"\n", dir.display()), Path::new("t.toml")).unwrap();
         let settings = DetectSettings::from_file(&f);
-        let job = settings.jobs.names()[0].clone();
         let state = AgentState::new(TableSettings::default(), Duration::from_millis(100)).shared();
         prepare(&state, &settings);
-        let mut d = Detection::new(settings);
+        let mut d = Analysis::new(settings);
         let t0 = 100_000 * MS;
         state.write().unwrap().table.apply(&second(t0, 0, 5, None));
         let _ = state.write().unwrap().table.take_window();
         state.write().unwrap().table.apply(&second(t0 + 1000 * MS, 1, 5, None));
         assert!(d.tick(&state));
-        assert!(d.policies.is_empty(), "no policy for a job that is not on the board");
-        let baseline = PlanChoice {
-            algorithm: ringside_client::Algorithm::Ring,
-            chunk_bytes: 1 << 20,
-            channels: 1,
-            compression: ringside_client::Codec::None,
-            error_feedback: false,
-        };
-        {
+        assert!(d.policies.is_empty(), "no policy for a job the catalog does not plan (the implicit default)");
+        let job = {
             let mut s = state.write().unwrap();
-            s.hints.ensure_job(&job);
-            s.hints.publish(baseline.to_hint(&job, 1, vec![], 0.5, 1)).unwrap();
-        }
+            let s = &mut *s;
+            let reg = crate::jobs::catalog::tests::registration("a", &["10.77.0.0/24"]);
+            s.catalog.onboard(&reg, 0, None, &mut s.hints).unwrap().0
+        };
         for sec in 2..=4u64 {
             state.write().unwrap().table.apply(&second(t0 + sec * 1000 * MS, sec, 5, None));
             assert!(d.tick(&state));
@@ -377,15 +400,20 @@ mod tests {
         let s = state.read().unwrap();
         let h = s.hints.latest(&job).unwrap();
         assert_eq!(h.version, 1, "a healthy job keeps its baseline plan");
-        assert!(h.expires_at > 1, "renewed");
+        assert!(h.expires_at > crate::policy::baseline::BASELINE_HINT_TTL_MS, "renewed");
         let insight = s.hints.insight(&job).expect("insight");
         assert_eq!(insight.peers.len(), 5);
         assert!(insight.peers.iter().all(|p| p.health == "healthy"), "{insight:?}");
         drop(s);
-        state.write().unwrap().hints.remove_job(&job);
+        {
+            let mut s = state.write().unwrap();
+            let s = &mut *s;
+            s.catalog.remove(&job, None, &mut s.hints).unwrap();
+        }
         state.write().unwrap().table.apply(&second(t0 + 5000 * MS, 5, 5, None));
         assert!(d.tick(&state));
         assert!(d.policies.is_empty(), "forgotten with the job");
+        assert!(d.published.is_empty(), "forgotten with the job");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -13,46 +13,35 @@
 //! `{"error": "..."}` with a status code that says whose fault it is. The response types are
 //! `ringside_client::operator`'s, which the CLI (`ringside flows`, `status`, `events`, `jobs`)
 //! decodes with `ringside_client::OperatorClient`.
-use std::{
-    convert::Infallible,
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    },
-    time::Duration,
-};
+//!
+//! - [`views`]: how each response is built from the state;
+//! - [`operator_handlers`]: `/v1/flows`, `/v1/status`, `/v1/events`;
+//! - [`job_handlers`]: `/v1/jobs` (onboard, list, remove through the job catalog) and each job's
+//!   hints, hint stream and metrics;
+//! - this module: the router, the open endpoints, errors and the shared helpers.
+mod job_handlers;
+mod operator_handlers;
+mod views;
+
+use std::time::Duration;
 
 use axum::{
-    extract::{
-        rejection::{JsonRejection, QueryRejection},
-        DefaultBodyLimit, Path, Query, State,
-    },
+    extract::{rejection::JsonRejection, DefaultBodyLimit, State},
     http::{header, StatusCode},
-    response::{
-        sse::{Event as SseEvent, KeepAlive, Sse},
-        IntoResponse, Response,
-    },
+    response::{IntoResponse, Response},
     routing::get,
     Json, Router,
 };
-use serde::Deserialize;
+use ringside_client::ApiError;
 
 use crate::{
-    auth::{JobAccess, Operator},
-    events::Event,
-    flow_table::{direction_name, format_addr, kind_name, BurstRecord, FlowEntry, Rates},
-    match_map, metrics,
-    registry::{self, RegisterError},
+    metrics,
     state::{AgentState, SharedState},
 };
-use dataplane_common::{flow_kind, stats};
-use ringside_client::{
-    operator::{
-        BurstView, BurstsView, EventsResponse, FlowView, FlowsResponse, InterfaceView, JobsResponse, RatesView, RoceView,
-        StatusResponse, TcpView,
-    },
-    ApiError, Hint, JobCreated, JobRegistration,
-};
+use job_handlers::{create_job, delete_job, job_hints, job_hints_stream, job_metrics, list_jobs};
+use operator_handlers::{events, flows, status};
+pub use operator_handlers::{parse_limit, EventsQuery, FlowsQuery, DEFAULT_EVENTS_LIMIT, DEFAULT_FLOWS_LIMIT, MAX_EVENTS_LIMIT, MAX_FLOWS_LIMIT};
+pub use views::{events_of, flow_view, status_of, STATS_NAMES};
 
 /// Largest request body (a registration is well under 1 KiB).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -61,85 +50,10 @@ pub const MAX_HINT_STREAMS: usize = 64;
 /// Interval of the SSE keep-alive comments (below common proxy idle timeouts).
 pub const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// The OpenAPI document served at `/v1/openapi.json`.
-pub const OPENAPI_JSON: &str = include_str!("../../docs/openapi.json");
-
-/// Default and maximum `limit` of `/v1/events`.
-pub const DEFAULT_EVENTS_LIMIT: usize = 100;
-pub const MAX_EVENTS_LIMIT: usize = 1000;
-
-/// Default and maximum `limit` of `/v1/flows`.
-pub const DEFAULT_FLOWS_LIMIT: usize = 20;
-pub const MAX_FLOWS_LIMIT: usize = 1000;
+pub const OPENAPI_JSON: &str = include_str!("../../../docs/openapi.json");
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(ApiError { error: message.into() })).into_response()
-}
-
-/// Names of the `STATS` entries, in index order.
-pub const STATS_NAMES: [(&str, u32); 9] = [
-    ("seen", stats::SEEN),
-    ("parsed", stats::PARSED),
-    ("matched", stats::MATCHED),
-    ("malformed", stats::MALFORMED),
-    ("unsupported", stats::UNSUPPORTED),
-    ("map_full", stats::MAP_FULL),
-    ("ringbuf_full", stats::RINGBUF_FULL),
-    ("events", stats::EVENTS),
-    ("unreadable", stats::UNREADABLE),
-];
-
-const _: () = assert!(STATS_NAMES.len() == stats::COUNT as usize, "name every STATS entry");
-
-/// One flow of `/v1/flows`, as of the poll at `now_ns`.
-pub fn flow_view(e: &FlowEntry, state: &AgentState, now_ns: u64) -> FlowView {
-    let c = &e.totals.counters;
-    let k = &e.key;
-    let Rates { bytes_per_second, packets_per_second, ewma_bytes_per_second, ewma_packets_per_second, .. } = e.rates;
-    let b = &e.bursts;
-    let mean = |total: u64| if b.count == 0 { 0.0 } else { total as f64 / b.count as f64 };
-    FlowView {
-        interface: state.ifname(k.ifindex),
-        direction: direction_name(k.direction).to_owned(),
-        kind: kind_name(k.kind).to_owned(),
-        src_addr: format_addr(&k.src_addr),
-        dst_addr: format_addr(&k.dst_addr),
-        src_port: k.src_port,
-        dst_port: k.dst_port,
-        peer: format_addr(&e.peer()),
-        packets: c.packets,
-        bytes: c.bytes,
-        payload_bytes: c.payload_bytes,
-        ce_marks: c.ce_marks,
-        rates: RatesView { bytes_per_second, packets_per_second, ewma_bytes_per_second, ewma_packets_per_second },
-        idle_seconds: now_ns.saturating_sub(e.totals.last_seen_ns) as f64 / 1e9,
-        tcp: (k.kind == flow_kind::TCP).then(|| TcpView {
-            retransmissions: c.tcp_retrans,
-            pure_acks: c.tcp_pure_acks,
-            dup_acks: c.tcp_dup_acks,
-            ece: c.tcp_ece,
-            cwr: c.tcp_cwr,
-            rst: c.tcp_rst,
-            fin: c.tcp_fin,
-            syn: c.tcp_syn,
-        }),
-        roce: (k.kind == flow_kind::ROCEV2).then(|| RoceView {
-            psn_gap_events: c.roce_psn_gap_events,
-            psn_gap_packets: c.roce_psn_gap_packets,
-            psn_out_of_order: c.roce_psn_out_of_order,
-            naks: c.roce_naks,
-            cnps: c.roce_cnps,
-        }),
-        bursts: BurstsView {
-            count: b.count,
-            mean_duration_seconds: mean(b.total_duration_ns) / 1e9,
-            mean_bytes: mean(b.total_bytes),
-            recent: b
-                .recent
-                .iter()
-                .map(|r: &BurstRecord| BurstView { duration_seconds: r.duration_ns as f64 / 1e9, bytes: r.bytes, packets: r.packets })
-                .collect(),
-        },
-    }
 }
 
 /// Every route: (path, methods). The OpenAPI test compares this with `docs/openapi.json`.
@@ -183,12 +97,40 @@ async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON).into_response()
 }
 
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+async fn get_metrics(State(state): State<SharedState>) -> Response {
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], metrics::render(&state)).into_response()
+}
+
+async fn healthz() -> Response {
+    Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+async fn readyz(State(state): State<SharedState>) -> Response {
+    let r = read(&state).readiness();
+    match r {
+        Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
+        Err(reason) => error(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}")),
+    }
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        format!("no such endpoint `{}`; GET /v1/openapi.json lists every endpoint", uri.path()),
+    )
+}
+
+async fn method_not_allowed() -> Response {
+    error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed: GET /v1/openapi.json lists each endpoint's methods")
 }
 
 fn write(state: &SharedState) -> std::sync::RwLockWriteGuard<'_, AgentState> {
     state.write().unwrap_or_else(|p| p.into_inner())
+}
+
+fn read(state: &SharedState) -> std::sync::RwLockReadGuard<'_, AgentState> {
+    // A panic in the collector must not take the API down with it: read the last state anyway.
+    state.read().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A JSON body rejection as `{"error"}`: 413 too large, 415 not `application/json`, 400 otherwise
@@ -206,296 +148,14 @@ fn json_rejection(rej: JsonRejection) -> Response {
     error(status, message)
 }
 
-async fn create_job(_: Operator, State(state): State<SharedState>, body: Result<Json<JobRegistration>, JsonRejection>) -> Response {
-    let reg = match body {
-        Ok(Json(r)) => r,
-        Err(rej) => return json_rejection(rej),
-    };
-    let now = unix_ms();
-    // The write lock is held across the (microsecond) bpf syscalls so that the registry and the
-    // kernel trie change together; registrations are rare.
-    let mut s = write(&state);
-    let (id, token) = match s.registry.register(&reg, now) {
-        Ok(r) => r,
-        Err(e) => {
-            let status = match &e {
-                RegisterError::Invalid { .. } => StatusCode::BAD_REQUEST,
-                RegisterError::NameTaken { .. } => StatusCode::CONFLICT,
-                RegisterError::Full { .. } => StatusCode::TOO_MANY_REQUESTS,
-                RegisterError::Randomness(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            };
-            if status.is_server_error() {
-                tracing::error!("{e}");
-            }
-            return error(status, e.to_string());
-        }
-    };
-    let keys = s.registry.prefix_keys(&id);
-    match s.pin_dir.clone().filter(|_| s.attached) {
-        Some(dir) => match match_map::add(&dir, &keys) {
-            Ok(match_map::Added::AllAddressesMatched) => {
-                tracing::debug!(job = %id, "no [match] prefixes configured: every address is already monitored");
-            }
-            Ok(match_map::Added::Inserted { total }) => {
-                tracing::debug!(job = %id, added = keys.len(), total, "job prefixes added to MATCH_PREFIXES");
-            }
-            Err(e) => {
-                s.registry.unregister(&id);
-                tracing::warn!(job = %id, "registration rolled back: {e}");
-                return error(StatusCode::SERVICE_UNAVAILABLE, format!("cannot monitor the job's members: {e}"));
-            }
-        },
-        None => tracing::info!(job = %id, "job registered while no eBPF program is loaded: its prefixes are not written to the kernel"),
-    }
-    s.hints.ensure_job(&id);
-    if let Err(e) = s.hints.publish(registry::baseline_hint(&id, now)) {
-        tracing::warn!("{e}");
-    }
-    drop(s);
-    tracing::info!(job = %id, name = %reg.name, members = reg.members.len(), "job registered");
-    (StatusCode::CREATED, Json(JobCreated { id, name: reg.name, tenant_token: token })).into_response()
-}
-
-async fn list_jobs(_: Operator, State(state): State<SharedState>) -> Response {
-    let s = read(&state);
-    let jobs = s.registry.views();
-    let config_jobs = s.hints.jobs().filter(|j| !s.registry.contains(j)).map(str::to_owned).collect();
-    drop(s);
-    Json(JobsResponse { jobs, config_jobs }).into_response()
-}
-
-async fn delete_job(_: Operator, State(state): State<SharedState>, Path(id): Path<String>) -> Response {
-    let mut s = write(&state);
-    let keys = s.registry.prefix_keys(&id);
-    if s.registry.unregister(&id).is_none() {
-        let msg = if s.hints.jobs().any(|j| j == id) {
-            format!("job `{id}` comes from the config file ([[job]]); remove it there and restart the agent")
-        } else {
-            format!("no registered job with id `{id}`; list them with GET /v1/jobs")
-        };
-        return error(StatusCode::NOT_FOUND, msg);
-    }
-    // Ends every hint stream of the job.
-    s.hints.remove_job(&id);
-    let unneeded = s.registry.unneeded(&keys);
-    if let Some(dir) = s.pin_dir.clone().filter(|_| s.attached) {
-        if let Err(e) = match_map::remove(&dir, &unneeded) {
-            // The job is gone either way; a stale prefix only keeps counting traffic nobody reads.
-            tracing::warn!(job = %id, "cannot remove the job's prefixes from MATCH_PREFIXES: {e}");
-        }
-    }
-    drop(s);
-    tracing::info!(job = %id, released_prefixes = unneeded.len(), "job unregistered");
-    StatusCode::NO_CONTENT.into_response()
-}
-
-async fn job_hints(access: JobAccess, State(state): State<SharedState>) -> Response {
-    match read(&state).hints.latest(&access.job_id) {
-        Some(h) => Json(h).into_response(),
-        None => error(StatusCode::NOT_FOUND, "no hint yet for this job: the policy has not planned it; retry after the next detection window"),
-    }
-}
-
-async fn job_metrics(access: JobAccess, State(state): State<SharedState>) -> Response {
-    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], metrics::render_job(&state, &access.job_id)).into_response()
-}
-
-/// Decrements the open-stream count when the response body (the stream) is dropped.
-struct StreamSlot(Arc<AtomicUsize>);
-
-impl Drop for StreamSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-fn hint_event(h: &Hint) -> Option<SseEvent> {
-    SseEvent::default().event("hint").id(h.version.to_string()).json_data(h).ok()
-}
-
-async fn job_hints_stream(access: JobAccess, State(state): State<SharedState>) -> Response {
-    let (rx, count) = {
-        let s = read(&state);
-        (s.hints.subscribe(&access.job_id), s.hint_streams.clone())
-    };
-    let Some(rx) = rx else {
-        return error(StatusCode::NOT_FOUND, "the job has no hint channel; it may have just been deleted");
-    };
-    if count.fetch_add(1, Ordering::Relaxed) >= MAX_HINT_STREAMS {
-        count.fetch_sub(1, Ordering::Relaxed);
-        return error(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!("{MAX_HINT_STREAMS} hint streams are open, the most this agent serves; close one or poll GET /v1/jobs/{{id}}/hints"),
-        );
-    }
-    let slot = StreamSlot(count);
-    // The current hint first, then one event per publish. The watch channel keeps only the newest
-    // hint, so a slow client skips superseded plans instead of queueing them. When the job is
-    // deleted the sender is dropped, `changed()` fails, and the stream (and the response) ends.
-    let stream = futures_util::stream::unfold((rx, slot, true), |(mut rx, slot, first)| async move {
-        if first {
-            let current = rx.borrow_and_update().clone();
-            if let Some(ev) = current.as_ref().and_then(hint_event) {
-                return Some((Ok::<_, Infallible>(ev), (rx, slot, false)));
-            }
-        }
-        loop {
-            rx.changed().await.ok()?;
-            let h = rx.borrow_and_update().clone();
-            if let Some(ev) = h.as_ref().and_then(hint_event) {
-                return Some((Ok(ev), (rx, slot, false)));
-            }
-        }
-    });
-    Sse::new(stream).keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE)).into_response()
-}
-
-async fn get_metrics(State(state): State<SharedState>) -> Response {
-    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], metrics::render(&state)).into_response()
-}
-
-async fn healthz() -> Response {
-    Json(serde_json::json!({"status": "ok"})).into_response()
-}
-
-async fn readyz(State(state): State<SharedState>) -> Response {
-    let r = read(&state).readiness();
-    match r {
-        Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
-        Err(reason) => error(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}")),
-    }
-}
-
-#[derive(Debug, Deserialize)]
-pub struct FlowsQuery {
-    limit: Option<String>,
-}
-
-/// Parses `limit`: absent → default; otherwise 1..=MAX.
-pub fn parse_limit(raw: Option<&str>) -> Result<usize, String> {
-    let Some(raw) = raw else { return Ok(DEFAULT_FLOWS_LIMIT) };
-    match raw.trim().parse::<usize>() {
-        Ok(n) if (1..=MAX_FLOWS_LIMIT).contains(&n) => Ok(n),
-        _ => Err(format!("invalid limit `{raw}`: give a whole number from 1 to {MAX_FLOWS_LIMIT} (default {DEFAULT_FLOWS_LIMIT})")),
-    }
-}
-
-async fn flows(_: Operator, State(state): State<SharedState>, q: Result<Query<FlowsQuery>, QueryRejection>) -> Response {
-    let q = match q {
-        Ok(Query(q)) => q,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid query string: {e}")),
-    };
-    let limit = match parse_limit(q.limit.as_deref()) {
-        Ok(l) => l,
-        Err(m) => return error(StatusCode::BAD_REQUEST, m),
-    };
-    let resp = {
-        let s = read(&state);
-        let now = s.table.last_poll_mono_ns();
-        FlowsResponse {
-            total_flows: s.table.len(),
-            limit,
-            flows: s.table.top_by_bytes(limit).into_iter().map(|e| flow_view(e, &s, now)).collect(),
-        }
-    };
-    Json(resp).into_response()
-}
-
-#[derive(Debug, Deserialize)]
-pub struct EventsQuery {
-    state: Option<String>,
-    limit: Option<String>,
-}
-
-/// Builds the `/v1/events` body; `all` adds the retained closed events.
-pub fn events_of(s: &AgentState, all: bool, limit: usize) -> EventsResponse {
-    let log = &s.events;
-    let open = log.open_events().cloned();
-    let events: Vec<Event> =
-        if all { open.chain(log.recent_closed().cloned()).take(limit).collect() } else { open.take(limit).collect() };
-    EventsResponse {
-        state: if all { "all" } else { "open" }.to_owned(),
-        limit,
-        open_count: log.open_events().count(),
-        closed_retained: log.recent_closed().count(),
-        windows: log.counters.windows,
-        jobs: s.jobs.clone(),
-        events,
-    }
-}
-
-async fn events(_: Operator, State(state): State<SharedState>, q: Result<Query<EventsQuery>, QueryRejection>) -> Response {
-    let q = match q {
-        Ok(Query(q)) => q,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid query string: {e}")),
-    };
-    let all = match q.state.as_deref().map(str::trim) {
-        None | Some("all") => true,
-        Some("open") => false,
-        Some(other) => return error(StatusCode::BAD_REQUEST, format!("invalid state `{other}`: give `open` or `all` (default all)")),
-    };
-    let limit = match q.limit.as_deref() {
-        None => DEFAULT_EVENTS_LIMIT,
-        Some(raw) => match raw.trim().parse::<usize>() {
-            Ok(n) if (1..=MAX_EVENTS_LIMIT).contains(&n) => n,
-            _ => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    format!("invalid limit `{raw}`: give a whole number from 1 to {MAX_EVENTS_LIMIT} (default {DEFAULT_EVENTS_LIMIT})"),
-                )
-            }
-        },
-    };
-    let body = events_of(&read(&state), all, limit);
-    Json(body).into_response()
-}
-
-/// Builds the `/v1/status` body.
-pub fn status_of(s: &AgentState) -> StatusResponse {
-    let ready = s.readiness();
-    let ds = s.table.dataplane_stats();
-    StatusResponse {
-        ready: ready.is_ok(),
-        not_ready_reason: ready.err(),
-        interfaces: s
-            .interfaces
-            .iter()
-            .map(|i| InterfaceView { name: i.name.clone(), ifindex: i.ifindex, mode: i.mode.clone(), qdisc_added: i.qdisc_added })
-            .collect(),
-        pin_dir: s.pin_dir.as_ref().map(|p| p.display().to_string()),
-        poll_interval_seconds: s.poll_interval.as_secs_f64(),
-        polls: s.polls,
-        poll_errors: s.poll_errors,
-        last_poll_age_seconds: s.poll_age().map(|d| d.as_secs_f64()),
-        flows_tracked: s.table.len(),
-        dataplane: STATS_NAMES.iter().map(|(n, i)| ((*n).to_owned(), ds.get(*i as usize).copied().unwrap_or(0))).collect(),
-    }
-}
-
-async fn status(_: Operator, State(state): State<SharedState>) -> Response {
-    let body = status_of(&read(&state));
-    Json(body).into_response()
-}
-
-async fn not_found(uri: axum::http::Uri) -> Response {
-    error(
-        StatusCode::NOT_FOUND,
-        format!("no such endpoint `{}`; GET /v1/openapi.json lists every endpoint", uri.path()),
-    )
-}
-
-async fn method_not_allowed() -> Response {
-    error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed: GET /v1/openapi.json lists each endpoint's methods")
-}
-
-fn read(state: &SharedState) -> std::sync::RwLockReadGuard<'_, AgentState> {
-    // A panic in the collector must not take the API down with it: read the last state anyway.
-    state.read().unwrap_or_else(|p| p.into_inner())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ringside_client::{
+        operator::{EventsResponse, FlowsResponse, JobsResponse, StatusResponse},
+        Hint, JobCreated,
+    };
+    use std::sync::atomic::Ordering;
     use crate::{flow_table::TableSettings, metrics::tests::sample_state, state::AgentState};
     use axum::{body::Body, http::Request};
     use http_body_util::BodyExt;
@@ -609,7 +269,10 @@ mod tests {
     #[tokio::test]
     async fn events_endpoint_filters_and_limits() {
         use crate::detect::{EndReason, VerdictChange, VerdictKind};
-        use crate::events::{tests::verdict, Clock, EventState};
+        use crate::{
+            clock::Clock,
+            events::{tests::verdict, EventState},
+        };
         let state = sample_state();
         {
             let clock = Clock { mono_ns: 20_000_000_000, unix_ms: 1_700_000_020_000 };
@@ -720,7 +383,7 @@ mod tests {
         assert_eq!(a.name, "alpha-train");
         assert!(a.id.starts_with("j-") && a.tenant_token.starts_with("rst_"), "{a:?}");
         // Only the hash is kept.
-        assert!(!format!("{:?}", state.read().unwrap().registry).contains(&a.tenant_token));
+        assert!(!format!("{:?}", state.read().unwrap().catalog).contains(&a.tenant_token));
 
         let (st, _, body) = get(state.clone(), "/v1/jobs").await;
         assert_eq!(st, StatusCode::OK, "{body}");
@@ -738,7 +401,7 @@ mod tests {
             assert_eq!(h.reasons, vec!["initial plan: no measurements yet"]);
         }
         // The detection thread's job set now includes it.
-        let set = state.read().unwrap().registry.job_set(&[]);
+        let set = state.read().unwrap().catalog.job_set();
         assert!(set.spec(&a.id).is_some());
 
         let (st, _, body) = call(state.clone(), "DELETE", &format!("/v1/jobs/{}", a.id), Some(OP), None).await;
@@ -798,10 +461,10 @@ mod tests {
         assert!(e.contains("alpha-train"), "{e}");
         {
             let mut s = state.write().unwrap();
-            let ops = vec![crate::registry::TokenHash::of(OP)];
-            let mut r = crate::registry::JobRegistry::new(ops, vec![]).with_max_jobs(1);
-            r.register(&crate::registry::tests::registration("x", &["10.1.1.1"]), 0).unwrap();
-            s.registry = r;
+            let ops = vec![crate::jobs::TokenHash::of(OP)];
+            let mut r = crate::jobs::JobCatalog::new(ops, vec![]).with_max_jobs(1);
+            r.register(&crate::jobs::catalog::tests::registration("x", &["10.1.1.1"]), 0).unwrap();
+            s.catalog = r;
         }
         let (st, ct, text) = post(REG_B).await;
         let e = assert_json_error(st, StatusCode::TOO_MANY_REQUESTS, &ct, &text, "cap");
@@ -844,7 +507,7 @@ mod tests {
 
     #[tokio::test]
     async fn job_metrics_are_scoped_to_the_job() {
-        use crate::hints::{JobInsight, PeerHealth};
+        use crate::policy::{JobInsight, PeerHealth};
         let state = sample_state();
         let a = register(&state, REG_A).await;
         let b = register(&state, REG_B).await;
@@ -915,7 +578,7 @@ mod tests {
         let data = first.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
         assert_eq!(serde_json::from_str::<Hint>(data).unwrap().version, 1);
 
-        let mut next = registry::baseline_hint(&a.id, 0);
+        let mut next = crate::policy::baseline_hint(&a.id, 0);
         next.version = 2;
         next.compression = ringside_client::Codec::Int8;
         state.write().unwrap().hints.publish(next).unwrap();
@@ -946,7 +609,7 @@ mod tests {
         {
             let mut s = state.write().unwrap();
             s.hints.ensure_job("cfg-job");
-            s.hints.publish(registry::baseline_hint("cfg-job", 0)).unwrap();
+            s.hints.publish(crate::policy::baseline_hint("cfg-job", 0)).unwrap();
         }
         let a = register(&state, REG_A).await;
         let (st, _, body) = get(state.clone(), "/v1/jobs/cfg-job/hints").await;

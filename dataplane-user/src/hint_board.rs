@@ -11,41 +11,14 @@
 //! dropped by [`HintBoard::remove_job`], which ends every stream of that job); `version`s of a
 //! job's published hints strictly increase; the plan history is bounded by [`HISTORY_LEN`].
 use std::collections::{BTreeMap, VecDeque};
-use std::net::IpAddr;
 
 use ringside_client::Hint;
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
+
+use crate::policy::JobInsight;
 
 /// Plan changes remembered per job (for verification and the operator's view).
 pub const HISTORY_LEN: usize = 32;
-
-/// What the policy measured for a job in its last window: the tenant's `/v1/jobs/{id}/metrics`.
-/// Only the job's own peers appear; never links, interfaces or other jobs.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct JobInsight {
-    /// Unix ms of the window's end.
-    pub updated_unix_ms: u64,
-    /// Observed training step time (compute + communication), ms, if steps were recognised.
-    pub step_ms: Option<f64>,
-    /// Observed communication time per step, ms.
-    pub comm_ms: Option<f64>,
-    /// The cost model's prediction of communication time per step under the current hint, ms.
-    pub predicted_comm_ms: Option<f64>,
-    /// Per peer of the job: `healthy`, `degraded` (a verdict names it or its path) or `idle`.
-    pub peers: Vec<PeerHealth>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PeerHealth {
-    pub peer: IpAddr,
-    /// `healthy`, `degraded` or `idle`.
-    pub health: String,
-    /// In-burst goodput the job reached with this peer, bytes/s.
-    pub goodput_bytes_per_second: Option<f64>,
-    /// Loss evidence packets / data packets in the window.
-    pub loss_ratio: Option<f64>,
-}
 
 #[derive(Debug)]
 struct JobChannel {
@@ -131,7 +104,7 @@ mod tests {
     use super::*;
 
     fn hint(job: &str, version: u64, expires_at: u64) -> Hint {
-        Hint { version, expires_at, ..crate::registry::baseline_hint(job, 0) }
+        Hint { version, expires_at, ..crate::policy::baseline_hint(job, 0) }
     }
 
     #[test]
