@@ -233,7 +233,8 @@ fn update_flow(key: &FlowKey, pkt: &Packet, now: u64, flags: u32) -> Result<&'st
 
 /// The initial value of a flow, in .rodata: a map value may be read from global data, which keeps
 /// 176 bytes off the 512-byte stack and saves zeroing them on every new flow.
-// SAFETY: FlowStats is plain integers; all-zero is its Default.
+// SAFETY: FlowStats derives zerocopy's FromBytes, which proves every bit pattern (all-zero
+// included) is a valid value; all-zero is also its Default.
 static ZERO_FLOW: FlowStats = unsafe { core::mem::zeroed() };
 
 /// First packet of a flow (on any CPU of this program instance). Out of line: it is rare.

@@ -23,6 +23,7 @@ use dataplane_common::{
     track, BurstState, Config, Event, FlowKey, FlowState, FlowStats, PortRange, PrefixValue,
     ROCEV2_UDP_PORT,
 };
+use zerocopy::FromBytes as _;
 use dataplane_user::{
     frames::{self, Ipv4Opts, VlanTag, MAC_A, MAC_B},
     testrun::{self, SkbContext, LOOPBACK_IFINDEX},
@@ -175,9 +176,8 @@ impl Monitor {
         let mut rb = RingBuf::try_from(self.ebpf.map_mut(maps::EVENTS).unwrap()).unwrap();
         let mut out = Vec::new();
         while let Some(item) = rb.next() {
-            assert_eq!(item.len(), std::mem::size_of::<Event>());
-            // SAFETY: the record is an Event written by the program; read_unaligned copies it out.
-            out.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Event>()) });
+            // A copy (any alignment); `Event: FromBytes` makes any bytes a valid value.
+            out.push(Event::read_from_bytes(&item).expect("a record is exactly one Event"));
         }
         out
     }
