@@ -40,12 +40,12 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use dataplane_common::{
-    config_flags, direction, event_kind, stats, track, wire, BurstState, Config, Event, FlowKey,
+    config_flags, direction, event_kind, flow_kind, stats, track, wire, BurstState, Config, Event, FlowKey,
     FlowState, FlowStats, PrefixKey, PrefixValue, DEFAULT_BURST_GAP_NS, EVENTS_RING_BYTES,
     MAX_FLOWS, MAX_PORT_RANGES, MAX_PREFIXES,
 };
 
-use crate::parse::{Bth, Packet, Skip, TcpInfo, Transport};
+use crate::parse::{Bth, Packet, Skip, TcpInfo};
 
 /// Per-flow counters, one copy per CPU: the hot path never contends on a cache line.
 #[map(name = "FLOWS")]
@@ -125,7 +125,7 @@ fn monitor(ctx: &TcContext) -> Result<(), Skip> {
         Some(c) => c,
         None => return Err(Skip::NotMatched),
     };
-    if !matches!(pkt.transport, Transport::Rocev2(_)) && !collective(&pkt, unsafe { &*cfg }) {
+    if pkt.key.kind != flow_kind::ROCEV2 && !collective(&pkt, unsafe { &*cfg }) {
         return Err(Skip::NotMatched);
     }
     let cfg = unsafe { &*cfg };
@@ -139,10 +139,10 @@ fn monitor(ctx: &TcContext) -> Result<(), Skip> {
         // Could not be created (map full, counted): the counters above still hold.
         None => return Ok(()),
     };
-    match pkt.transport {
-        Transport::Tcp(ref t) => tcp_track(s, st, t, &pkt),
-        Transport::Udp => {}
-        Transport::Rocev2(ref b) => rocev2_track(s, st, b),
+    match pkt.key.kind {
+        flow_kind::TCP => tcp_track(s, st, &pkt.tcp, &pkt),
+        flow_kind::ROCEV2 => rocev2_track(s, st, &pkt.bth),
+        _ => {}
     }
     Ok(())
 }
