@@ -319,7 +319,15 @@ pub mod config_flags {
     pub const FLOW_START_EVENTS: u32 = 1;
     /// Emit `BURST_END` events.
     pub const BURST_EVENTS: u32 = 2;
+    /// Write debug records (aya-log, `AYA_LOGS` ring buffer) about skipped packets and new flows,
+    /// at most [`DEBUG_LOG_PER_SEC`](super::DEBUG_LOG_PER_SEC) per second per CPU. Off by
+    /// default: without it the monitor never touches the log ring buffer.
+    pub const DEBUG_LOG: u32 = 4;
 }
+
+/// Rate limit of the monitor's debug log (`config_flags::DEBUG_LOG`): records per second per CPU,
+/// also the burst a CPU may write at once after a quiet second (a token bucket per CPU).
+pub const DEBUG_LOG_PER_SEC: u64 = 10;
 
 /// Key of the `MATCH_PREFIXES` LPM trie (the layout the kernel expects: prefix length first).
 /// An IPv4 prefix `a.b.c.d/n` is stored as `::ffff:a.b.c.d/(96+n)`. 20 bytes.
