@@ -17,9 +17,9 @@
 //!   UNSUPPORTED, UNREADABLE, or PARSED (and MATCHED when the packet was counted in `FLOWS`).
 //! - Debug logging (aya-log) is off unless the agent sets `config_flags::DEBUG_LOG`; then the
 //!   skipped packets and new flows are logged, at most `DEBUG_LOG_PER_SEC` records per second per
-//!   CPU (a token bucket in `LOG_BUDGET`). Off, it costs one test of a flag on the rare paths
-//!   (skipped packet, new flow) and nothing on the matched path. A record that does not fit the
-//!   budget or the ring buffer is dropped; the packet passes either way.
+//!   CPU (a token bucket in `LOG_BUDGET`). Off, it costs a call and a flag test per skipped
+//!   packet, a flag test per new flow, and nothing on the matched path. A record that does not fit
+//!   the budget or the ring buffer is dropped; the packet passes either way.
 //!
 //! Header layouts and constants come from `dataplane_common::wire`.
 #![no_std]
@@ -46,8 +46,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use dataplane_common::{
-    config_flags, direction, event_kind, flow_kind, stats, track, wire, BurstState, Config, Event, FlowKey,
-    FlowState, FlowStats, PrefixKey, PrefixValue, DEBUG_LOG_PER_SEC, DEFAULT_BURST_GAP_NS,
+    config_flags, direction, event_kind, flow_kind, stats, track, wire, BurstState, Config, Event,
+    FlowKey, FlowState, FlowStats, PrefixKey, PrefixValue, DEBUG_LOG_PER_SEC, DEFAULT_BURST_GAP_NS,
     EVENTS_RING_BYTES, MAX_FLOWS, MAX_PORT_RANGES, MAX_PREFIXES,
 };
 
