@@ -677,7 +677,12 @@ fn replay_recorded_windows() {
         println!("w{i} {} late ms (phase/step): {}", w.job, late.join(" "));
         for c in changes {
             let v = c.verdict();
-            println!("    {:?} {:?} {:?} {:?}", v.kind, v.scope, v.severity, v.evidence.first().map(|e| (e.metric, e.value)));
+            let what = match c {
+                VerdictChange::Opened(_) => "opened",
+                VerdictChange::Updated(_) => "updated",
+                VerdictChange::Closed(_) => "closed",
+            };
+            println!("    {what} {:?} {:?} {:?} {:?}", v.kind, v.scope, v.severity, v.evidence.first().map(|e| (e.metric, e.value)));
         }
     }
 }
