@@ -27,7 +27,7 @@ use aya::{
 };
 use clap::Parser;
 use dataplane_common::{maps, programs, wire, Config, PortRange};
-use dataplane_user::{
+use ringside_test_support::{
     frames,
     testrun::{self, SkbContext},
 };

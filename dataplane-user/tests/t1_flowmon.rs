@@ -23,7 +23,7 @@ use dataplane_common::{
     track, BurstState, Config, Event, FlowKey, FlowState, FlowStats, PortRange, PrefixValue,
     ROCEV2_UDP_PORT,
 };
-use dataplane_user::{
+use ringside_test_support::{
     frames::{self, Ipv4Opts, VlanTag, MAC_A, MAC_B},
     testrun::{self, SkbContext, LOOPBACK_IFINDEX},
 };
