@@ -21,7 +21,7 @@
 //! - Chunk `i` of a transfer travels on channel `i % plan.channels`; within a channel, frames are
 //!   sent and received in the same deterministic order by both ends.
 
-use crate::codec::{encode_with_feedback, Bf16, ChunkCodec, CodecKind, DecodeMode};
+use crate::codec::{self, encode_with_feedback, Bf16, ChunkCodec, CodecKind, DecodeMode};
 use crate::error::{CollectiveError, Result};
 use crate::plan::{Algorithm, ControlHeader, Dtype, OpKind, Plan, PlanSchedule, PlanSource};
 use crate::transport::{InFrame, Transport};
@@ -595,8 +595,8 @@ impl<T: Transport> Communicator<T> {
         let cx = OpContext {
             op,
             algorithm: plan.algorithm,
-            codec: codec_kind.codec(),
-            codec_id: codec_kind.wire_id(),
+            codec: codec::for_kind(codec_kind),
+            codec_id: codec::wire_id(codec_kind),
             lossless: codec_kind.is_lossless(),
             raw_f32: codec_kind == CodecKind::None,
             chunk_elems: (plan.chunk_bytes as usize / dtype.size()).max(1),

@@ -12,64 +12,30 @@
 //! - An invalid plan from a source (zero chunk size, more channels than the mesh has, bad top-k
 //!   ratio) is logged and dropped; the active plan stays in force.
 
-use crate::codec::CodecKind;
+use crate::codec::{self, CodecKind};
 use crate::wire::FrameError;
 use serde::{Deserialize, Serialize};
-use std::fmt;
 use std::str::FromStr;
 
-/// Allreduce algorithm.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Algorithm {
-    /// Ring reduce-scatter then ring allgather, pipelined per chunk ([`crate::engine`]).
-    Ring,
-    /// Binary tree rooted at rank 0: pipelined reduce to the root, then pipelined broadcast.
-    Tree,
-    /// Recursive halving (reduce-scatter) then recursive doubling (allgather); ranks beyond the
-    /// largest power of two fold into a partner first and receive the result last.
-    Rhd,
-}
+/// Allreduce algorithm: the tenant wire type [`ringside_client::Algorithm`] itself (one
+/// definition: a hint's algorithm is a plan's algorithm without conversion). Ring is ring
+/// reduce-scatter then ring allgather, pipelined per chunk ([`crate::engine`]); tree a binary tree
+/// rooted at rank 0 (pipelined reduce to the root, then pipelined broadcast); rhd recursive halving
+/// then recursive doubling, where ranks beyond the largest power of two fold into a partner first and
+/// receive the result last.
+pub use ringside_client::Algorithm;
 
-impl Algorithm {
-    pub const ALL: [Algorithm; 3] = [Algorithm::Ring, Algorithm::Tree, Algorithm::Rhd];
-
-    fn id(self) -> u8 {
-        match self {
-            Algorithm::Ring => 1,
-            Algorithm::Tree => 2,
-            Algorithm::Rhd => 3,
-        }
-    }
-    fn from_id(v: u8) -> Option<Self> {
-        Self::ALL.into_iter().find(|a| a.id() == v)
+/// The id of `a` in the control header.
+fn algorithm_id(a: Algorithm) -> u8 {
+    match a {
+        Algorithm::Ring => 1,
+        Algorithm::Tree => 2,
+        Algorithm::Rhd => 3,
     }
 }
 
-impl fmt::Display for Algorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Algorithm::Ring => "ring",
-            Algorithm::Tree => "tree",
-            Algorithm::Rhd => "rhd",
-        })
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown algorithm {given:?}: use ring, tree or rhd")]
-pub struct ParseAlgorithmError {
-    pub given: String,
-}
-
-impl FromStr for Algorithm {
-    type Err = ParseAlgorithmError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|a| a.to_string() == s)
-            .ok_or_else(|| ParseAlgorithmError { given: s.to_string() })
-    }
+fn algorithm_from_id(v: u8) -> Option<Algorithm> {
+    Algorithm::ALL.into_iter().find(|&a| algorithm_id(a) == v)
 }
 
 /// Wire compression of a plan.
@@ -156,6 +122,20 @@ impl PlanSource for std::sync::mpsc::Receiver<Plan> {
     fn poll(&mut self, _step: u64) -> Vec<Plan> {
         self.try_iter().take(1024).collect()
     }
+}
+
+/// A hint rank 0's hint follower ([`crate::hints::HintFollower`]) handed to the plan schedule. It
+/// lives here, below both the follower and the job report that records it
+/// ([`crate::job::JobReport::record_hints`]), so that neither imports the other.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AppliedHint {
+    pub version: u64,
+    /// Rank 0's training step when the hint was polled.
+    pub received_at_step: u64,
+    /// The plan handed to the schedule (its `step_from` is the step it takes effect).
+    pub plan: Plan,
+    pub reasons: Vec<String>,
+    pub confidence: f64,
 }
 
 /// Rank 0's view: the active plan, plans waiting for their `step_from`, and the source.
@@ -257,8 +237,8 @@ impl ControlHeader {
         let mut b = [0u8; Self::LEN];
         b[0] = self.op_kind as u8;
         b[1] = self.dtype as u8;
-        b[2] = self.plan.algorithm.id();
-        b[3] = self.plan.compression.codec.wire_id();
+        b[2] = algorithm_id(self.plan.algorithm);
+        b[3] = codec::wire_id(self.plan.compression.codec);
         b[4] = u8::from(self.plan.compression.error_feedback);
         b[5] = self.plan.channels;
         b[8..12].copy_from_slice(&self.plan.chunk_bytes.to_le_bytes());
@@ -293,16 +273,9 @@ impl ControlHeader {
             2 => Dtype::Bf16,
             _ => return Err(bad("unknown dtype")),
         };
-        let algorithm = Algorithm::from_id(b[2]).ok_or(bad("unknown algorithm"))?;
+        let algorithm = algorithm_from_id(b[2]).ok_or(bad("unknown algorithm"))?;
         let ratio = f32::from_bits(u32_at(12));
-        let codec = match b[3] {
-            0 => CodecKind::None,
-            1 => CodecKind::Fp16,
-            2 => CodecKind::Bf16,
-            3 => CodecKind::Int8,
-            4 => CodecKind::TopK { ratio },
-            _ => return Err(bad("unknown codec")),
-        };
+        let codec = codec::from_wire_id(b[3], ratio).ok_or(bad("unknown codec"))?;
         codec.validate().map_err(|_| bad("invalid top-k ratio"))?;
         if b[4] > 1 {
             return Err(bad("error feedback flag is not 0 or 1"));
