@@ -37,14 +37,10 @@ pub fn segment(n: usize, parts: usize, i: usize) -> Range<usize> {
 
 /// Appends the little-endian bytes of `src` (the raw f32 wire payload) to `out`.
 fn extend_le_bytes(out: &mut Vec<u8>, src: &[f32]) {
+    // On little-endian targets the in-memory bytes are what `to_le_bytes` yields: a plain memcpy
+    // through zerocopy's checked byte view of `[f32]`.
     #[cfg(target_endian = "little")]
-    {
-        // SAFETY: any initialised f32 is 4 initialised bytes; u8 has no alignment requirement, and
-        // the byte view covers exactly the memory of `src`. On little-endian targets these bytes are
-        // what `to_le_bytes` yields, so this is a plain memcpy.
-        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src)) };
-        out.extend_from_slice(bytes);
-    }
+    out.extend_from_slice(zerocopy::IntoBytes::as_bytes(src));
     #[cfg(not(target_endian = "little"))]
     out.extend(src.iter().flat_map(|x| x.to_le_bytes()));
 }
