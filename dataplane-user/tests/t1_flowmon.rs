@@ -28,7 +28,7 @@ use dataplane_common::{
     DEBUG_LOG_PER_SEC, ROCEV2_UDP_PORT,
 };
 use zerocopy::FromBytes as _;
-use dataplane_user::{
+use ringside_test_support::{
     frames::{self, Ipv4Opts, VlanTag, MAC_A, MAC_B},
     testrun::{self, SkbContext, LOOPBACK_IFINDEX},
 };
