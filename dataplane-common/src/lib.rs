@@ -6,12 +6,22 @@
 //! a compile-time size assertion beside each type. Layout tests on the user side (`tests` below and
 //! the agent's loader) check field offsets too.
 //!
+//! Each of these types derives zerocopy's `FromBytes`, `IntoBytes`, `Immutable` and `KnownLayout`,
+//! so the compiler checks (in the eBPF build and the agent's alike) what used to be argued in
+//! comments: the type has no implicit padding (`IntoBytes`: every byte is a field's, so a key never
+//! carries an uninitialised byte into the kernel's hash) and every bit pattern is a valid value
+//! (`FromBytes`: the agent may view any bytes the kernel hands back as one). A field that broke
+//! either rule (a `bool`, an enum, a gap left by alignment) fails the build. The agent reads and
+//! writes these types as bytes only through those traits, never with pointer casts.
+//!
 //! Addresses are stored as 16 bytes: IPv6 as is, IPv4 as an IPv4-mapped IPv6 address
 //! (`::ffff:a.b.c.d`, RFC 4291 §2.5.5.2), so one key type and one LPM trie serve both families.
 //! Ports, PSNs and sequence numbers are stored in host byte order.
 #![no_std]
 
 pub mod wire;
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// Names of the maps in the eBPF object; the agent finds and pins them by these names.
 pub mod maps {
@@ -98,7 +108,7 @@ pub mod event_kind {
 
 /// Key of `FLOWS` and `FLOW_STATE`: 5-tuple + interface + direction. 44 bytes, no implicit padding.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct FlowKey {
     /// Source address, IPv4-mapped for IPv4.
     pub src_addr: [u8; 16],
@@ -123,7 +133,7 @@ const _: () = assert!(core::mem::size_of::<FlowKey>() == 44);
 /// gaps) compare against the shared [`FlowState`] in `FLOW_STATE`, so they work when a flow's
 /// packets are handled by several CPUs; only the counts live here. 176 bytes.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct FlowStats {
     /// Wire packets (a GSO skb counts its `gso_segs`).
     pub packets: u64,
@@ -180,7 +190,7 @@ const _: () = assert!(core::mem::size_of::<FlowStats>() == 176);
 /// are written without a lock, and a race can make `last_ns` a few ns stale, which is far below the
 /// 1 ms idle gap that ends a burst. 32 bytes.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct BurstState {
     pub start_ns: u64,
     pub last_ns: u64,
@@ -198,7 +208,7 @@ const _: () = assert!(core::mem::size_of::<BurstState>() == 32);
 /// with a single store, so a reader on another CPU never sees a half-written state (no separate
 /// flags word that could be valid before its value is). See [`track`] for the encodings. 56 bytes.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct FlowState {
     pub burst: BurstState,
     /// TCP: highest `seq + payload_len` seen (wrapping), low 32 bits; `track::VALID`.
@@ -245,7 +255,7 @@ pub mod track {
 /// A record on the `EVENTS` ring buffer. For `BURST_END` the burst fields describe the burst that
 /// ended; for `FLOW_START` and `MAP_FULL` they are zero except `start_ns`. 88 bytes.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct Event {
     /// `event_kind::*`.
     pub kind: u32,
@@ -258,7 +268,7 @@ const _: () = assert!(core::mem::size_of::<Event>() == 88);
 
 /// One TCP/UDP port range; a packet matches if its source or destination port is in `[lo, hi]`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct PortRange {
     pub lo: u16,
     pub hi: u16,
@@ -275,7 +285,7 @@ const _: () = assert!(core::mem::size_of::<PortRange>() == 8);
 /// destination address is in `MATCH_PREFIXES`), and at least one range or prefix is configured.
 /// With an all-zero config (the kernel's initial value) only RoCEv2 is tracked. 144 bytes.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct Config {
     /// Idle gap that ends a burst; 0 means `DEFAULT_BURST_GAP_NS`.
     pub burst_gap_ns: u64,
@@ -309,12 +319,20 @@ pub mod config_flags {
     pub const FLOW_START_EVENTS: u32 = 1;
     /// Emit `BURST_END` events.
     pub const BURST_EVENTS: u32 = 2;
+    /// Write debug records (aya-log, `AYA_LOGS` ring buffer) about skipped packets and new flows,
+    /// at most [`DEBUG_LOG_PER_SEC`](super::DEBUG_LOG_PER_SEC) per second per CPU. Off by
+    /// default: without it the monitor never touches the log ring buffer.
+    pub const DEBUG_LOG: u32 = 4;
 }
+
+/// Rate limit of the monitor's debug log (`config_flags::DEBUG_LOG`): records per second per CPU,
+/// also the burst a CPU may write at once after a quiet second (a token bucket per CPU).
+pub const DEBUG_LOG_PER_SEC: u64 = 10;
 
 /// Key of the `MATCH_PREFIXES` LPM trie (the layout the kernel expects: prefix length first).
 /// An IPv4 prefix `a.b.c.d/n` is stored as `::ffff:a.b.c.d/(96+n)`. 20 bytes.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct PrefixKey {
     pub prefix_len: u32,
     pub addr: [u8; 16],
@@ -332,16 +350,34 @@ pub const fn ipv4_mapped(octets: [u8; 4]) -> [u8; 16] {
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: all types are #[repr(C)], Copy, made only of integers and integer arrays, with explicit
-    // padding fields, so every bit pattern is valid and no byte is uninitialised.
-    unsafe impl aya::Pod for super::FlowKey {}
-    unsafe impl aya::Pod for super::FlowStats {}
-    unsafe impl aya::Pod for super::BurstState {}
-    unsafe impl aya::Pod for super::FlowState {}
-    unsafe impl aya::Pod for super::Event {}
-    unsafe impl aya::Pod for super::PortRange {}
-    unsafe impl aya::Pod for super::Config {}
-    unsafe impl aya::Pod for super::PrefixKey {}
+    use zerocopy::{FromBytes, Immutable, IntoBytes};
+
+    /// `unsafe impl aya::Pod` for types whose zerocopy derives prove what `Pod` requires. The bound
+    /// check makes the `impl` fail to compile if a type ever loses a derive.
+    macro_rules! pod {
+        ($($t:ty),* $(,)?) => {$(
+            const _: () = {
+                const fn proven<T: FromBytes + IntoBytes + Immutable + Copy + 'static>() {}
+                proven::<$t>();
+            };
+            // SAFETY: aya::Pod needs a `Copy` type with no padding (aya copies it byte for byte into
+            // and out of the kernel) for which every bit pattern is valid (aya builds values from the
+            // kernel's bytes). The derives checked above prove both at compile time: `IntoBytes`
+            // (no padding, every byte initialised) and `FromBytes` (every bit pattern valid).
+            unsafe impl aya::Pod for $t {}
+        )*};
+    }
+
+    pod!(
+        super::FlowKey,
+        super::FlowStats,
+        super::BurstState,
+        super::FlowState,
+        super::Event,
+        super::PortRange,
+        super::Config,
+        super::PrefixKey,
+    );
 }
 
 #[cfg(test)]
@@ -389,6 +425,24 @@ mod tests {
         assert_eq!(offset_of!(FlowState, tcp_last_ack), 40);
         assert_eq!(offset_of!(FlowState, roce_psn), 48);
         assert_eq!(core::mem::align_of::<FlowState>(), 8);
+    }
+
+    #[test]
+    fn byte_views_round_trip() {
+        use zerocopy::{FromBytes, IntoBytes};
+        let ev = Event {
+            kind: event_kind::BURST_END,
+            key: FlowKey { src_port: 0x0102, kind: flow_kind::ROCEV2, ..FlowKey::default() },
+            burst: BurstState { bytes: 3, ..BurstState::default() },
+            ..Event::default()
+        };
+        let bytes = ev.as_bytes();
+        assert_eq!(bytes.len(), core::mem::size_of::<Event>());
+        assert_eq!(bytes[8 + 32..8 + 34], 0x0102u16.to_ne_bytes());
+        assert_eq!(Event::read_from_bytes(bytes).ok(), Some(ev));
+        assert!(Event::read_from_bytes(&bytes[1..]).is_err(), "a short record is refused");
+        let cfg = Config::default();
+        assert_eq!(Config::read_from_bytes(cfg.as_bytes()).ok(), Some(cfg));
     }
 
     #[test]

@@ -15,6 +15,11 @@
 //!   lookup (plus an insert the first time a flow is seen); an unmatched one no hash lookup.
 //! - Every outcome is counted once in `STATS`: SEEN always, then exactly one of MALFORMED,
 //!   UNSUPPORTED, UNREADABLE, or PARSED (and MATCHED when the packet was counted in `FLOWS`).
+//! - Debug logging (aya-log) is off unless the agent sets `config_flags::DEBUG_LOG`; then the
+//!   skipped packets and new flows are logged, at most `DEBUG_LOG_PER_SEC` records per second per
+//!   CPU (a token bucket in `LOG_BUDGET`). Off, it costs a call and a flag test per skipped
+//!   packet, a flag test per new flow, and nothing on the matched path. A record that does not fit
+//!   the budget or the ring buffer is dropped; the packet passes either way.
 //!
 //! Header layouts and constants come from `dataplane_common::wire`.
 #![no_std]
@@ -33,19 +38,20 @@ use core::{
 };
 
 use aya_ebpf::{
-    bindings::{BPF_NOEXIST, TC_ACT_PIPE},
+    bindings::{__sk_buff, BPF_NOEXIST, TC_ACT_PIPE},
     helpers::bpf_ktime_get_ns,
     macros::{classifier, map},
     maps::{lpm_trie::Key, Array, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
     programs::TcContext,
 };
+use aya_log_ebpf::debug;
 use dataplane_common::{
-    config_flags, direction, event_kind, stats, track, wire, BurstState, Config, Event, FlowKey,
-    FlowState, FlowStats, PrefixKey, PrefixValue, DEFAULT_BURST_GAP_NS, EVENTS_RING_BYTES,
-    MAX_FLOWS, MAX_PORT_RANGES, MAX_PREFIXES,
+    config_flags, direction, event_kind, flow_kind, stats, track, wire, BurstState, Config, Event,
+    FlowKey, FlowState, FlowStats, PrefixKey, PrefixValue, DEBUG_LOG_PER_SEC, DEFAULT_BURST_GAP_NS,
+    EVENTS_RING_BYTES, MAX_FLOWS, MAX_PORT_RANGES, MAX_PREFIXES,
 };
 
-use crate::parse::{Bth, Packet, Skip, TcpInfo, Transport};
+use crate::parse::{Bth, Packet, Skip, TcpInfo};
 
 /// Per-flow counters, one copy per CPU: the hot path never contends on a cache line.
 #[map(name = "FLOWS")]
@@ -73,6 +79,21 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 /// Outcome counters (see `stats`).
 #[map(name = "STATS")]
 static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stats::COUNT, 0);
+
+/// The debug log's token bucket, one per CPU (see [`log_budget`]). Kernel-only state.
+#[map(name = "LOG_BUDGET")]
+static LOG_BUDGET: PerCpuArray<LogBudget> = PerCpuArray::with_max_entries(1, 0);
+
+/// A token bucket counted in nanoseconds of credit: a record costs `LOG_COST_NS`, credit grows
+/// with elapsed time and is capped at one second's worth (a burst of `DEBUG_LOG_PER_SEC`).
+#[repr(C)]
+struct LogBudget {
+    credit_ns: u64,
+    last_ns: u64,
+}
+
+const LOG_CAP_NS: u64 = 1_000_000_000;
+const LOG_COST_NS: u64 = LOG_CAP_NS / DEBUG_LOG_PER_SEC;
 
 /// The monitor. Fail-open policy: `try_flowmon` reports *why* it stopped only through `STATS`;
 /// the packet verdict is `TC_ACT_PIPE` on every path, so ringside can never drop, redirect or
@@ -112,7 +133,80 @@ fn try_flowmon(ctx: &TcContext) -> Result<(), ()> {
         Err(Skip::NotMatched) => return Err(()),
     };
     count(index, 1);
+    log_skip(ctx.skb.skb, index);
     Err(())
+}
+
+/// Whether the agent turned the debug log on (`config_flags::DEBUG_LOG`).
+#[inline(always)]
+fn debug_log_on() -> bool {
+    match CONFIG.get_ptr(0) {
+        // SAFETY: a map value pointer stays valid for the rest of this program run.
+        Some(c) => (unsafe { (*c).flags } & config_flags::DEBUG_LOG) != 0,
+        None => false,
+    }
+}
+
+/// Takes one record's worth of this CPU's log budget; false when it is spent. Per-CPU and BH is
+/// disabled around TC programs, so the read-modify-write cannot interleave with another update.
+#[inline(always)]
+fn log_budget() -> bool {
+    let b = match LOG_BUDGET.get_ptr_mut(0) {
+        // SAFETY: as in `count`; this CPU's slot is written only by this CPU.
+        Some(b) => unsafe { &mut *b },
+        None => return false,
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    // The first call finds last_ns = 0 and starts with a full bucket.
+    let mut credit = b.credit_ns.saturating_add(now.wrapping_sub(b.last_ns));
+    if credit > LOG_CAP_NS {
+        credit = LOG_CAP_NS;
+    }
+    b.last_ns = now;
+    if credit < LOG_COST_NS {
+        b.credit_ns = credit;
+        return false;
+    }
+    b.credit_ns = credit - LOG_COST_NS;
+    true
+}
+
+/// Debug record for a packet that was skipped (`reason` is its `STATS` index), if the log is on.
+/// Out of line, flag test included: the record is built on this function's stack, and the hot
+/// function's code (and register allocation) stays as it was without a log.
+#[inline(never)]
+fn log_skip(skb: *mut __sk_buff, reason: u32) {
+    if !debug_log_on() || !log_budget() {
+        return;
+    }
+    // SAFETY: the program's context, valid for the whole run.
+    let (len, ifindex) = unsafe { ((*skb).len, (*skb).ifindex) };
+    match reason {
+        stats::MALFORMED => debug!(&(), "skipped malformed packet: len {} ifindex {}", len, ifindex),
+        stats::UNSUPPORTED => debug!(&(), "skipped unsupported packet: len {} ifindex {}", len, ifindex),
+        stats::UNREADABLE => debug!(&(), "skipped unreadable packet: len {} ifindex {}", len, ifindex),
+        _ => debug!(&(), "flow not tracked, map full: len {} ifindex {}", len, ifindex),
+    }
+}
+
+/// Debug record for a flow's first packet (on this program instance).
+#[inline(never)]
+fn log_new_flow(key: &FlowKey) {
+    if !log_budget() {
+        return;
+    }
+    debug!(
+        &(),
+        "new flow [{:i}]:{} -> [{:i}]:{} proto {} kind {} ifindex {} direction {}",
+        key.src_addr,
+        key.src_port,
+        key.dst_addr,
+        key.dst_port,
+        key.protocol,
+        key.kind,
+        key.ifindex,
+        key.direction
+    );
 }
 
 #[inline(always)]
@@ -125,7 +219,7 @@ fn monitor(ctx: &TcContext) -> Result<(), Skip> {
         Some(c) => c,
         None => return Err(Skip::NotMatched),
     };
-    if !matches!(pkt.transport, Transport::Rocev2(_)) && !collective(&pkt, unsafe { &*cfg }) {
+    if pkt.key.kind != flow_kind::ROCEV2 && !collective(&pkt, unsafe { &*cfg }) {
         return Err(Skip::NotMatched);
     }
     let cfg = unsafe { &*cfg };
@@ -139,10 +233,10 @@ fn monitor(ctx: &TcContext) -> Result<(), Skip> {
         // Could not be created (map full, counted): the counters above still hold.
         None => return Ok(()),
     };
-    match pkt.transport {
-        Transport::Tcp(ref t) => tcp_track(s, st, t, &pkt),
-        Transport::Udp => {}
-        Transport::Rocev2(ref b) => rocev2_track(s, st, b),
+    match pkt.key.kind {
+        flow_kind::TCP => tcp_track(s, st, &pkt.tcp, &pkt),
+        flow_kind::ROCEV2 => rocev2_track(s, st, &pkt.bth),
+        _ => {}
     }
     Ok(())
 }
@@ -233,7 +327,8 @@ fn update_flow(key: &FlowKey, pkt: &Packet, now: u64, flags: u32) -> Result<&'st
 
 /// The initial value of a flow, in .rodata: a map value may be read from global data, which keeps
 /// 176 bytes off the 512-byte stack and saves zeroing them on every new flow.
-// SAFETY: FlowStats is plain integers; all-zero is its Default.
+// SAFETY: FlowStats derives zerocopy's FromBytes, which proves every bit pattern (all-zero
+// included) is a valid value; all-zero is also its Default.
 static ZERO_FLOW: FlowStats = unsafe { core::mem::zeroed() };
 
 /// First packet of a flow (on any CPU of this program instance). Out of line: it is rare.
@@ -247,6 +342,9 @@ fn new_flow(key: &FlowKey, now: u64, flags: u32) -> Option<*mut FlowStats> {
         Some(s) => {
             if inserted && flags & config_flags::FLOW_START_EVENTS != 0 {
                 emit(event_kind::FLOW_START, key, now, None);
+            }
+            if inserted && flags & config_flags::DEBUG_LOG != 0 {
+                log_new_flow(key);
             }
             Some(s)
         }

@@ -31,10 +31,15 @@ pub enum Skip {
 /// 102). Pulled into the linear area when the skb holds less than this linearly.
 const PULL_LEN: u32 = 128;
 
+/// The TCP header fields the monitor uses.
 pub struct TcpInfo {
     pub seq: u32,
     pub ack: u32,
     pub flags: u8,
+}
+
+impl TcpInfo {
+    const NONE: TcpInfo = TcpInfo { seq: 0, ack: 0, flags: 0 };
 }
 
 /// The fields of the InfiniBand BTH (and AETH) the monitor uses.
@@ -46,10 +51,8 @@ pub struct Bth {
     pub psn: u32,
 }
 
-pub enum Transport {
-    Tcp(TcpInfo),
-    Udp,
-    Rocev2(Bth),
+impl Bth {
+    const NONE: Bth = Bth { opcode: 0, syndrome: 0, dest_qp: 0, psn: 0 };
 }
 
 pub struct Packet {
@@ -65,7 +68,16 @@ pub struct Packet {
     pub l3_bytes: u32,
     /// Transport payload bytes.
     pub payload_bytes: u32,
-    pub transport: Transport,
+    // The transport fields are two structs, both always written (zero when `key.kind` is not
+    // theirs), not an enum with a payload per variant: a variant leaves the bytes of the others
+    // undefined, LLVM may then store *any* register into them when it lays the packet out on the
+    // stack (a packet pointer included, depending on register allocation), and the verifier
+    // rejects that as "invalid size of register spill". Seen when unrelated code changed the
+    // register allocation of the hot path.
+    /// TCP fields when `key.kind == flow_kind::TCP`, else zero.
+    pub tcp: TcpInfo,
+    /// BTH fields when `key.kind == flow_kind::ROCEV2`, else zero.
+    pub bth: Bth,
 }
 
 /// The one bounds-checked access to packet memory.
@@ -232,7 +244,7 @@ pub fn parse(ctx: &TcContext) -> Result<Packet, Skip> {
         if gso_segs > 1 { (gso_segs, unsafe { (*ctx.skb.skb).gso_size }) } else { (1, 0) };
 
     // --- TCP / UDP / RoCEv2 ---
-    let (src_port, dst_port, kind, l3_bytes, payload_bytes, transport) = if protocol == wire::IPPROTO_TCP {
+    let (src_port, dst_port, kind, l3_bytes, payload_bytes, tcp, bth) = if protocol == wire::IPPROTO_TCP {
         let tcp: *const u8 = ptr_at::<[u8; wire::TCP_MIN_HLEN]>(data, end, l4_off)?.cast();
         let doff = ((rd8(tcp, wire::TCP_DOFF_OFF) >> 4) as u32) << 2;
         if doff < wire::TCP_MIN_HLEN as u32 || doff > l4_len {
@@ -244,11 +256,12 @@ pub fn parse(ctx: &TcContext) -> Result<Packet, Skip> {
             flow_kind::TCP,
             l3_len + (segments - 1) * (l3_hlen + doff),
             l4_len - doff,
-            Transport::Tcp(TcpInfo {
+            TcpInfo {
                 seq: rd32(tcp, wire::TCP_SEQ_OFF),
                 ack: rd32(tcp, wire::TCP_ACK_OFF),
                 flags: rd8(tcp, wire::TCP_FLAGS_OFF),
-            }),
+            },
+            Bth::NONE,
         )
     } else {
         let udp: *const u8 = ptr_at::<[u8; wire::UDP_HLEN]>(data, end, l4_off)?.cast();
@@ -259,7 +272,7 @@ pub fn parse(ctx: &TcContext) -> Result<Packet, Skip> {
         let dst_port = rd16(udp, 2);
         let l3_bytes = l3_len + (segments - 1) * (l3_hlen + wire::UDP_HLEN as u32);
         let payload = ulen - wire::UDP_HLEN as u32;
-        let (kind, transport) = if dst_port == ROCEV2_UDP_PORT {
+        let (kind, bth) = if dst_port == ROCEV2_UDP_PORT {
             let bth: *const u8 =
                 ptr_at::<[u8; wire::BTH_LEN]>(data, end, l4_off + wire::UDP_HLEN)?.cast();
             let opcode = rd8(bth, wire::BTH_OPCODE_OFF);
@@ -280,11 +293,11 @@ pub fn parse(ctx: &TcContext) -> Result<Packet, Skip> {
                 dest_qp: rd32(bth, 4) & wire::PSN_MASK,
                 psn: rd32(bth, 8) & wire::PSN_MASK,
             };
-            (flow_kind::ROCEV2, Transport::Rocev2(bth))
+            (flow_kind::ROCEV2, bth)
         } else {
-            (flow_kind::UDP, Transport::Udp)
+            (flow_kind::UDP, Bth::NONE)
         };
-        (rd16(udp, 0), dst_port, kind, l3_bytes, payload, transport)
+        (rd16(udp, 0), dst_port, kind, l3_bytes, payload, TcpInfo::NONE, bth)
     };
     Ok(Packet {
         key: FlowKey {
@@ -303,6 +316,7 @@ pub fn parse(ctx: &TcContext) -> Result<Packet, Skip> {
         gso_size,
         l3_bytes,
         payload_bytes,
-        transport,
+        tcp,
+        bth,
     })
 }

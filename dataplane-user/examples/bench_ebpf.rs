@@ -27,10 +27,11 @@ use aya::{
 };
 use clap::Parser;
 use dataplane_common::{maps, programs, wire, Config, PortRange};
-use dataplane_user::{
+use ringside_test_support::{
     frames,
     testrun::{self, SkbContext},
 };
+use ringside_stats::median;
 use serde::Serialize;
 
 /// Per-packet cost of the ringside eBPF flow monitor vs an empty classifier.
@@ -119,13 +120,6 @@ fn load(object: Option<&PathBuf>, config: Config) -> Result<aya::Ebpf> {
 }
 
 const NCCL_PORT: u16 = 29500;
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 }
-}
 
 fn main() -> Result<()> {
     let args = Args::parse();
@@ -257,12 +251,13 @@ fn case_reports(cases: &[Case], noop_ns: &[Vec<u32>], flowmon_ns: &[Vec<u32>]) -
         let n: Vec<f64> = noop_ns[i].iter().map(|&x| f64::from(x)).collect();
         let f: Vec<f64> = flowmon_ns[i].iter().map(|&x| f64::from(x)).collect();
         let d: Vec<f64> = f.iter().zip(&n).map(|(f, n)| f - n).collect();
-        let delta = median(&d);
+        // Samples are never empty: `--rounds` is at least 1.
+        let delta = median(&d).unwrap_or(f64::NAN);
         reports.push(CaseReport {
             case: c.name,
             frame_bytes: c.frame.len(),
-            noop_ns_median: median(&n),
-            flowmon_ns_median: median(&f),
+            noop_ns_median: median(&n).unwrap_or(f64::NAN),
+            flowmon_ns_median: median(&f).unwrap_or(f64::NAN),
             delta_ns_median: delta,
             target_delta_ns: c.target_ns,
             within_target: delta <= c.target_ns,

@@ -62,6 +62,10 @@ pub struct AgentArgs {
     /// Directory for state that survives a restart (open events) [default: /var/lib/ringside].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Debug records from the eBPF classifier, rate-limited in the kernel; shown with
+    /// RUST_LOG=info,ringside::ebpf=debug [default: off].
+    #[arg(long)]
+    pub ebpf_debug_log: bool,
 }
 
 /// Fully resolved agent settings.
@@ -81,6 +85,8 @@ pub struct AgentSettings {
     pub jobs: JobSet,
     /// Where the API's operator tokens come from.
     pub operator_tokens: OperatorTokens,
+    /// `ebpf_debug_log` / `--ebpf-debug-log`: sets `config_flags::DEBUG_LOG` in the kernel config.
+    pub ebpf_debug_log: bool,
 }
 
 /// Where the operator tokens come from: an API setting, resolved from `[api] operator_tokens_file`
@@ -138,6 +144,7 @@ impl AgentSettings {
                 Some(path) => OperatorTokens::File(path),
                 None => OperatorTokens::Generated { state_dir },
             },
+            ebpf_debug_log: args.ebpf_debug_log || file.ebpf_debug_log.unwrap_or(false),
         })
     }
 }
@@ -165,7 +172,10 @@ pub enum AgentError {
 
 /// Runs the agent until SIGINT/SIGTERM. Blocking.
 pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
-    let kernel_config = settings.matching.kernel_config(settings.burst_gap)?;
+    let mut kernel_config = settings.matching.kernel_config(settings.burst_gap)?;
+    if settings.ebpf_debug_log {
+        kernel_config.flags |= dataplane_common::config_flags::DEBUG_LOG;
+    }
     // Bind before touching the kernel, so a port clash changes nothing.
     let listener = std::net::TcpListener::bind(settings.listen).map_err(|source| {
         if source.kind() == std::io::ErrorKind::AddrInUse {
@@ -298,6 +308,11 @@ mod tests {
         assert_eq!(d.listen, config::DEFAULT_LISTEN.parse().unwrap());
         assert_eq!(d.pin_dir, PathBuf::from(config::DEFAULT_PIN_DIR));
         assert_eq!(d.poll_interval, Duration::from_millis(100));
+        assert!(!d.ebpf_debug_log, "the eBPF debug log is off by default");
+        let on = AgentArgs { ebpf_debug_log: true, ..Default::default() };
+        assert!(AgentSettings::resolve(&ConfigFile::default(), &on).unwrap().ebpf_debug_log);
+        let file_on = ConfigFile::parse("ebpf_debug_log = true\n", Path::new("t.toml")).unwrap();
+        assert!(AgentSettings::resolve(&file_on, &AgentArgs::default()).unwrap().ebpf_debug_log);
 
         let bad = AgentArgs { poll_interval_ms: Some(0), ..Default::default() };
         assert!(AgentSettings::resolve(&ConfigFile::default(), &bad).unwrap_err().to_string().contains("--poll-interval-ms"));

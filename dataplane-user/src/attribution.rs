@@ -52,6 +52,8 @@ use std::{
     net::IpAddr,
 };
 
+use ringside_stats::quantile;
+
 /// Fewest loss packets for a connection to count as lossy (healthy veth reorders a few).
 pub const MIN_LOSS_PACKETS: u64 = 4;
 /// Smallest loss ratio (loss packets / data packets) for a lossy connection.
@@ -112,17 +114,6 @@ impl DirectedConn {
     }
 }
 
-/// The `q` quantile (0..=1) by linear interpolation.
-fn quantile(mut v: Vec<f64>, q: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let pos = q * (v.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    Some(v[lo] + (v[hi] - v[lo]) * (pos - lo as f64))
-}
-
 /// The outcome for one window: blamed peers and, per explained peer, the peer that explains it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Attribution {
@@ -158,7 +149,7 @@ impl BlameMemory {
 /// in the window (the candidates for blame); `recent` the peers blamed structurally in the job's
 /// last windows ([`BlameMemory::recent`]).
 pub fn attribute(conns: &[DirectedConn], peers: &BTreeSet<IpAddr>, recent: &BTreeSet<IpAddr>) -> Attribution {
-    let loss_ref = quantile(conns.iter().filter_map(DirectedConn::loss_ratio).collect(), 0.25).unwrap_or(0.0);
+    let loss_ref = quantile(conns.iter().filter_map(DirectedConn::loss_ratio), 0.25).unwrap_or(0.0);
     let goodputs: Vec<f64> = conns.iter().filter_map(DirectedConn::goodput).collect();
     let goodput_ref = (goodputs.len() >= MIN_CONNS_FOR_MEDIAN).then(|| quantile(goodputs, 0.75)).flatten();
     let lossy = |c: &DirectedConn| {

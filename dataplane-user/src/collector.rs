@@ -16,6 +16,7 @@ use std::{
 
 use aya::maps::{Map, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf};
 use dataplane_common::{maps, Event, FlowKey, FlowStats, MAX_FLOWS};
+use zerocopy::FromBytes as _;
 
 use crate::{
     flow_table::{PollSnapshot, STATS_COUNT},
@@ -143,7 +144,8 @@ fn lookup_batch(map_fd: i32, ncpus: usize) -> std::io::Result<Vec<(FlowKey, Vec<
             ..Default::default()
         };
         // SAFETY: attr points at buffers sized for `count` keys and `count * ncpus` values, which
-        // live until the call returns; the kernel writes at most that much.
+        // live until the call returns; the kernel writes at most that much. Whatever bytes it
+        // writes are valid keys and values: FlowKey and FlowStats are `FromBytes` (derived).
         let rc = unsafe {
             libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, &mut attr as *mut BatchAttr, std::mem::size_of::<BatchAttr>() as u32)
         };
@@ -164,14 +166,10 @@ fn lookup_batch(map_fd: i32, ncpus: usize) -> std::io::Result<Vec<(FlowKey, Vec<
     Err(std::io::Error::other("FLOWS batch walk did not end"))
 }
 
-/// Decodes one ring-buffer record; records shorter than an `Event` are ignored.
+/// Decodes one ring-buffer record; records shorter than an `Event` are ignored. A copy, so any
+/// alignment of the record is fine; `Event: FromBytes` makes every byte pattern a valid value.
 pub fn decode_event(bytes: &[u8]) -> Option<Event> {
-    if bytes.len() < std::mem::size_of::<Event>() {
-        return None;
-    }
-    // SAFETY: Event is repr(C) plain integers (every bit pattern valid); read_unaligned copes with
-    // the ring buffer's 8-byte record alignment.
-    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) })
+    Event::read_from_prefix(bytes).ok().map(|(event, _rest)| event)
 }
 
 /// Runs the poll loop on a thread until `stop` is set. Returns the thread's handle.
@@ -232,8 +230,7 @@ mod tests {
     fn decodes_events() {
         let ev = Event { kind: event_kind::BURST_END, burst: BurstState { start_ns: 1, last_ns: 2, bytes: 3, packets: 4 }, ..Default::default() };
         let mut bytes = vec![0u8; 1];
-        // SAFETY: viewing a repr(C) integer struct as bytes.
-        bytes.extend_from_slice(unsafe { std::slice::from_raw_parts((&ev as *const Event).cast::<u8>(), std::mem::size_of::<Event>()) });
+        bytes.extend_from_slice(zerocopy::IntoBytes::as_bytes(&ev));
         assert_eq!(decode_event(&bytes[1..]), Some(ev), "unaligned input");
         assert_eq!(decode_event(&bytes[1..50]), None);
     }

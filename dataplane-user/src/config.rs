@@ -63,6 +63,9 @@ pub struct ConfigFile {
     pub burst_history: Option<usize>,
     /// Time constant of the rate EWMA in milliseconds, default 1000.
     pub ewma_tau_ms: Option<u64>,
+    /// Debug records from the eBPF classifier (skipped packets, new flows), rate-limited in the
+    /// kernel and logged under the `ringside::ebpf` target, default false.
+    pub ebpf_debug_log: Option<bool>,
     /// Which traffic the kernel counts.
     #[serde(rename = "match")]
     pub match_: Option<MatchFile>,
@@ -604,6 +607,7 @@ mod tests {
         assert_eq!(f.max_peers, Some(DEFAULT_MAX_PEERS));
         assert_eq!(f.burst_history, Some(DEFAULT_BURST_HISTORY));
         assert_eq!(f.ewma_tau_ms, Some(DEFAULT_EWMA_TAU_MS));
+        assert_eq!(f.ebpf_debug_log, Some(false));
         let m = MatchSettings::from_file(f.match_.as_ref());
         assert_eq!(m.tcp_ports, vec![PortSpec { lo: 29500, hi: 29600 }, PortSpec { lo: 12345, hi: 12345 }]);
         assert!(!m.prefixes.is_empty());

@@ -10,7 +10,7 @@
 pub mod agent;
 pub(crate) mod analysis;
 pub mod api;
-pub(crate) mod attribution;
+pub mod attribution;
 pub(crate) mod auth;
 pub mod cli;
 pub(crate) mod clock;
@@ -18,7 +18,6 @@ pub(crate) mod collector;
 pub mod config;
 pub mod events;
 pub(crate) mod flow_table;
-pub mod frames;
 pub(crate) mod hint_board;
 pub(crate) mod jobs;
 pub mod loader;
@@ -27,7 +26,6 @@ pub(crate) mod metrics;
 pub mod object;
 pub(crate) mod policy;
 pub(crate) mod state;
-pub mod testrun;
 pub mod detect;
 
 pub use agent::{AgentArgs, AgentError, AgentSettings};

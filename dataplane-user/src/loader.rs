@@ -12,10 +12,22 @@
 //!   the clsact qdisc if the agent added it, and the map pins. `ringside detach --iface IF`
 //!   removes the filters and the pins; `--remove-qdisc` also deletes the clsact qdisc.
 //! - `tcx` mode: the kernel detaches TCX links when their last fd closes, so only the pins remain.
+//!
+//! The classifier's debug log (`config_flags::DEBUG_LOG` in the request's config, off by default):
+//! the loader takes the `AYA_LOGS` ring buffer into an [`aya_log::EbpfLogger`] between loading the
+//! object and loading the program, and a thread drains it into `tracing` (target
+//! [`EBPF_LOG_TARGET`]) until teardown. The logger must live at least until the program is loaded:
+//! dropping it closes the map's fd and the load fails ("fd N is not pointing to valid bpf_map").
 use std::{
     fs, io,
     os::unix::ffi::OsStrExt,
     path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread,
+    time::Duration,
 };
 
 use aya::{
@@ -28,7 +40,8 @@ use aya::{
     },
     Ebpf, EbpfError, EbpfLoader,
 };
-use dataplane_common::{maps, programs, PrefixKey, PrefixValue};
+use aya_log::EbpfLogger;
+use dataplane_common::{config_flags, maps, programs, PrefixKey, PrefixValue};
 
 use crate::{config::AttachMode, object};
 
@@ -91,6 +104,10 @@ pub enum LoaderError {
     Detach { iface: String, source: TcError },
     #[error("cannot delete the clsact qdisc of `{iface}`: {source}")]
     QdiscDelete { iface: String, source: io::Error },
+    #[error("cannot start the eBPF debug log: {0}; turn it off (ebpf_debug_log = false, no --ebpf-debug-log) or rebuild the object with `cargo xtask build`")]
+    EbpfLog(#[source] aya_log::Error),
+    #[error("cannot start the eBPF debug log thread: {0}")]
+    EbpfLogThread(#[source] io::Error),
 }
 
 /// Effective capability mask from the text of `/proc/self/status`.
@@ -166,6 +183,8 @@ pub struct AttachRequest {
 /// The loaded object, attached to interfaces, with pinned maps. Dropping it detaches.
 pub struct Attachment {
     ebpf: Option<Ebpf>,
+    /// The classifier's debug log, drained into `tracing`; `None` when it is off.
+    ebpf_log: Option<EbpfLogDrain>,
     links: Vec<(String, &'static str, SchedClassifierLinkId)>,
     interfaces: Vec<AttachedInterface>,
     pins: Vec<PathBuf>,
@@ -189,6 +208,7 @@ impl Attachment {
 
         let mut a = Attachment {
             ebpf: None,
+            ebpf_log: None,
             links: Vec::new(),
             interfaces: Vec::new(),
             pins: Vec::new(),
@@ -201,6 +221,16 @@ impl Attachment {
         let ebpf = EbpfLoader::new().load(bytes).map_err(LoaderError::Load)?;
         let ebpf = a.ebpf.insert(ebpf);
         write_config(ebpf, &req.config, &req.prefixes)?;
+        if req.config.flags & config_flags::DEBUG_LOG != 0 {
+            // Before the program load, and kept until teardown (see the module docs).
+            let logger = EbpfLogger::init_with_logger(ebpf, EbpfLogBridge).map_err(LoaderError::EbpfLog)?;
+            a.ebpf_log = Some(EbpfLogDrain::spawn(logger).map_err(LoaderError::EbpfLogThread)?);
+            tracing::info!(
+                target: EBPF_LOG_TARGET,
+                per_cpu_per_sec = dataplane_common::DEBUG_LOG_PER_SEC,
+                "eBPF debug log on: records at debug level, shown with RUST_LOG=info,{EBPF_LOG_TARGET}=debug"
+            );
+        }
         for name in PINNED_MAPS {
             let map = ebpf.map(name).ok_or(LoaderError::MissingItem { what: "map", name })?;
             let path = req.pin_dir.join(name);
@@ -281,6 +311,8 @@ impl Attachment {
         }
         self.torn_down = true;
         let mut problems = Vec::new();
+        // Stops the drain thread after a last flush.
+        self.ebpf_log = None;
         if let Some(mut ebpf) = self.ebpf.take() {
             if let Some(prog) = ebpf.program_mut(programs::FLOWMON) {
                 if let Ok(prog) = <&mut SchedClassifier>::try_from(prog) {
@@ -329,6 +361,77 @@ impl Drop for Attachment {
     fn drop(&mut self) {
         for p in self.teardown() {
             tracing::warn!("teardown: {p}");
+        }
+    }
+}
+
+/// `tracing` target of the records the classifier logs (`config_flags::DEBUG_LOG`).
+pub const EBPF_LOG_TARGET: &str = "ringside::ebpf";
+
+/// A `log::Log` that forwards aya-log records into `tracing` under [`EBPF_LOG_TARGET`], keeping
+/// their level; the record's own target (the eBPF program's module, `flowmon`) becomes the field
+/// `program`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EbpfLogBridge;
+
+impl log::Log for EbpfLogBridge {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        let program = record.target();
+        let message = record.args();
+        match record.level() {
+            log::Level::Error => tracing::error!(target: EBPF_LOG_TARGET, program, "{message}"),
+            log::Level::Warn => tracing::warn!(target: EBPF_LOG_TARGET, program, "{message}"),
+            log::Level::Info => tracing::info!(target: EBPF_LOG_TARGET, program, "{message}"),
+            log::Level::Debug => tracing::debug!(target: EBPF_LOG_TARGET, program, "{message}"),
+            log::Level::Trace => tracing::trace!(target: EBPF_LOG_TARGET, program, "{message}"),
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// How often the drain thread empties the log ring buffer. The kernel writes at most
+/// `DEBUG_LOG_PER_SEC` records per second per CPU, so the 128 KiB ring never fills in between.
+const EBPF_LOG_DRAIN_EVERY: Duration = Duration::from_millis(100);
+
+/// A thread that owns the [`EbpfLogger`] (and so the `AYA_LOGS` map fd) and drains it until
+/// dropped; dropping stops it after a last flush.
+struct EbpfLogDrain {
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl EbpfLogDrain {
+    fn spawn(mut logger: EbpfLogger<EbpfLogBridge>) -> io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = thread::Builder::new().name("ringside-ebpf-log".into()).spawn(move || {
+            // aya-log panics on a record it cannot parse (an object from another build): stop
+            // draining then, with a warning, rather than take the agent down.
+            let drained = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loop {
+                logger.flush();
+                if stopped.load(Ordering::Relaxed) {
+                    break;
+                }
+                thread::sleep(EBPF_LOG_DRAIN_EVERY);
+            }));
+            if drained.is_err() {
+                tracing::warn!(target: EBPF_LOG_TARGET, "unreadable eBPF log record: the debug log stops here");
+            }
+        })?;
+        Ok(EbpfLogDrain { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for EbpfLogDrain {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }

@@ -10,7 +10,11 @@
 //! the tests fail with a message saying so, they never pass vacuously. Run:
 //! `RINGSIDE_EBPF_OBJECT=target/ebpf/bpfel-unknown-none/release/flowmon cargo test -p dataplane-user --test t1_flowmon`
 //! (what `cargo xtask test` does).
-use std::{thread, time::Duration};
+use std::{
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
 
 use aya::{
     maps::{lpm_trie::Key, Array, HashMap, LpmTrie, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
@@ -21,9 +25,10 @@ use dataplane_common::{
     config_flags, direction, event_kind, flow_kind, ipv4_mapped, maps, programs, stats,
     wire::{self, bth_opcode},
     track, BurstState, Config, Event, FlowKey, FlowState, FlowStats, PortRange, PrefixValue,
-    ROCEV2_UDP_PORT,
+    DEBUG_LOG_PER_SEC, ROCEV2_UDP_PORT,
 };
-use dataplane_user::{
+use zerocopy::FromBytes as _;
+use ringside_test_support::{
     frames::{self, Ipv4Opts, VlanTag, MAC_A, MAC_B},
     testrun::{self, SkbContext, LOOPBACK_IFINDEX},
 };
@@ -175,9 +180,8 @@ impl Monitor {
         let mut rb = RingBuf::try_from(self.ebpf.map_mut(maps::EVENTS).unwrap()).unwrap();
         let mut out = Vec::new();
         while let Some(item) = rb.next() {
-            assert_eq!(item.len(), std::mem::size_of::<Event>());
-            // SAFETY: the record is an Event written by the program; read_unaligned copies it out.
-            out.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Event>()) });
+            // A copy (any alignment); `Event: FromBytes` makes any bytes a valid value.
+            out.push(Event::read_from_bytes(&item).expect("a record is exactly one Event"));
         }
         out
     }
@@ -830,3 +834,93 @@ fn noop_baseline_passes_packets_untouched() {
     assert_stats(&m, &[(stats::SEEN, 0)]);
 }
 
+
+/// Collects aya-log records as `(level, message)`.
+#[derive(Clone, Default)]
+struct LogCapture(Arc<Mutex<Vec<(log::Level, String)>>>);
+
+impl log::Log for LogCapture {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        self.0.lock().unwrap().push((r.level(), r.args().to_string()));
+    }
+    fn flush(&self) {}
+}
+
+impl Monitor {
+    /// Every record on the classifier's debug log (`AYA_LOGS`) so far, decoded by aya-log. Takes
+    /// the map out of the object (the loaded program keeps it alive): call it once per monitor.
+    fn log_records(&mut self) -> Vec<(log::Level, String)> {
+        let capture = LogCapture::default();
+        let mut logger = aya_log::EbpfLogger::init_with_logger(&mut self.ebpf, capture.clone())
+            .expect("the object has the AYA_LOGS ring buffer");
+        logger.flush();
+        drop(logger);
+        let out = capture.0.lock().unwrap().clone();
+        out
+    }
+}
+
+/// A frame the parser rejects as malformed: IPv4 header length 4 words.
+fn malformed_frame() -> Vec<u8> {
+    let mut f = frames::tcp4(A, B, 40000, NCCL_PORT, 1, 1, wire::TCP_ACK, 0, &[0; 8]);
+    f[14] = 0x44;
+    f
+}
+
+#[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
+fn debug_log_is_off_unless_configured() {
+    let mut m = Monitor::load(nccl_config(), &[]);
+    m.run_n(&malformed_frame(), &SkbContext::ingress(), 20);
+    m.run(&frames::tcp4(A, B, 40000, NCCL_PORT, 1, 1, wire::TCP_ACK, 0, &[0; 8]));
+    assert_stats(&m, &[(stats::SEEN, 21), (stats::MALFORMED, 20), (stats::MATCHED, 1)]);
+    assert_eq!(m.log_records(), vec![], "the debug log wrote records while off");
+}
+
+#[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
+fn debug_log_records_new_flows_and_skipped_packets() {
+    let mut m = Monitor::load(Config { flags: config_flags::DEBUG_LOG, ..nccl_config() }, &[]);
+    m.run(&frames::tcp4(A, B, 40000, NCCL_PORT, 1, 1, wire::TCP_ACK, 0, &[0; 8]));
+    // Not a new flow: no record.
+    m.run(&frames::tcp4(A, B, 40000, NCCL_PORT, 9, 1, wire::TCP_ACK, 0, &[0; 8]));
+    m.run(&malformed_frame());
+    let arp = frames::ethernet(MAC_B, MAC_A, &[], 0x0806, &[0; 28]);
+    m.run(&arp);
+    let records = m.log_records();
+    let messages: Vec<&str> = records.iter().map(|(_, msg)| msg.as_str()).collect();
+    assert_eq!(
+        messages,
+        vec![
+            "new flow [::ffff:10.0.0.1]:40000 -> [::ffff:10.0.0.2]:29500 proto 6 kind 1 ifindex 1 direction 0",
+            "skipped malformed packet: len 62 ifindex 1",
+            "skipped unsupported packet: len 42 ifindex 1",
+        ]
+    );
+    assert!(records.iter().all(|(level, _)| *level == log::Level::Debug));
+    // The counters are the same as with the log off.
+    assert_stats(&m, &[(stats::SEEN, 4), (stats::MATCHED, 2), (stats::MALFORMED, 1), (stats::UNSUPPORTED, 1)]);
+    assert_eq!(m.flow(&key4(A, B, 40000, NCCL_PORT, 6, flow_kind::TCP)).packets, 2);
+}
+
+#[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
+fn debug_log_is_rate_limited_per_cpu() {
+    let mut m = Monitor::load(Config { flags: config_flags::DEBUG_LOG, ..nccl_config() }, &[]);
+    let started = Instant::now();
+    m.run_n(&malformed_frame(), &SkbContext::ingress(), 1000);
+    let elapsed = started.elapsed();
+    let records = m.log_records();
+    // A full bucket (one second's worth), plus what refilled while the runs went on.
+    let refill = (elapsed.as_secs_f64() * DEBUG_LOG_PER_SEC as f64).ceil() as usize;
+    assert!(
+        records.len() >= DEBUG_LOG_PER_SEC as usize && records.len() <= DEBUG_LOG_PER_SEC as usize + refill,
+        "{} records for 1000 skipped packets in {elapsed:?}",
+        records.len()
+    );
+    // Every packet is still counted and passed (run_n checks the verdict and the bytes).
+    assert_stats(&m, &[(stats::SEEN, 1000), (stats::MALFORMED, 1000)]);
+}

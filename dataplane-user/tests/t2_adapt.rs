@@ -28,9 +28,9 @@ use std::{
 };
 
 use detect_rig::*;
-use ringside_client::{Algorithm, Constraints, JobClient, JobRegistration, OperatorClient, PortRange};
+use ringside_client::{Algorithm, PortRange};
 use serde_json::Value;
-use support::adapt::{f, job_metrics, mean, unix_ms};
+use support::adapt::{f, mean, registration, unix_ms, RegisteredJob};
 use testbed::{ByteSize, JobConfig, Star, StarConfig};
 
 const RANKS: usize = 4;
@@ -69,33 +69,10 @@ fn rate_cap_makes_the_job_compress_and_its_comm_time_recover() {
     let operator_token = wait_for(Duration::from_secs(5), POLL, "the agent's operator token", || agent.token());
 
     // Register the job through the API, as its launcher would.
-    let registration = JobRegistration {
-        name: "t2-adapt".into(),
-        members: vec!["10.77.0.0/24".into()],
-        tcp_ports: vec![PortRange { lo: 29500, hi: 29500 }],
-        udp_ports: vec![],
-        gradient_bytes: Some(GRADIENT_BYTES),
-        constraints: Constraints {
-            algorithms: Algorithm::ALL.to_vec(),
-            codecs: ["none", "fp16", "bf16", "int8"].map(String::from).to_vec(),
-            max_channels: 1,
-            error_feedback: true,
-            step_time_target_ms: None,
-            ..Default::default()
-        },
-    };
-    let url = agent.url();
-    let created = star
-        .switch
-        .run(|| OperatorClient::new(&url, &operator_token).and_then(|c| c.register(&registration)))
-        .expect("POST /v1/jobs");
-    let job_url = format!("http://{mgmt}:{AGENT_PORT}/v1/jobs/{}", created.id);
-    let local_job_url = format!("{url}/v1/jobs/{}", created.id);
-    let tenant = created.tenant_token.clone();
-    let hint_now = || star.switch.run(|| JobClient::new(&local_job_url, &tenant).and_then(|c| c.hint()));
-    let first = hint_now().expect("GET /v1/jobs/{id}/hints");
-    assert_eq!((first.version, first.compression.to_string().as_str()), (1, "none"), "the registered baseline hint");
-    eprintln!("registered job {} ({:.1} s into the test); rank 0 follows {job_url}", created.id, t0.elapsed().as_secs_f64());
+    let wanted = registration("t2-adapt", vec!["10.77.0.0/24".into()], PortRange { lo: 29500, hi: 29500 }, GRADIENT_BYTES, Algorithm::ALL.to_vec());
+    let job = RegisteredJob::register(&star, &agent.url(), mgmt, AGENT_PORT, &operator_token, &wanted);
+    let (job_url, tenant) = (job.job_url.clone(), job.tenant.clone());
+    eprintln!("registered job {} ({:.1} s into the test); rank 0 follows {job_url}", job.id, t0.elapsed().as_secs_f64());
 
     let cfg = JobConfig {
         ranks: RANKS,
@@ -110,32 +87,17 @@ fn rate_cap_makes_the_job_compress_and_its_comm_time_recover() {
     };
     let running = testbed::spawn_job(&star, &cfg).expect("starting the emulated job");
     std::thread::sleep(WARMUP);
-    let before_cap = hint_now().expect("GET hints before the cap");
+    let before_cap = job.hint(&star).expect("GET hints before the cap");
     let cap_ms = unix_ms();
     let _cap = star.rate_cap(CAPPED_HOST, CAP_MBIT).expect("rate cap");
     eprintln!("capped host {CAPPED_HOST}'s link at {CAP_MBIT} Mbit/s after {WARMUP:?} of the job (hint then: v{})", before_cap.version);
 
-    // Watch the agent's hint (not asserted: the ranks' reports are the truth) to report when it changed.
-    let watch_from = Instant::now();
-    let mut changed_after = None;
-    while watch_from.elapsed() < Duration::from_secs(25) {
-        if let Ok(h) = hint_now() {
-            if h.version > before_cap.version {
-                eprintln!("agent published hint v{} ({} {} ×{}) {:.1} s after the cap: {:?}", h.version, h.algorithm, h.compression, h.channels, watch_from.elapsed().as_secs_f64(), h.reasons);
-                changed_after = Some(watch_from.elapsed());
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    if changed_after.is_none() {
-        eprintln!("no new hint within 25 s of the cap; job metrics:\n{}", job_metrics(&star, &local_job_url, &tenant));
-    }
+    job.watch_for_new_hint(&star, before_cap.version, Duration::from_secs(25));
     let report = running.wait(None).expect("the job ran to the end");
     eprintln!("job wall time {:.1} s; test so far {:.1} s; rank reports in {}", report.wall_ms / 1e3, t0.elapsed().as_secs_f64(), report.out_dir.display());
     let events = agent.events(&star);
     eprintln!("agent events:{}", summary(&events));
-    eprintln!("job metrics:\n{}", job_metrics(&star, &local_job_url, &tenant));
+    eprintln!("job metrics:\n{}", job.metrics(&star));
 
     // (c) Every rank finished every step, verified.
     let ranks: Vec<Value> = report

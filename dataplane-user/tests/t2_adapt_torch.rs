@@ -34,9 +34,9 @@ use std::{
 };
 
 use detect_rig::{wait_for, Agent, POLL};
-use ringside_client::{Algorithm, Constraints, JobClient, JobRegistration, OperatorClient, PortRange};
+use ringside_client::{Algorithm, PortRange};
 use serde_json::Value;
-use support::adapt::{f, host_send_rate_mbit, job_metrics, mean, unix_ms};
+use support::adapt::{f, host_send_rate_mbit, mean, registration, unix_ms, RegisteredJob};
 use testbed::{Star, StarConfig, TorchConfig};
 
 const RANKS: usize = 4;
@@ -116,33 +116,11 @@ fn rate_cap_makes_a_ddp_job_compress_on_every_rank_at_once_and_its_steps_recover
     let (lo, hi) = cfg.port_range().split_once('-').map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap())).unwrap();
 
     // Register the job through the API, as its launcher would.
-    let registration = JobRegistration {
-        name: "t2-adapt-torch".into(),
-        members: star.hosts.iter().map(|h| format!("{}/32", h.addr)).collect(),
-        tcp_ports: vec![PortRange { lo, hi }],
-        udp_ports: vec![],
-        gradient_bytes: Some(cfg.grad_bytes()),
-        constraints: Constraints {
-            algorithms: vec![Algorithm::Ring],
-            codecs: ["none", "fp16", "bf16", "int8"].map(String::from).to_vec(),
-            max_channels: 1,
-            error_feedback: true,
-            step_time_target_ms: None,
-            ..Default::default()
-        },
-    };
-    let url = agent.url();
-    let created = star
-        .switch
-        .run(|| OperatorClient::new(&url, &operator_token).and_then(|c| c.register(&registration)))
-        .expect("POST /v1/jobs");
-    let job_url = format!("http://{mgmt}:{AGENT_PORT}/v1/jobs/{}", created.id);
-    let local_job_url = format!("{url}/v1/jobs/{}", created.id);
-    let tenant = created.tenant_token.clone();
-    let hint_now = || star.switch.run(|| JobClient::new(&local_job_url, &tenant).and_then(|c| c.hint()));
-    let first = hint_now().expect("GET /v1/jobs/{id}/hints");
-    assert_eq!((first.version, first.compression.to_string().as_str()), (1, "none"), "the registered baseline hint");
-    eprintln!("registered job {} ({:.1} s into the test); rank 0 follows {job_url}", created.id, t0.elapsed().as_secs_f64());
+    let members = star.hosts.iter().map(|h| format!("{}/32", h.addr)).collect();
+    let wanted = registration("t2-adapt-torch", members, PortRange { lo, hi }, cfg.grad_bytes(), vec![Algorithm::Ring]);
+    let job = RegisteredJob::register(&star, &agent.url(), mgmt, AGENT_PORT, &operator_token, &wanted);
+    let (job_url, tenant) = (job.job_url.clone(), job.tenant.clone());
+    eprintln!("registered job {} ({:.1} s into the test); rank 0 follows {job_url}", job.id, t0.elapsed().as_secs_f64());
 
     cfg.follow_hints = Some((job_url.clone(), tenant.clone()));
     let running = testbed::spawn_torch(&star, &cfg).expect("starting the DDP job");
@@ -152,31 +130,16 @@ fn rate_cap_makes_a_ddp_job_compress_on_every_rank_at_once_and_its_steps_recover
     std::thread::sleep(WARMUP - Duration::from_millis(100 * rate_samples as u64));
     let rate = host_send_rate_mbit(&star, CAPPED_HOST, rate_samples);
     let cap_mbit = ((rate * CAP_FRACTION).round() as u64).max(10);
-    let before_cap = hint_now().expect("GET hints before the cap");
+    let before_cap = job.hint(&star).expect("GET hints before the cap");
     let cap_ms = unix_ms();
     let cap = star.rate_cap(CAPPED_HOST, cap_mbit).expect("rate cap");
     eprintln!("capped host {CAPPED_HOST}'s link at {cap_mbit} Mbit/s ({CAP_FRACTION} of the {rate:.0} Mbit/s it sent at) after {WARMUP:?} of training (hint then: v{})", before_cap.version);
 
-    // Watch the agent's hint (not asserted: the ranks' records are the truth) to report when it changed.
-    let watch_from = Instant::now();
-    let mut changed = false;
-    while watch_from.elapsed() < CAPPED - Duration::from_secs(5) {
-        if let Ok(h) = hint_now() {
-            if h.version > before_cap.version {
-                eprintln!("agent published hint v{} ({} {} ×{}) {:.1} s after the cap: {:?}", h.version, h.algorithm, h.compression, h.channels, watch_from.elapsed().as_secs_f64(), h.reasons);
-                changed = true;
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    if !changed {
-        eprintln!("no new hint within {:?} of the cap; job metrics:\n{}", CAPPED - Duration::from_secs(5), job_metrics(&star, &local_job_url, &tenant));
-    }
+    job.watch_for_new_hint(&star, before_cap.version, CAPPED - Duration::from_secs(5));
     let report = running.wait(None).expect("the DDP job ran to the end");
     eprintln!("job wall time {:.1} s; test so far {:.1} s; rank reports in {}", report.wall_ms / 1e3, t0.elapsed().as_secs_f64(), report.out_dir.display());
     eprintln!("agent events:{}", detect_rig::summary(&agent.events(&star)));
-    eprintln!("job metrics:\n{}", job_metrics(&star, &local_job_url, &tenant));
+    eprintln!("job metrics:\n{}", job.metrics(&star));
 
     // Every rank finished, and every rank ran the same number of steps (rank 0 decides the stop).
     let ranks: Vec<Value> = report.ranks.iter().map(|r| serde_json::from_str(&std::fs::read_to_string(&r.out).unwrap()).unwrap()).collect();

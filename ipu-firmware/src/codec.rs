@@ -28,104 +28,44 @@
 
 use crate::wire::FrameError;
 use half::slice::HalfFloatSliceExt;
-use serde::{Deserialize, Serialize};
-use std::fmt;
-use std::str::FromStr;
 
-/// Which codec a plan asks for. `TopK.ratio` is the kept fraction in (0, 1].
-/// Serialised as its command-line spelling (`"int8"`, `"topk:0.1"`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum CodecKind {
-    None,
-    Fp16,
-    Bf16,
-    Int8,
-    TopK { ratio: f32 },
-}
+/// Which codec a plan asks for. `TopK.ratio` is the kept fraction in (0, 1]. This is the tenant wire
+/// type [`ringside_client::Codec`] itself (one definition: a hint's `compression` is a plan's codec
+/// without conversion); it is serialised as its command-line spelling (`"int8"`, `"topk:0.1"`).
+pub use ringside_client::Codec as CodecKind;
 
-impl Serialize for CodecKind {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+/// The id of `kind` carried in [`crate::wire::FrameHeader::codec`] and in the control header.
+pub fn wire_id(kind: CodecKind) -> u8 {
+    match kind {
+        CodecKind::None => 0,
+        CodecKind::Fp16 => 1,
+        CodecKind::Bf16 => 2,
+        CodecKind::Int8 => 3,
+        CodecKind::TopK { .. } => 4,
     }
 }
 
-impl<'de> Deserialize<'de> for CodecKind {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
+/// The codec a [`wire_id`] names; `ratio` is the top-k ratio (ignored by the others). `None` for
+/// an unknown id. The ratio is not validated here.
+pub fn from_wire_id(id: u8, ratio: f32) -> Option<CodecKind> {
+    Some(match id {
+        0 => CodecKind::None,
+        1 => CodecKind::Fp16,
+        2 => CodecKind::Bf16,
+        3 => CodecKind::Int8,
+        4 => CodecKind::TopK { ratio },
+        _ => return None,
+    })
 }
 
-impl CodecKind {
-    /// The id carried in [`crate::wire::FrameHeader::codec`].
-    pub fn wire_id(&self) -> u8 {
-        match self {
-            CodecKind::None => 0,
-            CodecKind::Fp16 => 1,
-            CodecKind::Bf16 => 2,
-            CodecKind::Int8 => 3,
-            CodecKind::TopK { .. } => 4,
-        }
-    }
-
-    pub fn is_lossless(&self) -> bool {
-        matches!(self, CodecKind::None) || matches!(self, CodecKind::TopK { ratio } if *ratio >= 1.0)
-    }
-
-    /// The codec object for this kind.
-    pub fn codec(&self) -> Box<dyn ChunkCodec + Send + Sync> {
-        match *self {
-            CodecKind::None => Box::new(RawF32Codec),
-            CodecKind::Fp16 => Box::new(Fp16Codec),
-            CodecKind::Bf16 => Box::new(Bf16Codec),
-            CodecKind::Int8 => Box::new(Int8Codec),
-            CodecKind::TopK { ratio } => Box::new(TopKCodec { ratio }),
-        }
-    }
-
-    pub fn validate(&self) -> Result<(), &'static str> {
-        match self {
-            CodecKind::TopK { ratio } if !(*ratio > 0.0 && *ratio <= 1.0) => Err("top-k ratio must be in (0, 1]"),
-            _ => Ok(()),
-        }
-    }
-}
-
-impl fmt::Display for CodecKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CodecKind::None => f.write_str("none"),
-            CodecKind::Fp16 => f.write_str("fp16"),
-            CodecKind::Bf16 => f.write_str("bf16"),
-            CodecKind::Int8 => f.write_str("int8"),
-            CodecKind::TopK { ratio } => write!(f, "topk:{ratio}"),
-        }
-    }
-}
-
-/// Error parsing a `--compression` value.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-#[error("unknown compression {given:?}: use none, fp16, bf16, int8 or topk:RATIO with RATIO in (0, 1]")]
-pub struct ParseCodecError {
-    pub given: String,
-}
-
-impl FromStr for CodecKind {
-    type Err = ParseCodecError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || ParseCodecError { given: s.to_string() };
-        let k = match s {
-            "none" => CodecKind::None,
-            "fp16" => CodecKind::Fp16,
-            "bf16" => CodecKind::Bf16,
-            "int8" => CodecKind::Int8,
-            _ => {
-                let r = s.strip_prefix("topk:").ok_or_else(err)?;
-                CodecKind::TopK { ratio: r.parse().map_err(|_| err())? }
-            }
-        };
-        k.validate().map_err(|_| err())?;
-        Ok(k)
+/// The codec object for `kind`.
+pub fn for_kind(kind: CodecKind) -> Box<dyn ChunkCodec + Send + Sync> {
+    match kind {
+        CodecKind::None => Box::new(RawF32Codec),
+        CodecKind::Fp16 => Box::new(Fp16Codec),
+        CodecKind::Bf16 => Box::new(Bf16Codec),
+        CodecKind::Int8 => Box::new(Int8Codec),
+        CodecKind::TopK { ratio } => Box::new(TopKCodec { ratio }),
     }
 }
 
@@ -765,6 +705,15 @@ mod tests {
     }
 
     #[test]
+    fn wire_ids_round_trip() {
+        for k in [CodecKind::None, CodecKind::Fp16, CodecKind::Bf16, CodecKind::Int8, CodecKind::TopK { ratio: 0.3 }] {
+            assert_eq!(from_wire_id(wire_id(k), 0.3), Some(k));
+            assert_eq!(for_kind(k).kind(), k);
+        }
+        assert_eq!(from_wire_id(5, 0.3), None);
+    }
+
+    #[test]
     fn codec_names_parse_and_print() {
         for s in ["none", "fp16", "bf16", "int8", "topk:0.1", "topk:1"] {
             let k: CodecKind = s.parse().unwrap();
@@ -782,7 +731,7 @@ mod tests {
     fn wrong_payload_lengths_are_rejected() {
         let mut d = vec![0f32; 10];
         for k in [CodecKind::None, CodecKind::Fp16, CodecKind::Bf16, CodecKind::Int8] {
-            let c = k.codec();
+            let c = for_kind(k);
             let mut p = Vec::new();
             c.encode(&[1.0; 11], &mut p);
             assert!(c.decode(&p, &mut d, DecodeMode::Accumulate).is_err(), "{k}");
@@ -940,7 +889,7 @@ mod tests {
         #[test]
         fn error_feedback_conserves_the_sum(steps in proptest::collection::vec(proptest::collection::vec(-10.0f32..10.0, 17), 1..8),
                                             which in 0usize..4) {
-            let codec = [CodecKind::Fp16, CodecKind::Bf16, CodecKind::Int8, CodecKind::TopK { ratio: 0.2 }][which].codec();
+            let codec = for_kind([CodecKind::Fp16, CodecKind::Bf16, CodecKind::Int8, CodecKind::TopK { ratio: 0.2 }][which]);
             let mut residual = vec![0f32; 17];
             let mut scratch = Vec::new();
             let mut sent_total = vec![0f64; 17];

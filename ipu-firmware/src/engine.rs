@@ -21,7 +21,7 @@
 //! - Chunk `i` of a transfer travels on channel `i % plan.channels`; within a channel, frames are
 //!   sent and received in the same deterministic order by both ends.
 
-use crate::codec::{encode_with_feedback, Bf16, ChunkCodec, CodecKind, DecodeMode};
+use crate::codec::{self, encode_with_feedback, Bf16, ChunkCodec, CodecKind, DecodeMode};
 use crate::error::{CollectiveError, Result};
 use crate::plan::{Algorithm, ControlHeader, Dtype, OpKind, Plan, PlanSchedule, PlanSource};
 use crate::transport::{InFrame, Transport};
@@ -37,14 +37,10 @@ pub fn segment(n: usize, parts: usize, i: usize) -> Range<usize> {
 
 /// Appends the little-endian bytes of `src` (the raw f32 wire payload) to `out`.
 fn extend_le_bytes(out: &mut Vec<u8>, src: &[f32]) {
+    // On little-endian targets the in-memory bytes are what `to_le_bytes` yields: a plain memcpy
+    // through zerocopy's checked byte view of `[f32]`.
     #[cfg(target_endian = "little")]
-    {
-        // SAFETY: any initialised f32 is 4 initialised bytes; u8 has no alignment requirement, and
-        // the byte view covers exactly the memory of `src`. On little-endian targets these bytes are
-        // what `to_le_bytes` yields, so this is a plain memcpy.
-        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src)) };
-        out.extend_from_slice(bytes);
-    }
+    out.extend_from_slice(zerocopy::IntoBytes::as_bytes(src));
     #[cfg(not(target_endian = "little"))]
     out.extend(src.iter().flat_map(|x| x.to_le_bytes()));
 }
@@ -595,8 +591,8 @@ impl<T: Transport> Communicator<T> {
         let cx = OpContext {
             op,
             algorithm: plan.algorithm,
-            codec: codec_kind.codec(),
-            codec_id: codec_kind.wire_id(),
+            codec: codec::for_kind(codec_kind),
+            codec_id: codec::wire_id(codec_kind),
             lossless: codec_kind.is_lossless(),
             raw_f32: codec_kind == CodecKind::None,
             chunk_elems: (plan.chunk_bytes as usize / dtype.size()).max(1),

@@ -1,9 +1,8 @@
 //! Closing the loop: ringside's hints ([`ringside_client::Hint`]) become [`Plan`]s that rank 0's
 //! [`crate::plan::PlanSchedule`] applies.
 //!
-//! - [`plan_from_hint`]: the conversion, through the string forms the two crates share (`ring`,
-//!   `tree`, `rhd`; `none`, `fp16`, `bf16`, `int8`, `topk:R`), so neither crate depends on the
-//!   other's enums.
+//! - [`plan_from_hint`]: the conversion. A hint's algorithm and codec are the engine's own
+//!   [`crate::Algorithm`] and [`crate::CodecKind`] (both defined once, in `ringside-client`).
 //! - [`HintFollower`]: a [`PlanSource`] fed by a background thread that runs a
 //!   [`ringside_client::HintStream`].
 //!
@@ -15,8 +14,9 @@
 //! - A hint received while rank 0 is at step `s` takes effect at step `max(hint.step_from, s + 1)`:
 //!   a step boundary no rank has reached yet, so the control header switches all ranks together.
 //! - Versions only increase: a hint not newer than the last one accepted is ignored.
-//! - A hint that cannot run on this mesh (unknown algorithm or codec, more channels than were
-//!   opened, bad chunk size) is logged and skipped; the plan in force stays.
+//! - A hint that cannot run on this mesh (more channels than were opened, bad chunk size) is
+//!   logged and skipped; the plan in force stays. An unknown algorithm or codec never gets this far:
+//!   the hint does not deserialise, and the client reports it as a stream error.
 //! - The thread ends after the follower is dropped: dropping sets a stop flag (checked between
 //!   lines and during reconnect backoff) and closes the channel (the next send fails). A read that
 //!   is blocked waits at most for the next keep-alive or the stream's read timeout. The thread is
@@ -27,27 +27,12 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 
 use ringside_client::{Hint, JobClient};
-use serde::Serialize;
 
-use crate::codec::{CodecKind, ParseCodecError};
-use crate::job::JobReport;
-use crate::plan::{Algorithm, Compression, ParseAlgorithmError, Plan, PlanError, PlanSource};
+use crate::plan::{AppliedHint, Compression, Plan, PlanError, PlanSource};
 
 /// Why a hint cannot become a plan for this engine.
 #[derive(Debug, thiserror::Error)]
 pub enum HintPlanError {
-    #[error("hint v{version}: {source}; upgrade ipu-firmware to follow this agent")]
-    Algorithm {
-        version: u64,
-        #[source]
-        source: ParseAlgorithmError,
-    },
-    #[error("hint v{version}: {source}; upgrade ipu-firmware to follow this agent")]
-    Codec {
-        version: u64,
-        #[source]
-        source: ParseCodecError,
-    },
     #[error("hint v{version} cannot run on this mesh: {source}; register the job with constraints that match it (e.g. max_channels)")]
     Plan {
         version: u64,
@@ -56,31 +41,17 @@ pub enum HintPlanError {
     },
 }
 
-/// The plan a hint describes, `step_from` as in the hint (0 = "your next step").
-pub fn plan_from_hint(h: &Hint) -> Result<Plan, HintPlanError> {
-    let algorithm: Algorithm =
-        h.algorithm.to_string().parse().map_err(|source| HintPlanError::Algorithm { version: h.version, source })?;
-    let codec: CodecKind =
-        h.compression.to_string().parse().map_err(|source| HintPlanError::Codec { version: h.version, source })?;
-    Ok(Plan {
+/// The plan a hint describes, `step_from` as in the hint (0 = "your next step"). The hint's
+/// algorithm and codec are the engine's own types, so this cannot fail; whether the plan runs on
+/// this mesh is [`Plan::validate`]'s question.
+pub fn plan_from_hint(h: &Hint) -> Plan {
+    Plan {
         step_from: h.step_from,
-        algorithm,
+        algorithm: h.algorithm,
         chunk_bytes: h.chunk_bytes,
         channels: h.channels,
-        compression: Compression { codec, error_feedback: h.error_feedback },
-    })
-}
-
-/// A hint the follower handed to the plan schedule.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct AppliedHint {
-    pub version: u64,
-    /// Rank 0's training step when the hint was polled.
-    pub received_at_step: u64,
-    /// The plan handed to the schedule (its `step_from` is the step it takes effect).
-    pub plan: Plan,
-    pub reasons: Vec<String>,
-    pub confidence: f64,
+        compression: Compression { codec: h.compression, error_feedback: h.error_feedback },
+    }
 }
 
 /// Most hints an [`AppliedHints`] log keeps (hints are rare: one per plan change).
@@ -101,18 +72,6 @@ impl AppliedHints {
         if v.len() < MAX_APPLIED_HINTS {
             v.push(h);
         }
-    }
-}
-
-impl JobReport {
-    /// Fills each step's `hint_version` (the hint whose plan that step ran with: the newest
-    /// applied hint whose plan, `step_from` included, equals the step's) and the report's `hints`.
-    /// Steps that ran the initial plan, or a hint the schedule rejected, keep `None`.
-    pub fn record_hints(&mut self, applied: &[AppliedHint]) {
-        for s in &mut self.steps {
-            s.hint_version = applied.iter().rev().find(|h| h.plan == s.plan).map(|h| h.version);
-        }
-        self.hints = applied.to_vec();
     }
 }
 
@@ -178,11 +137,10 @@ impl PlanSource for HintFollower {
                 continue;
             }
             self.last_version = Some(h.version);
-            let plan = plan_from_hint(&h).and_then(|mut p| {
-                // Never the step already under way: all ranks must switch at the same collective.
-                p.step_from = p.step_from.max(step + 1);
-                p.validate(self.available_channels).map(|()| p).map_err(|source| HintPlanError::Plan { version: h.version, source })
-            });
+            let mut p = plan_from_hint(&h);
+            // Never the step already under way: all ranks must switch at the same collective.
+            p.step_from = p.step_from.max(step + 1);
+            let plan = p.validate(self.available_channels).map(|()| p).map_err(|source| HintPlanError::Plan { version: h.version, source });
             match plan {
                 Ok(p) => {
                     tracing::info!(
@@ -215,6 +173,7 @@ mod canned;
 mod tests {
     use super::canned::{hint_event, serve, within, Reply};
     use super::*;
+    use crate::{Algorithm, CodecKind};
     use ringside_client::{Backoff, ClientConfig, Codec};
     use std::time::{Duration, Instant};
 
@@ -245,19 +204,13 @@ mod tests {
     }
 
     #[test]
-    fn hints_convert_through_their_string_forms() {
-        for (codec, kind) in [
-            (Codec::None, CodecKind::None),
-            (Codec::Fp16, CodecKind::Fp16),
-            (Codec::Bf16, CodecKind::Bf16),
-            (Codec::Int8, CodecKind::Int8),
-            (Codec::TopK { ratio: 0.25 }, CodecKind::TopK { ratio: 0.25 }),
-        ] {
-            for a in ringside_client::Algorithm::ALL {
+    fn hints_become_plans() {
+        for codec in [Codec::None, Codec::Fp16, Codec::Bf16, Codec::Int8, Codec::TopK { ratio: 0.25 }] {
+            for a in Algorithm::ALL {
                 let h: Hint = serde_json::from_str(&hint(4, 9, a.as_str(), &codec.to_string(), 3)).unwrap();
-                let p = plan_from_hint(&h).unwrap();
-                assert_eq!(p.algorithm.to_string(), a.as_str());
-                assert_eq!(p.compression, Compression { codec: kind, error_feedback: true });
+                let p = plan_from_hint(&h);
+                assert_eq!(p.algorithm, a);
+                assert_eq!(p.compression, Compression { codec, error_feedback: true });
                 assert_eq!((p.step_from, p.chunk_bytes, p.channels), (9, 65536, 3));
             }
         }

@@ -13,8 +13,7 @@
 use crate::codec::{Bf16, CodecKind};
 use crate::engine::{Communicator, CommunicatorConfig};
 use crate::error::{CollectiveError, Result};
-use crate::hints::AppliedHint;
-use crate::plan::{Dtype, Plan, PlanSource};
+use crate::plan::{AppliedHint, Dtype, Plan, PlanSource};
 use crate::transport::{TcpOptions, TcpTransport, Transport};
 use rand::{Rng, SeedableRng};
 use serde::{Serialize, Serializer};
@@ -171,6 +170,19 @@ pub struct JobReport {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hints: Vec<AppliedHint>,
 }
+
+impl JobReport {
+    /// Fills each step's `hint_version` (the hint whose plan that step ran with: the newest
+    /// applied hint whose plan, `step_from` included, equals the step's) and the report's `hints`.
+    /// Steps that ran the initial plan, or a hint the schedule rejected, keep `None`.
+    pub fn record_hints(&mut self, applied: &[AppliedHint]) {
+        for s in &mut self.steps {
+            s.hint_version = applied.iter().rev().find(|h| h.plan == s.plan).map(|h| h.version);
+        }
+        self.hints = applied.to_vec();
+    }
+}
+
 
 fn compute_phase(mode: ComputeMode, until: Instant) {
     match mode {

@@ -25,6 +25,6 @@ pub mod wire;
 pub use codec::{Bf16, CodecKind};
 pub use engine::{allreduce_busbw, segment, Communicator, CommunicatorConfig, OpReport};
 pub use error::CollectiveError;
-pub use hints::{plan_from_hint, AppliedHint, HintFollower};
-pub use plan::{Algorithm, Compression, Dtype, Plan, PlanSource, ScriptedPlans};
+pub use hints::{plan_from_hint, HintFollower};
+pub use plan::{AppliedHint, Algorithm, Compression, Dtype, Plan, PlanSource, ScriptedPlans};
 pub use transport::{TcpOptions, TcpTransport, Transport};

@@ -12,64 +12,32 @@
 //! - An invalid plan from a source (zero chunk size, more channels than the mesh has, bad top-k
 //!   ratio) is logged and dropped; the active plan stays in force.
 
-use crate::codec::CodecKind;
+use crate::codec::{self, CodecKind};
 use crate::wire::FrameError;
 use serde::{Deserialize, Serialize};
-use std::fmt;
 use std::str::FromStr;
+use zerocopy::little_endian::{F32, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-/// Allreduce algorithm.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Algorithm {
-    /// Ring reduce-scatter then ring allgather, pipelined per chunk ([`crate::engine`]).
-    Ring,
-    /// Binary tree rooted at rank 0: pipelined reduce to the root, then pipelined broadcast.
-    Tree,
-    /// Recursive halving (reduce-scatter) then recursive doubling (allgather); ranks beyond the
-    /// largest power of two fold into a partner first and receive the result last.
-    Rhd,
-}
+/// Allreduce algorithm: the tenant wire type [`ringside_client::Algorithm`] itself (one
+/// definition: a hint's algorithm is a plan's algorithm without conversion). Ring is ring
+/// reduce-scatter then ring allgather, pipelined per chunk ([`crate::engine`]); tree a binary tree
+/// rooted at rank 0 (pipelined reduce to the root, then pipelined broadcast); rhd recursive halving
+/// then recursive doubling, where ranks beyond the largest power of two fold into a partner first and
+/// receive the result last.
+pub use ringside_client::Algorithm;
 
-impl Algorithm {
-    pub const ALL: [Algorithm; 3] = [Algorithm::Ring, Algorithm::Tree, Algorithm::Rhd];
-
-    fn id(self) -> u8 {
-        match self {
-            Algorithm::Ring => 1,
-            Algorithm::Tree => 2,
-            Algorithm::Rhd => 3,
-        }
-    }
-    fn from_id(v: u8) -> Option<Self> {
-        Self::ALL.into_iter().find(|a| a.id() == v)
+/// The id of `a` in the control header.
+fn algorithm_id(a: Algorithm) -> u8 {
+    match a {
+        Algorithm::Ring => 1,
+        Algorithm::Tree => 2,
+        Algorithm::Rhd => 3,
     }
 }
 
-impl fmt::Display for Algorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Algorithm::Ring => "ring",
-            Algorithm::Tree => "tree",
-            Algorithm::Rhd => "rhd",
-        })
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown algorithm {given:?}: use ring, tree or rhd")]
-pub struct ParseAlgorithmError {
-    pub given: String,
-}
-
-impl FromStr for Algorithm {
-    type Err = ParseAlgorithmError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|a| a.to_string() == s)
-            .ok_or_else(|| ParseAlgorithmError { given: s.to_string() })
-    }
+fn algorithm_from_id(v: u8) -> Option<Algorithm> {
+    Algorithm::ALL.into_iter().find(|&a| algorithm_id(a) == v)
 }
 
 /// Wire compression of a plan.
@@ -156,6 +124,20 @@ impl PlanSource for std::sync::mpsc::Receiver<Plan> {
     fn poll(&mut self, _step: u64) -> Vec<Plan> {
         self.try_iter().take(1024).collect()
     }
+}
+
+/// A hint rank 0's hint follower ([`crate::hints::HintFollower`]) handed to the plan schedule. It
+/// lives here, below both the follower and the job report that records it
+/// ([`crate::job::JobReport::record_hints`]), so that neither imports the other.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AppliedHint {
+    pub version: u64,
+    /// Rank 0's training step when the hint was polled.
+    pub received_at_step: u64,
+    /// The plan handed to the schedule (its `step_from` is the step it takes effect).
+    pub plan: Plan,
+    pub reasons: Vec<String>,
+    pub confidence: f64,
 }
 
 /// Rank 0's view: the active plan, plans waiting for their `step_from`, and the source.
@@ -250,75 +232,91 @@ pub struct ControlHeader {
     pub plan: Plan,
 }
 
+/// A [`ControlHeader`] as it is on the wire: ids and flags in the first six bytes, then
+/// little-endian integers at their natural offsets; the padding is written as zeros and ignored on
+/// receipt.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned)]
+#[repr(C)]
+struct WireControlHeader {
+    op_kind: u8,
+    dtype: u8,
+    algorithm: u8,
+    codec: u8,
+    error_feedback: u8,
+    channels: u8,
+    _pad0: [u8; 2],
+    chunk_bytes: U32,
+    /// The top-k ratio; 0 for the other codecs.
+    topk_ratio: F32,
+    root: U32,
+    _pad1: [u8; 4],
+    training_step: U64,
+    elems: U64,
+    step_from: U64,
+}
+
+const _: () = assert!(std::mem::size_of::<WireControlHeader>() == ControlHeader::LEN);
+
 impl ControlHeader {
     pub const LEN: usize = 48;
 
     pub fn encode(&self) -> [u8; Self::LEN] {
-        let mut b = [0u8; Self::LEN];
-        b[0] = self.op_kind as u8;
-        b[1] = self.dtype as u8;
-        b[2] = self.plan.algorithm.id();
-        b[3] = self.plan.compression.codec.wire_id();
-        b[4] = u8::from(self.plan.compression.error_feedback);
-        b[5] = self.plan.channels;
-        b[8..12].copy_from_slice(&self.plan.chunk_bytes.to_le_bytes());
         let ratio = match self.plan.compression.codec {
             CodecKind::TopK { ratio } => ratio,
             _ => 0.0,
         };
-        b[12..16].copy_from_slice(&ratio.to_le_bytes());
-        b[16..20].copy_from_slice(&self.root.to_le_bytes());
-        b[24..32].copy_from_slice(&self.training_step.to_le_bytes());
-        b[32..40].copy_from_slice(&self.elems.to_le_bytes());
-        b[40..48].copy_from_slice(&self.plan.step_from.to_le_bytes());
-        b
+        zerocopy::transmute!(WireControlHeader {
+            op_kind: self.op_kind as u8,
+            dtype: self.dtype as u8,
+            algorithm: algorithm_id(self.plan.algorithm),
+            codec: codec::wire_id(self.plan.compression.codec),
+            error_feedback: u8::from(self.plan.compression.error_feedback),
+            channels: self.plan.channels,
+            _pad0: [0; 2],
+            chunk_bytes: self.plan.chunk_bytes.into(),
+            topk_ratio: ratio.into(),
+            root: self.root.into(),
+            _pad1: [0; 4],
+            training_step: self.training_step.into(),
+            elems: self.elems.into(),
+            step_from: self.plan.step_from.into(),
+        })
     }
 
     pub fn parse(b: &[u8]) -> Result<Self, FrameError> {
-        if b.len() != Self::LEN {
-            return Err(FrameError::PayloadLength { what: "control header", expected: Self::LEN, got: b.len() });
-        }
+        let w = WireControlHeader::read_from_bytes(b)
+            .map_err(|_| FrameError::PayloadLength { what: "control header", expected: Self::LEN, got: b.len() })?;
         let bad = |what| FrameError::MalformedPayload { what };
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let op_kind = match b[0] {
+        let op_kind = match w.op_kind {
             1 => OpKind::Allreduce,
             2 => OpKind::ReduceScatter,
             3 => OpKind::Allgather,
             4 => OpKind::Broadcast,
             _ => return Err(bad("unknown op kind")),
         };
-        let dtype = match b[1] {
+        let dtype = match w.dtype {
             1 => Dtype::F32,
             2 => Dtype::Bf16,
             _ => return Err(bad("unknown dtype")),
         };
-        let algorithm = Algorithm::from_id(b[2]).ok_or(bad("unknown algorithm"))?;
-        let ratio = f32::from_bits(u32_at(12));
-        let codec = match b[3] {
-            0 => CodecKind::None,
-            1 => CodecKind::Fp16,
-            2 => CodecKind::Bf16,
-            3 => CodecKind::Int8,
-            4 => CodecKind::TopK { ratio },
-            _ => return Err(bad("unknown codec")),
-        };
+        let algorithm = algorithm_from_id(w.algorithm).ok_or(bad("unknown algorithm"))?;
+        let codec = codec::from_wire_id(w.codec, w.topk_ratio.get()).ok_or(bad("unknown codec"))?;
         codec.validate().map_err(|_| bad("invalid top-k ratio"))?;
-        if b[4] > 1 {
+        if w.error_feedback > 1 {
             return Err(bad("error feedback flag is not 0 or 1"));
         }
         Ok(Self {
             op_kind,
             dtype,
-            root: u32_at(16),
-            training_step: u64_at(24),
-            elems: u64_at(32),
+            root: w.root.get(),
+            training_step: w.training_step.get(),
+            elems: w.elems.get(),
             plan: Plan {
-                step_from: u64_at(40),
+                step_from: w.step_from.get(),
                 algorithm,
-                chunk_bytes: u32_at(8),
-                channels: b[5],
-                compression: Compression { codec, error_feedback: b[4] == 1 },
+                chunk_bytes: w.chunk_bytes.get(),
+                channels: w.channels,
+                compression: Compression { codec, error_feedback: w.error_feedback == 1 },
             },
         })
     }
@@ -345,6 +343,9 @@ mod tests {
             },
         };
         assert_eq!(ControlHeader::parse(&h.encode()), Ok(h));
+        // The bytes on the wire, pinned (computed from the layout, not from this code).
+        let hex: String = h.encode().iter().map(|x| format!("{x:02x}")).collect();
+        assert_eq!(hex, "0102030401040000000001000000803e03000000000000002a0000000000000000000000020000002800000000000000");
         let mut b = h.encode();
         b[2] = 9;
         assert!(ControlHeader::parse(&b).is_err());

@@ -9,8 +9,13 @@
 //!   transport assigns it on send and checks it on receive, so a lost, duplicated or replayed frame is
 //!   detected. `op` is the collective sequence number the engine checks for every data frame.
 //! - All integers are little endian. Parsing is pure and bounds-checked over byte slices.
+//! - The byte layouts are `#[repr(C)]` structs of single-byte and explicit little-endian fields
+//!   ([`WireHeader`], [`WireHello`]) with zerocopy derives: no padding, alignment 1, and their sizes
+//!   checked at compile time, so reading and writing them is a checked copy with no `unsafe` and no
+//!   hand-kept offset table.
 
-use std::ops::Range;
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 /// `b"RSG1"` read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"RSG1");
@@ -21,17 +26,28 @@ pub const HEADER_LEN: usize = 40;
 /// Largest payload a receiver accepts (a chunk of 64 MiB f32 plus top-k overhead fits).
 pub const MAX_PAYLOAD: u32 = 256 << 20;
 
-const MAGIC_RANGE: Range<usize> = 0..4;
-const VERSION_AT: usize = 4;
-const KIND_AT: usize = 5;
-const CODEC_AT: usize = 6;
-const CHANNEL_AT: usize = 7;
-const OP_RANGE: Range<usize> = 8..16;
-const SEQ_RANGE: Range<usize> = 16..20;
-const PAYLOAD_LEN_RANGE: Range<usize> = 20..24;
-const ELEM_OFFSET_RANGE: Range<usize> = 24..32;
-const ELEM_COUNT_RANGE: Range<usize> = 32..36;
-const CHECKSUM_RANGE: Range<usize> = 36..40;
+/// The header exactly as it is on the wire: magic and version, the [`FrameHeader`] fields in
+/// order, then the checksum (FNV-1a over the 36 bytes before it).
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned)]
+#[repr(C)]
+pub struct WireHeader {
+    pub magic: U32,
+    pub version: u8,
+    pub kind: u8,
+    pub codec: u8,
+    pub channel: u8,
+    pub op: U64,
+    pub seq: U32,
+    pub payload_len: U32,
+    pub elem_offset: U64,
+    pub elem_count: U32,
+    pub checksum: U32,
+}
+
+const _: () = assert!(std::mem::size_of::<WireHeader>() == HEADER_LEN);
+/// Bytes the header checksum covers: everything before the checksum field.
+const CHECKSUM_AT: usize = std::mem::offset_of!(WireHeader, checksum);
+const _: () = assert!(CHECKSUM_AT == HEADER_LEN - 4);
 
 /// What a frame carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +100,7 @@ pub enum FrameError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameHeader {
     pub kind: FrameKind,
-    /// [`crate::codec::CodecKind::wire_id`] of the payload (data frames), 0 otherwise.
+    /// [`crate::codec::wire_id`] of the payload (data frames), 0 otherwise.
     pub codec: u8,
     pub channel: u8,
     /// Collective sequence number (0-based, per communicator).
@@ -107,77 +123,84 @@ pub fn header_checksum(bytes: &[u8]) -> u32 {
     h
 }
 
-fn le_u32(b: &[u8], r: Range<usize>) -> u32 {
-    u32::from_le_bytes(b[r].try_into().expect("range is 4 bytes"))
-}
-fn le_u64(b: &[u8], r: Range<usize>) -> u64 {
-    u64::from_le_bytes(b[r].try_into().expect("range is 8 bytes"))
-}
-
 impl FrameHeader {
     /// A header with everything but kind zeroed.
     pub fn new(kind: FrameKind) -> Self {
         Self { kind, codec: 0, channel: 0, op: 0, seq: 0, payload_len: 0, elem_offset: 0, elem_count: 0 }
     }
 
+    /// The header's wire form, checksum included.
+    pub fn to_wire(&self) -> WireHeader {
+        let mut w = WireHeader {
+            magic: MAGIC.into(),
+            version: VERSION,
+            kind: self.kind as u8,
+            codec: self.codec,
+            channel: self.channel,
+            op: self.op.into(),
+            seq: self.seq.into(),
+            payload_len: self.payload_len.into(),
+            elem_offset: self.elem_offset.into(),
+            elem_count: self.elem_count.into(),
+            checksum: 0.into(),
+        };
+        w.checksum = header_checksum(&w.as_bytes()[..CHECKSUM_AT]).into();
+        w
+    }
+
     /// Writes the header (with checksum) into `out[..HEADER_LEN]`.
     pub fn write(&self, out: &mut [u8]) {
-        let out = &mut out[..HEADER_LEN];
-        out[MAGIC_RANGE].copy_from_slice(&MAGIC.to_le_bytes());
-        out[VERSION_AT] = VERSION;
-        out[KIND_AT] = self.kind as u8;
-        out[CODEC_AT] = self.codec;
-        out[CHANNEL_AT] = self.channel;
-        out[OP_RANGE].copy_from_slice(&self.op.to_le_bytes());
-        out[SEQ_RANGE].copy_from_slice(&self.seq.to_le_bytes());
-        out[PAYLOAD_LEN_RANGE].copy_from_slice(&self.payload_len.to_le_bytes());
-        out[ELEM_OFFSET_RANGE].copy_from_slice(&self.elem_offset.to_le_bytes());
-        out[ELEM_COUNT_RANGE].copy_from_slice(&self.elem_count.to_le_bytes());
-        let sum = header_checksum(&out[..CHECKSUM_RANGE.start]);
-        out[CHECKSUM_RANGE].copy_from_slice(&sum.to_le_bytes());
+        out[..HEADER_LEN].copy_from_slice(self.to_wire().as_bytes());
     }
 
     pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
-        let mut b = [0u8; HEADER_LEN];
-        self.write(&mut b);
-        b
+        zerocopy::transmute!(self.to_wire())
     }
 
     /// Parses and validates a header. Checks magic first so that a stranger's bytes are reported as
     /// such rather than as a checksum error.
     pub fn parse(b: &[u8]) -> Result<Self, FrameError> {
-        if b.len() < HEADER_LEN {
-            return Err(FrameError::Truncated { needed: HEADER_LEN, got: b.len() });
-        }
-        let magic = le_u32(b, MAGIC_RANGE);
+        let (w, _) = WireHeader::ref_from_prefix(b).map_err(|_| FrameError::Truncated { needed: HEADER_LEN, got: b.len() })?;
+        let magic = w.magic.get();
         if magic != MAGIC {
             return Err(FrameError::BadMagic { got: magic });
         }
-        if b[VERSION_AT] != VERSION {
-            return Err(FrameError::UnsupportedVersion { got: b[VERSION_AT] });
+        if w.version != VERSION {
+            return Err(FrameError::UnsupportedVersion { got: w.version });
         }
-        let got = le_u32(b, CHECKSUM_RANGE);
-        let computed = header_checksum(&b[..CHECKSUM_RANGE.start]);
+        let got = w.checksum.get();
+        let computed = header_checksum(&w.as_bytes()[..CHECKSUM_AT]);
         if got != computed {
             return Err(FrameError::HeaderChecksum { got, computed });
         }
-        let kind = FrameKind::from_u8(b[KIND_AT]).ok_or(FrameError::UnknownKind { got: b[KIND_AT] })?;
-        let payload_len = le_u32(b, PAYLOAD_LEN_RANGE);
+        let kind = FrameKind::from_u8(w.kind).ok_or(FrameError::UnknownKind { got: w.kind })?;
+        let payload_len = w.payload_len.get();
         if payload_len > MAX_PAYLOAD {
             return Err(FrameError::PayloadTooLong { len: payload_len, max: MAX_PAYLOAD });
         }
         Ok(Self {
             kind,
-            codec: b[CODEC_AT],
-            channel: b[CHANNEL_AT],
-            op: le_u64(b, OP_RANGE),
-            seq: le_u32(b, SEQ_RANGE),
+            codec: w.codec,
+            channel: w.channel,
+            op: w.op.get(),
+            seq: w.seq.get(),
             payload_len,
-            elem_offset: le_u64(b, ELEM_OFFSET_RANGE),
-            elem_count: le_u32(b, ELEM_COUNT_RANGE),
+            elem_offset: w.elem_offset.get(),
+            elem_count: w.elem_count.get(),
         })
     }
 }
+
+/// A [`Hello`] payload as it is on the wire.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned)]
+#[repr(C)]
+pub struct WireHello {
+    pub world: U32,
+    pub rank: U32,
+    pub channels: U32,
+}
+
+const _: () = assert!(std::mem::size_of::<WireHello>() == Hello::LEN);
 
 /// Payload of a [`FrameKind::Hello`] frame: who is calling and what mesh it expects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,18 +214,13 @@ impl Hello {
     pub const LEN: usize = 12;
 
     pub fn encode(&self) -> [u8; Self::LEN] {
-        let mut b = [0u8; Self::LEN];
-        b[0..4].copy_from_slice(&self.world.to_le_bytes());
-        b[4..8].copy_from_slice(&self.rank.to_le_bytes());
-        b[8..12].copy_from_slice(&self.channels.to_le_bytes());
-        b
+        zerocopy::transmute!(WireHello { world: self.world.into(), rank: self.rank.into(), channels: self.channels.into() })
     }
 
     pub fn parse(b: &[u8]) -> Result<Self, FrameError> {
-        if b.len() != Self::LEN {
-            return Err(FrameError::PayloadLength { what: "hello", expected: Self::LEN, got: b.len() });
-        }
-        Ok(Self { world: le_u32(b, 0..4), rank: le_u32(b, 4..8), channels: le_u32(b, 8..12) })
+        let w = WireHello::read_from_bytes(b)
+            .map_err(|_| FrameError::PayloadLength { what: "hello", expected: Self::LEN, got: b.len() })?;
+        Ok(Self { world: w.world.get(), rank: w.rank.get(), channels: w.channels.get() })
     }
 
     /// A complete hello frame (header + payload) with the given channel and seq 0.
@@ -231,6 +249,22 @@ mod tests {
             elem_offset: 1 << 33,
             elem_count: 1024,
         }
+    }
+
+    /// The bytes on the wire, pinned: written from the layout in the module docs (magic, version,
+    /// kind, codec, channel, op, seq, payload_len, elem_offset, elem_count, FNV-1a checksum; all
+    /// little endian), not from this module's code.
+    #[test]
+    fn layout_is_pinned() {
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        assert_eq!(
+            hex(&sample().to_bytes()),
+            "525347310103030208070605040302014d000000001000000000000002000000000400008c46f9c3"
+        );
+        assert_eq!(
+            hex(&Hello { world: 5, rank: 3, channels: 2 }.frame(1)),
+            "52534731010100010000000000000000000000000c0000000000000000000000000000002fe71c67050000000300000002000000"
+        );
     }
 
     #[test]
@@ -272,7 +306,7 @@ mod tests {
     fn truncated_and_unknown_kind() {
         assert!(matches!(FrameHeader::parse(&[0u8; 10]), Err(FrameError::Truncated { .. })));
         let mut b = sample().to_bytes();
-        b[KIND_AT] = 9;
+        b[5] = 9; // kind
         let sum = header_checksum(&b[..36]);
         b[36..40].copy_from_slice(&sum.to_le_bytes());
         assert_eq!(FrameHeader::parse(&b), Err(FrameError::UnknownKind { got: 9 }));

@@ -20,7 +20,8 @@ pub struct ParseError {
     pub expected: &'static str,
 }
 
-/// Allreduce algorithm.
+/// Allreduce algorithm. The one definition: the agent's policy, the hints API and ipu-firmware's
+/// engine (`ipu_firmware::Algorithm`) all use this type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Algorithm {
     /// Ring reduce-scatter + allgather: bandwidth-optimal, latency grows with the rank count.
@@ -61,6 +62,7 @@ impl FromStr for Algorithm {
 
 /// Wire compression of gradients, from exact to most lossy:
 /// `none` < `fp16` < `bf16` < `int8` < `topk:R` (smaller `R` is lossier).
+/// The one definition: ipu-firmware's engine uses it as `ipu_firmware::CodecKind`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Codec {
     None,
@@ -95,6 +97,19 @@ impl Codec {
             Codec::Bf16 => 2,
             Codec::Int8 => 3,
             Codec::TopK { .. } => 4,
+        }
+    }
+
+    /// Whether decoding gives back exactly what was encoded: `none`, and top-k keeping everything.
+    pub fn is_lossless(self) -> bool {
+        matches!(self, Codec::None) || matches!(self, Codec::TopK { ratio } if ratio >= 1.0)
+    }
+
+    /// Checks the codec's parameter: a top-k ratio must be in (0, 1] (NaN is not).
+    pub fn validate(self) -> Result<(), &'static str> {
+        match self {
+            Codec::TopK { ratio } if !(ratio > 0.0 && ratio <= 1.0) => Err("top-k ratio must be in (0, 1]"),
+            _ => Ok(()),
         }
     }
 
@@ -133,10 +148,9 @@ impl FromStr for Codec {
             "int8" => Codec::Int8,
             _ => {
                 let ratio: f32 = s.strip_prefix("topk:").ok_or_else(err)?.parse().map_err(|_| err())?;
-                if !(ratio > 0.0 && ratio <= 1.0) {
-                    return Err(err());
-                }
-                Codec::TopK { ratio }
+                let c = Codec::TopK { ratio };
+                c.validate().map_err(|_| err())?;
+                c
             }
         })
     }

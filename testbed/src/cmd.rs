@@ -133,3 +133,8 @@ pub(crate) fn wait_until_ready(
     }
     Err(Error::Timeout { what: what.into(), waited: start.elapsed(), detail })
 }
+
+/// Parses the JSON output of `command` (`ip -j`, `nft -j`, `tc -j`).
+pub(crate) fn parse_json(command: &str, out: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(out).map_err(|e| Error::BadOutput { command: command.into(), detail: e.to_string() })
+}

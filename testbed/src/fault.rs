@@ -1,11 +1,11 @@
-//! Fault injection on any link of a rig ([`crate::Rig`]: [`Star`], [`crate::LeafSpine`]): random
+//! Fault injection on any link of a rig ([`crate::Rig`]: [`crate::Star`], [`crate::LeafSpine`]): random
 //! loss (nftables), rate caps (tc tbf), link flaps (link down / up), cross traffic (bulk TCP
 //! between hosts that are not part of the job) and compute stragglers (recorded by the job
 //! launcher). There is no netem on the target kernels, so these are the building blocks (see
 //! DESIGN.md, Decisions).
 //!
 //! Every fault returns a guard that removes it on drop and records its start and end in the rig's
-//! fault log ([`crate::Rig::faults`], [`Star::fault_log`]), in wall-clock milliseconds so
+//! fault log ([`crate::Rig::faults`], [`crate::Star::fault_log`]), in wall-clock milliseconds so
 //! evaluations can line faults up with the agent's events.
 
 use std::io::{Read, Write};
@@ -18,11 +18,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::cmd::{self, Tool};
+use crate::cmd::{self, parse_json, Tool};
 use crate::error::{Error, Result};
+use crate::link::{Endpoint, Link, HOST_IFACE};
 use crate::netns::NetnsHandle;
-use crate::rig::{Endpoint, Link, Rig};
-use crate::star::{parse_json, Star};
 
 /// A rig's fault log, shared with the guards.
 pub type FaultLog = Arc<Mutex<Vec<FaultRecord>>>;
@@ -98,7 +97,7 @@ pub struct DropCounters {
     pub to_host_bytes: u64,
 }
 
-/// Removes a loss rule when dropped. See [`Star::add_loss`].
+/// Removes a loss rule when dropped. See [`crate::Star::add_loss`].
 #[derive(Debug)]
 pub struct LossGuard {
     ns: NetnsHandle,
@@ -109,7 +108,7 @@ pub struct LossGuard {
     removed: bool,
 }
 
-/// Removes a rate cap when dropped. See [`Star::rate_cap`], [`Rig::link_rate_cap`].
+/// Removes a rate cap when dropped. See [`crate::Star::rate_cap`], [`crate::Rig::link_rate_cap`].
 #[derive(Debug)]
 pub struct RateCapGuard {
     ends: Vec<Endpoint>,
@@ -169,31 +168,6 @@ pub enum LossSite {
     /// treats them as local congestion and resends without counting a retransmission), so this
     /// mostly models inbound loss.
     HostEth0,
-}
-
-impl Star {
-    /// Drops `percent` % of the packets on host `host`'s link, independently at random in both
-    /// directions (nftables `numgen random mod 10000 < percent*100`, 0.01 % resolution), at
-    /// [`LossSite::SwitchPort`]. There is no netem on the target kernels. The rule drops packets
-    /// as the device sees them: with offloads on ([`crate::StarConfig::offloads`]) one TCP "packet"
-    /// may be a 64 KiB GSO frame, so the segment loss rate is burstier than `percent` suggests.
-    pub fn add_loss(&self, host: usize, percent: f64) -> Result<LossGuard> {
-        self.add_loss_at(host, percent, LossSite::SwitchPort)
-    }
-
-    /// [`Star::add_loss`] at an explicit [`LossSite`].
-    pub fn add_loss_at(&self, host: usize, percent: f64, site: LossSite) -> Result<LossGuard> {
-        self.host(host)?;
-        add_loss(&self.link(&format!("h{host}"))?, percent, site, self.faults.clone())
-    }
-
-    /// Caps host `host`'s link at `rate_mbit` Mbit/s in both directions: a `tbf` root qdisc on
-    /// the host's eth0 (host → switch) and on its bridge port (switch → host). A pure rate cap
-    /// produces almost no loss; it shows as lower delivery rate and higher RTT.
-    pub fn rate_cap(&self, host: usize, rate_mbit: u64) -> Result<RateCapGuard> {
-        self.host(host)?;
-        rate_cap(&self.link(&format!("h{host}"))?, rate_mbit, self.faults.clone())
-    }
 }
 
 fn new_record(link: &Link, host: Option<usize>, at: &Endpoint, kind: FaultKind) -> FaultRecord {
@@ -451,7 +425,7 @@ impl Drop for UpOnDrop<'_> {
 }
 
 /// Flaps a link on a background thread. Dropping it stops flapping and leaves the link up. See
-/// [`Rig::link_flap`].
+/// [`crate::Rig::link_flap`].
 #[derive(Debug)]
 pub struct FlapGuard {
     end: Endpoint,
@@ -609,7 +583,7 @@ pub struct CrossTrafficReport {
 }
 
 /// Runs cross traffic until it is stopped, dropped, or its duration passes. See
-/// [`Rig::cross_traffic`].
+/// [`crate::Rig::cross_traffic`].
 #[derive(Debug)]
 pub struct CrossTraffic {
     stop: Arc<AtomicBool>,
@@ -651,7 +625,7 @@ pub fn cross_traffic(spec: &CrossTrafficSpec, from: NetnsHandle, to: NetnsHandle
         host: Some(spec.from),
         link: None,
         netns: from.name().to_string(),
-        iface: crate::star::HOST_IFACE.into(),
+        iface: HOST_IFACE.into(),
         kind,
         started_unix_ms: unix_ms(SystemTime::now()),
         ended_unix_ms: None,

@@ -262,8 +262,8 @@ impl Dist {
             return Dist::default();
         }
         let mut v = values.to_vec();
-        v.sort_by(|a, b| a.total_cmp(b));
-        let pct = |p: f64| v[(((v.len() - 1) as f64) * p).round() as usize];
+        ringside_stats::sort(&mut v);
+        let pct = |q: f64| ringside_stats::quantile_sorted(&v, q).unwrap_or(f64::NAN);
         Dist { count: v.len(), mean: v.iter().sum::<f64>() / v.len() as f64, p50: pct(0.5), p99: pct(0.99), max: v[v.len() - 1] }
     }
 }
@@ -477,7 +477,10 @@ mod tests {
     #[test]
     fn dist() {
         let d = Dist::of(&(1..=100).map(f64::from).collect::<Vec<_>>());
-        assert_eq!((d.count, d.mean, d.p50, d.p99, d.max), (100, 50.5, 51.0, 99.0, 100.0));
+        // Quantiles interpolate between the closest ranks (ringside-stats): p50 of 1..=100 is 50.5,
+        // p99 is 99 + 0.01.
+        assert_eq!((d.count, d.mean, d.p50, d.max), (100, 50.5, 50.5, 100.0));
+        assert!((d.p99 - 99.01).abs() < 1e-9, "p99 {}", d.p99);
         assert_eq!(Dist::of(&[]), Dist::default());
     }
 

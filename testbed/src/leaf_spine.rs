@@ -22,12 +22,12 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::cmd;
+use crate::cmd::{self, parse_json};
 use crate::error::{Error, Result};
 use crate::fault::FaultRecord;
 use crate::netns::{unique_prefix, Netns};
-use crate::rig::{Endpoint, Link, Rig, Side};
-use crate::star::{parse_json, BRIDGE, HOST_IFACE};
+use crate::link::{Endpoint, Link, Side, BRIDGE, HOST_IFACE};
+use crate::rig::Rig;
 use crate::tuning::{self, BacklogGuard};
 
 /// Name of a leaf's uplink port (in the leaf namespace).

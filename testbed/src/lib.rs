@@ -12,17 +12,19 @@
 //! - Traffic with exact ground truth: [`tcp_send`] / [`TcpSink`], [`roce_send`] / [`RoceSink`].
 //! - [`job`]: launches one emulated training rank (`ringside-rank`) per host; [`mpi`] and
 //!   [`torch`] run OpenMPI and PyTorch DDP jobs on a rig through the same [`RunningJob`].
-//! - [`clean`]: removes namespaces left behind by crashed runs.
+//! - [`clean()`]: removes namespaces left behind by crashed runs.
 //!
 //! Everything here needs root (CAP_NET_ADMIN + CAP_SYS_ADMIN); calls fail with
 //! [`Error::NotRoot`] otherwise. Traffic only ever flows between addresses inside namespaces the
 //! testbed created.
 
+pub mod clean;
 pub mod cmd;
 pub mod error;
 pub mod fault;
 pub mod job;
 pub mod leaf_spine;
+pub mod link;
 pub mod mpi;
 pub mod netns;
 pub mod rig;
@@ -44,7 +46,8 @@ pub use fault::{
 pub use mpi::{spawn_mpi, MpiAlgorithm, MpiConfig, MpiLaunch};
 pub use leaf_spine::{LeafSpine, LeafSpineConfig, LeafSpineHost};
 pub use rig::{Link, Rig};
-pub use netns::{clean, CleanReport, Netns, NetnsHandle};
+pub use clean::{clean, CleanReport};
+pub use netns::{Netns, NetnsHandle};
 pub use roce::{roce_send, RoceRecvReport, RoceSendReport, RoceSink, RoceSpec, ROCEV2_UDP_PORT};
 pub use size::ByteSize;
 pub use star::{Star, StarConfig, StarHost};

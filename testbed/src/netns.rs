@@ -1,8 +1,9 @@
-//! [`Netns`]: an RAII network namespace, and [`clean`] for namespaces a crashed run left behind.
+//! [`Netns`]: an RAII network namespace, and what tells a leftover namespace from one in use
+//! ([`creator_pid`], [`list_rig_namespaces`]; [`crate::clean()`] removes the leftovers).
 //!
 //! Naming invariant: every namespace the testbed creates is called `rs-<pid>-<rig>-<label>`, where
 //! `<pid>` is the creating process and `<rig>` a per-process counter. Parallel runs therefore never
-//! collide, and [`clean`] can tell a leftover (creator dead) from a rig in use.
+//! collide, and [`crate::clean()`] can tell a leftover (creator dead) from a rig in use.
 //!
 //! Entering a namespace is done with `setns(CLONE_NEWNET)` only. We deliberately do not use
 //! `ip netns exec`: it also unshares the mount namespace and remounts /sys, which hides
@@ -217,19 +218,6 @@ impl NetnsHandle {
     }
 }
 
-/// What [`clean`] did.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct CleanReport {
-    /// Namespaces deleted.
-    pub removed: Vec<String>,
-    /// `rs-` namespaces kept because their creating process is alive (empty with `all`).
-    pub kept: Vec<String>,
-    /// Namespaces we tried to delete but could not, with the error.
-    pub failed: Vec<(String, String)>,
-    /// Whether a stale raised `net.core.netdev_max_backlog` was restored.
-    pub backlog_restored: Option<u64>,
-}
-
 /// Parses the creating pid out of `rs-<pid>-...`.
 pub fn creator_pid(name: &str) -> Option<i32> {
     name.strip_prefix(NETNS_PREFIX)?.split('-').next()?.parse().ok()
@@ -268,31 +256,4 @@ pub fn list_rig_namespaces() -> Result<Vec<String>> {
         .collect();
     names.sort();
     Ok(names)
-}
-
-/// Deletes leftover testbed namespaces: every `rs-*` namespace whose creating process is gone, or
-/// every `rs-*` namespace with `all` (this also breaks rigs of runs still in progress). Interfaces,
-/// qdiscs and nftables tables inside a namespace die with it. Also restores a
-/// `net.core.netdev_max_backlog` left raised by a crashed run.
-pub fn clean(all: bool) -> Result<CleanReport> {
-    cmd::require_root()?;
-    let mut report = CleanReport::default();
-    for name in list_rig_namespaces()? {
-        let stale = match creator_pid(&name) {
-            Some(pid) => !pid_alive(pid),
-            None => false,
-        };
-        if !(all || stale) {
-            report.kept.push(name);
-            continue;
-        }
-        match cmd::ip(&["netns", "delete", &name]) {
-            Ok(_) => report.removed.push(name),
-            // A concurrent `clean` (another test process) got there first.
-            Err(_) if !Path::new(NETNS_RUN_DIR).join(&name).exists() => {}
-            Err(e) => report.failed.push((name, e.to_string())),
-        }
-    }
-    report.backlog_restored = crate::tuning::restore_stale_backlog()?;
-    Ok(report)
 }

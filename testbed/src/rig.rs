@@ -1,74 +1,19 @@
 //! [`Rig`]: what the job launcher and the fault injectors need from a topology, implemented by
-//! [`crate::Star`] and [`crate::LeafSpine`], and [`Link`]: one cable of a rig, named so faults
-//! can be put on any of them from code or the command line.
+//! [`crate::Star`] and [`crate::LeafSpine`]. Its links ([`Link`], defined in [`crate::link`] and
+//! re-exported here) are named so faults can be put on any of them from code or the command line.
 //!
-//! Link names: `h<i>` (or just `<i>`) is host i's access link (host eth0 ↔ its switch/leaf port);
-//! `up<L>` is leaf L's uplink to the spine (leaf-spine only).
+//! Layering: `link` (cables, names) ← `fault` (what can go wrong on a link) ← `rig` (the trait that
+//! puts faults on a topology's links) ← `star` / `leaf_spine` (the topologies). Each imports only
+//! downward.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Serialize;
-
 use crate::error::{Error, Result};
 use crate::fault::{self, CrossTraffic, CrossTrafficSpec, FaultRecord, FlapGuard, FlapSpec, LossGuard, LossSite, RateCapGuard};
-use crate::netns::{Netns, NetnsHandle};
-
-/// One end of a link: an interface inside a namespace.
-#[derive(Debug, Clone)]
-pub struct Endpoint {
-    pub ns: NetnsHandle,
-    pub iface: String,
-}
-
-/// Which end of a [`Link`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Side {
-    /// The host's eth0 (access link) or the leaf's `up` port (uplink).
-    Near,
-    /// The switch/leaf bridge port `p<i>` (access link) or the spine's `l<L>` (uplink).
-    Far,
-}
-
-/// A cable of a rig (a veth pair).
-#[derive(Debug, Clone)]
-pub struct Link {
-    /// `h<i>` or `up<L>`.
-    pub name: String,
-    /// The host whose access link this is (`None` for uplinks).
-    pub host: Option<usize>,
-    /// Host side (access link) or leaf side (uplink). Traffic leaving `near` is "from host" in
-    /// [`crate::DropCounters`].
-    pub near: Endpoint,
-    /// Switch side (access link) or spine side (uplink). Loss rules sit here by default.
-    pub far: Endpoint,
-    /// The end a flap sets down: always a bridge port (it carries no addresses, so nothing but
-    /// the carrier changes and both sides come back by themselves).
-    pub flap_side: Side,
-}
-
-impl Link {
-    pub fn end(&self, side: Side) -> &Endpoint {
-        match side {
-            Side::Near => &self.near,
-            Side::Far => &self.far,
-        }
-    }
-}
-
-/// Normalizes a link name given by a person: `3` → `h3`, `uplink0` → `up0`.
-pub fn normalize_link_name(name: &str) -> String {
-    let n = name.trim();
-    if !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) {
-        return format!("h{n}");
-    }
-    if let Some(rest) = n.strip_prefix("uplink") {
-        return format!("up{rest}");
-    }
-    n.to_string()
-}
+pub use crate::link::{normalize_link_name, Endpoint, Link, Side};
+use crate::netns::Netns;
 
 /// A topology the job launcher and the fault injectors can use.
 pub trait Rig {
@@ -132,18 +77,5 @@ pub trait Rig {
         let to = self.host_netns(spec.to)?.handle();
         let to_addr = self.host_ipv4(spec.to)?;
         fault::cross_traffic(&spec, from, to, to_addr, self.fault_log_handle())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn link_names() {
-        assert_eq!(normalize_link_name("3"), "h3");
-        assert_eq!(normalize_link_name("h3"), "h3");
-        assert_eq!(normalize_link_name("uplink1"), "up1");
-        assert_eq!(normalize_link_name("up0"), "up0");
     }
 }

@@ -18,16 +18,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 
-use crate::cmd;
+use crate::cmd::{self, parse_json};
 use crate::error::{Error, Result};
-use crate::fault::FaultRecord;
+use crate::fault::{add_loss, rate_cap, FaultRecord, LossGuard, LossSite, RateCapGuard};
+pub use crate::link::{BRIDGE, HOST_IFACE};
+use crate::link::{Endpoint, Link, Side};
 use crate::netns::{unique_prefix, Netns};
+use crate::rig::Rig;
 use crate::tuning::{self, BacklogGuard};
-
-/// Interface name of every host's link.
-pub const HOST_IFACE: &str = "eth0";
-/// Name of the bridge in the switch namespace.
-pub const BRIDGE: &str = "br0";
 /// Largest star: host addresses are 10.77.0.1 ..= 10.77.0.250.
 pub const MAX_HOSTS: usize = 250;
 /// The switch's own address once [`Star::add_management_address`] gave it one (above the hosts).
@@ -242,11 +240,32 @@ impl Star {
     }
 }
 
-pub(crate) fn parse_json(command: &str, out: &str) -> Result<serde_json::Value> {
-    serde_json::from_str(out).map_err(|e| Error::BadOutput { command: command.into(), detail: e.to_string() })
+impl Star {
+    /// Drops `percent` % of the packets on host `host`'s link, independently at random in both
+    /// directions (nftables `numgen random mod 10000 < percent*100`, 0.01 % resolution), at
+    /// [`LossSite::SwitchPort`]. There is no netem on the target kernels. The rule drops packets
+    /// as the device sees them: with offloads on ([`crate::StarConfig::offloads`]) one TCP "packet"
+    /// may be a 64 KiB GSO frame, so the segment loss rate is burstier than `percent` suggests.
+    pub fn add_loss(&self, host: usize, percent: f64) -> Result<LossGuard> {
+        self.add_loss_at(host, percent, LossSite::SwitchPort)
+    }
+
+    /// [`Star::add_loss`] at an explicit [`LossSite`].
+    pub fn add_loss_at(&self, host: usize, percent: f64, site: LossSite) -> Result<LossGuard> {
+        self.host(host)?;
+        add_loss(&self.link(&format!("h{host}"))?, percent, site, self.faults.clone())
+    }
+
+    /// Caps host `host`'s link at `rate_mbit` Mbit/s in both directions: a `tbf` root qdisc on
+    /// the host's eth0 (host → switch) and on its bridge port (switch → host). A pure rate cap
+    /// produces almost no loss; it shows as lower delivery rate and higher RTT.
+    pub fn rate_cap(&self, host: usize, rate_mbit: u64) -> Result<RateCapGuard> {
+        self.host(host)?;
+        rate_cap(&self.link(&format!("h{host}"))?, rate_mbit, self.faults.clone())
+    }
 }
 
-impl crate::rig::Rig for Star {
+impl Rig for Star {
     fn rig_prefix(&self) -> &str {
         &self.prefix
     }
@@ -267,8 +286,7 @@ impl crate::rig::Rig for Star {
         Ok(self.host(index)?.addr6)
     }
 
-    fn links(&self) -> Vec<crate::rig::Link> {
-        use crate::rig::{Endpoint, Link, Side};
+    fn links(&self) -> Vec<Link> {
         self.hosts
             .iter()
             .enumerate()

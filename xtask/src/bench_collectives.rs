@@ -15,6 +15,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
+use ringside_stats::median;
 use serde_json::{json, Value};
 use testbed::{ByteSize, JobConfig, Star, StarConfig};
 
@@ -85,18 +86,6 @@ pub fn busbw(bytes: u64, world: usize, seconds: f64) -> f64 {
     bytes as f64 / seconds * 2.0 * (world as f64 - 1.0) / world as f64
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    }
-}
 
 fn sizes(max_mib: u64) -> Vec<u64> {
     let mut out = Vec::new();
@@ -485,11 +474,11 @@ fn ringside_cell(
     if steps <= warm as usize {
         bail!("only {steps} steps recorded (expected {})", n + warm);
     }
-    let mut slowest: Vec<f64> = (warm as usize..steps).map(|s| per_rank.iter().map(|r| r[s]).fold(0.0, f64::max)).collect();
-    let mut fastest: Vec<f64> =
+    let slowest: Vec<f64> = (warm as usize..steps).map(|s| per_rank.iter().map(|r| r[s]).fold(0.0, f64::max)).collect();
+    let fastest: Vec<f64> =
         (warm as usize..steps).map(|s| per_rank.iter().map(|r| r[s]).fold(f64::INFINITY, f64::min)).collect();
-    let time_s = median(&mut slowest) / 1e3;
-    let time_min_rank_s = median(&mut fastest) / 1e3;
+    let time_s = median(&slowest).unwrap_or(f64::NAN) / 1e3;
+    let time_min_rank_s = median(&fastest).unwrap_or(f64::NAN) / 1e3;
     Ok(Cell { size, steps: steps - warm as usize, time_s, busbw: busbw(size, WORLD, time_s), time_min_rank_s })
 }
 

@@ -6,6 +6,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
+use ringside_stats::quantile;
 use serde_json::Value;
 use testbed::{Star, StarConfig};
 
@@ -64,18 +65,6 @@ pub fn sleep_checked(d: Duration, stop: &AtomicBool) -> bool {
     !stop.load(Ordering::SeqCst)
 }
 
-/// Nearest-rank quantile `q` (0..=1) of `v`.
-pub fn percentile(v: &[f64], q: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    // Nearest rank.
-    let idx = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1;
-    Some(s[idx])
-}
-
 pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg").map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
 }
@@ -117,8 +106,7 @@ pub fn job_send_rate_mbit(agent: &Agent, port: &str, stop: &AtomicBool) -> Resul
             bail!("interrupted");
         }
     }
-    samples.sort_by(f64::total_cmp);
-    let p90 = samples[(samples.len() * 9 / 10).min(samples.len() - 1)];
+    let p90 = quantile(&samples, 0.9).unwrap_or(0.0);
     if p90 <= 0.0 {
         bail!("the agent saw no traffic from {port} during the warm-up: the job is not running");
     }

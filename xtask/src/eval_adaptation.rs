@@ -36,12 +36,13 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use ringside_client::{Algorithm, Constraints, JobRegistration, PortRange};
+use ringside_stats::quantile;
 use serde_json::{json, Value};
 use testbed::{ByteSize, CrossTrafficSpec, JobConfig, LeafSpine, LeafSpineConfig, Rig, RunningJob, Star, StarConfig, TorchConfig};
 
 use crate::{
     agent::{Agent, AgentSpec},
-    eval::{job_send_rate_mbit, loadavg, machine, measure_capacity, now_ms, percentile, pick, release_binaries, sleep_checked, RATE_SAMPLES},
+    eval::{job_send_rate_mbit, loadavg, machine, measure_capacity, now_ms, pick, release_binaries, sleep_checked, RATE_SAMPLES},
     util::workspace_root,
 };
 
@@ -560,7 +561,7 @@ fn measure(report: &Path, r: &mut RunResult) -> Result<()> {
     r.steps_measured = after.len();
     r.comm_mean = mean(&comm);
     r.step_mean = mean(&step);
-    r.step_p99 = percentile(&step, 0.99);
+    r.step_p99 = quantile(&step, 0.99);
     r.pre_fault_step_mean = pre_fault_mean(steps, r.fault_start_ms);
     for s in &after {
         let p = &s["plan"];
@@ -616,7 +617,7 @@ fn measure_torch(out: &Path, r: &mut RunResult) -> Result<()> {
     r.steps_measured = after.len();
     r.comm_mean = mean(&comm);
     r.step_mean = mean(&step);
-    r.step_p99 = percentile(&step, 0.99);
+    r.step_p99 = quantile(&step, 0.99);
     r.pre_fault_step_mean = pre_fault_mean(&steps, r.fault_start_ms);
     for s in &after {
         // gloo chooses the allreduce algorithm; the hint only changes the codec.

@@ -35,12 +35,13 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
+use ringside_stats::quantile;
 use serde_json::{json, Value};
 use testbed::{ByteSize, CrossTrafficSpec, FaultRecord, FlapSpec, JobConfig, LeafSpine, LeafSpineConfig, MpiAlgorithm, MpiConfig, Rig, RunningJob, Star, StarConfig, TorchConfig};
 
 use crate::{
     agent::{Agent, AgentSpec},
-    eval::{job_send_rate_mbit, loadavg, machine, measure_capacity, now_ms, percentile, pick, release_binaries, sleep_checked, RATE_SAMPLES},
+    eval::{job_send_rate_mbit, loadavg, machine, measure_capacity, now_ms, pick, release_binaries, sleep_checked, RATE_SAMPLES},
     util::workspace_root,
 };
 
@@ -719,7 +720,7 @@ fn job_summary(job: testbed::RunningJob, out: &Path, job_start_ms: u64, fault: O
             }
         }
     }
-    json!({"ranks_with_results": ranks, "comm_ms_median_before_fault": percentile(&pre, 0.5), "comm_ms_median_during_fault": percentile(&during, 0.5),
+    json!({"ranks_with_results": ranks, "comm_ms_median_before_fault": quantile(&pre, 0.5), "comm_ms_median_during_fault": quantile(&during, 0.5),
            "steps_before_fault": pre.len(), "steps_during_fault": during.len()})
 }
 
@@ -833,7 +834,7 @@ impl Summary {
         json!({
             "scenario": self.name, "description": self.describe, "runs": self.runs, "failed_runs": self.failed_runs,
             "faults": self.faults, "detected": self.detected, "recall": self.recall(),
-            "latency_ms": {"median": percentile(&self.latencies_ms, 0.5), "p90": percentile(&self.latencies_ms, 0.9), "all": self.latencies_ms},
+            "latency_ms": {"median": quantile(&self.latencies_ms, 0.5), "p90": quantile(&self.latencies_ms, 0.9), "all": self.latencies_ms},
             "network_events": self.network_events, "matched_network_events": self.matched_network_events, "precision": self.precision(),
             "timely_network_events": self.timely_network_events, "precision_time_only": self.precision_time_only(),
             "localized_faults": self.localized, "localization": self.localization(),
@@ -841,7 +842,7 @@ impl Summary {
             "healthy_seconds": self.healthy_s, "healthy_false_alarms": self.healthy_false_alarms, "false_alarms_per_hour": self.fa_per_hour(),
             "straggler_reported_as_network_fault": self.straggler_as_network, "straggler_events": self.straggler_events,
             "straggler_events_naming_a_healthy_host": self.straggler_wrong_host, "events_any_kind": self.events_any,
-            "job_comm_ms_before_fault": percentile(&self.comm_before_ms, 0.5), "job_comm_ms_during_fault": percentile(&self.comm_during_ms, 0.5),
+            "job_comm_ms_before_fault": quantile(&self.comm_before_ms, 0.5), "job_comm_ms_during_fault": quantile(&self.comm_during_ms, 0.5),
         })
     }
 }
@@ -1010,8 +1011,8 @@ fn render_table(sums: &[Summary]) -> String {
             failed,
             s.faults,
             s.detected,
-            secs_opt(percentile(&s.latencies_ms, 0.5)),
-            secs_opt(percentile(&s.latencies_ms, 0.9)),
+            secs_opt(quantile(&s.latencies_ms, 0.5)),
+            secs_opt(quantile(&s.latencies_ms, 0.9)),
             f2(s.precision()),
             f2(s.precision_time_only()),
             f2(s.recall()),
@@ -1023,7 +1024,7 @@ fn render_table(sums: &[Summary]) -> String {
             s.fa_per_hour().map(|x| format!("{x:.0}")).unwrap_or_else(|| "-".into()),
             if s.name == "straggler" { s.straggler_as_network.to_string() } else { "-".into() },
             s.straggler_events,
-            match (percentile(&s.comm_before_ms, 0.5), percentile(&s.comm_during_ms, 0.5)) {
+            match (quantile(&s.comm_before_ms, 0.5), quantile(&s.comm_during_ms, 0.5)) {
                 (Some(b), Some(d)) => format!("{b:.0} → {d:.0}"),
                 (Some(b), None) => format!("{b:.0}"),
                 _ => "-".into(),
@@ -1040,7 +1041,7 @@ type Target = (String, String, Option<bool>);
 
 fn targets(sums: &[Summary], o: &Summary) -> Vec<Target> {
     let mut v = Vec::new();
-    let med = percentile(&o.latencies_ms, 0.5);
+    let med = quantile(&o.latencies_ms, 0.5);
     v.push(("median detection latency <= 2 s (all network faults)".into(), secs_opt(med) + " s", med.map(|m| m <= 2000.0)));
     // Issue 9: loss >= 1 % and rate caps, median and p90.
     let hard: Vec<f64> = sums
@@ -1048,7 +1049,7 @@ fn targets(sums: &[Summary], o: &Summary) -> Vec<Target> {
         .filter(|s| matches!(s.name.as_str(), "loss-1" | "loss-2" | "loss-5" | "ratecap-quarter"))
         .flat_map(|s| s.latencies_ms.iter().copied())
         .collect();
-    let (hm, h90) = (percentile(&hard, 0.5), percentile(&hard, 0.9));
+    let (hm, h90) = (quantile(&hard, 0.5), quantile(&hard, 0.9));
     v.push(("median latency <= 2 s, loss >= 1 % and rate caps".into(), secs_opt(hm) + " s", hm.map(|m| m <= 2000.0)));
     v.push(("p90 latency <= 5 s, loss >= 1 % and rate caps".into(), secs_opt(h90) + " s", h90.map(|m| m <= 5000.0)));
     // Precision over the network-fault scenarios only (false alarms of healthy and straggler runs are scored below).
@@ -1245,7 +1246,7 @@ fn plot(sums: &[Summary], path: &Path) -> Result<()> {
         .map(|s| s.name.replace("loss-", "loss ").replace("ratecap-quarter", "cap 1/4").replace("uplink-congestion", "uplink"))
         .collect();
     let n = names.len();
-    let max_lat = sums.iter().filter_map(|s| percentile(&s.latencies_ms, 0.9)).fold(2500.0f64, f64::max) / 1e3 * 1.15;
+    let max_lat = sums.iter().filter_map(|s| quantile(&s.latencies_ms, 0.9)).fold(2500.0f64, f64::max) / 1e3 * 1.15;
 
     let label = |names: &[String], x: &f64| -> String {
         let i = x.round() as isize;
@@ -1271,10 +1272,10 @@ fn plot(sums: &[Summary], path: &Path) -> Result<()> {
         .draw()?;
     for (i, s) in sums.iter().enumerate() {
         let x = i as f64;
-        if let Some(p90) = percentile(&s.latencies_ms, 0.9) {
+        if let Some(p90) = quantile(&s.latencies_ms, 0.9) {
             c.draw_series(std::iter::once(Rectangle::new([(x - 0.35, 0.0), (x + 0.35, p90 / 1e3)], BLUE.mix(0.25).filled())))?;
         }
-        if let Some(med) = percentile(&s.latencies_ms, 0.5) {
+        if let Some(med) = quantile(&s.latencies_ms, 0.5) {
             c.draw_series(std::iter::once(Rectangle::new([(x - 0.25, 0.0), (x + 0.25, med / 1e3)], BLUE.filled())))?;
         }
         if s.detected == 0 && s.faults > 0 {

@@ -26,6 +26,7 @@ use super::gray::{evidence, Fold};
 use super::lifecycle::Assessment;
 use super::robust::Robust;
 use super::verdict::{Evidence, Metric, PeerCount, Reference, Severity};
+use ringside_stats::median;
 
 /// One peer of the link, with its statistics.
 pub(crate) struct LinkPeer<'a> {
@@ -66,10 +67,6 @@ fn required(cfg: &CongestionConfig, n: usize) -> usize {
         .max(1)
 }
 
-fn median(values: impl IntoIterator<Item = f64>) -> f64 {
-    Robust::of(values).map_or(0.0, |r| r.median)
-}
-
 /// One "several peers at once" condition: `peers` are (value, reference stats, degraded, severe,
 /// not yet recovered).
 fn peers_condition(
@@ -89,10 +86,10 @@ fn peers_condition(
         let severe = peers.iter().filter(|p| p.3).count() >= need;
         let e = Evidence {
             metric,
-            value: median(degraded.iter().map(|p| p.0)),
-            reference: median(degraded.iter().map(|p| p.1.median)),
+            value: median(degraded.iter().map(|p| p.0)).unwrap_or(0.0),
+            reference: median(degraded.iter().map(|p| p.1.median)).unwrap_or(0.0),
             reference_kind,
-            mad: median(degraded.iter().map(|p| p.1.mad)),
+            mad: median(degraded.iter().map(|p| p.1.mad)).unwrap_or(0.0),
             peers: Some(PeerCount { affected: degraded.len() as u32, of: n as u32 }),
             windows: Default::default(),
         };

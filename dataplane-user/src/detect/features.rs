@@ -410,9 +410,35 @@ pub(crate) fn peer_stats(cfg: &DetectorConfig, peers: &[PeerFeatures]) -> Vec<Pe
     let col = |get: &dyn Fn(&PeerFeatures) -> Option<f64>, min: usize| {
         leave_one_out(&peers.iter().map(get).collect::<Vec<_>>(), min)
     };
+    // Loss is compared with the peers that are not this peer's own collateral: a peer that
+    // attribution explained by this one lost *its* packets on this one's path (a ring
+    // neighbour, a folded partner that talks only to it), and counting it would lift the
+    // reference towards the culprit's own rate (recursive doubling: three of five others at half
+    // the culprit's loss). A peer that explains others is the structural culprit of their bad
+    // connections, so one clean other is reference enough.
+    let loss_col = |get: &dyn Fn(&PeerFeatures) -> Option<f64>| -> Vec<Option<Robust>> {
+        peers
+            .iter()
+            .enumerate()
+            .map(|(i, me)| {
+                get(me)?;
+                let culprit = peers.iter().any(|f| f.explained_by == Some(me.peer));
+                let others: Vec<f64> = peers
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, f)| j != i && f.explained_by != Some(me.peer))
+                    .filter_map(|(_, f)| get(f))
+                    .collect();
+                if others.len() < if culprit { 1 } else { gray_others } {
+                    return None;
+                }
+                Robust::of(others)
+            })
+            .collect()
+    };
     let goodput = col(&|f| f.goodput_bps, gray_others);
-    let loss_rate = col(&|f| f.loss_rate, gray_others);
-    let loss_packets = col(&|f| f.loss_rate.map(|_| f.loss_packets as f64), gray_others);
+    let loss_rate = loss_col(&|f| f.loss_rate);
+    let loss_packets = loss_col(&|f| f.loss_rate.map(|_| f.loss_packets as f64));
     let silence = col(&|f| f.silence_ns, gray_others);
     let lateness = col(&|f| f.lateness_ns, straggler_others);
     let step_lateness = col(&|f| f.step_lateness_ns, straggler_others);

@@ -4,22 +4,10 @@
 //! peer moves the mean and inflates the deviation enough to hide itself; the median ignores it as
 //! long as fewer than half the peers are faulty.
 
+use ringside_stats::median_in_place;
+
 /// Consistency constant: 1.4826 × MAD estimates the standard deviation of normal data.
 pub(crate) const MAD_TO_SIGMA: f64 = 1.4826;
-
-/// Median of `values` (sorted in place); `None` when empty. NaNs must not be passed.
-pub(crate) fn median_in_place(values: &mut [f64]) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    values.sort_by(|a, b| a.total_cmp(b));
-    let n = values.len();
-    Some(if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    })
-}
 
 /// Median and median absolute deviation of a sample.
 #[derive(Clone, Copy, Debug, PartialEq)]

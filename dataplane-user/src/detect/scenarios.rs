@@ -255,6 +255,26 @@ fn two_peers_severe_in_one_window_are_not_raised_on_it_alone() {
 }
 
 #[test]
+fn a_culprit_is_compared_with_the_peers_that_are_not_its_collateral() {
+    // Recursive doubling seen from a switch: host 3's link loses 1 %; three of the five others
+    // exchange with it and show half its loss, explained by it. Against all others the median is
+    // their 0.5 % and host 3 would not stand out; against the two clean ones it does.
+    let mut s = Scenario::star(6).with(Fault::Loss { peer: 3, rate: 0.01 }, 20, 40);
+    for p in [1, 2, 5] {
+        s = s.with(Fault::Loss { peer: p, rate: 0.005 }, 20, 40);
+    }
+    let mut windows = s.windows(50);
+    for w in &mut windows[20..40] {
+        for p in w.peers.iter_mut().filter(|p| [1, 2, 5].map(|i| s.peer(i)).contains(&p.peer)) {
+            p.explained_by = Some(s.peer(3));
+        }
+    }
+    let changes = run_with(DetectorConfig::default(), &windows);
+    let (opened, closed, _) = single_verdict(&changes, VerdictKind::GrayFailure, &peer_scope(&s, 3), 21, 43);
+    assert!(opened >= 20 && closed >= 40);
+}
+
+#[test]
 fn a_peer_blamed_only_by_attribution_s_guess_is_not_raised_on_one_window() {
     // Seen from a switch: the windows carry the job's connections, a ring over the peers. Only the
     // connection into peer 6 loses (5 %): both ends have good connections too, so attribution can
@@ -657,7 +677,12 @@ fn replay_recorded_windows() {
         println!("w{i} {} late ms (phase/step): {}", w.job, late.join(" "));
         for c in changes {
             let v = c.verdict();
-            println!("    {:?} {:?} {:?} {:?}", v.kind, v.scope, v.severity, v.evidence.first().map(|e| (e.metric, e.value)));
+            let what = match c {
+                VerdictChange::Opened(_) => "opened",
+                VerdictChange::Updated(_) => "updated",
+                VerdictChange::Closed(_) => "closed",
+            };
+            println!("    {what} {:?} {:?} {:?} {:?}", v.kind, v.scope, v.severity, v.evidence.first().map(|e| (e.metric, e.value)));
         }
     }
 }

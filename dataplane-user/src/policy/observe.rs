@@ -229,16 +229,8 @@ impl StepTracker {
     }
 }
 
-/// Median of finite values; `None` for none.
-pub fn median(xs: impl Iterator<Item = f64>) -> Option<f64> {
-    let mut v: Vec<f64> = xs.filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    Some(if v.len() % 2 == 1 { v[m] } else { (v[m - 1] + v[m]) / 2.0 })
-}
+/// Median of finite values; `None` for none (the definition shared with the evaluations).
+pub use ringside_stats::median;
 
 /// One window, summarised.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -409,6 +401,6 @@ mod tests {
         assert_eq!(h.comm_s(), Some(0.041));
         assert_eq!(h.ranks(), 4);
         assert_eq!(median([1.0, 2.0].into_iter()), Some(1.5));
-        assert_eq!(median(std::iter::empty()), None);
+        assert_eq!(median(std::iter::empty::<f64>()), None);
     }
 }

@@ -1,12 +1,13 @@
-//! Pieces of the closed-loop tests (`t2_adapt.rs`, `t2_adapt_torch.rs`): the job's view from the
-//! agent, the arithmetic over the ranks' per-step records, and the switch port counters a rate cap
-//! is sized from.
+//! Pieces of the closed-loop tests (`t2_adapt.rs`, `t2_adapt_torch.rs`): registering the job
+//! through the operator API and watching its hint, the job's view from the agent, the arithmetic
+//! over the ranks' per-step records, and the switch port counters a rate cap is sized from.
 use std::{
     collections::BTreeMap,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    net::Ipv4Addr,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use ringside_client::JobClient;
+use ringside_client::{Algorithm, ClientError, Constraints, Hint, JobClient, JobRegistration, OperatorClient, PortRange};
 use serde_json::Value;
 use testbed::Star;
 
@@ -67,6 +68,82 @@ pub fn host_send_rate_mbit(star: &Star, host: usize, samples: usize) -> f64 {
         rates.push((now - prev) as f64 * 8.0 / dt / 1e6);
         prev = now;
     }
-    rates.sort_by(f64::total_cmp);
-    rates[(rates.len() * 9 / 10).min(rates.len() - 1)]
+    ringside_stats::quantile(&rates, 0.9).unwrap_or(0.0)
+}
+
+/// What the closed-loop tests register: the job's members and TCP ports, its gradient size, the
+/// algorithms it allows, every codec, one channel, error feedback on.
+pub fn registration(name: &str, members: Vec<String>, tcp_ports: PortRange, gradient_bytes: u64, algorithms: Vec<Algorithm>) -> JobRegistration {
+    JobRegistration {
+        name: name.into(),
+        members,
+        tcp_ports: vec![tcp_ports],
+        udp_ports: vec![],
+        gradient_bytes: Some(gradient_bytes),
+        constraints: Constraints {
+            algorithms,
+            codecs: ["none", "fp16", "bf16", "int8"].map(String::from).to_vec(),
+            max_channels: 1,
+            error_feedback: true,
+            step_time_target_ms: None,
+            ..Default::default()
+        },
+    }
+}
+
+/// A job registered through `POST /v1/jobs`.
+pub struct RegisteredJob {
+    pub id: String,
+    /// The job's URL as the ranks reach it: through the switch's management address.
+    pub job_url: String,
+    /// The job's URL as the test reaches it from the switch namespace.
+    pub local_job_url: String,
+    pub tenant: String,
+}
+
+impl RegisteredJob {
+    /// Registers `job` as its launcher would (operator token, from the switch namespace) and checks
+    /// that the agent published the baseline hint (version 1, uncompressed).
+    pub fn register(star: &Star, agent_url: &str, mgmt: Ipv4Addr, agent_port: u16, operator_token: &str, job: &JobRegistration) -> Self {
+        let created = star
+            .switch
+            .run(|| OperatorClient::new(agent_url, operator_token).and_then(|c| c.register(job)))
+            .expect("POST /v1/jobs");
+        let registered = Self {
+            job_url: format!("http://{mgmt}:{agent_port}/v1/jobs/{}", created.id),
+            local_job_url: format!("{agent_url}/v1/jobs/{}", created.id),
+            tenant: created.tenant_token.clone(),
+            id: created.id,
+        };
+        let first = registered.hint(star).expect("GET /v1/jobs/{id}/hints");
+        assert_eq!((first.version, first.compression.to_string().as_str()), (1, "none"), "the registered baseline hint");
+        registered
+    }
+
+    /// The job's current hint, as the tenant sees it.
+    pub fn hint(&self, star: &Star) -> Result<Hint, ClientError> {
+        star.switch.run(|| JobClient::new(&self.local_job_url, &self.tenant).and_then(|c| c.hint()))
+    }
+
+    /// The job's Prometheus text from the agent, or the error.
+    pub fn metrics(&self, star: &Star) -> String {
+        job_metrics(star, &self.local_job_url, &self.tenant)
+    }
+
+    /// Polls the hint (not asserted: the ranks' records are the truth) for up to `within` and
+    /// reports when a version newer than `before` was published; `None` if none was.
+    pub fn watch_for_new_hint(&self, star: &Star, before: u64, within: Duration) -> Option<Duration> {
+        let from = Instant::now();
+        while from.elapsed() < within {
+            if let Ok(h) = self.hint(star) {
+                if h.version > before {
+                    eprintln!("agent published hint v{} ({} {} ×{}) {:.1} s after the cap: {:?}", h.version, h.algorithm, h.compression, h.channels, from.elapsed().as_secs_f64(), h.reasons);
+                    return Some(from.elapsed());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        eprintln!("no new hint within {within:?} of the cap; job metrics:\n{}", self.metrics(star));
+        None
+    }
 }

@@ -74,7 +74,7 @@ fn bench_codecs(a: &CodecArgs) {
     println!("codec throughput, one core, {} MiB f32 in {} KiB chunks (GB/s of f32 input, encode+decode):", a.size >> 20, a.chunk_bytes >> 10);
     println!("{:<10} {:>10} {:>10} {:>12} {:>8}", "codec", "encode", "decode", "enc+dec", "ratio");
     for kind in [CodecKind::None, CodecKind::Fp16, CodecKind::Bf16, CodecKind::Int8, CodecKind::TopK { ratio: 0.1 }] {
-        let codec = kind.codec();
+        let codec = ipu_firmware::codec::for_kind(kind);
         let mut payload = Vec::with_capacity(codec.max_encoded_len(chunk));
         let (mut enc, mut dec, mut rounds, mut wire) = (Duration::ZERO, Duration::ZERO, 0u32, 0usize);
         let start = Instant::now();

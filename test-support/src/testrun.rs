@@ -1,6 +1,7 @@
 //! Running a loaded TC classifier on a crafted frame with `BPF_PROG_TEST_RUN`.
 //!
-//! Used by the T1 tests (`tests/t1_flowmon.rs`) and by the benchmark (`examples/bench_ebpf.rs`).
+//! Used by the T1 tests (`dataplane-user/tests/t1_flowmon.rs`) and by the benchmark
+//! (`dataplane-user/examples/bench_ebpf.rs`).
 //! aya 0.14 exposes the command as [`aya::programs::TestRun::test_run`]; this module adds what the
 //! callers need on top: an `__sk_buff` context (so a run can look like ingress or egress, or like a
 //! GSO super-packet), an output buffer sized for the frame, and typed errors.
