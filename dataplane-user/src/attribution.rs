@@ -158,15 +158,39 @@ pub fn attribute(conns: &[DirectedConn], peers: &BTreeSet<IpAddr>, recent: &BTre
     let slow = |c: &DirectedConn| matches!((c.goodput(), goodput_ref), (Some(g), Some(m)) if g <= SLOW_FACTOR * m);
     // Loss is the network's own signature; slowness also follows from it (a sender busy resending
     // to a lossy peer is slower to everyone, a rank waiting on it sends late): when any connection
-    // is lossy, the slow ones are not evidence of their own.
-    let any_lossy = conns.iter().any(lossy);
-    let bad: Vec<(IpAddr, IpAddr, u64)> = conns
-        .iter()
-        .filter(|c| if any_lossy { lossy(c) } else { slow(c) })
-        .filter_map(|c| Some((c.src?, c.dst?, c.loss_packets)))
-        .filter(|(s, d, _)| s != d)
-        .collect();
+    // is lossy, the slow ones are not evidence of their own. They may only confirm loss's guess
+    // (a rate cap's onset: the capped host's burst of drops on one connection, its slowness on
+    // the others makes it the structural culprit), never move the blame elsewhere (after a
+    // flap, everyone's slowness would).
+    let pick = |with_slow: bool| -> Vec<(IpAddr, IpAddr, u64)> {
+        conns
+            .iter()
+            .filter(|c| lossy(c) || (with_slow && slow(c)))
+            .filter_map(|c| Some((c.src?, c.dst?, c.loss_packets)))
+            .filter(|(s, d, _)| s != d)
+            .collect()
+    };
+    if !conns.iter().any(lossy) {
+        return blame(conns, &pick(true), peers, recent, loss_ref, goodput_ref);
+    }
+    let by_loss = blame(conns, &pick(false), peers, recent, loss_ref, goodput_ref);
+    if !by_loss.structural.is_empty() {
+        return by_loss;
+    }
+    let with_slow = blame(conns, &pick(true), peers, recent, loss_ref, goodput_ref);
+    let structural: BTreeSet<IpAddr> = with_slow.structural.intersection(&by_loss.blamed).copied().collect();
+    Attribution { structural, ..by_loss }
+}
 
+/// The rules after the choice of bad connections (see [`attribute`]).
+fn blame(
+    conns: &[DirectedConn],
+    bad: &[(IpAddr, IpAddr, u64)],
+    peers: &BTreeSet<IpAddr>,
+    recent: &BTreeSet<IpAddr>,
+    loss_ref: f64,
+    goodput_ref: Option<f64>,
+) -> Attribution {
     let mut explained = vec![false; bad.len()];
     let mut out = Attribution::default();
     loop {
@@ -241,7 +265,7 @@ pub fn attribute(conns: &[DirectedConn], peers: &BTreeSet<IpAddr>, recent: &BTre
     }
     // Explained peers: every bad connection of theirs has a blamed other end.
     let mut by_peer: BTreeMap<IpAddr, Vec<Option<IpAddr>>> = BTreeMap::new();
-    for &(s, d, _) in &bad {
+    for &(s, d, _) in bad {
         for (me, other) in [(s, d), (d, s)] {
             if peers.contains(&me) && !out.blamed.contains(&me) {
                 by_peer.entry(me).or_default().push(out.blamed.contains(&other).then_some(other));
@@ -411,6 +435,30 @@ mod tests {
         let a = attribute(&conns, &all_peers(6), &BTreeSet::new());
         assert_eq!(a.blamed, BTreeSet::from([ip(4)]));
         assert_eq!(a.explained_by, BTreeMap::from([(ip(3), ip(4))]));
+    }
+
+    #[test]
+    fn a_rate_cap_s_onset_is_blamed_on_the_capped_host_from_loss_confirmed_by_slowness() {
+        // Host 5's link is capped: its inbound connection from host 6 drops a burst as the queue
+        // fills, its outbound one to host 4 slows. Loss alone is one connection (a guess at its
+        // receiver); with the slow one, host 5 has two bad counterparts: the guess is confirmed.
+        let c = |s: u8, d: u8, loss: u64, gbps: f64| DirectedConn {
+            src: Some(ip(s)),
+            dst: Some(ip(d)),
+            loss_packets: loss,
+            data_packets: 22_000,
+            burst_bytes: (gbps * 1e8) as u64,
+            burst_ns: 100_000_000,
+        };
+        let conns = vec![c(6, 5, 1820, 1.0), c(5, 4, 2, 0.05), c(4, 3, 4, 1.1), c(3, 2, 2, 0.9), c(2, 1, 2, 1.0), c(1, 6, 2, 1.0)];
+        let a = attribute(&conns, &all_peers(6), &BTreeSet::new());
+        assert_eq!(a.structural, BTreeSet::from([ip(5)]));
+        assert_eq!(a.explained_by, BTreeMap::from([(ip(6), ip(5))]));
+        // Slowness confirms loss's guess, never moves it: if the lossy connection ran 6 -> 1,
+        // host 1 stays a guess however slow host 5 is.
+        let moved: Vec<DirectedConn> = conns.iter().map(|x| if x.src == Some(ip(6)) { DirectedConn { loss_packets: 2, ..x.clone() } } else { x.clone() }).chain([c(6, 1, 1820, 1.0)]).collect();
+        let a = attribute(&moved, &all_peers(6), &BTreeSet::new());
+        assert_eq!((a.blamed, a.structural), (BTreeSet::from([ip(1)]), BTreeSet::new()));
     }
 
     #[test]
