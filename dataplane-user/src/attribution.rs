@@ -335,6 +335,18 @@ mod tests {
             .collect()
     }
 
+    /// `src -> dst` with `loss` of 20,000 data packets, at `gbps` GB/s inside its bursts.
+    fn conn(src: u8, dst: u8, loss: u64, gbps: f64) -> DirectedConn {
+        DirectedConn {
+            src: Some(ip(src)),
+            dst: Some(ip(dst)),
+            loss_packets: loss,
+            data_packets: 20_000,
+            burst_bytes: (gbps * 1e8) as u64,
+            burst_ns: 100_000_000,
+        }
+    }
+
     fn all_peers(n: u8) -> BTreeSet<IpAddr> {
         (1..=n).map(ip).collect()
     }
@@ -423,14 +435,7 @@ mod tests {
         // Rabenseifner's fold: host 4 talks only to host 3, both ways lossy; host 3, busy
         // resending, is slow to host 6 as well. Host 4 is blamed (its every connection is bad),
         // not host 3 for having two bad counterparts.
-        let c = |s: u8, d: u8, loss: u64, gbps: f64| DirectedConn {
-            src: Some(ip(s)),
-            dst: Some(ip(d)),
-            loss_packets: loss,
-            data_packets: 20_000,
-            burst_bytes: (gbps * 1e8) as u64,
-            burst_ns: 100_000_000,
-        };
+        let c = conn;
         let conns = vec![c(3, 4, 1258, 1.0), c(4, 3, 821, 1.0), c(3, 6, 0, 0.3), c(6, 3, 0, 1.0), c(1, 2, 0, 1.0), c(2, 1, 0, 1.1), c(3, 1, 0, 0.9)];
         let a = attribute(&conns, &all_peers(6), &BTreeSet::new());
         assert_eq!(a.blamed, BTreeSet::from([ip(4)]));
@@ -442,14 +447,7 @@ mod tests {
         // Host 5's link is capped: its inbound connection from host 6 drops a burst as the queue
         // fills, its outbound one to host 4 slows. Loss alone is one connection (a guess at its
         // receiver); with the slow one, host 5 has two bad counterparts: the guess is confirmed.
-        let c = |s: u8, d: u8, loss: u64, gbps: f64| DirectedConn {
-            src: Some(ip(s)),
-            dst: Some(ip(d)),
-            loss_packets: loss,
-            data_packets: 22_000,
-            burst_bytes: (gbps * 1e8) as u64,
-            burst_ns: 100_000_000,
-        };
+        let c = conn;
         let conns = vec![c(6, 5, 1820, 1.0), c(5, 4, 2, 0.05), c(4, 3, 4, 1.1), c(3, 2, 2, 0.9), c(2, 1, 2, 1.0), c(1, 6, 2, 1.0)];
         let a = attribute(&conns, &all_peers(6), &BTreeSet::new());
         assert_eq!(a.structural, BTreeSet::from([ip(5)]));

@@ -137,20 +137,26 @@ fn shared_loss_on_an_uplink_is_congestion_and_excuses_the_peers_behind_it() {
     for (direction, common) in [("ingress", None), ("egress", Some(s.peer(2)))] {
         let mut windows = s.windows(60);
         for w in &mut windows[20..40] {
-            w.links.push(LinkWindow {
-                link: uplink.clone(),
-                direction: direction.into(),
-                flows: 4,
-                lossy_flows: 4,
-                lossy_job_flows: 1,
-                common_endpoint: common,
-                loss_packets: 800,
-                data_packets: 40_000,
-                ..Default::default()
-            });
+            w.links.push(lossy_uplink(direction, common));
         }
         let changes = run_with(DetectorConfig::default(), &windows);
         single_verdict(&changes, VerdictKind::GrayFailure, &peer_scope(&s, 2), 21, 43);
+    }
+}
+
+/// `uplink` in `direction` with four lossy connections (one of them the job's) of 2 %, `common`
+/// the host common to all of them if any.
+fn lossy_uplink(direction: &str, common: Option<IpAddr>) -> LinkWindow {
+    LinkWindow {
+        link: "uplink".into(),
+        direction: direction.into(),
+        flows: 4,
+        lossy_flows: 4,
+        lossy_job_flows: 1,
+        common_endpoint: common,
+        loss_packets: 800,
+        data_packets: 40_000,
+        ..Default::default()
     }
 }
 
@@ -174,17 +180,7 @@ fn loss_shared_upstream_excuses_the_peers_that_come_in_by_that_link() {
             }
         }
         for w in &mut windows[20..40] {
-            w.links.push(LinkWindow {
-                link: "uplink".into(),
-                direction: "ingress".into(),
-                flows: 4,
-                lossy_flows: 4,
-                lossy_job_flows: 1,
-                common_endpoint: common,
-                loss_packets: 800,
-                data_packets: 40_000,
-                ..Default::default()
-            });
+            w.links.push(lossy_uplink("ingress", common));
         }
         let changes = run_with(DetectorConfig::default(), &windows);
         if expect_verdict {
