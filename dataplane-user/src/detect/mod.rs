@@ -5,12 +5,16 @@
 //! Pipeline per [`JobWindow`] (see [`DetectorSet::observe`]):
 //! 1. features per peer ([`PeerWindow`] → in-burst goodput, loss rate, silence, phase-start
 //!    lateness against the other peers of the same step, step-start lateness: how long after the
-//!    other peers it ends a compute-like idle gap);
-//! 2. leave-one-out median/MAD of the job's *other* peers, per peer;
+//!    other peers it ends a compute-like idle gap); when the window carries the job's connections,
+//!    attribution ([`crate::attribution`], with the job's last 3 windows of structural blame)
+//!    sets which peer explains which;
+//! 2. leave-one-out median/MAD of the job's *other* peers, per peer (for loss, without the peers
+//!    it explains);
 //! 3. per link: congestion (several peers degrading together, CE/CNP growth, loss spread);
 //! 4. per peer: gray failure (outlier against the other peers, unless its link is congested in
-//!    that window, or unless the collector attributed its degraded connections to another peer,
-//!    see [`crate::attribution`]) and straggler (late start at normal goodput; never while the
+//!    that window, its traffic lost upstream together with other traffic, or attribution explained
+//!    it by another peer; a peer blamed only by attribution's guess is not raised on one severe
+//!    window) and straggler (late start at normal goodput; never while the
 //!    peer's own network metrics are anomalous);
 //! 5. each (scope, detector) has a [`lifecycle`] track: raise on k of n anomalous windows (or one
 //!    severe one), clear after m clean windows, classify gray failures.
