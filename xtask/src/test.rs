@@ -44,6 +44,14 @@ impl Tier {
     }
 }
 
+fn tier_tag(tier: Tier) -> &'static str {
+    match tier {
+        Tier::T0 => "T0",
+        Tier::T1 => "T1",
+        Tier::T2 => "T2",
+    }
+}
+
 pub fn run(tiers: &[Tier], no_setup: bool) -> Result<()> {
     let tiers: Vec<Tier> = if tiers.is_empty() { vec![Tier::T0, Tier::T1, Tier::T2] } else { tiers.to_vec() };
     if tiers.iter().any(|t| *t != Tier::T0) && !is_root() {
@@ -104,6 +112,14 @@ pub fn run(tiers: &[Tier], no_setup: bool) -> Result<()> {
         total.add(c);
     }
     println!("xtask: {} passed, {} failed", total.passed, total.failed);
+    for (tier, ok, c, _) in &results {
+        for name in &c.failures {
+            println!("  FAILED {:<8} {name}", tier_tag(*tier));
+        }
+        if !ok && c.failures.is_empty() && c.passed > 0 {
+            println!("  FAILED {:<8} (no failing test named: a test binary did not build or crashed; see its output above)", tier_tag(*tier));
+        }
+    }
     let failed: Vec<_> = results.iter().filter(|r| !r.1).map(|r| r.0.describe()).collect();
     if !failed.is_empty() {
         bail!("failed tiers: {}", failed.join(", "));
@@ -111,11 +127,14 @@ pub fn run(tiers: &[Tier], no_setup: bool) -> Result<()> {
     Ok(())
 }
 
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone)]
 struct Counts {
     passed: u64,
     failed: u64,
     ignored: u64,
+    /// The failed tests by name (libtest's `test NAME ... FAILED`, pytest's `FAILED PATH::NAME`),
+    /// and test binaries that did not build or crashed, for the summary.
+    failures: Vec<String>,
 }
 
 impl Counts {
@@ -123,11 +142,29 @@ impl Counts {
         self.passed += o.passed;
         self.failed += o.failed;
         self.ignored += o.ignored;
+        self.failures.extend(o.failures.iter().cloned());
+    }
+
+    /// Notes a failed test named on a libtest progress line (`test a::b ... FAILED`) or in
+    /// pytest's short summary (`FAILED tests/test_x.py::test_y - AssertionError`).
+    fn note_failure(&mut self, line: &str) {
+        let line = line.trim();
+        let name = if let Some(rest) = line.strip_prefix("test ") {
+            rest.strip_suffix(" ... FAILED").map(str::to_owned)
+        } else {
+            line.strip_prefix("FAILED ").or_else(|| line.strip_prefix("ERROR ")).map(|r| r.split(" - ").next().unwrap_or(r).to_owned())
+        };
+        if let Some(name) = name {
+            if !self.failures.contains(&name) {
+                self.failures.push(name);
+            }
+        }
     }
 
     /// Adds the counts of pytest's summary line, `=== 1 failed, 52 passed, 1 skipped in 30.0s ===`
     /// (errors count as failures, skips as ignored).
     fn add_pytest_line(&mut self, line: &str) {
+        self.note_failure(line);
         let line = line.trim();
         if !(line.starts_with('=') && line.ends_with('=')) {
             return;
@@ -152,6 +189,7 @@ impl Counts {
 
     /// Adds the counts of a libtest line `test result: ok. 3 passed; 0 failed; 1 ignored; ...`.
     fn add_line(&mut self, line: &str) {
+        self.note_failure(line);
         let Some(rest) = line.trim().strip_prefix("test result: ") else { return };
         for part in rest.split(';') {
             let mut words = part.split_whitespace().rev();
@@ -220,7 +258,10 @@ mod tests {
         c.add_line("test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.1s");
         c.add_line("test result: FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 5 filtered out; finished in 1s");
         c.add_line("running 3 tests");
+        c.add_line("test detect::tests::healthy_is_silent ... FAILED");
+        c.add_line("test detect::tests::loss_is_seen ... ok");
         assert_eq!((c.passed, c.failed, c.ignored), (4, 2, 1));
+        assert_eq!(c.failures, vec!["detect::tests::healthy_is_silent".to_string()]);
     }
 
     #[test]
@@ -231,7 +272,9 @@ mod tests {
         c.add_pytest_line("tests/test_client.py::test_x PASSED in 3 passed ways");
         c.add_pytest_line("========================= no tests ran in 0.01s =========================");
         c.add_pytest_line("3 passed in 1.0s"); // not a summary line without the rule
+        c.add_pytest_line("FAILED ringside-client/python/tests/test_hints.py::test_reconnect - AssertionError: x");
         assert_eq!((c.passed, c.failed, c.ignored), (52, 3, 2));
+        assert_eq!(c.failures, vec!["ringside-client/python/tests/test_hints.py::test_reconnect".to_string()]);
         // Past a minute pytest adds the duration as h:mm:ss.
         let mut c = Counts::default();
         c.add_pytest_line("======================== 59 passed in 89.79s (0:01:29) =========================");
