@@ -23,6 +23,7 @@ pub(crate) mod jobs;
 pub mod loader;
 pub(crate) mod match_map;
 pub(crate) mod metrics;
+pub(crate) mod mount_ns;
 pub mod object;
 pub(crate) mod policy;
 pub(crate) mod state;

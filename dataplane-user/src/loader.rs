@@ -43,7 +43,7 @@ use aya::{
 use aya_log::EbpfLogger;
 use dataplane_common::{config_flags, maps, programs, PrefixKey, PrefixValue};
 
-use crate::{config::AttachMode, object};
+use crate::{config::AttachMode, mount_ns, object};
 
 /// An interface the classifier is attached to.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -78,8 +78,10 @@ pub enum LoaderError {
     UnknownInterface { name: String },
     #[error("no interface given; pass at least one with --iface IF (or `interfaces = [...]` in the config)")]
     NoInterface,
-    #[error("{dir} is not on a bpf filesystem, so maps cannot be pinned under {pin_dir}; mount it with `mount -t bpf bpf /sys/fs/bpf` or choose another --pin-dir")]
+    #[error("{dir} is not on a bpf filesystem, so maps cannot be pinned under {pin_dir}; mount it with `mount -t bpf bpf /sys/fs/bpf` or choose another --pin-dir (under `ip netns exec`, which remounts /sys, the agent looks for the host's bpffs in its parent's mount namespace; if its parent is gone, start it with `nsenter --net=/run/netns/NS ringside agent ...`)")]
     BpffsNotMounted { dir: PathBuf, pin_dir: PathBuf },
+    #[error(transparent)]
+    PrivateMountNs(#[from] mount_ns::PrivateMountNs),
     #[error("pins already exist in {dir} (another agent is running, or one was killed); stop it, or remove them with `ringside detach --iface IF --pin-dir {dir}`, or use another --pin-dir")]
     PinsExist { dir: PathBuf },
     #[error("cannot create or clean the pin directory {dir}: {source}")]
@@ -157,16 +159,36 @@ pub fn ifindex(name: &str) -> Result<u32, LoaderError> {
     nix::net::if_::if_nametoindex(name).map_err(|_| LoaderError::UnknownInterface { name: name.to_owned() })
 }
 
+fn pin_parent(pin_dir: &Path) -> &Path {
+    pin_dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("/"))
+}
+
+fn is_bpffs(dir: &Path) -> bool {
+    nix::sys::statfs::statfs(dir).is_ok_and(|st| st.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+}
+
 /// Checks that the pin directory's parent is on bpffs.
 pub fn check_bpffs(pin_dir: &Path) -> Result<(), LoaderError> {
-    let parent = pin_dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("/"));
-    let not_mounted = || LoaderError::BpffsNotMounted { dir: parent.to_owned(), pin_dir: pin_dir.to_owned() };
-    let st = nix::sys::statfs::statfs(parent).map_err(|_| not_mounted())?;
-    if st.filesystem_type().0 as i64 == BPF_FS_MAGIC {
+    let parent = pin_parent(pin_dir);
+    if is_bpffs(parent) {
         Ok(())
     } else {
-        Err(not_mounted())
+        Err(LoaderError::BpffsNotMounted { dir: parent.to_owned(), pin_dir: pin_dir.to_owned() })
     }
+}
+
+/// [`check_bpffs`], after joining the mount namespace of the process that started the agent when
+/// `ip netns exec` hid the host's bpffs (see [`mount_ns`]). Call it before starting any thread.
+pub fn find_bpffs(pin_dir: &Path) -> Result<(), LoaderError> {
+    if let Some(joined) = mount_ns::join_bpffs_namespace(pin_parent(pin_dir), is_bpffs)? {
+        tracing::info!(
+            "{} is not bpffs in the mount namespace the agent was started in (`ip netns exec` remounts /sys); joined the mount namespace of pid {} ({}), where it is: pins are on the host's bpffs, the network namespace is unchanged",
+            pin_parent(pin_dir).display(),
+            joined.pid,
+            joined.comm,
+        );
+    }
+    check_bpffs(pin_dir)
 }
 
 /// Where and how to attach.
@@ -203,7 +225,7 @@ impl Attachment {
             return Err(LoaderError::NoInterface);
         }
         let ifindexes: Vec<u32> = req.interfaces.iter().map(|i| ifindex(i)).collect::<Result<_, _>>()?;
-        check_bpffs(&req.pin_dir)?;
+        find_bpffs(&req.pin_dir)?;
         let bytes = object::flowmon_object()?;
 
         let mut a = Attachment {
@@ -469,6 +491,8 @@ pub struct DetachReport {
 pub fn detach_leftover(iface: &str, pin_dir: &Path, remove_qdisc: bool) -> Result<DetachReport, LoaderError> {
     check_privileges()?;
     let idx = ifindex(iface)?;
+    // Under `ip netns exec`, the pins are on the host's bpffs, not in the private /sys.
+    mount_ns::join_bpffs_namespace(pin_parent(pin_dir), is_bpffs)?;
     let mut report = DetachReport::default();
     for (dir, name) in [(TcAttachType::Ingress, "ingress"), (TcAttachType::Egress, "egress")] {
         match tc::qdisc_detach_program(iface, dir, programs::FLOWMON) {

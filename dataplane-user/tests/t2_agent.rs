@@ -334,3 +334,39 @@ fn agent_errors_are_actionable() {
     assert!(e.contains("is the agent running"), "{e}");
     assert!(!Path::new(&pin).exists(), "a failed start left pins");
 }
+
+/// `ip netns exec NS ringside agent`, as operators start it: `ip` remounts /sys in a private mount
+/// namespace, hiding the host's bpffs. The agent must find it (in its parent's mount namespace),
+/// pin there where `ringside detach` and a restarted agent see the pins, and remove them on exit.
+#[test]
+#[ignore = "needs root and the eBPF object (T2): run with cargo xtask test"]
+fn agent_starts_under_ip_netns_exec() {
+    preconditions();
+    let star = Star::new(StarConfig { hosts: 1, ..Default::default() }).unwrap();
+    let id = format!("{}-x", std::process::id());
+    let pin_dir = PathBuf::from(format!("/sys/fs/bpf/ringside-t2-{id}"));
+    let config = std::env::temp_dir().join(format!("ringside-t2-{id}.toml"));
+    let tokens = std::env::temp_dir().join(format!("ringside-t2-{id}.tokens"));
+    std::fs::write(&tokens, format!("{OPERATOR_TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::write(&config, format!("[api]\noperator_tokens_file = \"{}\"\n", tokens.display())).unwrap();
+
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", star.hosts[0].ns.name(), env!("CARGO_BIN_EXE_ringside"), "agent", "--iface", "eth0"])
+        .args(["--listen", &format!("127.0.0.1:{AGENT_PORT}"), "--config"])
+        .arg(&config)
+        .arg("--pin-dir")
+        .arg(&pin_dir)
+        .env("RUST_LOG", "info");
+    let mut agent = AgentProcess::start(cmd, pin_dir.clone(), Some(config.clone()));
+    let status = wait_for(Duration::from_secs(15), POLL, "the agent started by `ip netns exec` to become ready", || {
+        get_status(&star, 0).ok().filter(|s| s.ready)
+    });
+    assert_eq!(status.interfaces[0].name, "eth0", "attached in the namespace ip netns exec entered");
+    for name in dataplane_user::loader::PINNED_MAPS {
+        assert!(pin_dir.join(name).exists(), "map {name} not pinned on the host's bpffs under {}", pin_dir.display());
+    }
+    assert!(agent.stop(), "the agent did not exit cleanly on SIGTERM");
+    assert!(!pin_dir.exists(), "the agent left its pins in {}", pin_dir.display());
+    let _ = std::fs::remove_file(&tokens);
+}
