@@ -31,6 +31,15 @@ fn loss_on_one_host_link_is_a_gray_failure_naming_it() {
         "network-fault events on a healthy job:{}",
         summary(&healthy)
     );
+    // The status page (`GET /`) in headless Chromium: without a token it shows no data; with the
+    // operator token it shows the job's flows and the green banner.
+    let token = agent.token().unwrap();
+    let anonymous = status_page(&star, &agent, "no-token", false);
+    assert!(anonymous.dom.contains("enter the operator token") && !anonymous.dom.contains("10.77.0."), "{}", anonymous.dom);
+    let page = status_page(&star, &agent, "healthy", true);
+    assert!(page.dom.contains("healthy: no open network fault") && page.dom.contains(":29500"), "{}", page.dom);
+    assert!(page.green_pixels > 10_000 && page.red_pixels == 0, "healthy banner: {} green, {} red pixels in {}", page.green_pixels, page.red_pixels, page.screenshot.display());
+    assert!(!page.dom.contains(&token), "the page shows the token");
 
     let target = 2usize;
     let addr: IpAddr = star.hosts[target].addr.into();
@@ -44,6 +53,13 @@ fn loss_on_one_host_link_is_a_gray_failure_naming_it() {
     let r = agent.events(&star);
     eprintln!("gray failure on {addr} detected {:.1} s after the loss started:{}", latency.as_secs_f64(), summary(&r));
     assert!(!found.evidence.is_empty(), "the event carries its evidence");
+    let page = status_page(&star, &agent, "gray-failure", true);
+    assert!(
+        page.dom.contains(&format!("gray failure on peer {addr}")) && page.dom.contains("windows"),
+        "the status page names the gray failure with its evidence: {}",
+        page.dom
+    );
+    assert!(page.red_pixels > 10_000 && page.green_pixels == 0, "fault banner: {} red, {} green pixels in {}", page.red_pixels, page.green_pixels, page.screenshot.display());
     // Only the lossy host is blamed: its ring neighbours' ports carry the same retransmitted
     // flows, and attribution explains them by the lossy host (`attribution.rs`).
     let others: Vec<&Event> = r.events.iter().filter(|e| e.kind.is_network_fault() && !names_peer(e, addr)).collect();

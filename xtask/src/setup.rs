@@ -31,6 +31,7 @@ const DEB_PACKAGES: &[(&str, &str)] = &[
     ("openmpi-bin", "MPI_Allreduce baseline in `bench collectives`"),
     ("libopenmpi-dev", "mpicc for the MPI baseline"),
     ("fonts-dejavu-core", "the font of the `eval detection` plot's labels"),
+    ("chromium", "headless browser that renders the agent's status page in T2 (t2_detect)"),
 ];
 
 /// The venv's packages, pinned: the plain PyPI Linux wheel of torch (it pulls NVIDIA libraries,

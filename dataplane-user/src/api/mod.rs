@@ -1,8 +1,9 @@
 //! The agent's HTTP API (axum). `docs/openapi.json` (served at `/v1/openapi.json`) is the
 //! reference; a test keeps its paths and the router's routes the same set.
 //!
-//! - open: `/metrics`, `/healthz`, `/readyz`, `/v1/openapi.json` (bind the listener to the
-//!   provider network);
+//! - open: `/metrics`, `/healthz`, `/readyz`, `/v1/openapi.json`, and `/`, the status page (static:
+//!   its script reads the operator endpoints below with the token the viewer enters; bind the
+//!   listener to the provider network);
 //! - operator token: `/v1/flows`, `/v1/status`, `/v1/events`, `POST`/`GET /v1/jobs`,
 //!   `DELETE /v1/jobs/{id}`;
 //! - the job's tenant token or the operator token: `/v1/jobs/{id}/hints`, `.../hints/stream`
@@ -58,6 +59,7 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 
 /// Every route: (path, methods). The OpenAPI test compares this with `docs/openapi.json`.
 pub const ROUTES: &[(&str, &[&str])] = &[
+    ("/", &["get"]),
     ("/metrics", &["get"]),
     ("/healthz", &["get"]),
     ("/readyz", &["get"]),
@@ -75,6 +77,7 @@ pub const ROUTES: &[(&str, &[&str])] = &[
 /// The router over a shared state.
 pub fn router(state: SharedState) -> Router {
     Router::new()
+        .route("/", get(status_page))
         .route("/metrics", get(get_metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -91,6 +94,30 @@ pub fn router(state: SharedState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// The status page (`GET /`): static HTML with an inline script and styles, no external assets.
+pub const STATUS_PAGE: &str = include_str!("status_page.html");
+
+/// The status page, with headers that keep it self-contained: its script and styles are inline,
+/// it may only call this agent (`connect-src 'self'`), and it is never framed, cached or sent as a
+/// referrer.
+async fn status_page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'",
+            ),
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (header::REFERRER_POLICY, "no-referrer"),
+            (header::CACHE_CONTROL, "no-store"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        STATUS_PAGE,
+    )
+        .into_response()
 }
 
 async fn openapi() -> Response {

@@ -176,3 +176,71 @@ pub fn warm_up(star: &Star, agent: &Agent, cfg: &JobConfig, warmup: Duration) ->
     running
 }
 
+
+/// What headless Chromium rendered of the agent's status page (`GET /`).
+pub struct StatusPage {
+    /// The DOM after the page's script ran.
+    pub dom: String,
+    /// Pixels of the banner's "healthy" green (#2e7d32) and "fault" red (#c62828) in the screenshot.
+    pub green_pixels: usize,
+    pub red_pixels: usize,
+    pub screenshot: PathBuf,
+}
+
+/// Runs Debian's `chromium` headless in the switch namespace on the agent's status page, with the
+/// operator token in the address fragment (or none), and returns the rendered DOM and a
+/// screenshot (kept in the test's target tmp dir as `status-page-NAME.png`). Bounded: each browser
+/// run is killed after 60 s.
+pub fn status_page(star: &Star, agent: &Agent, name: &str, with_token: bool) -> StatusPage {
+    let mut url = format!("{}/", agent.url());
+    if with_token {
+        url += &format!("#token={}", agent.token().expect("the agent wrote its operator token"));
+    }
+    let profile = std::env::temp_dir().join(format!("ringside-t2-chromium-{}-{name}", std::process::id()));
+    let screenshot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("status-page-{name}.png"));
+    let chromium = |extra: &[String]| -> Vec<u8> {
+        let mut cmd = star.switch.command("chromium");
+        cmd.args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,900"])
+            .arg("--virtual-time-budget=6000")
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .args(extra)
+            .arg(&url)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot run chromium ({e}): `cargo xtask setup` installs Debian's chromium"));
+        let mut out = child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            std::io::Read::read_to_end(&mut out, &mut buf).map(|_| buf)
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "chromium {extra:?} exited with {status}");
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("chromium {extra:?} did not finish in 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        reader.join().unwrap().unwrap()
+    };
+    let dom = String::from_utf8_lossy(&chromium(&["--dump-dom".into()])).into_owned();
+    let _ = std::fs::remove_file(&screenshot);
+    chromium(&[format!("--screenshot={}", screenshot.display())]);
+    let _ = std::fs::remove_dir_all(&profile);
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&screenshot).expect("chromium wrote the screenshot")));
+    let mut reader = decoder.read_info().expect("a PNG screenshot");
+    let mut pixels = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut pixels).expect("PNG pixels");
+    let step = match info.color_type {
+        png::ColorType::Rgba => 4,
+        png::ColorType::Rgb => 3,
+        other => panic!("unexpected screenshot colour type {other:?}"),
+    };
+    let count = |rgb: [u8; 3]| pixels[..info.buffer_size()].chunks_exact(step).filter(|p| p[..3] == rgb).count();
+    StatusPage { dom, green_pixels: count([0x2e, 0x7d, 0x32]), red_pixels: count([0xc6, 0x28, 0x28]), screenshot }
+}
