@@ -7,6 +7,7 @@ mod bench;
 mod bench_collectives;
 mod build;
 mod demo;
+mod dist;
 mod eval;
 mod eval_adaptation;
 mod eval_detection;
@@ -71,6 +72,10 @@ enum Command {
         #[command(subcommand)]
         which: EvalWhich,
     },
+    /// Release binaries (ringside, ringside-rank) under target/dist/TRIPLE/, for the host or the
+    /// DPU's Arm cores (`--target aarch64-unknown-linux-gnu`); `--check` runs them and the
+    /// target's unit tests (under qemu-user when foreign).
+    Dist(dist::Opts),
     /// Run the testbed tool (`ringside-testbed`), e.g. `cargo xtask testbed clean`.
     Testbed {
         /// Arguments passed to ringside-testbed (try `cargo xtask testbed --help`).
@@ -101,6 +106,7 @@ fn main() -> Result<()> {
         Command::Bench { which } => bench::run(which),
         Command::Eval { which: EvalWhich::Detection(opts) } => eval_detection::run(opts),
         Command::Eval { which: EvalWhich::Adaptation(opts) } => eval_adaptation::run(opts),
+        Command::Dist(opts) => dist::run(opts),
         Command::Testbed { args } => build::testbed(&args),
     }
 }

@@ -32,6 +32,9 @@ const DEB_PACKAGES: &[(&str, &str)] = &[
     ("libopenmpi-dev", "mpicc for the MPI baseline"),
     ("fonts-dejavu-core", "the font of the `eval detection` plot's labels"),
     ("chromium", "headless browser that renders the agent's status page in T2 (t2_detect)"),
+    ("gcc-aarch64-linux-gnu", "linker of `cargo xtask dist --target aarch64-unknown-linux-gnu` (the DPU's Arm cores)"),
+    ("libc6-dev-arm64-cross", "the Arm glibc that linker and qemu-aarch64-static use"),
+    ("qemu-user-static", "runs the aarch64 binaries and unit tests of `cargo xtask dist --check` here"),
 ];
 
 /// The venv's packages, pinned: the plain PyPI Linux wheel of torch (it pulls NVIDIA libraries,
@@ -85,6 +88,14 @@ pub fn run() -> Result<()> {
         println!("setup: adding rust-src to the nightly toolchain");
         sh(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
         did.push("added nightly rust-src".into());
+    }
+
+    let targets = output(Command::new("rustup").args(["target", "list", "--installed"]))
+        .context("listing the installed rustup targets")?;
+    if !targets.lines().any(|l| l.trim() == crate::dist::AARCH64) {
+        println!("setup: adding the {} target (cargo xtask dist)", crate::dist::AARCH64);
+        sh(Command::new("rustup").args(["target", "add", crate::dist::AARCH64]))?;
+        did.push(format!("added the {} target", crate::dist::AARCH64));
     }
 
     if !bpf_linker_ok() {
