@@ -8,9 +8,10 @@
 //!   `bpf_net_capable()`, kernel/bpf/syscall.c) and attach it: the clsact qdisc and tc filters over
 //!   rtnetlink, or a tcx link.
 //! - `CAP_PERFMON`: the verifier's "privileged" mode (`bpf_allow_ptr_leaks`,
-//!   `bpf_bypass_spec_v1/v4` in include/linux/bpf.h): without it the program is verified as an
-//!   untrusted one, with Spectre hardening that rewrites and may reject its map-value pointer
-//!   arithmetic.
+//!   `bpf_bypass_spec_v1/v4` in include/linux/bpf.h). Without it the classifier is rejected:
+//!   on 6.18 with CAP_BPF and CAP_NET_ADMIN alone, BPF_PROG_LOAD fails with EACCES and the
+//!   verifier log says `R3 pointer -= pointer prohibited` (the packet-length arithmetic on
+//!   `data_end - data`).
 //!
 //! `CAP_SYS_ADMIN` stands in for `CAP_BPF` and `CAP_PERFMON` (the kernel's `bpf_capable()` and
 //! `perfmon_capable()` accept it; kernels before 5.8 know only it), never for `CAP_NET_ADMIN`.
@@ -37,7 +38,7 @@ pub const CAP_NET_ADMIN: Capability =
     Capability { name: "CAP_NET_ADMIN", bit: 12, why: "load a TC (sched_cls) program and attach it to interfaces (clsact qdisc, tc filters, tcx links)" };
 pub const CAP_BPF: Capability = Capability { name: "CAP_BPF", bit: 39, why: "create the eBPF maps, load the program and pin the maps in bpffs" };
 pub const CAP_PERFMON: Capability =
-    Capability { name: "CAP_PERFMON", bit: 38, why: "have the program verified in privileged mode (no Spectre-hardening rewrites of its map accesses)" };
+    Capability { name: "CAP_PERFMON", bit: 38, why: "have the verifier accept the classifier's pointer arithmetic (without it: `pointer -= pointer prohibited`)" };
 /// Bit of `CAP_SYS_ADMIN`, which the kernel accepts in place of `CAP_BPF` and `CAP_PERFMON`.
 pub const CAP_SYS_ADMIN_BIT: u32 = 21;
 
