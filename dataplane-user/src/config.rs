@@ -819,9 +819,10 @@ mod tests {
         assert_eq!(f.burst_history, Some(DEFAULT_BURST_HISTORY));
         assert_eq!(f.ewma_tau_ms, Some(DEFAULT_EWMA_TAU_MS));
         assert_eq!(f.ebpf_debug_log, Some(false));
-        let m = MatchSettings::from_file(f.match_.as_ref());
-        assert_eq!(m.tcp_ports, vec![PortSpec { lo: 29500, hi: 29600 }, PortSpec { lo: 12345, hi: 12345 }]);
-        assert!(!m.prefixes.is_empty());
+        // Nothing that narrows matching or adds jobs is live: copied as is, it counts what the
+        // defaults count.
+        assert_eq!(MatchSettings::from_file(f.match_.as_ref()), MatchSettings::from_file(None));
+        assert_eq!(f.jobs, None);
         assert_eq!(f.state_dir.as_deref(), Some(Path::new(DEFAULT_STATE_DIR)));
         let d = f.detect.as_ref().unwrap();
         assert_eq!(d.window_ms, Some(DEFAULT_DETECT_WINDOW_MS));
@@ -829,6 +830,30 @@ mod tests {
         assert_eq!(d.carry_over_windows, Some(DEFAULT_CARRY_OVER_WINDOWS));
         let defaults = crate::detect::DetectorConfig::default();
         assert_eq!((d.min_window_bytes, d.min_data_packets), (Some(defaults.min_window_bytes), Some(defaults.min_data_packets)));
+    }
+
+    /// The example's commented-out `key = value` lines and `[table]` headers, uncommented, are a
+    /// valid config too, and say what they claim.
+    #[test]
+    fn example_file_commented_examples_parse() {
+        let text: String = include_str!("../ringside.example.toml")
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest) if is_setting(rest) => rest,
+                _ => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        fn is_setting(l: &str) -> bool {
+            let header = l.starts_with('[') && l.ends_with(']') && l.chars().all(|c| c.is_ascii_lowercase() || "[]._".contains(c));
+            let key = l.split_once(" = ").is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
+            header || key
+        }
+        let f = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let m = MatchSettings::from_file(f.match_.as_ref());
+        assert_eq!(m.tcp_ports, vec![PortSpec { lo: 29500, hi: 29600 }, PortSpec { lo: 12345, hi: 12345 }]);
+        assert_eq!(m.prefixes.len(), 2);
+        assert_eq!(f.interfaces, Some(vec!["eth0".to_owned()]));
         let jobs = f.jobs.as_ref().unwrap();
         assert_eq!(jobs.len(), 1);
         assert_eq!(jobs[0].name, "train");
@@ -836,6 +861,7 @@ mod tests {
         assert!(jobs[0].members[0].0.contains("10.77.0.9".parse().unwrap()));
         assert!(!jobs[0].members[0].0.contains("10.78.0.9".parse().unwrap()));
         assert_eq!(jobs[0].members[1].0.len, 128);
+        assert!(f.detect.unwrap().gray.is_some() && f.policy.is_some());
     }
 
     #[test]
