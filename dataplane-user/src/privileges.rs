@@ -82,7 +82,10 @@ pub fn missing_for_agent(cap_eff: u64) -> Vec<Capability> {
     let has = |bit: u32| cap_eff & (1u64 << bit) != 0;
     AGENT_CAPABILITIES
         .into_iter()
-        .filter(|c| !has(c.bit) && !(c.bit != CAP_NET_ADMIN.bit && has(CAP_SYS_ADMIN_BIT)))
+        .filter(|c| {
+            let by_sys_admin = c.bit != CAP_NET_ADMIN.bit && has(CAP_SYS_ADMIN_BIT);
+            !(has(c.bit) || by_sys_admin)
+        })
         .collect()
 }
 
