@@ -339,7 +339,7 @@ impl PrefixSpec {
 /// Errors reading or validating `ringside.toml`.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}; check the path given to --config")]
+    #[error("cannot read config file {path}: {source}; check the path given to --config (or to check-config)")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("invalid config {path} line {line}, key `{key}`: {message}; see dataplane-user/ringside.example.toml")]
     Invalid { path: PathBuf, line: usize, key: String, message: String },
