@@ -3,7 +3,10 @@
 //!
 //! Every key is optional; `ringside.example.toml` documents each one with its default. Unknown keys
 //! are rejected (`deny_unknown_fields`) so a typo never silently falls back to a default. Errors name
-//! the file, the line and the key, using the byte span the `toml` crate attaches to its errors.
+//! the file, the line and the key: a syntax or type error through the byte span the `toml` crate
+//! attaches to it, a value that parses but is out of range (`ConfigFile::validate`, which also runs
+//! the `[detect.*]` and `[policy]` sections' `validate`) through the spans of the parsed document
+//! (`toml_edit`). `ringside check-config FILE` runs exactly this.
 //! Command-line flags override the file (`AgentSettings::from_file_and_overrides` in `agent`).
 use std::{
     fmt,
@@ -221,6 +224,8 @@ impl fmt::Display for AttachMode {
     }
 }
 
+const PORT_ZERO: &str = "port 0 is not a port a flow can use; ports are 1-65535";
+
 /// An inclusive port range `lo..=hi`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortSpec {
@@ -231,10 +236,10 @@ pub struct PortSpec {
 impl FromStr for PortSpec {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let parse = |p: &str| {
-            p.trim()
-                .parse::<u16>()
-                .map_err(|_| format!("`{p}` is not a port number (0-65535)"))
+        let parse = |p: &str| match p.trim().parse::<u16>() {
+            Ok(0) => Err(PORT_ZERO.to_owned()),
+            Ok(p) => Ok(p),
+            Err(_) => Err(format!("`{p}` is not a port number (1-65535)")),
         };
         let (lo, hi) = match s.split_once('-') {
             Some((lo, hi)) => (parse(lo)?, parse(hi)?),
@@ -259,9 +264,11 @@ impl<'de> Deserialize<'de> for PortSpec {
                 f.write_str("a port (29500) or a port range (\"29500-29600\")")
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<PortSpec, E> {
-                let p = u16::try_from(v)
-                    .map_err(|_| E::custom(format!("{v} is not a port number (0-65535)")))?;
-                Ok(PortSpec { lo: p, hi: p })
+                match u16::try_from(v) {
+                    Ok(0) => Err(E::custom(PORT_ZERO)),
+                    Ok(p) => Ok(PortSpec { lo: p, hi: p }),
+                    Err(_) => Err(E::custom(format!("{v} is not a port number (1-65535)"))),
+                }
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<PortSpec, E> {
                 self.visit_i64(i64::try_from(v).unwrap_or(i64::MAX))
@@ -332,7 +339,7 @@ impl PrefixSpec {
 /// Errors reading or validating `ringside.toml`.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}; check the path given to --config")]
+    #[error("cannot read config file {path}: {source}; check the path given to --config (or to check-config)")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("invalid config {path} line {line}, key `{key}`: {message}; see dataplane-user/ringside.example.toml")]
     Invalid { path: PathBuf, line: usize, key: String, message: String },
@@ -348,78 +355,269 @@ impl ConfigFile {
         Self::parse(&text, path)
     }
 
-    /// Parses config text; `path` is only used in error messages. Also checks values whose
-    /// validity depends on more than their type (zero intervals, too many ranges).
+    /// Parses config text; `path` is only used in error messages. Then checks every value whose
+    /// validity depends on more than its type (zero or out-of-range numbers, thresholds that must
+    /// be ordered, too many ranges, names; `[detect.*]` and `[policy]` too): each error names the
+    /// file, the line and the key.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let file: ConfigFile = toml::from_str(text).map_err(|e| {
             let offset = e.span().map(|s| s.start).unwrap_or(0);
             let (line, key) = locate(text, offset);
             ConfigError::Invalid { path: path.to_owned(), line, key, message: e.message().to_owned() }
         })?;
-        file.validate().map_err(|(key, message)| {
-            let (section, name) = key.rsplit_once('.').unwrap_or(("", key));
-            ConfigError::Invalid {
-                path: path.to_owned(),
-                line: find_key_line(text, section, name).unwrap_or(0),
-                key: key.to_owned(),
-                message,
-            }
-        })?;
-        file.validate_jobs().map_err(|(index, key, message)| ConfigError::Invalid {
-            path: path.to_owned(),
-            line: find_job_key_line(text, index, key).unwrap_or(0),
-            key: format!("job.{key}"),
-            message,
+        file.validate().map_err(|mut bad| {
+            let (line, key) = match line_of(text, &bad.path) {
+                Some(line) => (line, bad.key()),
+                // An ordering between two keys of a section (`z_clear` below `z_open`) where the
+                // file sets only the other one: point at that one.
+                None => bad.other_key_in(text).unwrap_or_else(|| (deepest_line(text, &bad.path), bad.key())),
+            };
+            ConfigError::Invalid { path: path.to_owned(), line, key, message: std::mem::take(&mut bad.message) }
         })?;
         Ok(file)
     }
 
-    /// `[[job]]` checks: (job index, key, message).
-    fn validate_jobs(&self) -> Result<(), (usize, &'static str, String)> {
-        let jobs = self.jobs.as_deref().unwrap_or_default();
-        for (i, j) in jobs.iter().enumerate() {
-            if j.name.trim().is_empty() {
-                return Err((i, "name", "must not be empty".to_owned()));
-            }
-            if let Some(first) = jobs[..i].iter().position(|o| o.name == j.name) {
-                return Err((i, "name", format!("job `{}` is defined twice (also job #{}); give each job its own name", j.name, first + 1)));
-            }
-            if j.members.is_empty() {
-                return Err((i, "members", "must list at least one address or prefix".to_owned()));
+    /// Every check that needs more than the value's type: ranges, orderings between keys, counts,
+    /// names. The first bad value wins; its path leads to its line ([`line_of`]).
+    fn validate(&self) -> Result<(), BadValue<'static>> {
+        use bounds::*;
+        let top = |key: &'static str| move |m: String| BadValue::at(&[Seg::Key(key)], m);
+        if let Some(ifaces) = &self.interfaces {
+            for (i, name) in ifaces.iter().enumerate() {
+                interface_name(name).map_err(|m| BadValue::at(&[Seg::Key("interfaces"), Seg::Index(i)], m))?;
             }
         }
-        Ok(())
-    }
-
-    fn validate(&self) -> Result<(), (&'static str, String)> {
-        let positive = |v: Option<u64>, key: &'static str| match v {
-            Some(0) => Err((key, "must be greater than 0".to_owned())),
-            _ => Ok(()),
-        };
-        positive(self.poll_interval_ms, "poll_interval_ms")?;
-        positive(self.flow_idle_timeout_secs, "flow_idle_timeout_secs")?;
-        positive(self.burst_gap_us, "burst_gap_us")?;
-        positive(self.ewma_tau_ms, "ewma_tau_ms")?;
-        positive(self.max_flows.map(|v| v as u64), "max_flows")?;
-        positive(self.max_peers.map(|v| v as u64), "max_peers")?;
-        positive(self.burst_history.map(|v| v as u64), "burst_history")?;
-        if let Some(d) = &self.detect {
-            positive(d.window_ms, "detect.window_ms")?;
-            positive(d.recent_events.map(|v| v as u64), "detect.recent_events")?;
-            positive(d.carry_over_windows.map(u64::from), "detect.carry_over_windows")?;
+        nonzero(self.poll_interval_ms).map_err(top("poll_interval_ms"))?;
+        if let Some(dir) = &self.pin_dir {
+            if !dir.is_absolute() {
+                return Err(BadValue::at(&[Seg::Key("pin_dir")], format!("`{}` must be an absolute path in bpffs, such as \"{DEFAULT_PIN_DIR}\"", dir.display())));
+            }
+        }
+        nonzero(self.flow_idle_timeout_secs).map_err(top("flow_idle_timeout_secs"))?;
+        nonzero(self.burst_gap_us).map_err(top("burst_gap_us"))?;
+        if let Some(gap) = self.burst_gap_us {
+            // The detectors merge bursts less than `phase_merge_gap_ns` apart into one phase: a
+            // burst gap at or above it would hand them phases that are never merged.
+            let merge_us = crate::detect::DetectorConfig::default().phase_merge_gap_ns / 1_000;
+            if gap >= merge_us {
+                return Err(BadValue::at(&[Seg::Key("burst_gap_us")], format!("must be below the detectors' phase merge gap, {merge_us} µs (default {DEFAULT_BURST_GAP_US})")));
+            }
+        }
+        nonzero(self.max_flows.map(|v| v as u64)).map_err(top("max_flows"))?;
+        nonzero(self.max_peers.map(|v| v as u64)).map_err(top("max_peers"))?;
+        nonzero(self.burst_history.map(|v| v as u64)).map_err(top("burst_history"))?;
+        nonzero(self.ewma_tau_ms).map_err(top("ewma_tau_ms"))?;
+        if let Some(dir) = &self.state_dir {
+            non_empty_path(dir).map_err(top("state_dir"))?;
         }
         if let Some(m) = &self.match_ {
             let n = m.tcp_ports.as_ref().map_or(0, Vec::len) + m.udp_ports.as_ref().map_or(0, Vec::len);
             if n > MAX_PORT_RANGES {
-                return Err((
-                    "match.tcp_ports",
+                let key = if m.udp_ports.as_ref().is_some_and(|u| !u.is_empty()) { "udp_ports" } else { "tcp_ports" };
+                return Err(BadValue::at(
+                    &[Seg::Key("match"), Seg::Key(key)],
                     format!("{n} port ranges given (tcp_ports + udp_ports), the kernel holds at most {MAX_PORT_RANGES}; merge adjacent ranges"),
                 ));
             }
             let p = m.prefixes.as_ref().map_or(0, Vec::len);
             if p > MAX_PREFIXES as usize {
-                return Err(("match.prefixes", format!("{p} prefixes given, at most {MAX_PREFIXES}")));
+                return Err(BadValue::at(&[Seg::Key("match"), Seg::Key("prefixes")], format!("{p} prefixes given, at most {MAX_PREFIXES}")));
             }
+        }
+        if let Some(d) = &self.detect {
+            let key = |k: &'static str| move |m: String| BadValue::at(&[Seg::Key("detect"), Seg::Key(k)], m);
+            nonzero(d.window_ms).map_err(key("window_ms"))?;
+            if let (Some(w), Some(p)) = (d.window_ms, self.poll_interval_ms) {
+                if w < p {
+                    return Err(BadValue::at(&[Seg::Key("detect"), Seg::Key("window_ms")], format!("{w} ms is shorter than poll_interval_ms ({p} ms); a window holds at least one poll")));
+                }
+            }
+            nonzero(d.recent_events.map(|v| v as u64)).map_err(key("recent_events"))?;
+            nonzero(d.carry_over_windows.map(u64::from)).map_err(key("carry_over_windows"))?;
+            nonzero(d.min_window_bytes).map_err(key("min_window_bytes"))?;
+            nonzero(d.min_data_packets).map_err(key("min_data_packets"))?;
+            let section = |name: &'static str| move |(k, m): (&'static str, String)| BadValue::at(&[Seg::Key("detect"), Seg::Key(name), Seg::Key(k)], m);
+            if let Some(p) = &d.persistence {
+                p.validate().map_err(section("persistence"))?;
+            }
+            if let Some(g) = &d.gray {
+                g.validate().map_err(section("gray"))?;
+            }
+            if let Some(c) = &d.congestion {
+                c.validate().map_err(section("congestion"))?;
+            }
+            if let Some(s) = &d.straggler {
+                s.validate(crate::detect::DetectorConfig::default().phase_merge_gap_ns).map_err(section("straggler"))?;
+            }
+        }
+        if let Some(p) = &self.policy {
+            p.validate().map_err(|(path, m)| {
+                let mut segs = vec![Seg::Key("policy")];
+                segs.extend(path.iter().map(|&k| Seg::Key(k)));
+                BadValue::at(&segs, m)
+            })?;
+        }
+        if let Some(tokens) = self.api.as_ref().and_then(|a| a.operator_tokens_file.as_ref()) {
+            non_empty_path(tokens).map_err(|m| BadValue::at(&[Seg::Key("api"), Seg::Key("operator_tokens_file")], m))?;
+        }
+        self.validate_jobs()
+    }
+
+    /// `[[job]]` checks.
+    fn validate_jobs(&self) -> Result<(), BadValue<'static>> {
+        let jobs = self.jobs.as_deref().unwrap_or_default();
+        for (i, j) in jobs.iter().enumerate() {
+            let at = |key: &'static str, m: String| BadValue::at(&[Seg::Key("job"), Seg::Index(i), Seg::Key(key)], m);
+            if j.name.trim().is_empty() {
+                return Err(at("name", "must not be empty".to_owned()));
+            }
+            if let Some(first) = jobs[..i].iter().position(|o| o.name == j.name) {
+                return Err(at("name", format!("job `{}` is defined twice (also job #{}); give each job its own name", j.name, first + 1)));
+            }
+            if j.members.is_empty() {
+                return Err(at("members", "must list at least one address or prefix".to_owned()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One step of a key path: a table key or an array index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seg<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// A value that parsed but is not valid: where it is and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BadValue<'a> {
+    pub path: Vec<Seg<'a>>,
+    pub message: String,
+}
+
+impl<'a> BadValue<'a> {
+    fn at(path: &[Seg<'a>], message: String) -> Self {
+        BadValue { path: path.to_vec(), message }
+    }
+
+    /// For an ordering message naming two keys in backticks, the line and dotted key of the
+    /// other key, if the file sets it.
+    fn other_key_in(&self, text: &str) -> Option<(usize, String)> {
+        let Some(Seg::Key(own)) = self.path.last() else { return None };
+        self.message.split('`').skip(1).step_by(2).filter(|k| k != own).find_map(|k| {
+            let mut path = self.path.clone();
+            *path.last_mut()? = Seg::Key(k);
+            let line = line_of(text, &path)?;
+            Some((line, BadValue { path, message: String::new() }.key()))
+        })
+    }
+
+    /// The dotted key, without array indexes (`job.name`, `detect.gray.z_open`).
+    fn key(&self) -> String {
+        self.path.iter().filter_map(|s| if let Seg::Key(k) = s { Some(*k) } else { None }).collect::<Vec<_>>().join(".")
+    }
+}
+
+/// Range checks shared by the config sections (`[detect.*]`, `[policy]`): each returns the
+/// message an operator sees (the caller adds the key and line).
+pub(crate) mod bounds {
+    use std::path::Path;
+
+    /// An optional integer that must not be 0.
+    pub fn nonzero(v: Option<u64>) -> Result<(), String> {
+        match v {
+            Some(0) => Err("must be greater than 0".to_owned()),
+            _ => Ok(()),
+        }
+    }
+
+    /// At least `min`.
+    pub fn at_least(v: u64, min: u64) -> Result<(), String> {
+        if v < min {
+            Err(format!("{v} is too small: must be at least {min}"))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A finite number in `(lo, hi]` (`lo` excluded; `hi` included).
+    pub fn in_range(v: f64, lo: f64, hi: f64) -> Result<(), String> {
+        if v.is_finite() && v > lo && v <= hi {
+            Ok(())
+        } else {
+            Err(format!("{v} is out of range: must be greater than {lo} and at most {hi}"))
+        }
+    }
+
+    /// A finite number strictly between `lo` and `hi`.
+    pub fn between(v: f64, lo: f64, hi: f64) -> Result<(), String> {
+        if v.is_finite() && v > lo && v < hi {
+            Ok(())
+        } else {
+            Err(format!("{v} is out of range: must be greater than {lo} and below {hi}"))
+        }
+    }
+
+    /// A finite number in `[lo, hi)`.
+    pub fn in_range_from(v: f64, lo: f64, hi: f64) -> Result<(), String> {
+        if v.is_finite() && v >= lo && v < hi {
+            Ok(())
+        } else {
+            Err(format!("{v} is out of range: must be at least {lo} and below {hi}"))
+        }
+    }
+
+    /// A finite number > 0.
+    pub fn positive(v: f64) -> Result<(), String> {
+        in_range(v, 0.0, f64::MAX)
+    }
+
+    /// A finite number ≥ `min`.
+    pub fn at_least_f64(v: f64, min: f64) -> Result<(), String> {
+        if v.is_finite() && v >= min {
+            Ok(())
+        } else {
+            Err(format!("{v} is out of range: must be a number of at least {min}"))
+        }
+    }
+
+    /// `low` strictly below `high`, for thresholds that must be ordered. The message names both
+    /// keys in backticks: the file may set either (see [`super::ConfigFile::parse`]).
+    pub fn below<T: PartialOrd + std::fmt::Display>(low_key: &str, low: T, high_key: &str, high: T) -> Result<(), String> {
+        if low < high {
+            Ok(())
+        } else {
+            Err(format!("`{low_key}` ({low}) must be below `{high_key}` ({high})"))
+        }
+    }
+
+    /// `low` at most `high` (both named, as in [`below`]).
+    pub fn at_most<T: PartialOrd + std::fmt::Display>(low_key: &str, low: T, high_key: &str, high: T) -> Result<(), String> {
+        if low <= high {
+            Ok(())
+        } else {
+            Err(format!("`{low_key}` ({low}) must be at most `{high_key}` ({high})"))
+        }
+    }
+
+    /// A path that is not empty.
+    pub fn non_empty_path(p: &Path) -> Result<(), String> {
+        if p.as_os_str().is_empty() {
+            Err("must not be empty: give a path".to_owned())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A Linux interface name: 1-15 bytes (IFNAMSIZ), no `/`, whitespace or `:` (see
+    /// `dev_valid_name` in net/core/dev.c).
+    pub fn interface_name(name: &str) -> Result<(), String> {
+        if name.is_empty() {
+            return Err("an interface name must not be empty; list interfaces with `ip link`".to_owned());
+        }
+        if name.len() > 15 || name == "." || name == ".." || name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace()) {
+            return Err(format!("`{name}` is not a valid interface name (at most 15 bytes, no `/`, `:` or spaces); list interfaces with `ip link`"));
         }
         Ok(())
     }
@@ -460,49 +658,62 @@ fn locate(text: &str, offset: usize) -> (usize, String) {
     (line, key)
 }
 
-/// Line (1-based) where `name` is assigned inside `[section]` (`""` for the top level).
-fn find_key_line(text: &str, section: &str, name: &str) -> Option<usize> {
-    let mut current = String::new();
-    for (i, l) in text.lines().enumerate() {
-        let t = l.trim();
-        if t.starts_with('[') {
-            current = t.trim_matches(|c| c == '[' || c == ']').trim().to_owned();
-        } else if current == section {
-            if let Some((k, _)) = t.split_once('=') {
-                if k.trim().trim_matches('"') == name {
-                    return Some(i + 1);
-                }
-            }
-        }
+/// Line (1-based) of the value at `path`, found through the parsed document's spans (so dotted
+/// keys, inline tables and `[[job]]` arrays all resolve): the key's line for a key, the element's
+/// line for an array index. `None` when the file does not set it (a default).
+fn line_of(text: &str, path: &[Seg]) -> Option<usize> {
+    let (span, complete) = walk(text, path);
+    if complete {
+        span.map(|s| line_at(text, s.start))
+    } else {
+        None
     }
-    None
 }
 
-/// Line (1-based) of `key` inside the `index`-th `[[job]]` table (or of its header).
-fn find_job_key_line(text: &str, index: usize, key: &str) -> Option<usize> {
-    let mut seen = 0usize;
-    let mut header = None;
-    for (i, l) in text.lines().enumerate() {
-        let t = l.trim();
-        if t.starts_with('[') {
-            if header.is_some() {
-                break;
-            }
-            if t.trim_matches(|c| c == '[' || c == ']').trim() == "job" {
-                if seen == index {
-                    header = Some(i + 1);
-                }
-                seen += 1;
-            }
-        } else if header.is_some() {
-            if let Some((k, _)) = t.split_once('=') {
-                if k.trim().trim_matches('"') == key {
-                    return Some(i + 1);
-                }
-            }
-        }
+/// The line of the deepest step of `path` the file has (the `[section]` of a defaulted key); 0
+/// when it has none.
+fn deepest_line(text: &str, path: &[Seg]) -> usize {
+    walk(text, path).0.map_or(0, |s| line_at(text, s.start))
+}
+
+fn line_at(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// Follows `path` through the document: the span of the deepest step found, and whether every
+/// step was.
+fn walk(text: &str, path: &[Seg]) -> (Option<std::ops::Range<usize>>, bool) {
+    use toml_edit::{Item, TableLike, Value};
+    enum Node<'a> {
+        Item(&'a Item),
+        Table(&'a toml_edit::Table),
+        Value(&'a Value),
     }
-    header
+    let Ok(doc) = toml_edit::ImDocument::parse(text) else { return (None, false) };
+    let mut node = Node::Item(doc.as_item());
+    let mut span: Option<std::ops::Range<usize>> = None;
+    for seg in path {
+        let next = match (*seg, &node) {
+            (Seg::Key(k), _) => {
+                let table: Option<&dyn TableLike> = match node {
+                    Node::Item(i) => i.as_table_like(),
+                    Node::Table(t) => Some(t),
+                    Node::Value(Value::InlineTable(t)) => Some(t),
+                    Node::Value(_) => None,
+                };
+                table.and_then(|t| t.get_key_value(k)).map(|(key, v)| (key.span().or_else(|| v.span()), Node::Item(v)))
+            }
+            (Seg::Index(i), Node::Item(Item::ArrayOfTables(a))) => a.get(i).map(|t| (t.span(), Node::Table(t))),
+            (Seg::Index(i), Node::Item(Item::Value(Value::Array(a))) | Node::Value(Value::Array(a))) => {
+                a.get(i).map(|v| (v.span(), Node::Value(v)))
+            }
+            (Seg::Index(_), _) => None,
+        };
+        let Some((s, n)) = next else { return (span, false) };
+        span = s.or(span);
+        node = n;
+    }
+    (span, true)
 }
 
 /// The resolved match configuration handed to the kernel.
@@ -608,9 +819,10 @@ mod tests {
         assert_eq!(f.burst_history, Some(DEFAULT_BURST_HISTORY));
         assert_eq!(f.ewma_tau_ms, Some(DEFAULT_EWMA_TAU_MS));
         assert_eq!(f.ebpf_debug_log, Some(false));
-        let m = MatchSettings::from_file(f.match_.as_ref());
-        assert_eq!(m.tcp_ports, vec![PortSpec { lo: 29500, hi: 29600 }, PortSpec { lo: 12345, hi: 12345 }]);
-        assert!(!m.prefixes.is_empty());
+        // Nothing that narrows matching or adds jobs is live: copied as is, it counts what the
+        // defaults count.
+        assert_eq!(MatchSettings::from_file(f.match_.as_ref()), MatchSettings::from_file(None));
+        assert_eq!(f.jobs, None);
         assert_eq!(f.state_dir.as_deref(), Some(Path::new(DEFAULT_STATE_DIR)));
         let d = f.detect.as_ref().unwrap();
         assert_eq!(d.window_ms, Some(DEFAULT_DETECT_WINDOW_MS));
@@ -618,6 +830,30 @@ mod tests {
         assert_eq!(d.carry_over_windows, Some(DEFAULT_CARRY_OVER_WINDOWS));
         let defaults = crate::detect::DetectorConfig::default();
         assert_eq!((d.min_window_bytes, d.min_data_packets), (Some(defaults.min_window_bytes), Some(defaults.min_data_packets)));
+    }
+
+    /// The example's commented-out `key = value` lines and `[table]` headers, uncommented, are a
+    /// valid config too, and say what they claim.
+    #[test]
+    fn example_file_commented_examples_parse() {
+        let text: String = include_str!("../ringside.example.toml")
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest) if is_setting(rest) => rest,
+                _ => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        fn is_setting(l: &str) -> bool {
+            let header = l.starts_with('[') && l.ends_with(']') && l.chars().all(|c| c.is_ascii_lowercase() || "[]._".contains(c));
+            let key = l.split_once(" = ").is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
+            header || key
+        }
+        let f = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let m = MatchSettings::from_file(f.match_.as_ref());
+        assert_eq!(m.tcp_ports, vec![PortSpec { lo: 29500, hi: 29600 }, PortSpec { lo: 12345, hi: 12345 }]);
+        assert_eq!(m.prefixes.len(), 2);
+        assert_eq!(f.interfaces, Some(vec!["eth0".to_owned()]));
         let jobs = f.jobs.as_ref().unwrap();
         assert_eq!(jobs.len(), 1);
         assert_eq!(jobs[0].name, "train");
@@ -625,6 +861,7 @@ mod tests {
         assert!(jobs[0].members[0].0.contains("10.77.0.9".parse().unwrap()));
         assert!(!jobs[0].members[0].0.contains("10.78.0.9".parse().unwrap()));
         assert_eq!(jobs[0].members[1].0.len, 128);
+        assert!(f.detect.unwrap().gray.is_some() && f.policy.is_some());
     }
 
     #[test]
@@ -645,6 +882,187 @@ mod tests {
         let p = "::1/128".parse::<PrefixSpec>().unwrap();
         assert!(p.contains("::1".parse().unwrap()) && !p.contains("127.0.0.1".parse().unwrap()));
         assert!("0.0.0.0/0".parse::<PrefixSpec>().unwrap().contains("1.2.3.4".parse().unwrap()));
+    }
+
+    /// One bad value per key (issue 11): each error names the file, the line and the key. The
+    /// bad line is the last of `text`, under a first line that is valid.
+    #[test]
+    fn every_bad_value_names_file_line_and_key() {
+        #[rustfmt::skip]
+        let cases: &[(&str, &str, &str)] = &[
+            // (section, `key = value`, dotted key expected in the error)
+            ("", "interfaces = [\"eth0\", \"\"]", "interfaces"),
+            ("", "interfaces = [\"an-interface-name-too-long\"]", "interfaces"),
+            ("", "interfaces = [\"eth0/1\"]", "interfaces"),
+            ("", "interfaces = \"eth0\"", "interfaces"),
+            ("", "listen = \"not an address\"", "listen"),
+            ("", "listen = 9464", "listen"),
+            ("", "poll_interval_ms = 0", "poll_interval_ms"),
+            ("", "poll_interval_ms = -5", "poll_interval_ms"),
+            ("", "poll_interval_ms = 1.5", "poll_interval_ms"),
+            ("", "pin_dir = \"relative/pins\"", "pin_dir"),
+            ("", "keep_pins = \"yes\"", "keep_pins"),
+            ("", "attach = \"xdp\"", "attach"),
+            ("", "flow_idle_timeout_secs = 0", "flow_idle_timeout_secs"),
+            ("", "burst_gap_us = 0", "burst_gap_us"),
+            ("", "burst_gap_us = 20000", "burst_gap_us"),
+            ("", "max_flows = 0", "max_flows"),
+            ("", "max_peers = 0", "max_peers"),
+            ("", "burst_history = 0", "burst_history"),
+            ("", "ewma_tau_ms = 0", "ewma_tau_ms"),
+            ("", "ebpf_debug_log = 1", "ebpf_debug_log"),
+            ("", "state_dir = \"\"", "state_dir"),
+            ("", "no_such_key = 1", "no_such_key"),
+            ("match", "tcp_ports = [0]", "match.tcp_ports"),
+            ("match", "tcp_ports = [\"0-10\"]", "match.tcp_ports"),
+            ("match", "tcp_ports = [70000]", "match.tcp_ports"),
+            ("match", "tcp_ports = [\"2-1\"]", "match.tcp_ports"),
+            ("match", "tcp_ports = [\"http\"]", "match.tcp_ports"),
+            ("match", "udp_ports = [-1]", "match.udp_ports"),
+            ("match", "prefixes = [\"10.0.0.0/33\"]", "match.prefixes"),
+            ("match", "prefixes = [\"10.0.0.1\"]", "match.prefixes"),
+            ("match", "prefixes = [\"fd00::/129\"]", "match.prefixes"),
+            ("match", "prefixes = [\"nonsense/8\"]", "match.prefixes"),
+            ("match", "flow_start_events = \"no\"", "match.flow_start_events"),
+            ("match", "ports = [1]", "match.ports"),
+            ("detect", "enabled = \"yes\"", "detect.enabled"),
+            ("detect", "window_ms = 0", "detect.window_ms"),
+            ("detect", "recent_events = 0", "detect.recent_events"),
+            ("detect", "carry_over_windows = 0", "detect.carry_over_windows"),
+            ("detect", "min_window_bytes = 0", "detect.min_window_bytes"),
+            ("detect", "min_data_packets = 0", "detect.min_data_packets"),
+            ("detect.persistence", "raise_k = 0", "detect.persistence.raise_k"),
+            ("detect.persistence", "raise_k = 4", "detect.persistence.raise_k"),
+            ("detect.persistence", "raise_n = 33", "detect.persistence.raise_n"),
+            ("detect.persistence", "raise_on_severe = 1", "detect.persistence.raise_on_severe"),
+            ("detect.persistence", "clear_windows = 0", "detect.persistence.clear_windows"),
+            ("detect.persistence", "persistent_windows = 0", "detect.persistence.persistent_windows"),
+            ("detect.persistence", "recurrence_ns = 0", "detect.persistence.recurrence_ns"),
+            ("detect.gray", "min_peers = 1", "detect.gray.min_peers"),
+            ("detect.gray", "z_open = 1.0", "detect.gray.z_open"),
+            ("detect.gray", "z_clear = -1.0", "detect.gray.z_clear"),
+            ("detect.gray", "rel_scale_floor = 0.0", "detect.gray.rel_scale_floor"),
+            ("detect.gray", "goodput_open_ratio = 1.5", "detect.gray.goodput_open_ratio"),
+            ("detect.gray", "goodput_severe_ratio = 0.8", "detect.gray.goodput_severe_ratio"),
+            ("detect.gray", "goodput_clear_ratio = nan", "detect.gray.goodput_clear_ratio"),
+            ("detect.gray", "loss_open_floor = 2.0", "detect.gray.loss_open_floor"),
+            ("detect.gray", "loss_open_ratio = 0.5", "detect.gray.loss_open_ratio"),
+            ("detect.gray", "loss_severe = 0.001", "detect.gray.loss_severe"),
+            ("detect.gray", "loss_clear_floor = -0.1", "detect.gray.loss_clear_floor"),
+            ("detect.gray", "loss_scale_floor = 0.0", "detect.gray.loss_scale_floor"),
+            ("detect.gray", "stall_open_ns = 10", "detect.gray.stall_open_ns"),
+            ("detect.gray", "stall_severe_ns = 1", "detect.gray.stall_severe_ns"),
+            ("detect.gray", "stall_clear_ns = 0", "detect.gray.stall_clear_ns"),
+            ("detect.gray", "stall_min_loss_packets = -1", "detect.gray.stall_min_loss_packets"),
+            ("detect.gray", "stall_scale_floor_ns = 0", "detect.gray.stall_scale_floor_ns"),
+            ("detect.gray", "z_opn = 5.0", "detect.gray.z_opn"),
+            ("detect.congestion", "baseline_windows = 0", "detect.congestion.baseline_windows"),
+            ("detect.congestion", "baseline_min_windows = 31", "detect.congestion.baseline_min_windows"),
+            ("detect.congestion", "goodput_open_ratio = 0.0", "detect.congestion.goodput_open_ratio"),
+            ("detect.congestion", "goodput_severe_ratio = 0.75", "detect.congestion.goodput_severe_ratio"),
+            ("detect.congestion", "goodput_clear_ratio = 1.2", "detect.congestion.goodput_clear_ratio"),
+            ("detect.congestion", "min_degraded_peers = 0", "detect.congestion.min_degraded_peers"),
+            ("detect.congestion", "min_degraded_fraction = 1.5", "detect.congestion.min_degraded_fraction"),
+            ("detect.congestion", "ce_open_floor = 0.0", "detect.congestion.ce_open_floor"),
+            ("detect.congestion", "ce_growth = 0.5", "detect.congestion.ce_growth"),
+            ("detect.congestion", "ce_severe = 0.001", "detect.congestion.ce_severe"),
+            ("detect.congestion", "cnp_open_per_s = 0.0", "detect.congestion.cnp_open_per_s"),
+            ("detect.congestion", "cnp_growth = inf", "detect.congestion.cnp_growth"),
+            ("detect.congestion", "min_shared_loss_flows = 1", "detect.congestion.min_shared_loss_flows"),
+            ("detect.congestion", "competition_open_ratio = 1.0", "detect.congestion.competition_open_ratio"),
+            ("detect.congestion", "competition_min_other = 0.0", "detect.congestion.competition_min_other"),
+            ("detect.straggler", "min_peers = 1", "detect.straggler.min_peers"),
+            ("detect.straggler", "max_start_offset_ns = 0", "detect.straggler.max_start_offset_ns"),
+            ("detect.straggler", "min_matched_phases = 0", "detect.straggler.min_matched_phases"),
+            ("detect.straggler", "min_idle_gap_ns = 1000000", "detect.straggler.min_idle_gap_ns"),
+            ("detect.straggler", "open_lateness_ns = 5000000", "detect.straggler.open_lateness_ns"),
+            ("detect.straggler", "clear_lateness_ns = 0", "detect.straggler.clear_lateness_ns"),
+            ("detect.straggler", "warning_lateness_ns = 1000", "detect.straggler.warning_lateness_ns"),
+            ("detect.straggler", "z_open = 0.0", "detect.straggler.z_open"),
+            ("detect.straggler", "z_clear = 9.0", "detect.straggler.z_clear"),
+            ("detect.straggler", "scale_floor_ns = 0", "detect.straggler.scale_floor_ns"),
+            ("detect.straggler", "normal_goodput_ratio = 0.0", "detect.straggler.normal_goodput_ratio"),
+            ("detect.straggler", "co_start_ns = \"3ms\"", "detect.straggler.co_start_ns"),
+            ("detect.straggler", "go_ahead_ns = -1", "detect.straggler.go_ahead_ns"),
+            ("detect.straggler", "raise_k = 6", "detect.straggler.raise_k"),
+            ("detect.straggler", "raise_n = 40", "detect.straggler.raise_n"),
+            ("policy", "recent_windows = 0", "policy.recent_windows"),
+            ("policy", "baseline_windows = 0", "policy.baseline_windows"),
+            ("policy", "min_baseline_windows = 0", "policy.min_baseline_windows"),
+            ("policy", "degrade_ratio = 0.9", "policy.degrade_ratio"),
+            ("policy", "path_slow_ratio = 0.0", "policy.path_slow_ratio"),
+            ("policy", "trigger_windows = 0", "policy.trigger_windows"),
+            ("policy", "min_improvement = 1.0", "policy.min_improvement"),
+            ("policy", "lossy_slack = -0.1", "policy.lossy_slack"),
+            ("policy", "min_dwell_windows = -1", "policy.min_dwell_windows"),
+            ("policy", "settle_windows = \"1\"", "policy.settle_windows"),
+            ("policy", "verify_windows = 0", "policy.verify_windows"),
+            ("policy", "verify_min_gain = 1.5", "policy.verify_min_gain"),
+            ("policy", "cooldown_windows = -3", "policy.cooldown_windows"),
+            ("policy", "recover_windows = 0", "policy.recover_windows"),
+            ("policy", "lossy_ratio = 0.0", "policy.lossy_ratio"),
+            ("policy", "topk_ratio = 1.5", "policy.topk_ratio"),
+            ("policy", "max_channels = 0", "policy.max_channels"),
+            ("policy", "max_channels = 300", "policy.max_channels"),
+            ("policy", "renew_ms = 0", "policy.renew_ms"),
+            ("policy", "hint_ttl_ms = 5000", "policy.hint_ttl_ms"),
+            ("policy", "history_len = 0", "policy.history_len"),
+            ("policy", "max_jobs = 0", "policy.max_jobs"),
+            ("policy.cost", "alpha_s = -1.0", "policy.cost.alpha_s"),
+            ("policy.cost", "channel_exponent = nan", "policy.cost.channel_exponent"),
+            ("policy.cost", "lossy_channel_exponent = -1.0", "policy.cost.lossy_channel_exponent"),
+            ("policy.cost", "fp16_bps = 0.0", "policy.cost.fp16_bps"),
+            ("policy.cost", "bf16_bps = -5.0", "policy.cost.bf16_bps"),
+            ("policy.cost", "int8_bps = 0.0", "policy.cost.int8_bps"),
+            ("policy.cost", "topk_bps = inf", "policy.cost.topk_bps"),
+            ("api", "operator_tokens_file = \"\"", "api.operator_tokens_file"),
+            ("api", "operator_tokens_file = 5", "api.operator_tokens_file"),
+        ];
+        for (section, line, key) in cases {
+            let (text, want_line) = if section.is_empty() {
+                (format!("# ringside\n{line}\n"), 2)
+            } else {
+                (format!("# ringside\n[{section}]\n{line}\n"), 3)
+            };
+            let err = ConfigFile::parse(&text, Path::new("/etc/ringside/ringside.toml")).expect_err(&text);
+            let msg = err.to_string();
+            match &err {
+                ConfigError::Invalid { line, key: got, .. } => {
+                    assert_eq!((*line, got.as_str()), (want_line, *key), "{text}=> {msg}");
+                }
+                other => panic!("{text}=> {other:?}"),
+            }
+            assert!(msg.contains("/etc/ringside/ringside.toml") && msg.contains(&format!("line {want_line}")) && msg.contains(&format!("`{key}`")), "{msg}");
+        }
+        // [[job]]: the line of the key inside the right table.
+        let jobs = "[[job]]\nname = \"a\"\nmembers = [\"10.0.0.1\"]\n\n[[job]]\nname = \"b\"\nmembers = [\"10.0.0.2\"]\ntcp_ports = [0]\n";
+        let job_cases: &[(&str, &str, usize, &str)] = &[
+            ("name = \"b\"", "name = \"a\"", 6, "job.name"),
+            ("name = \"b\"", "name = \" \"", 6, "job.name"),
+            ("members = [\"10.0.0.2\"]", "members = []", 7, "job.members"),
+            ("members = [\"10.0.0.2\"]", "members = [\"10.0.0.300\"]", 7, "job.members"),
+            ("members = [\"10.0.0.2\"]", "members = [\"10.0.0.0/40\"]", 7, "job.members"),
+            ("tcp_ports = [0]", "tcp_ports = [0]", 8, "job.tcp_ports"),
+            ("tcp_ports = [0]", "udp_ports = [\"9-1\"]", 8, "job.udp_ports"),
+            ("tcp_ports = [0]", "port = 1", 8, "job.port"),
+        ];
+        for (from, to, want_line, key) in job_cases {
+            let text = jobs.replacen(from, to, 1);
+            let text = if *from == "tcp_ports = [0]" { text } else { text.replace("tcp_ports = [0]\n", "") };
+            let msg = parse(&text).expect_err(&text).to_string();
+            assert!(msg.contains(&format!("line {want_line}")) && msg.contains(&format!("`{key}`")), "{text}=> {msg}");
+        }
+        // An interface name in a multi-line array: the element's own line.
+        let msg = parse("interfaces = [\n  \"eth0\",\n  \"\",\n]\n").unwrap_err().to_string();
+        assert!(msg.contains("line 3") && msg.contains("`interfaces`"), "{msg}");
+        // A dotted key and an inline table resolve too.
+        let msg = parse("[detect]\nwindow_ms = 1000\ngray.z_open = 1.0\n").unwrap_err().to_string();
+        assert!(msg.contains("line 3") && msg.contains("detect.gray.z_open"), "{msg}");
+        let msg = parse("[detect]\nwindow_ms = 1000\ngray = { z_clear = 2.0, rel_scale_floor = 7.0 }\n").unwrap_err().to_string();
+        assert!(msg.contains("line 3") && msg.contains("detect.gray.rel_scale_floor"), "{msg}");
+        // A window shorter than the poll interval.
+        let msg = parse("poll_interval_ms = 500\n[detect]\nwindow_ms = 200\n").unwrap_err().to_string();
+        assert!(msg.contains("line 3") && msg.contains("detect.window_ms") && msg.contains("poll_interval_ms"), "{msg}");
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub(crate) mod metrics;
 pub(crate) mod mount_ns;
 pub mod object;
 pub(crate) mod policy;
+pub mod privileges;
 pub(crate) mod state;
 pub mod detect;
 

@@ -2,10 +2,13 @@
 //! dispatches; each subcommand lives in `dataplane_user::cli`.
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use dataplane_user::{
     agent::AgentArgs,
-    cli::{self, detach::DetachArgs, events::EventsArgs, flows::FlowsArgs, jobs::JobsCommand, status::StatusArgs},
+    cli::{
+        self, check_config::CheckConfigArgs, completions::CompletionsArgs, detach::DetachArgs, events::EventsArgs,
+        flows::FlowsArgs, jobs::JobsCommand, man::ManArgs, status::StatusArgs, LogFormat,
+    },
 };
 
 /// ringside watches collective-communication traffic (TCP and RoCEv2) on the provider's side of
@@ -21,10 +24,14 @@ use dataplane_user::{
 /// flows, status and events need the operator token: --token, RINGSIDE_TOKEN, or the file the
 /// agent writes, /var/lib/ringside/operator.token (readable by root only).
 ///
-/// Logging: RUST_LOG=info (default), RUST_LOG=debug for more.
+/// Logging: RUST_LOG=info (default), RUST_LOG=debug for more; --log-format json for one JSON
+/// object per line.
 #[derive(Debug, Parser)]
 #[command(name = "ringside", version, verbatim_doc_comment)]
 struct Cli {
+    /// Log format on stderr: text (for people) or json (one object per line, for log shippers).
+    #[arg(long, global = true, value_enum, env = "RINGSIDE_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -79,20 +86,46 @@ enum Command {
     ///   ringside detach --iface eth0 --pin-dir /sys/fs/bpf/ringside-test --remove-qdisc
     #[command(verbatim_doc_comment)]
     Detach(DetachArgs),
+    /// Check a config file the way `ringside agent --config FILE` reads it, without root.
+    ///
+    /// Prints OK and a summary of the resolved settings, or the error naming the file, line and
+    /// key; exits 0 or 1.
+    ///
+    /// Example:
+    ///   ringside check-config /etc/ringside/ringside.toml
+    #[command(verbatim_doc_comment)]
+    CheckConfig(CheckConfigArgs),
+    /// Print a shell completion script on stdout.
+    ///
+    /// Examples:
+    ///   ringside completions bash > /usr/share/bash-completion/completions/ringside
+    ///   ringside completions zsh > /usr/share/zsh/vendor-completions/_ringside
+    ///   ringside completions fish > /usr/share/fish/vendor_completions.d/ringside.fish
+    #[command(verbatim_doc_comment)]
+    Completions(CompletionsArgs),
+    /// Write the man pages (ringside.1 and one per subcommand, ringside-agent.1, ...).
+    ///
+    /// Without --out-dir, prints ringside.1 on stdout.
+    ///
+    /// Examples:
+    ///   ringside man --out-dir /usr/share/man/man1
+    ///   ringside man | man -l -
+    #[command(verbatim_doc_comment)]
+    Man(ManArgs),
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    match run(Cli::parse()) {
+    let parsed = Cli::parse();
+    let log_format = parsed.log_format;
+    cli::init_logging(log_format);
+    match run(parsed) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            match log_format {
+                LogFormat::Text => eprintln!("error: {e:#}"),
+                // One JSON record like every other line, so a log shipper keeps why it stopped.
+                LogFormat::Json => tracing::error!(error = %format!("{e:#}"), "ringside failed"),
+            }
             ExitCode::FAILURE
         }
     }
@@ -106,6 +139,9 @@ fn run(parsed: Cli) -> anyhow::Result<()> {
         Command::Events(args) => cli::events::run(args)?,
         Command::Jobs { action } => cli::jobs::run(action)?,
         Command::Detach(args) => cli::detach::run(args)?,
+        Command::CheckConfig(args) => cli::check_config::run(args)?,
+        Command::Completions(args) => cli::completions::run(args, Cli::command())?,
+        Command::Man(args) => cli::man::run(args, Cli::command())?,
     }
     Ok(())
 }

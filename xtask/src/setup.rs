@@ -24,6 +24,7 @@ const DEB_PACKAGES: &[(&str, &str)] = &[
     ("nftables", "random-loss fault injection (there is no netem on the target kernels)"),
     ("iperf3", "point-to-point baseline in `bench collectives`"),
     ("ethtool", "testbed link settings"),
+    ("util-linux", "setpriv: t2_privileges starts the agent with only its three capabilities"),
     ("llvm-22-dev", "bpf-linker links against LLVM 22"),
     ("libpolly-22-dev", "needed by LLVM 22's cmake/link configuration"),
     ("libzstd-dev", "LLVM link dependency"),

@@ -12,6 +12,8 @@ pub fn run(args: AgentArgs) -> Result<(), CliError> {
         None => ConfigFile::default(),
     };
     let settings = AgentSettings::resolve(&file, &args)?;
+    // Before the agent binds or touches the kernel: name any missing capability and how to grant it.
+    crate::privileges::check_agent()?;
     agent::run(settings)?;
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! The `ringside` command line, one module per subcommand: [`agent`] runs the agent; [`flows`],
 //! [`status`], [`events`] and [`jobs`] read or change a running agent through
 //! [`ringside_client::OperatorClient`] and print aligned tables (or, with `--json`, the response);
-//! [`detach`] removes a leftover attachment. `main.rs` parses the arguments and calls the
-//! subcommand's `run`.
+//! [`detach`] removes a leftover attachment; [`check_config`] validates a config file the way the
+//! agent reads it; [`completions`] and [`man`] generate shell completions and man pages from the
+//! clap definition. `main.rs` parses the arguments, sets up logging ([`init_logging`]) and calls
+//! the subcommand's `run`.
 //!
 //! This module holds what the subcommands share: how to reach the agent ([`AgentConn`]), the
 //! operator token ([`resolve_token`]: `--token`, else `RINGSIDE_TOKEN`, else the file the agent
@@ -18,11 +20,36 @@ use ringside_client::{ClientConfig, ClientError, OperatorClient};
 use crate::config::{DEFAULT_LISTEN, DEFAULT_STATE_DIR};
 
 pub mod agent;
+pub mod check_config;
+pub mod completions;
 pub mod detach;
 pub mod events;
 pub mod flows;
 pub mod jobs;
+pub mod man;
 pub mod status;
+
+/// `--log-format` / `RINGSIDE_LOG_FORMAT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines (colours on a terminal).
+    #[default]
+    Text,
+    /// One JSON object per line (timestamp, level, target, fields), for journald/Fluent Bit/Loki.
+    Json,
+}
+
+/// Logs to stderr in `format`, filtered by `RUST_LOG` (default `info`).
+pub fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+        // Flattened: a record's fields sit beside `message`, not under `fields`.
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).with_span_list(false).init(),
+    }
+}
 
 /// Default agent URL for the CLI.
 pub fn default_agent_url() -> String {
@@ -60,6 +87,10 @@ pub enum CliError {
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Agent(#[from] crate::agent::AgentError),
+    #[error(transparent)]
+    Privileges(#[from] crate::privileges::PrivilegeError),
+    #[error("cannot write {path}: {source}; check that the directory exists and is writable")]
+    Write { path: PathBuf, source: std::io::Error },
     #[error("printing JSON")]
     Json(#[from] serde_json::Error),
 }

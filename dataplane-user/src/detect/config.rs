@@ -11,6 +11,35 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::bounds::{at_least, at_least_f64, at_most, below, between, in_range, in_range_from, positive};
+
+/// A bad value of a section: (its key, what is wrong). `ConfigFile::validate` adds the section's
+/// path and finds the line.
+pub type Invalid = (&'static str, String);
+
+/// Tags a check's message with its key.
+fn key(k: &'static str) -> impl Fn(String) -> Invalid {
+    move |m| (k, m)
+}
+
+/// `raise_k` of `raise_n` windows: 1 ≤ k ≤ n ≤ 32 (the window history is a 32-bit mask).
+fn k_of_n(k: u32, n: u32) -> Result<(), Invalid> {
+    at_least(u64::from(k), 1).map_err(key("raise_k"))?;
+    if n > 32 {
+        return Err(("raise_n", format!("{n} is too large: at most 32 windows are remembered")));
+    }
+    at_most("raise_k", k, "raise_n", n).map_err(key("raise_k"))
+}
+
+/// A ratio `open` that must sit strictly between `severe` below and `clear` above, all in (0, 1].
+fn ratio_ladder(severe: (&'static str, f64), open: (&'static str, f64), clear: (&'static str, f64)) -> Result<(), Invalid> {
+    for (k, v) in [severe, open, clear] {
+        in_range(v, 0.0, 1.0).map_err(key(k))?;
+    }
+    below(severe.0, severe.1, open.0, open.1).map_err(key(severe.0))?;
+    below(open.0, open.1, clear.0, clear.1).map_err(key(open.0))
+}
+
 /// Everything the detectors can be tuned with.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -84,6 +113,16 @@ pub struct PersistenceConfig {
     pub recurrence_ns: u64,
 }
 
+impl PersistenceConfig {
+    /// Each value in range: see the field docs.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        k_of_n(self.raise_k, self.raise_n)?;
+        at_least(u64::from(self.clear_windows), 1).map_err(key("clear_windows"))?;
+        at_least(u64::from(self.persistent_windows), 1).map_err(key("persistent_windows"))?;
+        at_least(self.recurrence_ns, 1).map_err(key("recurrence_ns"))
+    }
+}
+
 impl Default for PersistenceConfig {
     fn default() -> Self {
         Self {
@@ -137,6 +176,33 @@ pub struct GrayConfig {
     pub stall_min_loss_packets: u64,
     /// Absolute floor of the silence scale (5 ms).
     pub stall_scale_floor_ns: u64,
+}
+
+impl GrayConfig {
+    /// Each value in range, and each open threshold beyond its clear threshold: see the field docs.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        at_least(self.min_peers as u64, 2).map_err(key("min_peers"))?;
+        positive(self.z_clear).map_err(key("z_clear"))?;
+        positive(self.z_open).map_err(key("z_open"))?;
+        below("z_clear", self.z_clear, "z_open", self.z_open).map_err(key("z_clear"))?;
+        in_range(self.rel_scale_floor, 0.0, 1.0).map_err(key("rel_scale_floor"))?;
+        ratio_ladder(
+            ("goodput_severe_ratio", self.goodput_severe_ratio),
+            ("goodput_open_ratio", self.goodput_open_ratio),
+            ("goodput_clear_ratio", self.goodput_clear_ratio),
+        )?;
+        in_range(self.loss_open_floor, 0.0, 1.0).map_err(key("loss_open_floor"))?;
+        at_least_f64(self.loss_open_ratio, 1.0).map_err(key("loss_open_ratio"))?;
+        in_range(self.loss_severe, 0.0, 1.0).map_err(key("loss_severe"))?;
+        below("loss_open_floor", self.loss_open_floor, "loss_severe", self.loss_severe).map_err(key("loss_open_floor"))?;
+        in_range_from(self.loss_clear_floor, 0.0, 1.0).map_err(key("loss_clear_floor"))?;
+        below("loss_clear_floor", self.loss_clear_floor, "loss_open_floor", self.loss_open_floor).map_err(key("loss_clear_floor"))?;
+        in_range(self.loss_scale_floor, 0.0, 1.0).map_err(key("loss_scale_floor"))?;
+        at_least(self.stall_clear_ns, 1).map_err(key("stall_clear_ns"))?;
+        below("stall_clear_ns", self.stall_clear_ns, "stall_open_ns", self.stall_open_ns).map_err(key("stall_clear_ns"))?;
+        at_most("stall_open_ns", self.stall_open_ns, "stall_severe_ns", self.stall_severe_ns).map_err(key("stall_severe_ns"))?;
+        at_least(self.stall_scale_floor_ns, 1).map_err(key("stall_scale_floor_ns"))
+    }
 }
 
 impl Default for GrayConfig {
@@ -200,6 +266,31 @@ pub struct CongestionConfig {
     /// `goodput_severe_ratio`; healthy windows vary by ±15 % on the testbed).
     pub competition_open_ratio: f64,
     pub competition_min_other: f64,
+}
+
+impl CongestionConfig {
+    /// Each value in range: see the field docs.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        at_least(self.baseline_windows as u64, 1).map_err(key("baseline_windows"))?;
+        at_least(self.baseline_min_windows as u64, 1).map_err(key("baseline_min_windows"))?;
+        at_most("baseline_min_windows", self.baseline_min_windows, "baseline_windows", self.baseline_windows).map_err(key("baseline_min_windows"))?;
+        ratio_ladder(
+            ("goodput_severe_ratio", self.goodput_severe_ratio),
+            ("goodput_open_ratio", self.goodput_open_ratio),
+            ("goodput_clear_ratio", self.goodput_clear_ratio),
+        )?;
+        at_least(self.min_degraded_peers as u64, 1).map_err(key("min_degraded_peers"))?;
+        in_range(self.min_degraded_fraction, 0.0, 1.0).map_err(key("min_degraded_fraction"))?;
+        in_range(self.ce_open_floor, 0.0, 1.0).map_err(key("ce_open_floor"))?;
+        at_least_f64(self.ce_growth, 1.0).map_err(key("ce_growth"))?;
+        in_range(self.ce_severe, 0.0, 1.0).map_err(key("ce_severe"))?;
+        below("ce_open_floor", self.ce_open_floor, "ce_severe", self.ce_severe).map_err(key("ce_open_floor"))?;
+        positive(self.cnp_open_per_s).map_err(key("cnp_open_per_s"))?;
+        at_least_f64(self.cnp_growth, 1.0).map_err(key("cnp_growth"))?;
+        at_least(u64::from(self.min_shared_loss_flows), 2).map_err(key("min_shared_loss_flows"))?;
+        between(self.competition_open_ratio, 0.0, 1.0).map_err(key("competition_open_ratio"))?;
+        in_range(self.competition_min_other, 0.0, 1.0).map_err(key("competition_min_other"))
+    }
 }
 
 impl Default for CongestionConfig {
@@ -266,6 +357,27 @@ pub struct StragglerConfig {
     pub raise_n: u32,
 }
 
+impl StragglerConfig {
+    /// Each value in range; `phase_merge_gap_ns` is the detectors' (`min_idle_gap_ns` must exceed it).
+    pub fn validate(&self, phase_merge_gap_ns: u64) -> Result<(), Invalid> {
+        at_least(self.min_peers as u64, 2).map_err(key("min_peers"))?;
+        at_least(self.max_start_offset_ns, 1).map_err(key("max_start_offset_ns"))?;
+        at_least(self.min_matched_phases as u64, 1).map_err(key("min_matched_phases"))?;
+        if self.min_idle_gap_ns <= phase_merge_gap_ns {
+            return Err(("min_idle_gap_ns", format!("{} must exceed the phase merge gap ({phase_merge_gap_ns} ns)", self.min_idle_gap_ns)));
+        }
+        at_least(self.clear_lateness_ns, 1).map_err(key("clear_lateness_ns"))?;
+        below("clear_lateness_ns", self.clear_lateness_ns, "open_lateness_ns", self.open_lateness_ns).map_err(key("clear_lateness_ns"))?;
+        at_most("open_lateness_ns", self.open_lateness_ns, "warning_lateness_ns", self.warning_lateness_ns).map_err(key("warning_lateness_ns"))?;
+        positive(self.z_clear).map_err(key("z_clear"))?;
+        positive(self.z_open).map_err(key("z_open"))?;
+        below("z_clear", self.z_clear, "z_open", self.z_open).map_err(key("z_clear"))?;
+        at_least(self.scale_floor_ns, 1).map_err(key("scale_floor_ns"))?;
+        in_range(self.normal_goodput_ratio, 0.0, 1.0).map_err(key("normal_goodput_ratio"))?;
+        k_of_n(self.raise_k, self.raise_n)
+    }
+}
+
 impl Default for StragglerConfig {
     fn default() -> Self {
         Self {
@@ -298,6 +410,15 @@ mod tests {
         assert_eq!(cfg.gray.z_open, 5.0);
         assert_eq!(cfg.gray.z_clear, GrayConfig::default().z_clear);
         assert_eq!(cfg.persistence, PersistenceConfig::default());
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let d = DetectorConfig::default();
+        d.persistence.validate().unwrap();
+        d.gray.validate().unwrap();
+        d.congestion.validate().unwrap();
+        d.straggler.validate(d.phase_merge_gap_ns).unwrap();
     }
 
     #[test]

@@ -12,6 +12,11 @@
 use serde::{Deserialize, Serialize};
 
 use super::cost::CostConstants;
+use crate::config::bounds::{at_least, at_least_f64, at_most, below, in_range, in_range_from, positive};
+
+/// A bad value: (its key path under `[policy]`, what is wrong). `ConfigFile::validate` adds
+/// `policy.` and finds the line.
+pub type Invalid = (&'static [&'static str], String);
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -97,6 +102,46 @@ impl Default for PolicyConfig {
     }
 }
 
+impl PolicyConfig {
+    /// Each value in range: see the field docs.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        fn key(k: &'static [&'static str]) -> impl Fn(String) -> Invalid {
+            move |m| (k, m)
+        }
+        at_least(self.recent_windows as u64, 1).map_err(key(&["recent_windows"]))?;
+        at_least(self.baseline_windows as u64, 1).map_err(key(&["baseline_windows"]))?;
+        at_least(self.min_baseline_windows as u64, 1).map_err(key(&["min_baseline_windows"]))?;
+        at_most("min_baseline_windows", self.min_baseline_windows, "baseline_windows", self.baseline_windows).map_err(key(&["min_baseline_windows"]))?;
+        if !(self.degrade_ratio.is_finite() && self.degrade_ratio > 1.0) {
+            return Err((&["degrade_ratio"], format!("{} must be a number above 1 (communication time over its healthy baseline)", self.degrade_ratio)));
+        }
+        in_range(self.path_slow_ratio, 0.0, 1.0).map_err(key(&["path_slow_ratio"]))?;
+        at_least(u64::from(self.trigger_windows), 1).map_err(key(&["trigger_windows"]))?;
+        in_range_from(self.min_improvement, 0.0, 1.0).map_err(key(&["min_improvement"]))?;
+        at_least_f64(self.lossy_slack, 0.0).map_err(key(&["lossy_slack"]))?;
+        at_least(self.verify_windows as u64, 1).map_err(key(&["verify_windows"]))?;
+        in_range_from(self.verify_min_gain, 0.0, 1.0).map_err(key(&["verify_min_gain"]))?;
+        at_least(u64::from(self.recover_windows), 1).map_err(key(&["recover_windows"]))?;
+        in_range(self.lossy_ratio, 0.0, 1.0).map_err(key(&["lossy_ratio"]))?;
+        in_range(f64::from(self.topk_ratio), 0.0, 1.0).map_err(key(&["topk_ratio"]))?;
+        at_least(u64::from(self.max_channels), 1).map_err(key(&["max_channels"]))?;
+        at_least(self.renew_ms, 1).map_err(key(&["renew_ms"]))?;
+        below("renew_ms", self.renew_ms, "hint_ttl_ms", self.hint_ttl_ms)
+            .map_err(|m| format!("{m}: a hint would expire before it is renewed"))
+            .map_err(key(&["hint_ttl_ms"]))?;
+        at_least(self.history_len as u64, 1).map_err(key(&["history_len"]))?;
+        at_least(self.max_jobs as u64, 1).map_err(key(&["max_jobs"]))?;
+        let c = &self.cost;
+        at_least_f64(c.alpha_s, 0.0).map_err(key(&["cost", "alpha_s"]))?;
+        at_least_f64(c.channel_exponent, 0.0).map_err(key(&["cost", "channel_exponent"]))?;
+        at_least_f64(c.lossy_channel_exponent, 0.0).map_err(key(&["cost", "lossy_channel_exponent"]))?;
+        positive(c.fp16_bps).map_err(key(&["cost", "fp16_bps"]))?;
+        positive(c.bf16_bps).map_err(key(&["cost", "bf16_bps"]))?;
+        positive(c.int8_bps).map_err(key(&["cost", "int8_bps"]))?;
+        positive(c.topk_bps).map_err(key(&["cost", "topk_bps"]))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +154,10 @@ mod tests {
         assert_eq!(c.cost.int8_bps, CostConstants::default().int8_bps);
         assert_eq!(c.recent_windows, 3);
         assert!(toml::from_str::<PolicyConfig>("degrade_ration = 1.5\n").is_err());
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        PolicyConfig::default().validate().unwrap();
     }
 }
