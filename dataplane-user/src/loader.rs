@@ -43,7 +43,7 @@ use aya::{
 use aya_log::EbpfLogger;
 use dataplane_common::{config_flags, maps, programs, PrefixKey, PrefixValue};
 
-use crate::{config::AttachMode, mount_ns, object};
+use crate::{config::AttachMode, mount_ns, object, privileges};
 
 /// An interface the classifier is attached to.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -61,17 +61,12 @@ pub const PINNED_MAPS: [&str; 6] = [maps::FLOWS, maps::FLOW_STATE, maps::CONFIG,
 
 /// `statfs` magic of bpffs (include/uapi/linux/magic.h).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-const CAP_NET_ADMIN: u32 = 12;
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_BPF: u32 = 39;
 
 /// Errors setting up or tearing down the data plane.
 #[derive(Debug, thiserror::Error)]
 pub enum LoaderError {
-    #[error("missing capabilities {missing}: run ringside as root (sudo ringside agent ...) or grant them with `setcap cap_bpf,cap_net_admin,cap_perfmon+ep <path to ringside>`")]
-    NotPrivileged { missing: String },
-    #[error("cannot read the process capabilities from /proc/self/status: {0}")]
-    Capabilities(io::Error),
+    #[error(transparent)]
+    Privileges(#[from] privileges::PrivilegeError),
     #[error("the kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing); use a kernel built with CONFIG_DEBUG_INFO_BTF=y")]
     NoBtf,
     #[error("interface `{name}` does not exist in this network namespace; list interfaces with `ip link` and pass one with --iface")]
@@ -112,38 +107,10 @@ pub enum LoaderError {
     EbpfLogThread(#[source] io::Error),
 }
 
-/// Effective capability mask from the text of `/proc/self/status`.
-pub fn parse_cap_eff(status: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-}
-
-/// Capabilities missing for loading and attaching a TC program (CAP_SYS_ADMIN stands in for
-/// CAP_BPF on kernels before 5.8 and for processes that have it).
-pub fn missing_capabilities(cap_eff: u64) -> Vec<&'static str> {
-    let has = |c: u32| cap_eff & (1u64 << c) != 0;
-    let mut missing = Vec::new();
-    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
-        missing.push("CAP_BPF");
-    }
-    if !has(CAP_NET_ADMIN) {
-        missing.push("CAP_NET_ADMIN");
-    }
-    missing
-}
-
-/// Checks that the process may load and attach programs.
+/// Checks that the process may load and attach programs: CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON,
+/// or root (see [`privileges`], which names what is missing and how to grant it).
 pub fn check_privileges() -> Result<(), LoaderError> {
-    let status = fs::read_to_string("/proc/self/status").map_err(LoaderError::Capabilities)?;
-    let caps = parse_cap_eff(&status).ok_or_else(|| LoaderError::Capabilities(io::Error::other("no CapEff line")))?;
-    let missing = missing_capabilities(caps);
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(LoaderError::NotPrivileged { missing: missing.join(", ") })
-    }
+    Ok(privileges::check_agent()?)
 }
 
 pub fn check_btf() -> Result<(), LoaderError> {
@@ -489,7 +456,7 @@ pub struct DetachReport {
 /// ingress and egress of `iface`, the pins in `pin_dir`, and with `remove_qdisc` the clsact qdisc
 /// itself (which also deletes any other filter on it: only when nothing else uses it).
 pub fn detach_leftover(iface: &str, pin_dir: &Path, remove_qdisc: bool) -> Result<DetachReport, LoaderError> {
-    check_privileges()?;
+    privileges::check_detach()?;
     let idx = ifindex(iface)?;
     // Under `ip netns exec`, the pins are on the host's bpffs, not in the private /sys.
     mount_ns::join_bpffs_namespace(pin_parent(pin_dir), is_bpffs)?;
@@ -614,19 +581,6 @@ pub fn existing_pins(pin_dir: &Path) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn capabilities() {
-        let root = "Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n";
-        assert_eq!(parse_cap_eff(root), Some(0x1ff_ffff_ffff));
-        assert!(missing_capabilities(0x1ff_ffff_ffff).is_empty());
-        assert_eq!(missing_capabilities(0), vec!["CAP_BPF", "CAP_NET_ADMIN"]);
-        assert_eq!(missing_capabilities(1 << CAP_SYS_ADMIN), vec!["CAP_NET_ADMIN"]);
-        assert!(missing_capabilities((1 << CAP_BPF) | (1 << CAP_NET_ADMIN)).is_empty());
-        assert_eq!(parse_cap_eff("CapEff:\tzz\n"), None);
-        let msg = LoaderError::NotPrivileged { missing: "CAP_BPF".into() }.to_string();
-        assert!(msg.contains("CAP_BPF") && msg.contains("root"));
-    }
 
     #[test]
     fn unknown_interface_is_named() {

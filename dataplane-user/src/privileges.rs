@@ -60,7 +60,7 @@ impl fmt::Display for Missing {
 #[derive(Debug, thiserror::Error)]
 pub enum PrivilegeError {
     #[error(
-        "ringside agent lacks {0}; it needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON (or root). Grant them: \
+        "ringside lacks {0}; `ringside agent` needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON, `ringside detach` CAP_BPF and CAP_NET_ADMIN (or root). Grant them: \
          under systemd `AmbientCapabilities=CAP_BPF CAP_NET_ADMIN CAP_PERFMON` with the same CapabilityBoundingSet= \
          (deploy/systemd/ringside.service); on a binary, `setcap cap_bpf,cap_net_admin,cap_perfmon+ep /usr/local/bin/ringside`; \
          in Kubernetes, securityContext.capabilities.add: [BPF, NET_ADMIN, PERFMON] (deploy/kubernetes/daemonset.yaml); \
@@ -76,12 +76,20 @@ pub fn parse_cap_eff(status: &str) -> Option<u64> {
     status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
 }
 
+/// What `ringside detach` needs: remove tc filters and the qdisc, unlink pins.
+pub const DETACH_CAPABILITIES: [Capability; 2] = [CAP_BPF, CAP_NET_ADMIN];
+
 /// Of [`AGENT_CAPABILITIES`], those `cap_eff` lacks (`CAP_SYS_ADMIN` covers `CAP_BPF` and
 /// `CAP_PERFMON`).
 pub fn missing_for_agent(cap_eff: u64) -> Vec<Capability> {
+    missing_of(&AGENT_CAPABILITIES, cap_eff)
+}
+
+fn missing_of(needed: &[Capability], cap_eff: u64) -> Vec<Capability> {
     let has = |bit: u32| cap_eff & (1u64 << bit) != 0;
-    AGENT_CAPABILITIES
-        .into_iter()
+    needed
+        .iter()
+        .copied()
         .filter(|c| {
             let by_sys_admin = c.bit != CAP_NET_ADMIN.bit && has(CAP_SYS_ADMIN_BIT);
             !(has(c.bit) || by_sys_admin)
@@ -98,9 +106,18 @@ pub fn effective() -> Result<u64, PrivilegeError> {
 /// Fails, naming each missing capability and how to grant it, unless the process may run the
 /// agent. Called by `ringside agent` before it binds or touches the kernel.
 pub fn check_agent() -> Result<(), PrivilegeError> {
-    let missing = missing_for_agent(effective()?);
+    check(&AGENT_CAPABILITIES)
+}
+
+/// [`check_agent`] for `ringside detach`, which needs only [`DETACH_CAPABILITIES`].
+pub fn check_detach() -> Result<(), PrivilegeError> {
+    check(&DETACH_CAPABILITIES)
+}
+
+fn check(needed: &[Capability]) -> Result<(), PrivilegeError> {
+    let missing = missing_of(needed, effective()?);
     if missing.is_empty() {
-        tracing::debug!("capabilities: CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON (or CAP_SYS_ADMIN) present");
+        tracing::debug!(needed = ?needed.iter().map(|c| c.name).collect::<Vec<_>>(), "capabilities present");
         Ok(())
     } else {
         Err(PrivilegeError::Missing(Missing(missing)))
