@@ -36,6 +36,7 @@ fn fast() -> ClientConfig {
         request_timeout: Duration::from_secs(5),
         stream_read_timeout: Duration::from_secs(5),
         reconnect: Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(100), max_attempts: 3 },
+        ..ClientConfig::default()
     }
 }
 

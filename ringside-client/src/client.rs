@@ -79,6 +79,8 @@ pub enum ClientError {
     NotAStream { url: String, content_type: String },
     #[error("gave up on {url} after {attempts} failed attempts in a row; last error: {last}")]
     GaveUp { url: String, attempts: u32, last: Box<ClientError> },
+    #[error("cannot use the CA file {path:?} (${}): {reason}; it must hold PEM `-----BEGIN CERTIFICATE-----` blocks", CA_FILE_ENV)]
+    CaFile { path: std::path::PathBuf, reason: String },
 }
 
 fn status_advice(status: u16) -> &'static str {
@@ -107,7 +109,11 @@ impl ClientError {
         match self {
             ClientError::Transport { .. } | ClientError::Sse { .. } | ClientError::Json { .. } => true,
             ClientError::Status { status, .. } => *status >= 500 || *status == 429 || *status == 408,
-            ClientError::BadUrl { .. } | ClientError::BadJobId { .. } | ClientError::NotAStream { .. } | ClientError::GaveUp { .. } => false,
+            ClientError::BadUrl { .. }
+            | ClientError::BadJobId { .. }
+            | ClientError::NotAStream { .. }
+            | ClientError::GaveUp { .. }
+            | ClientError::CaFile { .. } => false,
         }
     }
 }
@@ -141,8 +147,13 @@ impl Backoff {
     }
 }
 
-/// Timeouts and reconnect policy. Defaults suit a trainer on the same network as the agent.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// Environment variable naming a PEM file of CA certificates to trust for `https://` agents
+/// (instead of the Mozilla roots): the provider's private CA behind a TLS-terminating proxy.
+pub const CA_FILE_ENV: &str = "RINGSIDE_CA_FILE";
+
+/// Timeouts, reconnect policy and TLS trust. Defaults suit a trainer on the same network as the
+/// agent.
+#[derive(Clone, Debug, PartialEq)]
 pub struct ClientConfig {
     /// TCP connect (and name resolution) bound.
     pub connect_timeout: Duration,
@@ -152,6 +163,9 @@ pub struct ClientConfig {
     /// (15 s) with margin for a busy agent.
     pub stream_read_timeout: Duration,
     pub reconnect: Backoff,
+    /// For `https://` agents: a PEM file of the CA certificates to trust instead of the Mozilla
+    /// roots. Default: `$RINGSIDE_CA_FILE` if set.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for ClientConfig {
@@ -161,17 +175,36 @@ impl Default for ClientConfig {
             request_timeout: Duration::from_secs(15),
             stream_read_timeout: Duration::from_secs(45),
             reconnect: Backoff::default(),
+            ca_file: std::env::var_os(CA_FILE_ENV).map(Into::into),
         }
     }
 }
 
-/// Plain `http://` with a host, no query or fragment; trailing slashes removed.
+/// The TLS trust for `https://`: the Mozilla roots (webpki-roots), or only the certificates of
+/// `ca_file`.
+fn tls_config(ca_file: Option<&std::path::Path>) -> Result<ureq::tls::TlsConfig> {
+    use ureq::tls::{PemItem, RootCerts, TlsConfig};
+    let Some(path) = ca_file else { return Ok(TlsConfig::builder().build()) };
+    let bad = |reason: String| ClientError::CaFile { path: path.to_owned(), reason };
+    let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let mut certs = Vec::new();
+    for item in ureq::tls::parse_pem(&pem) {
+        match item.map_err(|e| bad(e.to_string()))? {
+            PemItem::Certificate(c) => certs.push(c.to_owned()),
+            _ => continue,
+        }
+    }
+    if certs.is_empty() {
+        return Err(bad("no `-----BEGIN CERTIFICATE-----` block in it".into()));
+    }
+    Ok(TlsConfig::builder().root_certs(RootCerts::Specific(std::sync::Arc::new(certs))).build())
+}
+
+/// `http://` or `https://` with a host, no query or fragment; trailing slashes removed.
 fn normalise_url(url: &str) -> Result<String> {
     let bad = |reason| ClientError::BadUrl { url: url.to_owned(), reason };
-    let rest = match url.strip_prefix("http://") {
-        Some(r) => r,
-        None if url.starts_with("https://") => return Err(bad("https is not supported by this client build: use http://")),
-        None => return Err(bad("use http://HOST:PORT/...")),
+    let Some(rest) = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")) else {
+        return Err(bad("use http://HOST:PORT/... (or https:// behind a TLS-terminating proxy)"));
     };
     if rest.is_empty() || rest.starts_with('/') {
         return Err(bad("the host is missing: use http://HOST:PORT/..."));
@@ -201,11 +234,15 @@ struct Http {
 }
 
 impl Http {
-    fn new(token: &str, config: ClientConfig) -> Self {
+    fn new(token: &str, config: ClientConfig) -> Result<Self> {
+        let tls = tls_config(config.ca_file.as_deref())?;
         let base = |b: ureq::config::ConfigBuilder<ureq::typestate::AgentScope>| {
             // Statuses are handled here so that the server's `{"error": ...}` message reaches the
             // caller instead of ureq's generic "status 401".
-            b.http_status_as_error(false).timeout_connect(Some(config.connect_timeout)).timeout_resolve(Some(config.connect_timeout))
+            b.http_status_as_error(false)
+                .timeout_connect(Some(config.connect_timeout))
+                .timeout_resolve(Some(config.connect_timeout))
+                .tls_config(tls.clone())
         };
         let agent = Agent::new_with_config(base(Agent::config_builder()).timeout_global(Some(config.request_timeout)).build());
         // A stream lives as long as the job: bound each read, not the whole response.
@@ -215,7 +252,7 @@ impl Http {
                 .timeout_per_read(Some(config.stream_read_timeout))
                 .build(),
         );
-        Http { agent, stream_agent, auth: format!("Bearer {token}"), config }
+        Ok(Http { agent, stream_agent, auth: format!("Bearer {token}"), config })
     }
 
     fn transport(url: &str) -> impl FnOnce(ureq::Error) -> ClientError + '_ {
@@ -270,7 +307,7 @@ impl JobClient {
     }
 
     pub fn with_config(job_url: &str, token: &str, config: ClientConfig) -> Result<Self> {
-        Ok(JobClient { http: Http::new(token, config), job_url: normalise_url(job_url)? })
+        Ok(JobClient { http: Http::new(token, config)?, job_url: normalise_url(job_url)? })
     }
 
     pub fn job_url(&self) -> &str {
@@ -614,7 +651,7 @@ impl OperatorClient {
     }
 
     pub fn with_config(base_url: &str, token: &str, config: ClientConfig) -> Result<Self> {
-        Ok(OperatorClient { http: Http::new(token, config), base_url: normalise_url(base_url)? })
+        Ok(OperatorClient { http: Http::new(token, config)?, base_url: normalise_url(base_url)? })
     }
 
     /// `POST /v1/jobs`: registers a job; the returned tenant token is shown only once.
@@ -668,6 +705,6 @@ impl OperatorClient {
     /// A [`JobClient`] for job `id` on the same agent with `token`.
     pub fn job(&self, id: &str, token: &str) -> Result<JobClient> {
         check_job_id(id)?;
-        Ok(JobClient { http: Http::new(token, self.http.config), job_url: format!("{}/v1/jobs/{id}", self.base_url) })
+        Ok(JobClient { http: Http::new(token, self.http.config.clone())?, job_url: format!("{}/v1/jobs/{id}", self.base_url) })
     }
 }
