@@ -177,7 +177,7 @@ mod tests {
 
     #[test]
     fn unsupported_hinted_algorithm_or_bad_shape_leaves_the_table_alone() {
-        let before = table(1 << 20);
+        let before = table(1048576.0);
         for algo in [ALGO_NVLS, ALGO_PAT, ALGO_COLLNET_CHAIN, -1, 99] {
             let mut t = before.clone();
             assert_eq!(steer_cost_table(&mut t, NUM_ALGORITHMS, P, algo), Steer::HintedUnsupported, "algo {algo}");
@@ -198,7 +198,7 @@ mod tests {
     #[test]
     fn older_narrower_tables_and_extreme_costs() {
         // NCCL 2.22's table had 6 algorithm rows; the row count comes from NCCL, never assumed.
-        let mut t: Vec<f32> = table(1 << 16)[..6 * P].to_vec();
+        let mut t: Vec<f32> = table(65536.0)[..6 * P].to_vec();
         assert!(matches!(steer_cost_table(&mut t, 6, P, ALGO_RING), Steer::Steered { .. }));
         assert_eq!(cheapest(&t, P).map(|x| x.0), Some(ALGO_RING as usize));
         // Huge hinted costs (f32 cannot add 1 to 3e9) and zero ones still leave a strict winner.
