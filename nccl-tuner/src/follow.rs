@@ -5,7 +5,8 @@
 //! - Reading the hint ([`HintFollower::current`]) never touches the network: it copies a small
 //!   `Copy` value under a mutex that the thread holds only to replace it.
 //! - A hint applies until it expires (`expires_at`; the agent renews a live job's hint, and every
-//!   poll picks the renewal up), the job is deleted (404) or the token is refused (401/403).
+//!   poll picks the renewal up), the job is gone (404; the agent answers a deleted job's tenant
+//!   token with 401) or the token is refused (401/403: polling stops).
 //!   While the agent is unreachable the last hint stays until it expires; then NCCL's defaults.
 //! - Stopping is bounded: [`HintFollower::stop`] sets a cancel flag the thread checks at least
 //!   every 50 ms between polls, and a poll itself is bounded by [`REQUEST_TIMEOUT`]; `stop`
@@ -189,7 +190,9 @@ fn poll_loop(client: &JobClient, slot: &Slot, cancel: &AtomicBool, logger: Logge
             }
             Err(e) if matches!(e.status(), Some(401 | 403)) => {
                 write(slot, None);
-                logger.warn(&format!("{e}; check {TOKEN_ENV}. NCCL's defaults apply; no more polling"));
+                // The agent checks the token before the job id, so a deleted job's tenant token
+                // is refused too.
+                logger.warn(&format!("{e}; the job was deleted or {TOKEN_ENV} is wrong: NCCL's defaults apply, polling stops"));
                 return;
             }
             Err(e) => {

@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use ringside_client::{Algorithm, Codec, Hint};
-use support::harness::{build_plugin, compile_harness, install_plugin, Harness, Pick, Scratch, DEFAULT_CHUNK, VERSIONS};
+use support::harness::{assert_all_default, build_plugin, compile_harness, install_plugin, steered, Harness, Pick, Scratch, VERSIONS};
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -41,12 +41,6 @@ fn rig() -> &'static Rig {
 fn start(version: u32, env: &[(&str, &str)]) -> Harness {
     let rig = rig();
     Harness::start(std::process::Command::new(&rig.harness), &rig.plugin_dir, version, env)
-}
-
-fn assert_all_default(picks: &[Pick], when: &str) {
-    for p in picks {
-        assert!(p.is_default(), "{when}: the plugin changed NCCL's decision: {p:?}");
-    }
 }
 
 /// A URL on loopback where nothing listens: bind a port, then close it.
@@ -190,18 +184,6 @@ fn hint_json(version: u64, algorithm: Algorithm, channels: u8, chunk_bytes: u32,
     .unwrap()
 }
 
-/// Allreduce at every size runs `algo` with `channels` (and, v6+, the hinted chunk on Simple);
-/// every other collective is exactly NCCL's.
-fn steered(picks: &[Pick], algo: &str, channels: i32, chunk: u64) -> bool {
-    picks.iter().all(|p| {
-        if p.coll != "allreduce" {
-            return p.is_default();
-        }
-        let want_chunk = if p.version >= 6 && p.proto == "simple" { chunk } else { DEFAULT_CHUNK };
-        p.algo == algo && p.channels == channels && p.chunk == want_chunk
-    })
-}
-
 #[test]
 fn loopback_hints_steer_allreduce_only_then_defaults_when_the_job_is_gone() {
     for (v, algorithm, nccl) in VERSIONS.map(|v| if v % 2 == 0 { (v, Algorithm::Tree, "tree") } else { (v, Algorithm::Ring, "ring") }) {
@@ -237,7 +219,7 @@ fn expired_hint_and_refused_token_leave_defaults() {
 
     let server = HintServer::start(Answer::Hint(hint_json(3, Algorithm::Ring, 4, 65536, unix_ms() + 600_000)));
     let mut h = start(5, &[("RINGSIDE_JOB_URL", &server.url), ("RINGSIDE_TOKEN", "rst_wrong")]);
-    h.wait_log("check RINGSIDE_TOKEN", WAIT);
+    h.wait_log("RINGSIDE_TOKEN is wrong: NCCL's defaults apply, polling stops", WAIT);
     assert_all_default(&h.round(), "a refused token");
     let started = Instant::now();
     h.quit();

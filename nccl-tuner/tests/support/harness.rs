@@ -300,5 +300,24 @@ impl Drop for Harness {
     }
 }
 
+/// Asserts the plugin changed nothing in any decision of a round.
+pub fn assert_all_default(picks: &[Pick], when: &str) {
+    for p in picks {
+        assert!(p.is_default(), "{when}: the plugin changed NCCL's decision: {p:?}");
+    }
+}
+
+/// Allreduce at every size runs `algo` with `channels` (and, v6+, the hinted `chunk` on Simple);
+/// every other collective is exactly NCCL's.
+pub fn steered(picks: &[Pick], algo: &str, channels: i32, chunk: u64) -> bool {
+    picks.iter().all(|p| {
+        if p.coll != "allreduce" {
+            return p.is_default();
+        }
+        let want_chunk = if p.version >= 6 && p.proto == "simple" { chunk } else { DEFAULT_CHUNK };
+        p.algo == algo && p.channels == channels && p.chunk == want_chunk
+    })
+}
+
 /// Every ABI version the plugin exports.
 pub const VERSIONS: std::ops::RangeInclusive<u32> = 2..=7;
