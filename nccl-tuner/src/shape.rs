@@ -215,6 +215,42 @@ mod tests {
         assert!(t[0].is_nan() && t[1] > 1.0);
     }
 
+    proptest::proptest! {
+        /// Any table NCCL could pass (0..=8 rows of 3 protocols, each entry a time or ignored):
+        /// either the hinted algorithm now strictly wins with its own protocol order kept and
+        /// every ignored entry still ignored, or nothing changed because it had nothing supported.
+        #[test]
+        fn steering_any_table(
+            rows in 1usize..=8,
+            entries in proptest::collection::vec(proptest::option::weighted(0.7, 0.0f32..1.0e7), 8 * P),
+            algo in -1i32..9,
+        ) {
+            let before: Vec<f32> = entries[..rows * P].iter().map(|e| e.unwrap_or(X)).collect();
+            let mut t = before.clone();
+            let hinted_supported = algo >= 0 && (algo as usize) < rows && before[algo as usize * P..][..P].iter().any(|c| *c >= 0.0);
+            match steer_cost_table(&mut t, rows, P, algo) {
+                Steer::Steered { .. } => {
+                    proptest::prop_assert!(hinted_supported);
+                    let (a, p) = cheapest(&t, P).unwrap();
+                    proptest::prop_assert_eq!(a, algo as usize);
+                    proptest::prop_assert_eq!(Some((0, p)), cheapest(&before[a * P..][..P], P));
+                    let hinted_max = before[a * P..][..P].iter().copied().filter(|c| *c >= 0.0).fold(0.0f32, f32::max);
+                    for (i, (b, n)) in before.iter().zip(&t).enumerate() {
+                        if *b < 0.0 || i / P == a {
+                            proptest::prop_assert_eq!(b.to_bits(), n.to_bits());
+                        } else {
+                            proptest::prop_assert!(*n > hinted_max && n >= b);
+                        }
+                    }
+                }
+                other => {
+                    proptest::prop_assert!(!hinted_supported, "{:?}", other);
+                    proptest::prop_assert_eq!(t, before);
+                }
+            }
+        }
+    }
+
     #[test]
     fn hint_mapping() {
         let mut h: Hint = serde_json::from_str(
