@@ -29,7 +29,7 @@ use crate::shape::Shaping;
 
 /// Environment variable naming the job's base URL, `http://HOST:PORT/v1/jobs/ID`.
 pub const JOB_URL_ENV: &str = "RINGSIDE_JOB_URL";
-/// Environment variable holding the job's tenant token (as for the Python package and the client).
+/// Environment variable holding the job's tenant token (the Python package and `ringside-rank` read it too).
 pub const TOKEN_ENV: &str = "RINGSIDE_TOKEN";
 
 /// Time between successful polls.
