@@ -12,7 +12,7 @@ mod support;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -21,26 +21,24 @@ use support::harness::{assert_all_default, build_plugin, compile_harness, instal
 
 const WAIT: Duration = Duration::from_secs(15);
 
-/// The plugin and the harness, built once per test binary.
+/// The plugin (under NCCL's file name) and the compiled harness in a scratch directory that the
+/// test owns, removed when it ends (a `static` would never be dropped).
 struct Rig {
-    _dir: Scratch,
-    plugin_dir: std::path::PathBuf,
+    dir: Scratch,
     harness: std::path::PathBuf,
 }
 
-fn rig() -> &'static Rig {
-    static RIG: OnceLock<Rig> = OnceLock::new();
-    RIG.get_or_init(|| {
+impl Rig {
+    fn new() -> Rig {
         let dir = Scratch::new("harness");
         install_plugin(&build_plugin(), &dir.0);
         let harness = compile_harness(&dir.0);
-        Rig { plugin_dir: dir.0.clone(), harness, _dir: dir }
-    })
-}
+        Rig { dir, harness }
+    }
 
-fn start(version: u32, env: &[(&str, &str)]) -> Harness {
-    let rig = rig();
-    Harness::start(std::process::Command::new(&rig.harness), &rig.plugin_dir, version, env)
+    fn start(&self, version: u32, env: &[(&str, &str)]) -> Harness {
+        Harness::start(std::process::Command::new(&self.harness), &self.dir.0, version, env)
+    }
 }
 
 /// A URL on loopback where nothing listens: bind a port, then close it.
@@ -51,9 +49,10 @@ fn closed_port_url() -> String {
 
 #[test]
 fn no_agent_reachable_leaves_defaults_in_every_version() {
+    let rig = Rig::new();
     let url = closed_port_url();
     for v in VERSIONS {
-        let mut h = start(v, &[("RINGSIDE_JOB_URL", &url), ("RINGSIDE_TOKEN", "rst_test")]);
+        let mut h = rig.start(v, &[("RINGSIDE_JOB_URL", &url), ("RINGSIDE_TOKEN", "rst_test")]);
         assert!(h.logged(&format!("tuner v{v} for 8 ranks on 2 nodes follows the hints of {url}")), "{:#?}", h.log);
         assert_all_default(&h.round(), "before the first poll");
         h.wait_log("cannot reach", WAIT);
@@ -64,6 +63,7 @@ fn no_agent_reachable_leaves_defaults_in_every_version() {
 
 #[test]
 fn missing_or_bad_settings_are_logged_and_leave_defaults() {
+    let rig = Rig::new();
     let cases: [(&[(&str, &str)], &str); 4] = [
         (&[], "RINGSIDE_JOB_URL is not set: NCCL's defaults apply"),
         (&[("RINGSIDE_JOB_URL", "http://127.0.0.1:9/v1/jobs/j-1")], "RINGSIDE_JOB_URL is set but RINGSIDE_TOKEN is not: set RINGSIDE_TOKEN"),
@@ -71,7 +71,7 @@ fn missing_or_bad_settings_are_logged_and_leave_defaults() {
         (&[("RINGSIDE_JOB_URL", "agent:9464/v1/jobs/j-1"), ("RINGSIDE_TOKEN", "t")], "set it to the job's url, http://HOST:PORT/v1/jobs/ID"),
     ];
     for (env, says) in cases {
-        let mut h = start(4, env);
+        let mut h = rig.start(4, env);
         assert!(h.logged(says), "{env:?}: expected a log line with {says:?}: {:#?}", h.log);
         assert_all_default(&h.round(), &format!("{env:?}"));
         h.quit();
@@ -186,9 +186,10 @@ fn hint_json(version: u64, algorithm: Algorithm, channels: u8, chunk_bytes: u32,
 
 #[test]
 fn loopback_hints_steer_allreduce_only_then_defaults_when_the_job_is_gone() {
+    let rig = Rig::new();
     for (v, algorithm, nccl) in VERSIONS.map(|v| if v % 2 == 0 { (v, Algorithm::Tree, "tree") } else { (v, Algorithm::Ring, "ring") }) {
         let server = HintServer::start(Answer::Hint(hint_json(7, algorithm, 2, 65536, unix_ms() + 600_000)));
-        let mut h = start(v, &[("RINGSIDE_JOB_URL", &server.url), ("RINGSIDE_TOKEN", TOKEN)]);
+        let mut h = rig.start(v, &[("RINGSIDE_JOB_URL", &server.url), ("RINGSIDE_TOKEN", TOKEN)]);
         let picks = h.round_until(WAIT, &format!("allreduce steered to {nccl}"), |p| steered(p, nccl, 2, 65536));
         // The hinted algorithm wins where NCCL's own choice was the other one.
         assert!(picks.iter().any(|p| p.coll == "allreduce" && p.default_algo != nccl), "the model table has sizes where {nccl} does not win by itself");
@@ -211,14 +212,15 @@ fn loopback_hints_steer_allreduce_only_then_defaults_when_the_job_is_gone() {
 
 #[test]
 fn expired_hint_and_refused_token_leave_defaults() {
+    let rig = Rig::new();
     let server = HintServer::start(Answer::Hint(hint_json(3, Algorithm::Ring, 4, 65536, unix_ms().saturating_sub(1000))));
-    let mut h = start(6, &[("RINGSIDE_JOB_URL", &server.url), ("RINGSIDE_TOKEN", TOKEN)]);
+    let mut h = rig.start(6, &[("RINGSIDE_JOB_URL", &server.url), ("RINGSIDE_TOKEN", TOKEN)]);
     h.wait_log("hint v3 from", WAIT);
     assert_all_default(&h.round(), "an expired hint");
     h.quit();
 
     let server = HintServer::start(Answer::Hint(hint_json(3, Algorithm::Ring, 4, 65536, unix_ms() + 600_000)));
-    let mut h = start(5, &[("RINGSIDE_JOB_URL", &server.url), ("RINGSIDE_TOKEN", "rst_wrong")]);
+    let mut h = rig.start(5, &[("RINGSIDE_JOB_URL", &server.url), ("RINGSIDE_TOKEN", "rst_wrong")]);
     h.wait_log("RINGSIDE_TOKEN is wrong: NCCL's defaults apply, polling stops", WAIT);
     assert_all_default(&h.round(), "a refused token");
     let started = Instant::now();
