@@ -36,6 +36,8 @@ const DEB_PACKAGES: &[(&str, &str)] = &[
     ("gcc-aarch64-linux-gnu", "linker of `cargo xtask dist --target aarch64-unknown-linux-gnu` (the DPU's Arm cores)"),
     ("libc6-dev-arm64-cross", "the Arm glibc that linker and qemu-aarch64-static use"),
     ("qemu-user-static", "runs the aarch64 binaries and unit tests of `cargo xtask dist --check` here"),
+    ("gcc", "compiles nccl-tuner/tests/harness.c, which loads the NCCL tuner plugin as NCCL does"),
+    ("libc6-dev", "C headers (dlfcn.h, stdio.h) for that harness"),
 ];
 
 /// The venv's packages, pinned: the plain PyPI Linux wheel of torch (it pulls NVIDIA libraries,
