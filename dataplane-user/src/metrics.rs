@@ -155,6 +155,7 @@ metric!(PROCESS_MAX_FDS, "process_max_fds", Gauge,
     "Maximum number of open file descriptors of the agent process (soft limit; absent when unlimited)");
 
 /// The process and build metrics, in exposition order (rendered after [`ALL`]).
+#[cfg_attr(not(test), allow(dead_code))] // the catalogue the tests check names and help against
 pub const PROCESS_ALL: &[&Metric] = &[
     &BUILD_INFO, &PROCESS_CPU_SECONDS, &PROCESS_RESIDENT_MEMORY, &PROCESS_VIRTUAL_MEMORY,
     &PROCESS_START_TIME, &PROCESS_OPEN_FDS, &PROCESS_MAX_FDS,
@@ -670,5 +671,53 @@ mod docs_tests {
             })
             .collect();
         assert!(missing.is_empty(), "metrics missing from docs/metrics.md: {missing:?}");
+    }
+}
+
+#[cfg(test)]
+mod deploy_tests {
+    /// The operators' rules and dashboard (deploy/) name only metrics this file defines (with the
+    /// encoder's `_total` and the histogram suffixes) or series their own recording rules define.
+    #[test]
+    fn deploy_files_name_only_existing_metrics() {
+        let recording = include_str!("../../deploy/prometheus/ringside-recording.rules.yml");
+        let alerts = include_str!("../../deploy/prometheus/ringside-alerts.rules.yml");
+        let dashboard = include_str!("../../deploy/grafana/ringside.json");
+        let mut recorded: Vec<&str> =
+            recording.lines().filter_map(|l| l.trim().strip_prefix("- record:")).map(str::trim).collect();
+        assert!(recorded.len() >= 20, "{recorded:?}");
+        // Longest first, so no recorded name is left half-removed by a shorter one.
+        recorded.sort_by_key(|r| std::cmp::Reverse(r.len()));
+        let known = |name: &str| {
+            super::ALL.iter().chain(super::JOB_ALL).chain(super::PROCESS_ALL).any(|m| {
+                ["", "_total", "_bucket", "_sum", "_count"].iter().any(|suffix| name == format!("{}{suffix}", m.name))
+            })
+        };
+        for (file, text) in [("ringside-recording.rules.yml", recording), ("ringside-alerts.rules.yml", alerts), ("ringside.json", dashboard)] {
+            let mut body: String = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with('#') && !l.trim_start().starts_with("- record:"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            for r in &recorded {
+                body = body.replace(r, " ");
+            }
+            let mut unknown = Vec::new();
+            let mut found = 0;
+            for prefix in ["ringside_", "process_"] {
+                for (at, _) in body.match_indices(prefix) {
+                    if body[..at].chars().next_back().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                        continue;
+                    }
+                    let name: String = body[at..].chars().take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_').collect();
+                    found += 1;
+                    if !known(&name) {
+                        unknown.push(name);
+                    }
+                }
+            }
+            assert!(found > 5, "{file}: only {found} metric names found");
+            assert!(unknown.is_empty(), "{file} names metrics that do not exist: {unknown:?}");
+        }
     }
 }
