@@ -720,4 +720,38 @@ mod deploy_tests {
             assert!(unknown.is_empty(), "{file} names metrics that do not exist: {unknown:?}");
         }
     }
+
+    /// The dashboard imports into Grafana 10/11 without questions: a schema version of that line,
+    /// a Prometheus data-source variable that every panel and query uses, and the agent selector.
+    #[test]
+    fn dashboard_uses_its_datasource_and_instance_variables() {
+        let dash: serde_json::Value = serde_json::from_str(include_str!("../../deploy/grafana/ringside.json")).unwrap();
+        let schema = dash["schemaVersion"].as_u64().unwrap();
+        assert!((36..=41).contains(&schema), "schemaVersion {schema} is not Grafana 10/11's");
+        let vars = dash["templating"]["list"].as_array().unwrap();
+        let var = |name: &str| vars.iter().find(|v| v["name"] == name).unwrap_or_else(|| panic!("no ${name} variable"));
+        assert_eq!(var("datasource")["type"], "datasource");
+        assert_eq!(var("datasource")["query"], "prometheus");
+        assert_eq!(var("instance")["type"], "query");
+        let ds = serde_json::json!({"type": "prometheus", "uid": "${datasource}"});
+        let panels: Vec<_> = dash["panels"].as_array().unwrap().iter().filter(|p| p["type"] != "row").collect();
+        assert!(panels.len() >= 20, "{} panels", panels.len());
+        let mut ids = std::collections::HashSet::new();
+        for p in &dash["panels"].as_array().unwrap()[..] {
+            assert!(ids.insert(p["id"].as_u64().unwrap()), "duplicate panel id in {}", p["title"]);
+        }
+        for p in panels {
+            assert_eq!(p["datasource"], ds, "panel {}", p["title"]);
+            let targets = p["targets"].as_array().unwrap();
+            assert!(!targets.is_empty(), "panel {} has no query", p["title"]);
+            for t in targets {
+                assert_eq!(t["datasource"], ds, "panel {}", p["title"]);
+                let expr = t["expr"].as_str().unwrap();
+                // Every agent-scoped query follows the agent selector.
+                if !expr.contains("ringside_job") && !expr.starts_with("kind") {
+                    assert!(expr.contains("instance=~\"$instance\""), "panel {}: {expr} ignores $instance", p["title"]);
+                }
+            }
+        }
+    }
 }
