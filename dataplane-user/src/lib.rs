@@ -27,6 +27,7 @@ pub(crate) mod mount_ns;
 pub mod object;
 pub(crate) mod policy;
 pub mod privileges;
+pub(crate) mod process_metrics;
 pub(crate) mod state;
 pub mod detect;
 

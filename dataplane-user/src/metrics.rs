@@ -136,6 +136,31 @@ metric!(JOB_PEER_GOODPUT, "ringside_job_peer_goodput_bytes_per_second", Gauge,
 metric!(JOB_PEER_LOSS_RATIO, "ringside_job_peer_loss_ratio", Gauge,
     "Loss-evidence packets per data packet exchanged with a peer in the last window");
 
+// --- the agent process (`/proc/self`, see process_metrics.rs) and its build ---
+// The standard names of Prometheus client libraries and the node exporter's process collector,
+// so existing dashboards and alerts work; hence no `ringside_` prefix, except for build info.
+metric!(BUILD_INFO, "ringside_build_info", Gauge,
+    "1, labelled with the agent's version, the git commit it was built from (when known) and the rustc version");
+metric!(PROCESS_CPU_SECONDS, "process_cpu_seconds", Counter,
+    "Total user and system CPU time spent by the agent process in seconds");
+metric!(PROCESS_RESIDENT_MEMORY, "process_resident_memory_bytes", Gauge,
+    "Resident memory size of the agent process in bytes");
+metric!(PROCESS_VIRTUAL_MEMORY, "process_virtual_memory_bytes", Gauge,
+    "Virtual memory size of the agent process in bytes");
+metric!(PROCESS_START_TIME, "process_start_time_seconds", Gauge,
+    "Start time of the agent process since the Unix epoch in seconds");
+metric!(PROCESS_OPEN_FDS, "process_open_fds", Gauge,
+    "Number of open file descriptors of the agent process");
+metric!(PROCESS_MAX_FDS, "process_max_fds", Gauge,
+    "Maximum number of open file descriptors of the agent process (soft limit; absent when unlimited)");
+
+/// The process and build metrics, in exposition order (rendered after [`ALL`]).
+#[cfg_attr(not(test), allow(dead_code))] // the catalogue the tests check names and help against
+pub const PROCESS_ALL: &[&Metric] = &[
+    &BUILD_INFO, &PROCESS_CPU_SECONDS, &PROCESS_RESIDENT_MEMORY, &PROCESS_VIRTUAL_MEMORY,
+    &PROCESS_START_TIME, &PROCESS_OPEN_FDS, &PROCESS_MAX_FDS,
+];
+
 /// Every job-scoped metric (`GET /v1/jobs/{id}/metrics`), in exposition order.
 #[cfg_attr(not(test), allow(dead_code))] // the catalogue the tests check names and help against
 pub const JOB_ALL: &[&Metric] = &[
@@ -164,6 +189,7 @@ type Labels = Vec<(&'static str, String)>;
 
 enum Value {
     Counter(u64),
+    CounterSeconds(f64),
     Gauge(f64),
     Count(u64),
     Histogram { sum: f64, count: u64, buckets: Vec<(f64, u64)> },
@@ -422,6 +448,7 @@ impl Collector for Families {
 fn encode_value(e: &mut MetricEncoder, value: &Value) -> Result<(), std::fmt::Error> {
     match value {
         Value::Counter(v) => e.encode_counter::<NoLabelSet, _, u64>(v, None),
+        Value::CounterSeconds(v) => e.encode_counter::<NoLabelSet, _, u64>(v, None),
         Value::Gauge(v) => e.encode_gauge(v),
         Value::Count(v) => e.encode_gauge(v),
         // The last bound is f64::MAX, which the encoder writes as `+Inf`.
@@ -435,7 +462,34 @@ pub fn render(state: &SharedState) -> String {
         let s = state.read().unwrap_or_else(|p| p.into_inner());
         families(&s)
     };
-    encode_families(fams)
+    encode_families(fams.into_iter().chain(process_families()).collect())
+}
+
+/// [`PROCESS_ALL`]: the build's labels (from build.rs) and a fresh reading of `/proc/self`. If
+/// `/proc` cannot be read, the process metrics are left out of the scrape (logged at debug: the
+/// same failure would repeat on every scrape).
+fn process_families() -> Vec<Family> {
+    let mut build = vec![("version", env!("CARGO_PKG_VERSION").to_owned())];
+    if let Some(commit) = option_env!("RINGSIDE_GIT_COMMIT").filter(|c| !c.is_empty()) {
+        build.push(("git_commit", commit.to_owned()));
+    }
+    if let Some(rustc) = option_env!("RINGSIDE_RUSTC_VERSION").filter(|c| !c.is_empty()) {
+        build.push(("rustc_version", rustc.to_owned()));
+    }
+    let mut out = vec![Family { metric: &BUILD_INFO, series: vec![(build, Value::Count(1))] }];
+    match crate::process_metrics::ProcessSample::read() {
+        Ok(p) => {
+            let single = |metric, v| Family { metric, series: vec![(Vec::new(), v)] };
+            out.push(single(&PROCESS_CPU_SECONDS, Value::CounterSeconds(p.cpu_seconds)));
+            out.push(single(&PROCESS_RESIDENT_MEMORY, Value::Count(p.resident_bytes)));
+            out.push(single(&PROCESS_VIRTUAL_MEMORY, Value::Count(p.virtual_bytes)));
+            out.push(single(&PROCESS_START_TIME, Value::Gauge(p.start_time_seconds)));
+            out.push(single(&PROCESS_OPEN_FDS, Value::Count(p.open_fds)));
+            out.push(Family { metric: &PROCESS_MAX_FDS, series: p.max_fds.map(|m| (Vec::new(), Value::Count(m))).into_iter().collect() });
+        }
+        Err(e) => tracing::debug!("process metrics left out of this scrape: {e}"),
+    }
+    out
 }
 
 #[cfg(test)]
@@ -544,12 +598,42 @@ pub(crate) mod tests {
             let (series, value) = l.rsplit_once(' ').unwrap();
             assert!(value.parse::<f64>().is_ok() || value == "+Inf", "{l}");
             let name = series.split('{').next().unwrap();
-            assert!(ALL.iter().any(|m| name.starts_with(m.name)), "unknown series {name}");
+            assert!(ALL.iter().chain(PROCESS_ALL).any(|m| name.starts_with(m.name)), "unknown series {name}");
             // Never the raw 5-tuple.
             for forbidden in ["port=", "src", "dst"] {
                 assert!(!series.contains(forbidden), "{l}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod process_tests {
+    use super::*;
+
+    fn value(text: &str, name: &str) -> f64 {
+        let line = text.lines().find(|l| l.split([' ', '{']).next() == Some(name)).unwrap_or_else(|| panic!("no {name} in\n{text}"));
+        line.rsplit_once(' ').unwrap().1.parse().unwrap()
+    }
+
+    /// The standard process metrics of this (test) process, and the build's info series.
+    #[test]
+    fn renders_process_and_build_info() {
+        let text = render(&tests::sample_state());
+        for m in PROCESS_ALL {
+            assert!(!m.name.ends_with("_total"), "{}: the encoder appends _total", m.name);
+            assert!(text.contains(&format!("# HELP {} ", m.name)), "{} not rendered", m.name);
+        }
+        let info = text.lines().find(|l| l.starts_with("ringside_build_info{")).expect("ringside_build_info");
+        assert!(info.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))) && info.ends_with(" 1"), "{info}");
+        assert!(text.contains("# TYPE process_cpu_seconds counter"), "{text}");
+        assert!(value(&text, "process_cpu_seconds_total") > 0.0);
+        assert!(value(&text, "process_resident_memory_bytes") > 1e6);
+        assert!(value(&text, "process_virtual_memory_bytes") >= value(&text, "process_resident_memory_bytes"));
+        let start = value(&text, "process_start_time_seconds");
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        assert!(start > now - 86_400.0 && start <= now + 1.0, "start {start}, now {now}");
+        assert!(value(&text, "process_open_fds") >= 3.0);
     }
 }
 
@@ -579,6 +663,7 @@ mod docs_tests {
         let missing: Vec<&str> = super::ALL
             .iter()
             .chain(super::JOB_ALL)
+            .chain(super::PROCESS_ALL)
             .map(|m| m.name)
             .filter(|name| {
                 let counter = format!("`{name}_total`");
@@ -586,5 +671,87 @@ mod docs_tests {
             })
             .collect();
         assert!(missing.is_empty(), "metrics missing from docs/metrics.md: {missing:?}");
+    }
+}
+
+#[cfg(test)]
+mod deploy_tests {
+    /// The operators' rules and dashboard (deploy/) name only metrics this file defines (with the
+    /// encoder's `_total` and the histogram suffixes) or series their own recording rules define.
+    #[test]
+    fn deploy_files_name_only_existing_metrics() {
+        let recording = include_str!("../../deploy/prometheus/ringside-recording.rules.yml");
+        let alerts = include_str!("../../deploy/prometheus/ringside-alerts.rules.yml");
+        let dashboard = include_str!("../../deploy/grafana/ringside.json");
+        let mut recorded: Vec<&str> =
+            recording.lines().filter_map(|l| l.trim().strip_prefix("- record:")).map(str::trim).collect();
+        assert!(recorded.len() >= 20, "{recorded:?}");
+        // Longest first, so no recorded name is left half-removed by a shorter one.
+        recorded.sort_by_key(|r| std::cmp::Reverse(r.len()));
+        let known = |name: &str| {
+            super::ALL.iter().chain(super::JOB_ALL).chain(super::PROCESS_ALL).any(|m| {
+                ["", "_total", "_bucket", "_sum", "_count"].iter().any(|suffix| name == format!("{}{suffix}", m.name))
+            })
+        };
+        for (file, text) in [("ringside-recording.rules.yml", recording), ("ringside-alerts.rules.yml", alerts), ("ringside.json", dashboard)] {
+            let mut body: String = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with('#') && !l.trim_start().starts_with("- record:"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            for r in &recorded {
+                body = body.replace(r, " ");
+            }
+            let mut unknown = Vec::new();
+            let mut found = 0;
+            for prefix in ["ringside_", "process_"] {
+                for (at, _) in body.match_indices(prefix) {
+                    if body[..at].chars().next_back().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                        continue;
+                    }
+                    let name: String = body[at..].chars().take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_').collect();
+                    found += 1;
+                    if !known(&name) {
+                        unknown.push(name);
+                    }
+                }
+            }
+            assert!(found > 5, "{file}: only {found} metric names found");
+            assert!(unknown.is_empty(), "{file} names metrics that do not exist: {unknown:?}");
+        }
+    }
+
+    /// The dashboard imports into Grafana 10/11 without questions: a schema version of that line,
+    /// a Prometheus data-source variable that every panel and query uses, and the agent selector.
+    #[test]
+    fn dashboard_uses_its_datasource_and_instance_variables() {
+        let dash: serde_json::Value = serde_json::from_str(include_str!("../../deploy/grafana/ringside.json")).unwrap();
+        let schema = dash["schemaVersion"].as_u64().unwrap();
+        assert!((36..=41).contains(&schema), "schemaVersion {schema} is not Grafana 10/11's");
+        let vars = dash["templating"]["list"].as_array().unwrap();
+        let var = |name: &str| vars.iter().find(|v| v["name"] == name).unwrap_or_else(|| panic!("no ${name} variable"));
+        assert_eq!(var("datasource")["type"], "datasource");
+        assert_eq!(var("datasource")["query"], "prometheus");
+        assert_eq!(var("instance")["type"], "query");
+        let ds = serde_json::json!({"type": "prometheus", "uid": "${datasource}"});
+        let panels: Vec<_> = dash["panels"].as_array().unwrap().iter().filter(|p| p["type"] != "row").collect();
+        assert!(panels.len() >= 20, "{} panels", panels.len());
+        let mut ids = std::collections::HashSet::new();
+        for p in &dash["panels"].as_array().unwrap()[..] {
+            assert!(ids.insert(p["id"].as_u64().unwrap()), "duplicate panel id in {}", p["title"]);
+        }
+        for p in panels {
+            assert_eq!(p["datasource"], ds, "panel {}", p["title"]);
+            let targets = p["targets"].as_array().unwrap();
+            assert!(!targets.is_empty(), "panel {} has no query", p["title"]);
+            for t in targets {
+                assert_eq!(t["datasource"], ds, "panel {}", p["title"]);
+                let expr = t["expr"].as_str().unwrap();
+                // Every agent-scoped query follows the agent selector.
+                if !expr.contains("ringside_job") && !expr.starts_with("kind") {
+                    assert!(expr.contains("instance=~\"$instance\""), "panel {}: {expr} ignores $instance", p["title"]);
+                }
+            }
+        }
     }
 }

@@ -38,7 +38,13 @@ const DEB_PACKAGES: &[(&str, &str)] = &[
     ("qemu-user-static", "runs the aarch64 binaries and unit tests of `cargo xtask dist --check` here"),
     ("gcc", "compiles nccl-tuner/tests/harness.c, which loads the NCCL tuner plugin as NCCL does"),
     ("libc6-dev", "C headers (dlfcn.h, stdio.h) for that harness"),
+    ("prometheus", "promtool for the rule tests (T0) and a real Prometheus server for t2_prometheus (T2)"),
+    ("curl", "HTTP requests into the testbed's namespaces in the T2 tests"),
 ];
+
+/// Debian packages whose installation enables a system service that the project does not use:
+/// the tests start their own `prometheus` on a free port with a config in a temporary directory.
+const UNWANTED_SERVICES: &[&str] = &["prometheus"];
 
 /// The venv's packages, pinned: the plain PyPI Linux wheel of torch (it pulls NVIDIA libraries,
 /// about 5 GB, and runs on the CPU here: the testbed's DDP job uses gloo), and pytest.
@@ -77,6 +83,9 @@ pub fn run() -> Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
         did.push(format!("installed {}", missing.join(" ")));
+        for service in UNWANTED_SERVICES.iter().filter(|s| missing.contains(s)) {
+            stop_service(service);
+        }
     }
 
     let components = output(Command::new("rustup").args([
@@ -133,6 +142,22 @@ pub fn run() -> Result<()> {
         println!("setup: {} ({:.0} s)", did.join("; "), started.elapsed().as_secs_f64());
     }
     Ok(())
+}
+
+/// Stops and disables a service that a package just installed enabled (Debian's `prometheus`
+/// starts a server on :9090 where systemd runs). Best effort: without systemd (containers) the
+/// package's start is refused by policy-rc.d or has no init to run it, and nothing is listening.
+fn stop_service(service: &str) {
+    if Path::new("/run/systemd/system").is_dir() {
+        if succeeds(Command::new("systemctl").args(["disable", "--now", service])) {
+            println!("setup: stopped and disabled the {service} service the package enabled (the tests run their own)");
+        } else {
+            println!("setup: could not stop the {service} service; it is not needed (`systemctl disable --now {service}`)");
+        }
+    } else if Path::new(&format!("/etc/init.d/{service}")).is_file() {
+        // sysvinit-style start (if policy-rc.d allowed one); a no-op when it is not running.
+        let _ = Command::new(format!("/etc/init.d/{service}")).arg("stop").output();
+    }
 }
 
 fn deb_installed(pkg: &str) -> bool {

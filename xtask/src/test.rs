@@ -3,7 +3,8 @@
 //! Tiers (docs/testing.md):
 //! - T0 unit: `cargo test` over the workspace, then the Python client's pytest suite
 //!   (`ringside-client/python/tests`) with the venv `cargo xtask setup` makes (`target/venv`:
-//!   torch, pytest); no root, no kernel.
+//!   torch, pytest); then the Prometheus rules (`deploy/prometheus`): `promtool check rules` on
+//!   every rule file and `promtool test rules` on every unit-test file; no root, no kernel.
 //! - T1 in-kernel: `tests/t1_*.rs`, the real eBPF program run with BPF_PROG_TEST_RUN on crafted frames.
 //! - T2 testbed: `tests/t2_*.rs`, network namespaces, real traffic, the agent attached.
 //!
@@ -26,6 +27,12 @@ use crate::{
 
 /// The Python package's tests, relative to the workspace root.
 const PY_TESTS: &str = "ringside-client/python/tests";
+
+/// The Prometheus rules (`*.rules.yml`) and their promtool unit tests (`tests/*.yml`).
+const PROMETHEUS_RULES: &str = "deploy/prometheus";
+
+/// promtool, from Debian's `prometheus` package (`cargo xtask setup` installs it).
+const PROMTOOL: &str = "promtool";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
 pub enum Tier {
@@ -62,6 +69,9 @@ pub fn run(tiers: &[Tier], no_setup: bool) -> Result<()> {
     }
     // Checked before anything runs, so a machine without the venv fails at once and says why.
     let python = if tiers.contains(&Tier::T0) { Some(venv_python()?) } else { None };
+    if tiers.contains(&Tier::T0) {
+        check_promtool()?;
+    }
     let object = build::ebpf()?;
 
     let mut results = Vec::new();
@@ -94,6 +104,12 @@ pub fn run(tiers: &[Tier], no_setup: bool) -> Result<()> {
             let (py_ok, py_counts) = run_pytest(python)?;
             ok &= py_ok;
             counts.add(&py_counts);
+        }
+        if tier == Tier::T0 {
+            println!("\n==> T0 Prometheus rules (promtool, {PROMETHEUS_RULES})");
+            let (rules_ok, rules_counts) = run_promtool()?;
+            ok &= rules_ok;
+            counts.add(&rules_counts);
         }
         // A tier that ran nothing proves nothing (e.g. root-only tests that lost their #[ignore]
         // marker run in T0 and leave T1 empty): that is a failure, not a pass.
@@ -248,9 +264,77 @@ fn run_pytest(python: &Path) -> Result<(bool, Counts)> {
     Ok((ok && counts.passed > 0 && counts.ignored == 0, counts))
 }
 
+/// Fails at once, saying what to do, when promtool is not installed.
+fn check_promtool() -> Result<()> {
+    match Command::new(PROMTOOL).arg("--version").output() {
+        Ok(o) if o.status.success() => Ok(()),
+        _ => bail!(
+            "{PROMTOOL} is missing: tier T0 checks and unit-tests the Prometheus rules in {PROMETHEUS_RULES} with it; \
+             run `cargo xtask setup` (Debian package prometheus)"
+        ),
+    }
+}
+
+/// The files of `dir` whose names end in `suffix`, sorted.
+fn files_ending(dir: &Path, suffix: &str) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.file_name().is_some_and(|n| n.to_string_lossy().ends_with(suffix)))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// `promtool check rules` on every rule file and `promtool test rules` on every unit-test file,
+/// one run per file so that each counts as one test (passed when promtool exits 0). Finding no
+/// rule file or no unit-test file is a failure.
+fn run_promtool() -> Result<(bool, Counts)> {
+    let root = workspace_root();
+    let dir = root.join(PROMETHEUS_RULES);
+    let rules = files_ending(&dir, ".rules.yml")?;
+    let tests = files_ending(&dir.join("tests"), ".yml")?;
+    let mut counts = Counts::default();
+    if rules.is_empty() || tests.is_empty() {
+        println!("no rule files (*.rules.yml) or no unit tests (tests/*.yml) in {}: that is a failure", dir.display());
+        counts.failed += 1;
+        counts.failures.push(format!("{PROMETHEUS_RULES}: no rules or no tests"));
+    }
+    for (action, files) in [("check", &rules), ("test", &tests)] {
+        for file in files {
+            let rel = file.strip_prefix(&root).unwrap_or(file).display().to_string();
+            let out = Command::new(PROMTOOL)
+                .current_dir(&root)
+                .args([action, "rules"])
+                .arg(&rel)
+                .output()
+                .with_context(|| format!("running {PROMTOOL}; run `cargo xtask setup`"))?;
+            print!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            let name = format!("promtool {action} rules {rel}");
+            if out.status.success() {
+                counts.passed += 1;
+                println!("{name} ... ok");
+            } else {
+                counts.failed += 1;
+                println!("{name} ... FAILED");
+                counts.failures.push(name);
+            }
+        }
+    }
+    Ok((counts.failed == 0, counts))
+}
+
 #[cfg(test)]
 mod tests {
     use super::Counts;
+
+    /// The rules and their unit tests are where `run_promtool` looks, so T0 never passes vacuously.
+    #[test]
+    fn prometheus_rules_and_tests_are_found() {
+        let dir = crate::util::workspace_root().join(super::PROMETHEUS_RULES);
+        assert!(super::files_ending(&dir, ".rules.yml").unwrap().len() >= 2);
+        assert!(!super::files_ending(&dir.join("tests"), ".yml").unwrap().is_empty());
+    }
 
     #[test]
     fn sums_libtest_result_lines() {
