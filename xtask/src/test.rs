@@ -4,7 +4,9 @@
 //! - T0 unit: `cargo test` over the workspace, then the Python client's pytest suite
 //!   (`ringside-client/python/tests`) with the venv `cargo xtask setup` makes (`target/venv`:
 //!   torch, pytest); then the Prometheus rules (`deploy/prometheus`): `promtool check rules` on
-//!   every rule file and `promtool test rules` on every unit-test file; no root, no kernel.
+//!   every rule file and `promtool test rules` on every unit-test file; then the aarch64 build
+//!   (`cargo xtask dist --target aarch64-unknown-linux-gnu --check`: the binaries and three crates'
+//!   unit tests under qemu-user); no root, no kernel.
 //! - T1 in-kernel: `tests/t1_*.rs`, the real eBPF program run with BPF_PROG_TEST_RUN on crafted frames.
 //! - T2 testbed: `tests/t2_*.rs`, network namespaces, real traffic, the agent attached.
 //!
@@ -110,6 +112,18 @@ pub fn run(tiers: &[Tier], no_setup: bool) -> Result<()> {
             let (rules_ok, rules_counts) = run_promtool()?;
             ok &= rules_ok;
             counts.add(&rules_counts);
+            // The DPU's Arm build: cross-compiled, then run under qemu-user (issue 12).
+            println!("\n==> T0 aarch64 build (cargo xtask dist --target {} --check)", crate::dist::AARCH64);
+            let opts = crate::dist::Opts { target: Some(crate::dist::AARCH64.into()), debug: false, check: true };
+            match crate::dist::run(opts) {
+                Ok(()) => counts.passed += 1,
+                Err(e) => {
+                    println!("aarch64 build check failed: {e:#}");
+                    ok = false;
+                    counts.failed += 1;
+                    counts.failures.push(format!("cargo xtask dist --target {} --check", crate::dist::AARCH64));
+                }
+            }
         }
         // A tier that ran nothing proves nothing (e.g. root-only tests that lost their #[ignore]
         // marker run in T0 and leave T1 empty): that is a failure, not a pass.
