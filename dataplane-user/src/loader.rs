@@ -121,6 +121,17 @@ pub fn check_btf() -> Result<(), LoaderError> {
     }
 }
 
+/// Lifts RLIMIT_MEMLOCK to unlimited. Kernels before 5.11 charge BPF maps to it, and the usual
+/// default (64 KiB to 8 MiB) is short of the per-CPU `FLOWS` map alone; 5.11+ charge the memory
+/// cgroup instead. aya does not raise it itself. Best effort: a refusal is logged and the load then reports what the kernel said.
+pub fn raise_memlock() {
+    let unlimited = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: setrlimit only reads the struct passed by reference.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
+        tracing::debug!("cannot raise RLIMIT_MEMLOCK: {} (only kernels before 5.11 need it)", io::Error::last_os_error());
+    }
+}
+
 /// Index of an interface in the current network namespace.
 pub fn ifindex(name: &str) -> Result<u32, LoaderError> {
     nix::net::if_::if_nametoindex(name).map_err(|_| LoaderError::UnknownInterface { name: name.to_owned() })
@@ -188,6 +199,7 @@ impl Attachment {
     pub fn attach(req: &AttachRequest) -> Result<Attachment, LoaderError> {
         check_privileges()?;
         check_btf()?;
+        raise_memlock();
         if req.interfaces.is_empty() {
             return Err(LoaderError::NoInterface);
         }

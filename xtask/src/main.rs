@@ -11,6 +11,7 @@ mod dist;
 mod eval;
 mod eval_adaptation;
 mod eval_detection;
+mod kernel;
 mod setup;
 mod test;
 mod util;
@@ -41,9 +42,10 @@ enum Command {
         release: bool,
     },
     /// Run every test tier: T0 unit (no root), T1 in-kernel BPF_PROG_TEST_RUN, T2 testbed
-    /// namespaces. Fails if any tier fails. Needs root for T1/T2.
+    /// namespaces. Fails if any tier fails. Needs root for T1/T2. `--kernel` (or
+    /// `--tier t1-kernels`) adds T1 on Debian kernels booted under QEMU.
     Test {
-        /// Run only these tiers (t0, t1, t2); default: all.
+        /// Run only these tiers (t0, t1, t1-kernels, t2); default: t0, t1, t2.
         #[arg(long = "tier", value_enum)]
         tiers: Vec<test::Tier>,
         /// Skip `cargo xtask setup` (for quick re-runs on a machine already set up).
@@ -53,6 +55,11 @@ enum Command {
         /// check: run it alongside a build to load the machine); fails if any round failed.
         #[arg(long, default_value_t = 1, value_name = "N")]
         repeat: u32,
+        /// Run the T1 tests on this Debian kernel (MAJOR.MINOR: 6.1 from bookworm, 6.12 from
+        /// bookworm-backports), booted under QEMU; repeatable or a comma-separated list. Alone it
+        /// runs only that matrix; with --tier, those tiers too.
+        #[arg(long = "kernel", value_name = "VERSION", value_delimiter = ',', value_parser = kernel::parse_version)]
+        kernels: Vec<String>,
     },
     /// Bring up a 4-host namespace testbed, run collective-like traffic, start the agent, and show
     /// its live flow table and a sample of /metrics; tears everything down at the end or on Ctrl-C.
@@ -101,7 +108,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Setup => setup::run(),
         Command::Build { release } => build::all(release).map(|_| ()),
-        Command::Test { tiers, no_setup, repeat } => test::run_repeated(&tiers, no_setup, repeat),
+        Command::Test { tiers, no_setup, repeat, kernels } => test::run_repeated(&tiers, no_setup, repeat, &kernels),
         Command::Demo { seconds } => demo::run(seconds),
         Command::Bench { which } => bench::run(which),
         Command::Eval { which: EvalWhich::Detection(opts) } => eval_detection::run(opts),

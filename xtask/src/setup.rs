@@ -9,6 +9,7 @@
 //! this command and nothing has to be installed by hand, `cargo clean` removes it with the rest of
 //! the build output, and no system or user Python is touched.
 use std::{
+    fs,
     path::{Path, PathBuf},
     process::Command,
     time::Instant,
@@ -17,6 +18,13 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use crate::util::{is_root, output, sh, succeeds, workspace_root};
+
+/// Where a fresh machine gets Debian's 6.12 kernel (and, with qemu-utils from there, QEMU).
+const BACKPORTS_SOURCE: &str = "/etc/apt/sources.list.d/ringside-bookworm-backports.sources";
+const BACKPORTS_SOURCE_TEXT: &str = "# Added by ringside's `cargo xtask test --kernel`: Debian's 6.12 kernel for the T1 kernel matrix.\n\
+Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\n\
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n";
+
 
 /// Debian packages the build, the tests, the demo and the benchmarks use.
 const DEB_PACKAGES: &[(&str, &str)] = &[
@@ -233,4 +241,70 @@ fn venv_ok(python: &Path, marker: &Path, want: &str) -> bool {
     python.is_file()
         && std::fs::read_to_string(marker).is_ok_and(|m| m == want)
         && succeeds(Command::new(python).args(["-c", "import torch, ringside"]))
+}
+
+/// Installs what the kernel matrix needs on the host, idempotently: the bookworm-backports apt
+/// source, QEMU, xz and zstd (module decompression). Not part of [`run`] (the matrix is not in the
+/// default `cargo xtask test`): the kernel tier calls it before it boots anything.
+pub fn kernel_matrix_tools() -> Result<Option<String>> {
+    let mut did = Vec::new();
+    if ensure_backports_source()? {
+        did.push("added bookworm-backports to apt sources".to_owned());
+    }
+    let mut missing: Vec<String> = Vec::new();
+    for (tool, pkg) in [("xz", "xz-utils"), ("zstd", "zstd")] {
+        if !succeeds(Command::new(tool).arg("--version")) {
+            missing.push(pkg.to_owned());
+        }
+    }
+    if !succeeds(Command::new("qemu-system-x86_64").arg("--version")) {
+        // QEMU's packages must come from one release: where qemu-utils is already installed from
+        // bookworm-backports (it Breaks an older qemu-system-common), take the system emulator
+        // from there too, naming each package so nothing else is upgraded.
+        let utils = output(Command::new("dpkg-query").args(["-W", "-f=${Version}", "qemu-utils"])).unwrap_or_default();
+        if utils.contains("bpo") {
+            for p in ["qemu-system-x86", "qemu-system-common", "qemu-system-data", "seabios"] {
+                missing.push(format!("{p}/bookworm-backports"));
+            }
+        } else {
+            missing.push("qemu-system-x86".to_owned());
+        }
+    }
+    if !missing.is_empty() {
+        if !is_root() {
+            bail!("the kernel matrix needs {}; run it as root (`sudo -E cargo xtask test --kernel 6.1`), which installs them", missing.join(" "));
+        }
+        println!("setup: installing {}", missing.join(" "));
+        if did.is_empty() {
+            sh(Command::new("apt-get").args(["update", "-qq"]))?;
+        }
+        sh(Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        did.push(format!("installed {}", missing.join(" ")));
+    }
+    Ok(if did.is_empty() { None } else { Some(did.join("; ")) })
+}
+
+/// Adds bookworm-backports to apt's sources unless some source already names it; returns whether
+/// it did (then it has also run `apt-get update`).
+fn ensure_backports_source() -> Result<bool> {
+    let mut files = vec![PathBuf::from("/etc/apt/sources.list")];
+    if let Ok(dir) = fs::read_dir("/etc/apt/sources.list.d") {
+        files.extend(dir.filter_map(|e| e.ok()).map(|e| e.path()));
+    }
+    let named = files.iter().any(|f| {
+        fs::read_to_string(f).is_ok_and(|t| t.lines().any(|l| !l.trim_start().starts_with('#') && l.contains("bookworm-backports")))
+    });
+    if named {
+        return Ok(false);
+    }
+    if !is_root() {
+        bail!("Debian's 6.12 kernel comes from bookworm-backports, which apt does not know here; run `sudo cargo xtask test --kernel 6.12` (it adds the source)");
+    }
+    println!("setup: adding bookworm-backports to apt sources ({BACKPORTS_SOURCE})");
+    fs::write(BACKPORTS_SOURCE, BACKPORTS_SOURCE_TEXT).with_context(|| format!("writing {BACKPORTS_SOURCE}"))?;
+    sh(Command::new("apt-get").args(["update", "-qq"]))?;
+    Ok(true)
 }

@@ -8,6 +8,8 @@
 //!   (`cargo xtask dist --target aarch64-unknown-linux-gnu --check`: the binaries and three crates'
 //!   unit tests under qemu-user); no root, no kernel.
 //! - T1 in-kernel: `tests/t1_*.rs`, the real eBPF program run with BPF_PROG_TEST_RUN on crafted frames.
+//! - T1 kernels (only with `--tier t1-kernels` or `--kernel V`): the same T1 binaries on other
+//!   kernels (Debian's 6.1 and 6.12, or the `--kernel` list), each booted under QEMU ([`kernel`]).
 //! - T2 testbed: `tests/t2_*.rs`, network namespaces, real traffic, the agent attached.
 //!
 //! Tests that need root are marked `#[ignore = "needs root ..."]` so plain `cargo test` reports
@@ -23,8 +25,8 @@ use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 
 use crate::{
-    build, setup,
-    util::{cargo, is_root, sh, workspace_root},
+    build, kernel, setup,
+    util::{cargo, is_root, output, sh, workspace_root},
 };
 
 /// The Python package's tests, relative to the workspace root.
@@ -40,6 +42,8 @@ const PROMTOOL: &str = "promtool";
 pub enum Tier {
     T0,
     T1,
+    /// T1 on other kernels under QEMU (`t1-kernels`).
+    T1Kernels,
     T2,
 }
 
@@ -48,6 +52,7 @@ impl Tier {
         match self {
             Tier::T0 => "T0 unit (no root)",
             Tier::T1 => "T1 in-kernel test_run",
+            Tier::T1Kernels => "T1 kernels (QEMU)",
             Tier::T2 => "T2 namespace testbed",
         }
     }
@@ -57,12 +62,37 @@ fn tier_tag(tier: Tier) -> &'static str {
     match tier {
         Tier::T0 => "T0",
         Tier::T1 => "T1",
+        Tier::T1Kernels => "T1k",
         Tier::T2 => "T2",
     }
 }
 
-pub fn run(tiers: &[Tier], no_setup: bool) -> Result<()> {
-    let tiers: Vec<Tier> = if tiers.is_empty() { vec![Tier::T0, Tier::T1, Tier::T2] } else { tiers.to_vec() };
+/// One line of the summary: a tier, or one kernel of the T1 kernel matrix.
+struct TierResult {
+    label: String,
+    tag: String,
+    ok: bool,
+    counts: Counts,
+    took: std::time::Duration,
+}
+
+/// The tiers to run: `tiers` as given, plus the kernel matrix when `kernels` names any; with
+/// neither, T0, T1 and T2. The kernel matrix is not in the default: under QEMU's TCG (no hardware
+/// KVM on the project's machines) it takes about 2.5 minutes per kernel (docs/testing.md).
+fn selected_tiers(tiers: &[Tier], kernels: &[String]) -> Vec<Tier> {
+    let mut t: Vec<Tier> = if tiers.is_empty() && kernels.is_empty() {
+        vec![Tier::T0, Tier::T1, Tier::T2]
+    } else {
+        tiers.to_vec()
+    };
+    if !kernels.is_empty() && !t.contains(&Tier::T1Kernels) {
+        t.push(Tier::T1Kernels);
+    }
+    t
+}
+
+pub fn run(tiers: &[Tier], no_setup: bool, kernels: &[String]) -> Result<()> {
+    let tiers = selected_tiers(tiers, kernels);
     if tiers.iter().any(|t| *t != Tier::T0) && !is_root() {
         bail!("tiers T1 and T2 load eBPF programs and create network namespaces, so they need root: run `sudo -E cargo xtask test` (or `cargo xtask test --tier t0` for the unit tier alone)");
     }
@@ -78,6 +108,12 @@ pub fn run(tiers: &[Tier], no_setup: bool) -> Result<()> {
 
     let mut results = Vec::new();
     for tier in tiers {
+        if tier == Tier::T1Kernels {
+            let versions: Vec<String> =
+                if kernels.is_empty() { kernel::DEFAULT_KERNELS.iter().map(|v| v.to_string()).collect() } else { kernels.to_vec() };
+            results.extend(run_kernels(&versions, &object)?);
+            continue;
+        }
         println!("\n==> {}", tier.describe());
         let started = Instant::now();
         let mut cmd = cargo();
@@ -99,6 +135,7 @@ pub fn run(tiers: &[Tier], no_setup: bool) -> Result<()> {
                 cmd.args(["--workspace", "--exclude", "dataplane-ebpf", "--test", "t2_*", "--"])
                     .args(["--ignored", "--test-threads=2"]);
             }
+            Tier::T1Kernels => unreachable!("run above"),
         }
         let (mut ok, mut counts) = run_counting(&mut cmd, Counts::add_line)?;
         if let (Tier::T0, Some(python)) = (tier, &python) {
@@ -128,33 +165,124 @@ pub fn run(tiers: &[Tier], no_setup: bool) -> Result<()> {
         // A tier that ran nothing proves nothing (e.g. root-only tests that lost their #[ignore]
         // marker run in T0 and leave T1 empty): that is a failure, not a pass.
         let ok = ok && counts.passed > 0;
-        results.push((tier, ok, counts, started.elapsed()));
+        results.push(TierResult { label: tier.describe().into(), tag: tier_tag(tier).into(), ok, counts, took: started.elapsed() });
     }
 
     println!("\n==> summary");
     let mut total = Counts::default();
-    for (tier, ok, c, took) in &results {
-        let verdict = if *ok { "ok" } else if c.passed == 0 && c.failed == 0 { "FAILED (ran no test)" } else { "FAILED" };
+    for r in &results {
+        let c = &r.counts;
+        let verdict = if r.ok { "ok" } else if c.passed == 0 && c.failed == 0 { "FAILED (ran no test)" } else { "FAILED" };
         println!(
             "{:<24} {:<22} {:>4} passed {:>3} failed {:>3} ignored {:>6.0} s",
-            tier.describe(), verdict, c.passed, c.failed, c.ignored, took.as_secs_f64()
+            r.label, verdict, c.passed, c.failed, c.ignored, r.took.as_secs_f64()
         );
         total.add(c);
     }
     println!("xtask: {} passed, {} failed", total.passed, total.failed);
-    for (tier, ok, c, _) in &results {
-        for name in &c.failures {
-            println!("  FAILED {:<8} {name}", tier_tag(*tier));
+    for r in &results {
+        for name in &r.counts.failures {
+            println!("  FAILED {:<8} {name}", r.tag);
         }
-        if !ok && c.failures.is_empty() && c.passed > 0 {
-            println!("  FAILED {:<8} (no failing test named: a test binary did not build or crashed; see its output above)", tier_tag(*tier));
+        if !r.ok && r.counts.failures.is_empty() && r.counts.passed > 0 {
+            println!("  FAILED {:<8} (no failing test named: a test binary did not build or crashed; see its output above)", r.tag);
         }
     }
-    let failed: Vec<_> = results.iter().filter(|r| !r.1).map(|r| r.0.describe()).collect();
+    let failed: Vec<_> = results.iter().filter(|r| !r.ok).map(|r| r.label.as_str()).collect();
     if !failed.is_empty() {
         bail!("failed tiers: {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// The T1 test binaries, built on the host with the object embedded (the guest runs them from the
+/// host's filesystem).
+fn t1_binaries(object: &Path) -> Result<Vec<PathBuf>> {
+    let out = output(
+        cargo()
+            .args(["test", "--no-run", "--message-format=json", "--workspace", "--exclude", "dataplane-ebpf", "--test", "t1_*"])
+            .env(build::OBJECT_ENV, object),
+    )?;
+    let mut bins = Vec::new();
+    for line in out.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let is_t1 = v["reason"] == "compiler-artifact"
+            && v["profile"]["test"] == true
+            && v["target"]["name"].as_str().is_some_and(|n| n.starts_with("t1_"));
+        if let (true, Some(exe)) = (is_t1, v["executable"].as_str()) {
+            bins.push(PathBuf::from(exe));
+        }
+    }
+    if bins.is_empty() {
+        bail!("cargo built no tests/t1_*.rs binary, so the kernel matrix has nothing to run");
+    }
+    Ok(bins)
+}
+
+/// The T1 binaries on each kernel of `versions`, one summary line per kernel. A kernel that
+/// cannot be fetched or booted fails its line and the others still run.
+fn run_kernels(versions: &[String], object: &Path) -> Result<Vec<TierResult>> {
+    println!("\n==> {} on {}", Tier::T1Kernels.describe(), versions.join(", "));
+    setup::kernel_matrix_tools()?;
+    let tests = t1_binaries(object)?;
+    let mut env = vec![(build::OBJECT_ENV.to_owned(), object.to_string_lossy().into_owned())];
+    for var in ["RINGSIDE_FUZZ_FRAMES", "RINGSIDE_FUZZ_SEED"] {
+        if let Ok(v) = std::env::var(var) {
+            env.push((var.to_owned(), v));
+        }
+    }
+    let mut results = Vec::new();
+    for v in versions {
+        println!("\n==> T1 on Linux {v} (QEMU)");
+        let started = Instant::now();
+        let mut counts = Counts::default();
+        let mut label = format!("T1 on Linux {v}");
+        let ok = match kernel::prepare(v) {
+            Err(e) => {
+                counts.failures.push(format!("(kernel {v} not prepared: {e:#})"));
+                false
+            }
+            Ok(k) => {
+                label = format!("T1 on {}", k.release);
+                match kernel::boot(&k, &tests, &env, |l| counts.add_line(l)) {
+                    Err(e) => {
+                        counts.failures.push(format!("(guest: {e:#})"));
+                        false
+                    }
+                    Ok(run) => {
+                        let mut problems = Vec::new();
+                        if run.uname.as_deref() != Some(k.release.as_str()) {
+                            problems.push(format!("the guest ran kernel {:?}, not {}", run.uname, k.release));
+                        }
+                        if run.btf != Some(true) {
+                            problems.push("the guest kernel has no /sys/kernel/btf/vmlinux".to_owned());
+                        }
+                        if let Some(e) = &run.error {
+                            problems.push(format!("guest error: {e}"));
+                        }
+                        for t in &tests {
+                            let name = t.file_name().unwrap().to_string_lossy();
+                            match run.exits.iter().find(|(n, _)| *n == name) {
+                                Some((_, 0)) => {}
+                                Some((_, code)) => problems.push(format!("{name} exited with {code}")),
+                                None => problems.push(format!("{name} did not finish in the guest")),
+                            }
+                        }
+                        if !run.done {
+                            problems.push("the guest's /init did not reach its end".to_owned());
+                        }
+                        let ok = problems.is_empty() && counts.failed == 0 && counts.passed > 0;
+                        for p in problems {
+                            counts.failures.push(format!("({p})"));
+                        }
+                        ok
+                    }
+                }
+            }
+        };
+        results.push(TierResult { label, tag: format!("T1@{v}"), ok, counts, took: started.elapsed() });
+    }
+    Ok(results)
 }
 
 #[derive(Default, Clone)]
@@ -383,15 +511,15 @@ mod tests {
 
 /// [`run`] `repeat` times in a row (setup only before the first round), one line per round and
 /// a closing count; fails if any round failed.
-pub fn run_repeated(tiers: &[Tier], no_setup: bool, repeat: u32) -> Result<()> {
+pub fn run_repeated(tiers: &[Tier], no_setup: bool, repeat: u32, kernels: &[String]) -> Result<()> {
     if repeat <= 1 {
-        return run(tiers, no_setup);
+        return run(tiers, no_setup, kernels);
     }
     let mut rounds = Vec::new();
     for i in 0..repeat {
         println!("\n==> round {}/{repeat}", i + 1);
         let started = Instant::now();
-        let r = run(tiers, no_setup || i > 0);
+        let r = run(tiers, no_setup || i > 0, kernels);
         let took = started.elapsed().as_secs_f64();
         match &r {
             Ok(()) => println!("==> round {}/{repeat}: ok ({took:.0} s, load average {})", i + 1, crate::eval::loadavg()),
