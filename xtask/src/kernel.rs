@@ -40,8 +40,8 @@ use anyhow::{bail, Context, Result};
 use crate::util::{is_root, output, sh, succeeds, workspace_root};
 
 
-/// Kernels `cargo xtask test --tier t1-kernels` boots without a `--kernel` list: the oldest kernel
-/// ringside supports (docs/operator-guide.md) and a recent long-term one.
+/// Kernels `cargo xtask test` boots without a `--kernel` list: the oldest kernel ringside supports
+/// (docs/operator-guide.md) and a recent long-term one.
 pub const DEFAULT_KERNELS: &[&str] = &["6.1", "6.12"];
 
 /// How long one guest may take from QEMU's start to its power-off. Under TCG on 2 cores a T1 run
@@ -124,7 +124,7 @@ fn resolve_package(version: &str) -> Result<(String, String)> {
         }
     }
     bail!(
-        "apt knows no Debian kernel {version} (linux-image-amd64 {version}.*): Debian 12 has 6.1 (bookworm) and 6.12 (bookworm-backports, which `cargo xtask test --kernel` adds to apt sources); see `apt-cache madison linux-image-amd64`"
+        "apt knows no Debian kernel {version} (linux-image-amd64 {version}.*): Debian 12 has 6.1 (bookworm) and 6.12 (bookworm-backports, which `cargo xtask setup` adds to apt sources); see `apt-cache madison linux-image-amd64`"
     )
 }
 
@@ -160,9 +160,11 @@ pub fn prepare(version: &str) -> Result<GuestKernel> {
     let want = format!("{pkg} {pkg_version}\n");
     let release = pkg.strip_prefix("linux-image-").unwrap_or(&pkg).to_owned();
     let list = dir.join("modules.txt");
-    if fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
-        let modules: Vec<PathBuf> = fs::read_to_string(&list)?.lines().map(|n| dir.join("modules").join(n)).collect();
-        if dir.join("vmlinuz").is_file() && modules.iter().all(|m| m.is_file()) {
+    // Reused only when complete: the stamp is written last, and a module list is never empty
+    // (9p is a module in Debian's kernels).
+    if let (true, Ok(names)) = (fs::read_to_string(&stamp).is_ok_and(|s| s == want), fs::read_to_string(&list)) {
+        let modules: Vec<PathBuf> = names.lines().map(|n| dir.join("modules").join(n)).collect();
+        if dir.join("vmlinuz").is_file() && !modules.is_empty() && modules.iter().all(|m| m.is_file()) {
             return Ok(GuestKernel { version: version.into(), package: want.trim().into(), release, vmlinuz: dir.join("vmlinuz"), modules });
         }
     }

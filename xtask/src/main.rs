@@ -33,7 +33,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Install what a fresh machine lacks (Debian packages, nightly rust-src, bpf-linker built
-    /// against LLVM 22) and mount bpffs. Idempotent: fast and quiet when nothing is missing.
+    /// against LLVM 22; QEMU and the bookworm-backports apt source for the kernel matrix) and
+    /// mount bpffs. Idempotent: fast and quiet when nothing is missing.
     Setup,
     /// Build the eBPF object (nightly, bpfel-unknown-none) and the workspace with it embedded.
     Build {
@@ -41,11 +42,11 @@ enum Command {
         #[arg(long)]
         release: bool,
     },
-    /// Run every test tier: T0 unit (no root), T1 in-kernel BPF_PROG_TEST_RUN, T2 testbed
-    /// namespaces. Fails if any tier fails. Needs root for T1/T2. `--kernel` (or
-    /// `--tier t1-kernels`) adds T1 on Debian kernels booted under QEMU.
+    /// Run every test tier: T0 unit (no root), T1 in-kernel BPF_PROG_TEST_RUN, T1 on Debian's
+    /// 6.1 and 6.12 kernels booted under QEMU, T2 testbed namespaces. Fails if any tier fails.
+    /// Needs root for T1/T2.
     Test {
-        /// Run only these tiers (t0, t1, t1-kernels, t2); default: t0, t1, t2.
+        /// Run only these tiers (t0, t1, t1-kernels, t2); default: all.
         #[arg(long = "tier", value_enum)]
         tiers: Vec<test::Tier>,
         /// Skip `cargo xtask setup` (for quick re-runs on a machine already set up).

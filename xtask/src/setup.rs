@@ -8,6 +8,10 @@
 //! `<workspace>/target/venv` ([`venv_python`]): under `target/` so that a fresh clone gets it from
 //! this command and nothing has to be installed by hand, `cargo clean` removes it with the rest of
 //! the build output, and no system or user Python is touched.
+//!
+//! The kernel matrix (`cargo xtask test`'s T1 on Debian's 6.1 and 6.12, xtask/src/kernel.rs) needs
+//! QEMU and bookworm-backports in apt's sources ([`kernel_matrix_tools`]); the kernel packages
+//! themselves are downloaded by the tier into `target/kernels/`, never installed.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -21,7 +25,7 @@ use crate::util::{is_root, output, sh, succeeds, workspace_root};
 
 /// Where a fresh machine gets Debian's 6.12 kernel (and, with qemu-utils from there, QEMU).
 const BACKPORTS_SOURCE: &str = "/etc/apt/sources.list.d/ringside-bookworm-backports.sources";
-const BACKPORTS_SOURCE_TEXT: &str = "# Added by ringside's `cargo xtask test --kernel`: Debian's 6.12 kernel for the T1 kernel matrix.\n\
+const BACKPORTS_SOURCE_TEXT: &str = "# Added by ringside's `cargo xtask setup`: Debian's 6.12 kernel for the T1 kernel matrix.\n\
 Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\n\
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n";
 
@@ -140,6 +144,10 @@ pub fn run() -> Result<()> {
         }
     }
 
+    if let Some(done) = kernel_matrix_tools()? {
+        did.push(done);
+    }
+
     if let Some(done) = ensure_venv()? {
         did.push(done);
     }
@@ -244,8 +252,8 @@ fn venv_ok(python: &Path, marker: &Path, want: &str) -> bool {
 }
 
 /// Installs what the kernel matrix needs on the host, idempotently: the bookworm-backports apt
-/// source, QEMU, xz and zstd (module decompression). Not part of [`run`] (the matrix is not in the
-/// default `cargo xtask test`): the kernel tier calls it before it boots anything.
+/// source, QEMU, xz and zstd (module decompression). Part of [`run`]; the kernel tier calls it
+/// too, so `--no-setup` on a machine without them still gets them.
 pub fn kernel_matrix_tools() -> Result<Option<String>> {
     let mut did = Vec::new();
     if ensure_backports_source()? {
@@ -272,7 +280,7 @@ pub fn kernel_matrix_tools() -> Result<Option<String>> {
     }
     if !missing.is_empty() {
         if !is_root() {
-            bail!("the kernel matrix needs {}; run it as root (`sudo -E cargo xtask test --kernel 6.1`), which installs them", missing.join(" "));
+            bail!("the kernel matrix needs {}; run `sudo cargo xtask setup`", missing.join(" "));
         }
         println!("setup: installing {}", missing.join(" "));
         if did.is_empty() {
@@ -301,7 +309,7 @@ fn ensure_backports_source() -> Result<bool> {
         return Ok(false);
     }
     if !is_root() {
-        bail!("Debian's 6.12 kernel comes from bookworm-backports, which apt does not know here; run `sudo cargo xtask test --kernel 6.12` (it adds the source)");
+        bail!("Debian's 6.12 kernel comes from bookworm-backports, which apt does not know here; run `sudo cargo xtask setup` (it adds the source)");
     }
     println!("setup: adding bookworm-backports to apt sources ({BACKPORTS_SOURCE})");
     fs::write(BACKPORTS_SOURCE, BACKPORTS_SOURCE_TEXT).with_context(|| format!("writing {BACKPORTS_SOURCE}"))?;
