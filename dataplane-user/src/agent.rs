@@ -209,7 +209,7 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
     state.pin_dir = Some(attachment.pin_dir().to_owned());
     state.attached = true;
     state.catalog = JobCatalog::new(operators, settings.matching.prefix_keys()).with_config_jobs(&settings.jobs);
-    state.catalog.onboard_config_jobs(&mut state.hints, clock::unix_ms());
+    state.catalog.onboard_config_jobs(&state.hints, clock::unix_ms());
     let state = state.shared();
 
     analysis::prepare(&state, &settings.detect);

@@ -186,15 +186,7 @@ impl Analysis {
             let mut dirty = s.events.apply(&changes, &clock);
             s.events.refresh(self.detectors.open_verdicts());
             dirty |= s.events.end_window(&clock);
-            for (job, hint, insight) in updates {
-                // A job that left the board since the window was taken is not an error.
-                if let Some(h) = hint {
-                    let _ = s.hints.publish(h);
-                }
-                if let Some(i) = insight {
-                    let _ = s.hints.set_insight(&job, i);
-                }
-            }
+            s.hints.publish_window(updates);
             dirty.then(|| s.events.persisted(clock.unix_ms))
         };
         if let Some(p) = persisted {
@@ -391,7 +383,7 @@ mod tests {
             let mut s = state.write().unwrap();
             let s = &mut *s;
             let reg = crate::jobs::catalog::tests::registration("a", &["10.77.0.0/24"]);
-            s.catalog.onboard(&reg, 0, None, &mut s.hints).unwrap().0
+            s.catalog.onboard(&reg, 0, None, &s.hints).unwrap().0
         };
         for sec in 2..=4u64 {
             state.write().unwrap().table.apply(&second(t0 + sec * 1000 * MS, sec, 5, None));
@@ -408,7 +400,7 @@ mod tests {
         {
             let mut s = state.write().unwrap();
             let s = &mut *s;
-            s.catalog.remove(&job, None, &mut s.hints).unwrap();
+            s.catalog.remove(&job, None, &s.hints).unwrap();
         }
         state.write().unwrap().table.apply(&second(t0 + 5000 * MS, 5, 5, None));
         assert!(d.tick(&state));

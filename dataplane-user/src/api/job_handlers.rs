@@ -39,7 +39,7 @@ pub(super) async fn create_job(_: Operator, State(state): State<SharedState>, bo
     let mut s = write(&state);
     let s = &mut *s;
     let pin_dir = s.pin_dir.clone().filter(|_| s.attached);
-    let (id, token) = match s.catalog.onboard(&reg, now, pin_dir.as_deref(), &mut s.hints) {
+    let (id, token) = match s.catalog.onboard(&reg, now, pin_dir.as_deref(), &s.hints) {
         Ok(r) => r,
         Err(e) => {
             let status = match &e {
@@ -62,7 +62,7 @@ pub(super) async fn create_job(_: Operator, State(state): State<SharedState>, bo
 pub(super) async fn list_jobs(_: Operator, State(state): State<SharedState>) -> Response {
     let s = read(&state);
     let jobs = s.catalog.views();
-    let config_jobs = s.hints.jobs().filter(|j| !s.catalog.contains(j)).map(str::to_owned).collect();
+    let config_jobs = s.hints.jobs().into_iter().filter(|j| !s.catalog.contains(j)).collect();
     drop(s);
     Json(JobsResponse { jobs, config_jobs }).into_response()
 }
@@ -71,7 +71,7 @@ pub(super) async fn delete_job(_: Operator, State(state): State<SharedState>, Pa
     let mut s = write(&state);
     let s = &mut *s;
     let pin_dir = s.pin_dir.clone().filter(|_| s.attached);
-    match s.catalog.remove(&id, pin_dir.as_deref(), &mut s.hints) {
+    match s.catalog.remove(&id, pin_dir.as_deref(), &s.hints) {
         Ok(released) => {
             tracing::info!(job = %id, released_prefixes = released, "job unregistered");
             StatusCode::NO_CONTENT.into_response()

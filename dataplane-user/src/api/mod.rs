@@ -546,7 +546,7 @@ mod tests {
             peers: vec![PeerHealth { peer: peer.parse().unwrap(), health: "degraded".into(), goodput_bytes_per_second: Some(1e9), loss_ratio: Some(0.01) }],
         };
         {
-            let mut s = state.write().unwrap();
+            let s = state.write().unwrap();
             s.hints.set_insight(&a.id, insight("10.77.0.3")).unwrap();
             s.hints.set_insight(&b.id, insight("10.88.0.2")).unwrap();
         }
@@ -634,7 +634,7 @@ mod tests {
     async fn config_jobs_are_readable_by_the_operator_only() {
         let state = sample_state();
         {
-            let mut s = state.write().unwrap();
+            let s = state.write().unwrap();
             s.hints.ensure_job("cfg-job");
             s.hints.publish(crate::policy::baseline_hint("cfg-job", 0)).unwrap();
         }

@@ -177,7 +177,7 @@ impl JobCatalog {
 
     /// Onboards the config-file jobs: each gets a hint-board channel and the baseline plan, like a
     /// registered job, so the policy plans them and the operator reads their hints.
-    pub fn onboard_config_jobs(&self, board: &mut HintBoard, now_unix_ms: u64) {
+    pub fn onboard_config_jobs(&self, board: &HintBoard, now_unix_ms: u64) {
         for spec in &self.config_jobs {
             board.ensure_job(&spec.name);
             if board.latest(&spec.name).is_none() {
@@ -197,7 +197,7 @@ impl JobCatalog {
         reg: &JobRegistration,
         now_unix_ms: u64,
         pin_dir: Option<&Path>,
-        board: &mut HintBoard,
+        board: &HintBoard,
     ) -> Result<(String, String), RegisterError> {
         let (id, token) = self.register(reg, now_unix_ms)?;
         let keys = self.prefix_keys(&id);
@@ -226,10 +226,10 @@ impl JobCatalog {
 
     /// Removes registered job `id`: ends its hint streams and releases the prefixes nobody else
     /// needs from the kernel trie under `pin_dir`. Returns how many prefixes were released.
-    pub fn remove(&mut self, id: &str, pin_dir: Option<&Path>, board: &mut HintBoard) -> Result<usize, RemoveError> {
+    pub fn remove(&mut self, id: &str, pin_dir: Option<&Path>, board: &HintBoard) -> Result<usize, RemoveError> {
         let keys = self.prefix_keys(id);
         if self.unregister(id).is_none() {
-            return Err(if board.jobs().any(|j| j == id) {
+            return Err(if board.contains(id) {
                 RemoveError::ConfigJob { id: id.to_owned() }
             } else {
                 RemoveError::Unknown { id: id.to_owned() }
