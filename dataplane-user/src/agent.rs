@@ -211,7 +211,7 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
     catalog.onboard_config_jobs(&hints, clock::unix_ms());
     let catalog: SharedCatalog = Arc::new(Mutex::new(catalog));
     let (mut collector, snapshots) = Collector::new(settings.table.clone());
-    let (analysis, events) =
+    let (detection, events) =
         Analysis::new(settings.detect.clone(), analysis::prepare(&settings.detect), catalog.clone(), hints.clone(), attach.ifnames.clone());
     // With detection off no window is cut and the analysis stage never runs: its snapshot stays
     // the carried-over event log.
@@ -220,7 +220,7 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
 
     let stop = Arc::new(AtomicBool::new(false));
     let collector = collector::spawn(kernel_maps, collector, settings.poll_interval, stop.clone());
-    let detector = windows.map(|rx| analysis::spawn(analysis, rx, stop.clone()));
+    let detector = windows.map(|rx| analysis::spawn(detection, rx, stop.clone()));
     tracing::info!(listen = %local, interfaces = ?settings.interfaces, pin_dir = %settings.pin_dir.display(), "ringside agent running");
 
     let served = serve(listener, view);

@@ -421,7 +421,7 @@ mod tests {
             assert_eq!((h.job.as_str(), h.version, h.channels, h.confidence), (a.id.as_str(), 1, 1, 0.0));
             assert_eq!(h.reasons, vec!["initial plan: no measurements yet"]);
         }
-        // The detection thread's job set now includes it.
+        // The analysis stage's job set now includes it.
         let set = state.catalog().job_set();
         assert!(set.spec(&a.id).is_some());
 

@@ -14,7 +14,7 @@
 //! - Job ids are random (`j-` + 12 hex digits): an id leaks nothing about other jobs and cannot be
 //!   guessed from a name.
 //! - At most [`MAX_JOBS`] registered jobs; names are unique among them.
-//! - The job set the detection thread uses ([`JobCatalog::job_set`]) lists config-file jobs first,
+//! - The job set the analysis stage uses ([`JobCatalog::job_set`]) lists config-file jobs first,
 //!   then registered jobs in registration order, so a flow belongs to exactly one job.
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -343,7 +343,7 @@ impl JobCatalog {
         self.jobs.get(id).map(|j| &j.spec)
     }
 
-    /// The job set of the detection thread: the config-file jobs (the `[[job]]`s) first, then registered
+    /// The job set of the analysis stage: the config-file jobs (the `[[job]]`s) first, then registered
     /// jobs in registration order. Without `[[job]]`s but with registered jobs, a catch-all
     /// [`DEFAULT_JOB`] comes last, so the operator keeps seeing events for the rest of the traffic.
     pub fn job_set(&self) -> JobSet {
