@@ -13,6 +13,7 @@ pub(crate) mod analysis;
 pub mod api;
 pub mod attribution;
 pub(crate) mod auth;
+pub(crate) mod bounds;
 pub mod cli;
 pub(crate) mod clock;
 pub(crate) mod collector;
