@@ -3,21 +3,22 @@
 use std::{
     net::SocketAddr,
     path::PathBuf,
-    sync::{atomic::AtomicBool, Arc},
+    sync::{atomic::AtomicBool, Arc, Mutex},
     time::Duration,
 };
 
 use crate::{
     api,
     auth::{self, TokenFileError},
-    analysis::{self, DetectSettings},
+    analysis::{self, Analysis, DetectSettings},
     clock,
-    collector::{self, CollectError, KernelMaps},
+    collector::{self, CollectError, Collector, KernelMaps},
     config::{self, AttachMode, ConfigError, ConfigFile, MatchSettings},
     flow_table::TableSettings,
-    jobs::{JobCatalog, JobSet, TokenHash},
+    hint_board::HintBoard,
+    jobs::{JobCatalog, JobSet, SharedCatalog, TokenHash},
     loader::{AttachRequest, Attachment, LoaderError},
-    state::AgentState,
+    view::{AgentView, AttachInfo},
 };
 use dataplane_common::maps;
 
@@ -203,28 +204,31 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
         attachment.take_map(maps::EVENTS)?,
     )?;
 
-    let mut state = AgentState::new(settings.table.clone(), settings.poll_interval);
-    state.interfaces = attachment.interfaces().to_vec();
-    state.ifnames = state.interfaces.iter().map(|i| (i.ifindex, i.name.clone())).collect();
-    state.pin_dir = Some(attachment.pin_dir().to_owned());
-    state.attached = true;
-    state.catalog = JobCatalog::new(operators, settings.matching.prefix_keys()).with_config_jobs(&settings.jobs);
-    state.catalog.onboard_config_jobs(&mut state.hints, clock::unix_ms());
-    let state = state.shared();
+    // The pipeline: collector -> (window queue) -> analysis -> hint board and snapshots <- API.
+    let attach = AttachInfo::attached(attachment.interfaces().to_vec(), attachment.pin_dir().to_owned(), settings.poll_interval);
+    let hints = HintBoard::default();
+    let catalog = JobCatalog::new(operators, settings.matching.prefix_keys()).with_config_jobs(&settings.jobs);
+    catalog.onboard_config_jobs(&hints, clock::unix_ms());
+    let catalog: SharedCatalog = Arc::new(Mutex::new(catalog));
+    let (mut collector, snapshots) = Collector::new(settings.table.clone());
+    let (detection, events) =
+        Analysis::new(settings.detect.clone(), analysis::prepare(&settings.detect), catalog.clone(), hints.clone(), attach.ifnames.clone());
+    // With detection off no window is cut and the analysis stage never runs: its snapshot stays
+    // the carried-over event log.
+    let windows = settings.detect.enabled.then(|| collector.feed_windows(settings.detect.window));
+    let view = AgentView::new(attach, snapshots, events, catalog, hints);
 
-    analysis::prepare(&state, &settings.detect);
     let stop = Arc::new(AtomicBool::new(false));
-    let collector = collector::spawn(kernel_maps, state.clone(), settings.poll_interval, stop.clone());
-    let detector = settings.detect.enabled.then(|| analysis::spawn(settings.detect.clone(), state.clone(), stop.clone()));
+    let collector = collector::spawn(kernel_maps, collector, settings.poll_interval, stop.clone());
+    let detector = windows.map(|rx| analysis::spawn(detection, rx, stop.clone()));
     tracing::info!(listen = %local, interfaces = ?settings.interfaces, pin_dir = %settings.pin_dir.display(), "ringside agent running");
 
-    let served = serve(listener, state.clone());
+    let served = serve(listener, view);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = collector.join();
     if let Some(d) = detector {
         let _ = d.join();
     }
-    state.write().unwrap_or_else(|p| p.into_inner()).attached = false;
     let problems = attachment.teardown();
     for p in &problems {
         tracing::warn!("teardown: {p}");
@@ -256,7 +260,7 @@ fn operator_tokens(settings: &AgentSettings) -> Result<Vec<TokenHash>, TokenFile
     }
 }
 
-fn serve(listener: std::net::TcpListener, state: crate::state::SharedState) -> Result<(), AgentError> {
+fn serve(listener: std::net::TcpListener, state: AgentView) -> Result<(), AgentError> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(AgentError::Runtime)?;
     rt.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};

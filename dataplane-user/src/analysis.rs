@@ -1,19 +1,23 @@
-//! Analysis, the detection loop: every `detect.window_ms`, take the flow table's window (counter
-//! deltas and bursts, see [`crate::flow_table::WindowAccumulator`]), build each job's
+//! The analysis stage, the detection loop: for every window the collector cuts (counter deltas and
+//! bursts, see [`crate::flow_table::WindowAccumulator`]), build each job's
 //! [`JobWindow`](crate::detect::JobWindow) ([`crate::jobs::windows`]) for the job set of the
 //! [`JobCatalog`](crate::jobs::JobCatalog), run the detectors, fold their verdicts into the
-//! [`EventLog`], persist the open events when they change, and run each job's policy.
+//! [`EventLog`], persist the open events when they change, run each job's policy, and publish.
 //!
-//! It runs on its own thread and holds the state's write lock only to take the window and to
-//! update the log; the detectors and the state-file write run outside it.
+//! [`Analysis`] owns the detectors, the event log, each job's policy and plan choice: nobody else
+//! writes them. It runs on its own thread, fed by the collector's bounded window queue
+//! ([`crate::collector::WINDOW_QUEUE`]), and per window takes one short lock of the catalog (to
+//! read the job set) and one of the hint board (to publish hints and insights), then swaps an
+//! [`EventsSnapshot`] into a `tokio::sync::watch` channel for the API and `/metrics`.
 use std::{
     path::PathBuf,
     sync::{
         atomic::{AtomicBool, Ordering},
+        mpsc::{Receiver, RecvTimeoutError},
         Arc,
     },
     thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use crate::{
@@ -22,12 +26,13 @@ use crate::{
     clock::Clock,
     events::{self, EventLog},
     flow_table::WindowAccumulator,
-    jobs::JobSet,
-    policy::{baseline_hint, JobContext, JobInsight, JobPolicies, PhaseParams, PlanChoice, PolicyConfig, VerdictSummary},
-    state::SharedState,
+    hint_board::{HintBoard, JobUpdate},
+    jobs::{self, JobSet, SharedCatalog},
+    policy::{baseline_hint, JobContext, JobPolicies, PhaseParams, PlanChoice, PolicyConfig, VerdictSummary},
 };
 use ringside_client::{Constraints, Hint};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use tokio::sync::watch;
 
 /// Resolved detection settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,9 +83,9 @@ impl DetectSettings {
     }
 }
 
-/// Sets up the event log (carrying over the open events of the previous run) and window
-/// accumulation in `state`. Never fails: a bad state file is logged and counted.
-pub fn prepare(state: &SharedState, settings: &DetectSettings) {
+/// The event log to start with: the open events of the previous run carried over from the state
+/// file. Never fails: a bad state file is logged and counted.
+pub fn prepare(settings: &DetectSettings) -> EventLog {
     let mut log = EventLog::new(settings.recent_events, settings.carry_over_windows);
     match events::load(&settings.state_dir) {
         Ok(Some(saved)) => {
@@ -93,59 +98,67 @@ pub fn prepare(state: &SharedState, settings: &DetectSettings) {
             log.counters.state_load_errors += 1;
         }
     }
-    let mut s = state.write().unwrap_or_else(|p| p.into_inner());
-    s.events = log;
-    s.jobs = s.catalog.config_job_names();
-    if settings.enabled {
-        s.table.enable_windows();
-    }
+    log
 }
 
-/// What the analysis stage owns: the detectors, each planned job's policy and the hint it last
-/// published. It reads the shared state once per window (the window, the job set) and writes it
-/// once (events, hints, insights); it never reads a hint back from the board.
+/// What the analysis stage publishes after every window: the event log (open events, recently
+/// closed ones, counters) and the names of the jobs of that window.
+#[derive(Debug, Clone)]
+pub struct EventsSnapshot {
+    pub log: EventLog,
+    pub jobs: Vec<String>,
+}
+
+/// What the analysis stage owns: the detectors, the event log, each planned job's policy and the
+/// hint it last published. Per window it reads the catalog's job set once and publishes once
+/// (events, hints, insights); it never reads a hint back from the board.
 pub struct Analysis {
     settings: DetectSettings,
     detectors: DetectorSet,
     policies: JobPolicies,
     /// The hint each policy last published (its baseline until its first change or renewal).
     published: BTreeMap<String, Hint>,
-}
-
-/// One window's input, copied out of the shared state under one lock.
-struct WindowInput {
-    window: WindowAccumulator,
+    log: EventLog,
+    /// The job names of the last window (the config-file jobs before the first).
+    jobs: Vec<String>,
+    catalog: SharedCatalog,
+    board: HintBoard,
+    /// Interface names by index (for job-window labels).
     ifnames: HashMap<u32, String>,
-    jobs: JobSet,
-    planned: BTreeSet<String>,
+    events: watch::Sender<Arc<EventsSnapshot>>,
 }
 
 impl Analysis {
-    pub fn new(settings: DetectSettings) -> Self {
+    /// The stage, starting from `log` ([`prepare`]), and the receiver of its event snapshots
+    /// (`log` itself until the first window).
+    pub fn new(
+        settings: DetectSettings,
+        log: EventLog,
+        catalog: SharedCatalog,
+        board: HintBoard,
+        ifnames: HashMap<u32, String>,
+    ) -> (Self, watch::Receiver<Arc<EventsSnapshot>>) {
         let detectors = DetectorSet::new(settings.detectors.clone());
         let policies = JobPolicies::new(settings.policy.clone(), PhaseParams::from(&settings.detectors));
-        Analysis { settings, detectors, policies, published: BTreeMap::new() }
+        let jobs = jobs::lock(&catalog).config_job_names();
+        let (events, rx) = watch::channel(Arc::new(EventsSnapshot { log: log.clone(), jobs: jobs.clone() }));
+        (Analysis { settings, detectors, policies, published: BTreeMap::new(), log, jobs, catalog, board, ifnames, events }, rx)
     }
 
-    /// Takes the window if the table has accumulated at least 90 % of one, with the catalog's job
-    /// set as of this window (config-file jobs, then the jobs registered through the API).
-    fn take_input(&self, state: &SharedState) -> Option<WindowInput> {
-        let min_ns = (self.settings.window.as_nanos() as u64) * 9 / 10;
-        let mut s = state.write().unwrap_or_else(|p| p.into_inner());
-        if s.table.pending_window_ns() < min_ns {
-            return None;
-        }
-        let window = s.table.take_window()?;
-        let jobs = s.catalog.job_set();
-        s.jobs = jobs.names();
-        Some(WindowInput { window, ifnames: s.ifnames.clone(), jobs, planned: s.catalog.planned_jobs() })
+    fn publish(&self) {
+        self.events.send_replace(Arc::new(EventsSnapshot { log: self.log.clone(), jobs: self.jobs.clone() }));
     }
 
-    /// Runs one detection window if the table has accumulated at least 90 % of one. Returns
-    /// whether a window ran.
-    pub fn tick(&mut self, state: &SharedState) -> bool {
-        let Some(WindowInput { window, ifnames, jobs, planned }) = self.take_input(state) else { return false };
+    /// Runs one detection window, with the catalog's job set as of now (config-file jobs, then
+    /// the jobs registered through the API), and publishes what it produced.
+    pub fn run_window(&mut self, window: WindowAccumulator) {
+        let (jobs, planned) = {
+            let c = jobs::lock(&self.catalog);
+            (c.job_set(), c.planned_jobs())
+        };
+        self.jobs = jobs.names();
         let clock = Clock::now();
+        let ifnames = &self.ifnames;
         let job_windows = jobs.windows(&window, |i| ifnames.get(&i).cloned().unwrap_or_else(|| format!("if{i}")));
         let mut changes: Vec<VerdictChange> = Vec::new();
         let mut errors = 0u64;
@@ -178,32 +191,19 @@ impl Analysis {
             tracing::info!(job = %v.job, kind = ?v.kind, scope = ?v.scope, severity = ?v.severity, "verdict {what}");
         }
         let updates = self.run_policy(&planned, &jobs, &job_windows, &clock);
-        // One write for everything this window produced: events, then hints and insights.
-        let persisted = {
-            let mut s = state.write().unwrap_or_else(|p| p.into_inner());
-            s.events.counters.windows += 1;
-            s.events.counters.input_errors += errors;
-            let mut dirty = s.events.apply(&changes, &clock);
-            s.events.refresh(self.detectors.open_verdicts());
-            dirty |= s.events.end_window(&clock);
-            for (job, hint, insight) in updates {
-                // A job that left the board since the window was taken is not an error.
-                if let Some(h) = hint {
-                    let _ = s.hints.publish(h);
-                }
-                if let Some(i) = insight {
-                    let _ = s.hints.set_insight(&job, i);
-                }
-            }
-            dirty.then(|| s.events.persisted(clock.unix_ms))
-        };
-        if let Some(p) = persisted {
-            if let Err(e) = events::save(&self.settings.state_dir, &p) {
+        self.board.publish_window(updates);
+        self.log.counters.windows += 1;
+        self.log.counters.input_errors += errors;
+        let mut dirty = self.log.apply(&changes, &clock);
+        self.log.refresh(self.detectors.open_verdicts());
+        dirty |= self.log.end_window(&clock);
+        if dirty {
+            if let Err(e) = events::save(&self.settings.state_dir, &self.log.persisted(clock.unix_ms)) {
                 tracing::warn!("{e}");
-                state.write().unwrap_or_else(|p| p.into_inner()).events.counters.state_write_errors += 1;
+                self.log.counters.state_write_errors += 1;
             }
         }
-        true
+        self.publish();
     }
 
     /// The policy ([`crate::policy`]) of every planned job (`planned`: the catalog's config-file
@@ -217,7 +217,7 @@ impl Analysis {
         jobs: &JobSet,
         job_windows: &[JobWindow],
         clock: &Clock,
-    ) -> Vec<(String, Option<Hint>, Option<JobInsight>)> {
+    ) -> Vec<JobUpdate> {
         self.policies.retain(planned);
         self.published.retain(|j, _| planned.contains(j));
         let no_constraints = Constraints::default();
@@ -262,18 +262,18 @@ impl Analysis {
     }
 }
 
-/// Runs the detection loop on a thread until `stop` is set.
-pub fn spawn(settings: DetectSettings, state: SharedState, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
+/// Runs the detection loop on a thread until `stop` is set or the collector (the queue's sender)
+/// is gone: one [`Analysis::run_window`] per window received.
+pub fn spawn(mut analysis: Analysis, windows: Receiver<WindowAccumulator>, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
     thread::Builder::new()
         .name("ringside-detect".into())
         .spawn(move || {
-            let step = (settings.window / 10).clamp(Duration::from_millis(10), Duration::from_millis(50));
-            let mut d = Analysis::new(settings);
-            let mut last = Instant::now();
             while !stop.load(Ordering::Relaxed) {
-                thread::sleep(step);
-                if last.elapsed() >= d.settings.window.mul_f64(0.9) && d.tick(&state) {
-                    last = Instant::now();
+                // Wake at least every 50 ms to see a stop request.
+                match windows.recv_timeout(Duration::from_millis(50)) {
+                    Ok(w) => analysis.run_window(w),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => break,
                 }
             }
         })
@@ -284,13 +284,15 @@ pub fn spawn(settings: DetectSettings, state: SharedState, stop: Arc<AtomicBool>
 mod tests {
     use super::*;
     use crate::{
+        collector::Collector,
         events::{tests::tempdir, EventState},
         flow_table::{
             tests::{key, stats},
             PollSnapshot, TableSettings,
         },
-        state::AgentState,
+        jobs::JobCatalog,
     };
+    use std::sync::{mpsc::Receiver, Mutex};
     use dataplane_common::{direction, event_kind, flow_kind, BurstState, Event, FlowStats};
     use std::path::Path;
 
@@ -315,6 +317,40 @@ mod tests {
             }
         }
         PollSnapshot { mono_ns: t, flows, events, ..Default::default() }
+    }
+
+    /// The collector and analysis stages wired as in the agent, without the kernel.
+    struct Stages {
+        collector: Collector,
+        windows: Receiver<WindowAccumulator>,
+        analysis: Analysis,
+        events: watch::Receiver<Arc<EventsSnapshot>>,
+        catalog: SharedCatalog,
+        board: HintBoard,
+    }
+
+    impl Stages {
+        fn new(settings: &DetectSettings) -> Self {
+            let (mut collector, _snapshots) = Collector::new(TableSettings::default());
+            let windows = collector.feed_windows(settings.window);
+            let catalog: SharedCatalog = Arc::new(Mutex::new(JobCatalog::default()));
+            let board = HintBoard::default();
+            let (analysis, events) = Analysis::new(settings.clone(), prepare(settings), catalog.clone(), board.clone(), HashMap::new());
+            Stages { collector, windows, analysis, events, catalog, board }
+        }
+
+        /// One poll; runs the window it cut, if any. Returns whether a window ran.
+        fn poll(&mut self, snap: &PollSnapshot) -> bool {
+            self.collector.fold(snap);
+            self.collector.poll_done(Duration::from_micros(100));
+            match self.windows.try_recv() {
+                Ok(w) => {
+                    self.analysis.run_window(w);
+                    true
+                }
+                Err(_) => false,
+            }
+        }
     }
 
     #[test]
@@ -344,22 +380,18 @@ mod tests {
         let dir = tempdir("detect");
         let f = ConfigFile::parse(&format!("state_dir = \"{}\"\n", dir.display()), Path::new("t.toml")).unwrap();
         let settings = DetectSettings::from_file(&f);
-        let state = AgentState::new(TableSettings::default(), Duration::from_millis(100)).shared();
-        prepare(&state, &settings);
-        let mut d = Analysis::new(settings.clone());
+        let mut st = Stages::new(&settings);
         let t0 = 100_000 * MS;
-        state.write().unwrap().table.apply(&second(t0, 0, 5, None));
-        let _ = state.write().unwrap().table.take_window();
-        assert!(!d.tick(&state), "no window accumulated yet");
+        assert!(!st.poll(&second(t0, 0, 5, None)), "no window accumulated yet");
         for sec in 1..=6u64 {
             let lossy = (sec >= 3).then_some(3u8);
-            state.write().unwrap().table.apply(&second(t0 + sec * 1000 * MS, sec, 5, lossy));
-            assert!(d.tick(&state));
+            assert!(st.poll(&second(t0 + sec * 1000 * MS, sec, 5, lossy)));
         }
-        let s = state.read().unwrap();
-        assert_eq!(s.events.counters.windows, 6);
-        assert_eq!(s.events.counters.input_errors, 0);
-        let open: Vec<_> = s.events.open_events().collect();
+        let s = st.events.borrow().clone();
+        assert_eq!(s.log.counters.windows, 6);
+        assert_eq!(s.log.counters.input_errors, 0);
+        assert_eq!(s.jobs, vec![crate::jobs::windows::DEFAULT_JOB]);
+        let open: Vec<_> = s.log.open_events().collect();
         assert!(!open.is_empty(), "a 5 % loss peer raises a verdict");
         assert!(open.iter().all(|e| e.kind.is_network_fault()), "{open:?}");
         assert!(
@@ -369,7 +401,6 @@ mod tests {
         let saved = events::load(&dir).unwrap().unwrap();
         assert_eq!(saved.open.len(), open.len());
         assert!(saved.open.iter().all(|e| e.state == EventState::Open));
-        drop(s);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -378,42 +409,27 @@ mod tests {
         let dir = tempdir("detect-policy");
         let f = ConfigFile::parse(&format!("state_dir = \"{}\"\n", dir.display()), Path::new("t.toml")).unwrap();
         let settings = DetectSettings::from_file(&f);
-        let state = AgentState::new(TableSettings::default(), Duration::from_millis(100)).shared();
-        prepare(&state, &settings);
-        let mut d = Analysis::new(settings);
+        let mut st = Stages::new(&settings);
         let t0 = 100_000 * MS;
-        state.write().unwrap().table.apply(&second(t0, 0, 5, None));
-        let _ = state.write().unwrap().table.take_window();
-        state.write().unwrap().table.apply(&second(t0 + 1000 * MS, 1, 5, None));
-        assert!(d.tick(&state));
-        assert!(d.policies.is_empty(), "no policy for a job the catalog does not plan (the implicit default)");
-        let job = {
-            let mut s = state.write().unwrap();
-            let s = &mut *s;
-            let reg = crate::jobs::catalog::tests::registration("a", &["10.77.0.0/24"]);
-            s.catalog.onboard(&reg, 0, None, &mut s.hints).unwrap().0
-        };
+        assert!(!st.poll(&second(t0, 0, 5, None)));
+        assert!(st.poll(&second(t0 + 1000 * MS, 1, 5, None)));
+        assert!(st.analysis.policies.is_empty(), "no policy for a job the catalog does not plan (the implicit default)");
+        let reg = crate::jobs::catalog::tests::registration("a", &["10.77.0.0/24"]);
+        let job = jobs::lock(&st.catalog).onboard(&reg, 0, None, &st.board).unwrap().0;
         for sec in 2..=4u64 {
-            state.write().unwrap().table.apply(&second(t0 + sec * 1000 * MS, sec, 5, None));
-            assert!(d.tick(&state));
+            assert!(st.poll(&second(t0 + sec * 1000 * MS, sec, 5, None)));
         }
-        let s = state.read().unwrap();
-        let h = s.hints.latest(&job).unwrap();
+        assert_eq!(st.events.borrow().jobs, vec![job.clone(), crate::jobs::windows::DEFAULT_JOB.to_owned()], "the window's job set is the catalog's");
+        let h = st.board.latest(&job).unwrap();
         assert_eq!(h.version, 1, "a healthy job keeps its baseline plan");
         assert!(h.expires_at > crate::policy::baseline::BASELINE_HINT_TTL_MS, "renewed");
-        let insight = s.hints.insight(&job).expect("insight");
+        let insight = st.board.insight(&job).expect("insight");
         assert_eq!(insight.peers.len(), 5);
         assert!(insight.peers.iter().all(|p| p.health == "healthy"), "{insight:?}");
-        drop(s);
-        {
-            let mut s = state.write().unwrap();
-            let s = &mut *s;
-            s.catalog.remove(&job, None, &mut s.hints).unwrap();
-        }
-        state.write().unwrap().table.apply(&second(t0 + 5000 * MS, 5, 5, None));
-        assert!(d.tick(&state));
-        assert!(d.policies.is_empty(), "forgotten with the job");
-        assert!(d.published.is_empty(), "forgotten with the job");
+        jobs::lock(&st.catalog).remove(&job, None, &st.board).unwrap();
+        assert!(st.poll(&second(t0 + 5000 * MS, 5, 5, None)));
+        assert!(st.analysis.policies.is_empty(), "forgotten with the job");
+        assert!(st.analysis.published.is_empty(), "forgotten with the job");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -422,12 +438,9 @@ mod tests {
         let dir = tempdir("detect-corrupt");
         std::fs::write(events::state_path(&dir), "not json").unwrap();
         let f = ConfigFile::parse(&format!("state_dir = \"{}\"\n", dir.display()), Path::new("t.toml")).unwrap();
-        let state = AgentState::new(TableSettings::default(), Duration::from_millis(100)).shared();
-        prepare(&state, &DetectSettings::from_file(&f));
-        let s = state.read().unwrap();
-        assert_eq!(s.events.counters.state_load_errors, 1);
-        assert_eq!(s.events.open_events().count(), 0);
-        drop(s);
+        let log = prepare(&DetectSettings::from_file(&f));
+        assert_eq!(log.counters.state_load_errors, 1);
+        assert_eq!(log.open_events().count(), 0);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -27,7 +27,7 @@ use axum::{
 
 use crate::{
     jobs::tokens::{new_token, RandomnessError, TokenHash, OPERATOR_TOKEN_PREFIX},
-    state::SharedState,
+    view::AgentView,
 };
 use ringside_client::ApiError;
 
@@ -149,23 +149,19 @@ fn token_hash(parts: &Parts) -> Result<TokenHash, AuthRejection> {
     bearer(parts).map(TokenHash::of).ok_or_else(|| unauthorized(NO_TOKEN))
 }
 
-fn read(state: &SharedState) -> std::sync::RwLockReadGuard<'_, crate::state::AgentState> {
-    state.read().unwrap_or_else(|p| p.into_inner())
-}
-
 /// The caller holds an operator token.
 #[derive(Debug, Clone, Copy)]
 pub struct Operator;
 
-impl FromRequestParts<SharedState> for Operator {
+impl FromRequestParts<AgentView> for Operator {
     type Rejection = AuthRejection;
 
-    async fn from_request_parts(parts: &mut Parts, state: &SharedState) -> Result<Self, AuthRejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &AgentView) -> Result<Self, AuthRejection> {
         let h = token_hash(parts)?;
-        let s = read(state);
-        if s.catalog.is_operator(&h) {
+        let catalog = state.catalog();
+        if catalog.is_operator(&h) {
             Ok(Operator)
-        } else if s.catalog.is_any_tenant(&h) {
+        } else if catalog.is_any_tenant(&h) {
             Err(AuthRejection { status: StatusCode::FORBIDDEN, message: NOT_OPERATOR.to_owned() })
         } else {
             Err(unauthorized(BAD_TOKEN))
@@ -179,27 +175,27 @@ pub struct JobAccess {
     pub job_id: String,
 }
 
-impl FromRequestParts<SharedState> for JobAccess {
+impl FromRequestParts<AgentView> for JobAccess {
     type Rejection = AuthRejection;
 
-    async fn from_request_parts(parts: &mut Parts, state: &SharedState) -> Result<Self, AuthRejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &AgentView) -> Result<Self, AuthRejection> {
         // Authenticate before looking at the id, so an anonymous caller learns nothing about ids.
         let h = token_hash(parts)?;
         let UrlPath(job_id) = UrlPath::<String>::from_request_parts(parts, state)
             .await
             .map_err(|e| AuthRejection { status: StatusCode::BAD_REQUEST, message: format!("invalid job id in the path: {e}") })?;
-        let s = read(state);
-        if s.catalog.is_operator(&h) {
+        let catalog = state.catalog();
+        if catalog.is_operator(&h) {
             // Config-file jobs have no tenant but are on the hint board.
-            if s.catalog.contains(&job_id) || s.hints.jobs().any(|j| j == job_id) {
+            if catalog.contains(&job_id) || state.hints.contains(&job_id) {
                 return Ok(JobAccess { job_id });
             }
             return Err(AuthRejection { status: StatusCode::NOT_FOUND, message: format!("no job with id `{job_id}`; list them with GET /v1/jobs") });
         }
-        if s.catalog.is_tenant_of(&job_id, &h) {
+        if catalog.is_tenant_of(&job_id, &h) {
             return Ok(JobAccess { job_id });
         }
-        if s.catalog.is_any_tenant(&h) {
+        if catalog.is_any_tenant(&h) {
             // Same answer for another tenant's job and for no job at all.
             return Err(AuthRejection { status: StatusCode::FORBIDDEN, message: OTHER_JOB.to_owned() });
         }

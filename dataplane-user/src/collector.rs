@@ -1,13 +1,22 @@
-//! The collector: every poll interval, read the kernel maps into a [`PollSnapshot`], fold it into
-//! the shared [`FlowTable`](crate::flow_table::FlowTable), and delete the flows it forgot.
+//! The collector stage: every poll interval, read the kernel maps into a [`PollSnapshot`], fold it
+//! into the [`FlowTable`] it owns, delete the flows the table forgot, cut a detection window when
+//! one is due and hand it to the analysis stage, and publish a [`CollectorSnapshot`].
 //!
-//! This is the only code that reads maps. It runs on its own thread so a slow syscall never
-//! delays an HTTP response, and it holds the state's write lock only for the pure `apply`.
+//! This is the only code that reads maps, and [`Collector`] is the only owner of the flow table:
+//! nobody else locks or reads it. It runs on its own thread so a slow syscall never delays an HTTP
+//! response. Its two outputs never block it:
+//! - windows go to the analysis stage over a bounded `std::sync::mpsc::sync_channel` of
+//!   [`WINDOW_QUEUE`] windows; when the queue is full (analysis is that far behind) the new window
+//!   is dropped and counted (`ringside_detect_windows_dropped_total`), the poll loop never waits;
+//! - the snapshot is swapped into a `tokio::sync::watch` channel (`send_replace`: a pointer swap
+//!   under the channel's short lock), which the API and `/metrics` read without waiting for a poll.
+//!
 //! The data path is never blocked: map reads are lookups, and `EVENTS` is drained without waiting.
 use std::{
     collections::HashMap,
     sync::{
         atomic::{AtomicBool, Ordering},
+        mpsc::{sync_channel, Receiver, SyncSender, TrySendError},
         Arc,
     },
     thread,
@@ -16,12 +25,203 @@ use std::{
 
 use aya::maps::{Map, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf};
 use dataplane_common::{maps, Event, FlowKey, FlowStats, MAX_FLOWS};
+use tokio::sync::watch;
 use zerocopy::FromBytes as _;
 
-use crate::{
-    flow_table::{PollSnapshot, STATS_COUNT},
-    state::SharedState,
+use crate::flow_table::{
+    BurstAggregate, Counters, EventCounts, Evictions, FlowEntry, FlowTable, InterfaceKey, PeerKey, PollSnapshot, TableSettings,
+    WindowAccumulator, STATS_COUNT,
 };
+
+/// Most flows a [`CollectorSnapshot`] carries (the largest by bytes): the most `/v1/flows` lists.
+pub const TOP_FLOWS: usize = 1000;
+
+/// Detection windows queued between the collector and the analysis stage (four windows: seconds
+/// of slack at the default 1 s window). A full queue drops the newest window and counts it.
+pub const WINDOW_QUEUE: usize = 4;
+
+/// Upper bounds (seconds) of the poll-duration histogram buckets; the last bucket is +Inf.
+pub const POLL_DURATION_BUCKETS: [f64; 8] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1];
+
+/// Durations of the collector's polls.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PollTimes {
+    pub count: u64,
+    pub sum_seconds: f64,
+    /// Non-cumulative counts per `POLL_DURATION_BUCKETS` bucket, plus one for +Inf.
+    pub buckets: [u64; POLL_DURATION_BUCKETS.len() + 1],
+}
+
+impl PollTimes {
+    pub fn observe(&mut self, d: Duration) {
+        let s = d.as_secs_f64();
+        self.count += 1;
+        self.sum_seconds += s;
+        let i = POLL_DURATION_BUCKETS.iter().position(|ub| s <= *ub).unwrap_or(POLL_DURATION_BUCKETS.len());
+        self.buckets[i] += 1;
+    }
+}
+
+/// How the polls went.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PollRecord {
+    /// Successful polls.
+    pub polls: u64,
+    pub errors: u64,
+    /// The last poll's error; `None` once a poll succeeds again.
+    pub last_error: Option<String>,
+    /// When the last successful poll finished.
+    pub last_poll: Option<Instant>,
+    pub last_poll_unix_seconds: f64,
+    pub times: PollTimes,
+}
+
+impl PollRecord {
+    fn succeeded(&mut self, took: Duration) {
+        self.polls += 1;
+        self.last_poll = Some(Instant::now());
+        self.last_poll_unix_seconds = crate::clock::unix_seconds();
+        self.times.observe(took);
+        self.last_error = None;
+    }
+
+    /// Time since the last successful poll.
+    pub fn age(&self) -> Option<Duration> {
+        self.last_poll.map(|t| t.elapsed())
+    }
+}
+
+/// What the collector publishes after every poll: the parts of the flow table that the API and
+/// `/metrics` read, copied out (aggregates are bounded by `max_peers` and the interfaces; flows by
+/// [`TOP_FLOWS`]), and how the polls went.
+#[derive(Debug, Clone, Default)]
+pub struct CollectorSnapshot {
+    /// The latest `STATS` values (summed over CPUs).
+    pub dataplane: [u64; STATS_COUNT],
+    pub flows_tracked: usize,
+    pub flows_per_interface: HashMap<u32, u64>,
+    /// Sorted by key.
+    pub peers: Vec<(PeerKey, Counters)>,
+    /// Sorted by key.
+    pub interfaces: Vec<(InterfaceKey, Counters)>,
+    /// Sorted by key.
+    pub bursts: Vec<(InterfaceKey, BurstAggregate)>,
+    pub events: EventCounts,
+    pub evictions: Evictions,
+    /// The [`TOP_FLOWS`] flows with the most bytes, largest first.
+    pub top_flows: Vec<FlowEntry>,
+    /// CLOCK_MONOTONIC of the last applied poll (0 before the first).
+    pub last_poll_mono_ns: u64,
+    pub poll: PollRecord,
+    /// Detection windows dropped because the analysis stage's queue was full.
+    pub windows_dropped: u64,
+}
+
+impl CollectorSnapshot {
+    fn of(table: &FlowTable, poll: &PollRecord, windows_dropped: u64) -> Self {
+        fn sorted<K: Ord + Copy, V: Clone>(m: &HashMap<K, V>) -> Vec<(K, V)> {
+            let mut v: Vec<(K, V)> = m.iter().map(|(k, v)| (*k, v.clone())).collect();
+            v.sort_by_key(|(k, _)| *k);
+            v
+        }
+        CollectorSnapshot {
+            dataplane: *table.dataplane_stats(),
+            flows_tracked: table.len(),
+            flows_per_interface: table.flows_per_interface(),
+            peers: sorted(table.peers()),
+            interfaces: sorted(table.interfaces()),
+            bursts: sorted(table.bursts()),
+            events: table.events(),
+            evictions: table.evictions(),
+            top_flows: table.top_by_bytes(TOP_FLOWS).into_iter().cloned().collect(),
+            last_poll_mono_ns: table.last_poll_mono_ns(),
+            poll: poll.clone(),
+            windows_dropped,
+        }
+    }
+}
+
+/// Where due windows go.
+struct WindowFeed {
+    tx: SyncSender<WindowAccumulator>,
+    /// A window is due once it spans 90 % of `detect.window_ms` (polls do not land exactly on it).
+    min_ns: u64,
+}
+
+/// The collector stage's state: the flow table, the poll record and its two outputs.
+pub struct Collector {
+    table: FlowTable,
+    poll: PollRecord,
+    feed: Option<WindowFeed>,
+    windows_dropped: u64,
+    published: watch::Sender<Arc<CollectorSnapshot>>,
+}
+
+impl Collector {
+    /// A collector over an empty table, and the receiver of its snapshots (an empty snapshot until
+    /// the first poll).
+    pub fn new(settings: TableSettings) -> (Self, watch::Receiver<Arc<CollectorSnapshot>>) {
+        let (published, rx) = watch::channel(Arc::new(CollectorSnapshot::default()));
+        (Collector { table: FlowTable::new(settings), poll: PollRecord::default(), feed: None, windows_dropped: 0, published }, rx)
+    }
+
+    /// Starts cutting detection windows of `window` (the first starts at the next poll) and
+    /// returns the analysis stage's end of the bounded window queue.
+    pub fn feed_windows(&mut self, window: Duration) -> Receiver<WindowAccumulator> {
+        self.table.enable_windows();
+        let (tx, rx) = sync_channel(WINDOW_QUEUE);
+        self.feed = Some(WindowFeed { tx, min_ns: (window.as_nanos() as u64) * 9 / 10 });
+        rx
+    }
+
+    /// Folds one poll into the table; returns the flows to delete from `FLOWS`.
+    pub fn fold(&mut self, snap: &PollSnapshot) -> Vec<FlowKey> {
+        self.table.apply(snap)
+    }
+
+    /// Ends a successful poll that took `took`: records it, hands a due window to the analysis
+    /// stage and publishes the snapshot.
+    pub fn poll_done(&mut self, took: Duration) {
+        self.poll.succeeded(took);
+        self.feed_window();
+        self.publish();
+    }
+
+    /// Records a failed poll and publishes it (readiness reports the error).
+    pub fn poll_failed(&mut self, message: String) {
+        self.poll.errors += 1;
+        self.poll.last_error = Some(message);
+        self.publish();
+    }
+
+    pub fn polls(&self) -> u64 {
+        self.poll.polls
+    }
+
+    fn feed_window(&mut self) {
+        let Some(feed) = &self.feed else { return };
+        if self.table.pending_window_ns() < feed.min_ns {
+            return;
+        }
+        let Some(window) = self.table.take_window() else { return };
+        match feed.tx.try_send(window) {
+            Ok(()) => {}
+            // Never wait for the analysis stage: the poll loop must keep draining the ring buffer.
+            Err(TrySendError::Full(_)) => {
+                self.windows_dropped += 1;
+                tracing::warn!(dropped = self.windows_dropped, "detection is {WINDOW_QUEUE} windows behind: a window was dropped");
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                tracing::warn!("the analysis stage stopped: no more detection windows are cut");
+                self.feed = None;
+            }
+        }
+    }
+
+    fn publish(&self) {
+        self.published.send_replace(Arc::new(CollectorSnapshot::of(&self.table, &self.poll, self.windows_dropped)));
+    }
+}
 
 /// Errors reading the maps.
 #[derive(Debug, thiserror::Error)]
@@ -172,8 +372,9 @@ pub fn decode_event(bytes: &[u8]) -> Option<Event> {
     Event::read_from_prefix(bytes).ok().map(|(event, _rest)| event)
 }
 
-/// Runs the poll loop on a thread until `stop` is set. Returns the thread's handle.
-pub fn spawn(mut maps: KernelMaps, state: SharedState, interval: Duration, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
+/// Runs the poll loop on a thread until `stop` is set. Returns the thread's handle; the window
+/// queue's sender is dropped with the collector when the thread ends.
+pub fn spawn(mut maps: KernelMaps, mut collector: Collector, interval: Duration, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
     thread::Builder::new()
         .name("ringside-collector".into())
         .spawn(move || {
@@ -182,15 +383,11 @@ pub fn spawn(mut maps: KernelMaps, state: SharedState, interval: Duration, stop:
                 let started = Instant::now();
                 match maps.snapshot() {
                     Ok(snap) => {
-                        let forget = {
-                            let mut s = state.write().unwrap_or_else(|p| p.into_inner());
-                            s.table.apply(&snap)
-                        };
+                        let forget = collector.fold(&snap);
                         let deleted = if forget.is_empty() { 0 } else { maps.forget(&forget) };
                         let took = started.elapsed();
-                        let mut s = state.write().unwrap_or_else(|p| p.into_inner());
-                        s.record_poll(took);
-                        if s.polls == 1 {
+                        collector.poll_done(took);
+                        if collector.polls() == 1 {
                             tracing::info!(flows = snap.flows.len(), took_us = took.as_micros() as u64, "first poll done");
                         }
                         if !forget.is_empty() {
@@ -199,7 +396,7 @@ pub fn spawn(mut maps: KernelMaps, state: SharedState, interval: Duration, stop:
                     }
                     Err(e) => {
                         tracing::warn!("poll failed: {e}");
-                        state.write().unwrap_or_else(|p| p.into_inner()).record_poll_error(e.to_string());
+                        collector.poll_failed(e.to_string());
                     }
                 }
                 next += interval;
@@ -233,5 +430,39 @@ mod tests {
         bytes.extend_from_slice(zerocopy::IntoBytes::as_bytes(&ev));
         assert_eq!(decode_event(&bytes[1..]), Some(ev), "unaligned input");
         assert_eq!(decode_event(&bytes[1..50]), None);
+    }
+
+    fn second(t: u64) -> PollSnapshot {
+        use crate::flow_table::tests::{key, stats};
+        use dataplane_common::{direction, flow_kind};
+        let k = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        PollSnapshot { mono_ns: t, flows: vec![(k, vec![stats(t / 1_000_000, t / 1000, 1, t)])], ..Default::default() }
+    }
+
+    #[test]
+    fn publishes_every_poll_and_feeds_due_windows_without_blocking() {
+        const S: u64 = 1_000_000_000;
+        let (mut c, snaps) = Collector::new(TableSettings::default());
+        assert_eq!(snaps.borrow().poll.polls, 0, "an empty snapshot before the first poll");
+        let windows = c.feed_windows(Duration::from_secs(1));
+        c.fold(&second(100 * S));
+        c.poll_done(Duration::from_micros(300));
+        assert!(windows.try_recv().is_err(), "no window spans 0.9 s yet");
+        let snap = snaps.borrow().clone();
+        assert_eq!((snap.poll.polls, snap.flows_tracked, snap.top_flows.len(), snap.last_poll_mono_ns), (1, 1, 1, 100 * S));
+        assert!(snap.poll.age().is_some());
+        // Nobody drains the queue: WINDOW_QUEUE windows wait, the next ones are dropped and counted.
+        for i in 1..=(WINDOW_QUEUE as u64 + 2) {
+            c.fold(&second((100 + i) * S));
+            c.poll_done(Duration::from_micros(300));
+        }
+        assert_eq!(snaps.borrow().windows_dropped, 2);
+        assert_eq!(snaps.borrow().poll.polls, WINDOW_QUEUE as u64 + 3);
+        let w = windows.try_recv().expect("the first due window");
+        assert_eq!((w.start_ns, w.end_ns), (Some(100 * S), 101 * S));
+        assert_eq!(windows.try_iter().count(), WINDOW_QUEUE - 1);
+        c.poll_failed("boom".into());
+        let snap = snaps.borrow().clone();
+        assert_eq!((snap.poll.errors, snap.poll.last_error.as_deref()), (1, Some("boom")));
     }
 }

@@ -519,9 +519,7 @@ impl FlowTable {
     pub fn len(&self) -> usize {
         self.flows.len()
     }
-    pub fn is_empty(&self) -> bool {
-        self.flows.is_empty()
-    }
+    #[cfg(test)]
     pub fn get(&self, key: &FlowKey) -> Option<&FlowEntry> {
         self.flows.get(key)
     }
@@ -555,9 +553,6 @@ impl FlowTable {
     /// CLOCK_MONOTONIC of the last applied snapshot (0 before the first).
     pub fn last_poll_mono_ns(&self) -> u64 {
         self.last_mono_ns.unwrap_or(0)
-    }
-    pub fn settings(&self) -> &TableSettings {
-        &self.settings
     }
 }
 

@@ -1,16 +1,23 @@
 //! Where the policy publishes each job's current [`Hint`] and what the tenant API reads.
 //!
-//! One [`HintBoard`] lives in the agent state. The detection thread (policy) calls
-//! [`HintBoard::publish`] when a job's plan changes (or to renew `expires_at`) and
-//! [`HintBoard::set_insight`] every window; API handlers read [`HintBoard::latest`] /
-//! [`HintBoard::insight`] and subscribe to changes with [`HintBoard::subscribe`] (a
-//! `tokio::sync::watch` channel, so a slow SSE client only ever sees the newest hint and never
-//! holds memory for missed ones).
+//! A [`HintBoard`] is a cheap handle (clones share one board). The job catalog creates and drops
+//! a job's channel when it onboards or removes the job; the analysis stage (policy) calls
+//! [`HintBoard::publish_window`] once per window with the plan changes, renewals and insights;
+//! API handlers read [`HintBoard::latest`] / [`HintBoard::insight`] and subscribe to changes with
+//! [`HintBoard::subscribe`] (a `tokio::sync::watch` channel, so a slow SSE client only ever sees
+//! the newest hint and never holds memory for missed ones).
+//!
+//! The board's own mutex guards only the job → channel map; it is held for map lookups and
+//! `send_replace`, never across I/O or an `.await`, so neither the analysis stage nor a handler
+//! waits on the other for longer than that.
 //!
 //! Invariants: at most one channel per registered job (created by [`HintBoard::ensure_job`],
 //! dropped by [`HintBoard::remove_job`], which ends every stream of that job); `version`s of a
 //! job's published hints strictly increase; the plan history is bounded by [`HISTORY_LEN`].
-use std::collections::{BTreeMap, VecDeque};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    sync::{Arc, Mutex, MutexGuard},
+};
 
 use ringside_client::Hint;
 use tokio::sync::watch;
@@ -27,11 +34,14 @@ struct JobChannel {
     insight: Option<JobInsight>,
 }
 
-/// Current hints of every registered job.
-#[derive(Debug, Default)]
+/// Current hints of every registered job (a shared handle: clones see the same board).
+#[derive(Debug, Clone, Default)]
 pub struct HintBoard {
-    jobs: BTreeMap<String, JobChannel>,
+    jobs: Arc<Mutex<BTreeMap<String, JobChannel>>>,
 }
+
+/// One window's output of a job's policy: a new or renewed hint, and the job's insight.
+pub type JobUpdate = (String, Option<Hint>, Option<JobInsight>);
 
 /// Publishing for a job the board does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,9 +51,14 @@ pub struct UnknownJob {
 }
 
 impl HintBoard {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, JobChannel>> {
+        // A panic elsewhere must not take the hints down: the map is consistent after every call.
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Creates the job's channel (no hint yet) if it does not exist.
-    pub fn ensure_job(&mut self, job: &str) {
-        self.jobs.entry(job.to_owned()).or_insert_with(|| JobChannel {
+    pub fn ensure_job(&self, job: &str) {
+        self.lock().entry(job.to_owned()).or_insert_with(|| JobChannel {
             tx: watch::channel(None).0,
             history: VecDeque::new(),
             insight: None,
@@ -51,51 +66,80 @@ impl HintBoard {
     }
 
     /// Forgets the job; its subscribers see the channel close.
-    pub fn remove_job(&mut self, job: &str) {
-        self.jobs.remove(job);
+    pub fn remove_job(&self, job: &str) {
+        self.lock().remove(job);
     }
 
-    pub fn jobs(&self) -> impl Iterator<Item = &str> {
-        self.jobs.keys().map(String::as_str)
+    /// The jobs on the board, in name order.
+    pub fn jobs(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    pub fn contains(&self, job: &str) -> bool {
+        self.lock().contains_key(job)
+    }
+
+    /// Publishes one window's updates under one lock. A job that left the board since the window
+    /// was taken (deleted through the API meanwhile) is skipped: that is not an error.
+    pub fn publish_window(&self, updates: Vec<JobUpdate>) {
+        let mut jobs = self.lock();
+        for (job, hint, insight) in updates {
+            let Some(ch) = jobs.get_mut(&job) else { continue };
+            if let Some(h) = hint {
+                ch.publish(h);
+            }
+            if let Some(i) = insight {
+                ch.insight = Some(i);
+            }
+        }
     }
 
     /// Publishes `hint` as the job's current one. A hint whose `version` equals the current one
     /// renews it (new `expires_at`) without entering the history.
-    pub fn publish(&mut self, hint: Hint) -> Result<(), UnknownJob> {
-        let ch = self.jobs.get_mut(&hint.job).ok_or_else(|| UnknownJob { job: hint.job.clone() })?;
-        let renew = ch.history.back().is_some_and(|h| h.version == hint.version);
-        if renew {
-            ch.history.pop_back();
-        } else if ch.history.len() == HISTORY_LEN {
-            ch.history.pop_front();
-        }
-        ch.history.push_back(hint.clone());
-        ch.tx.send_replace(Some(hint));
+    pub fn publish(&self, hint: Hint) -> Result<(), UnknownJob> {
+        let mut jobs = self.lock();
+        let ch = jobs.get_mut(&hint.job).ok_or_else(|| UnknownJob { job: hint.job.clone() })?;
+        ch.publish(hint);
         Ok(())
     }
 
     pub fn latest(&self, job: &str) -> Option<Hint> {
-        self.jobs.get(job).and_then(|c| c.tx.borrow().clone())
+        self.lock().get(job).and_then(|c| c.tx.borrow().clone())
     }
 
     /// The job's last [`HISTORY_LEN`] plans, oldest first.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn history(&self, job: &str) -> Vec<Hint> {
-        self.jobs.get(job).map(|c| c.history.iter().cloned().collect()).unwrap_or_default()
+        self.lock().get(job).map(|c| c.history.iter().cloned().collect()).unwrap_or_default()
     }
 
     /// A receiver that wakes on every publish (including renewals); `None` for an unknown job.
     pub fn subscribe(&self, job: &str) -> Option<watch::Receiver<Option<Hint>>> {
-        self.jobs.get(job).map(|c| c.tx.subscribe())
+        self.lock().get(job).map(|c| c.tx.subscribe())
     }
 
-    pub fn set_insight(&mut self, job: &str, insight: JobInsight) -> Result<(), UnknownJob> {
-        let ch = self.jobs.get_mut(job).ok_or_else(|| UnknownJob { job: job.to_owned() })?;
+    pub fn set_insight(&self, job: &str, insight: JobInsight) -> Result<(), UnknownJob> {
+        let mut jobs = self.lock();
+        let ch = jobs.get_mut(job).ok_or_else(|| UnknownJob { job: job.to_owned() })?;
         ch.insight = Some(insight);
         Ok(())
     }
 
     pub fn insight(&self, job: &str) -> Option<JobInsight> {
-        self.jobs.get(job).and_then(|c| c.insight.clone())
+        self.lock().get(job).and_then(|c| c.insight.clone())
+    }
+}
+
+impl JobChannel {
+    fn publish(&mut self, hint: Hint) {
+        let renew = self.history.back().is_some_and(|h| h.version == hint.version);
+        if renew {
+            self.history.pop_back();
+        } else if self.history.len() == HISTORY_LEN {
+            self.history.pop_front();
+        }
+        self.history.push_back(hint.clone());
+        self.tx.send_replace(Some(hint));
     }
 }
 
@@ -109,7 +153,7 @@ mod tests {
 
     #[test]
     fn publish_renew_subscribe_and_remove() {
-        let mut b = HintBoard::default();
+        let b = HintBoard::default();
         assert!(b.publish(hint("j1", 1, 10)).is_err());
         b.ensure_job("j1");
         let mut rx = b.subscribe("j1").unwrap();

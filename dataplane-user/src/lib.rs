@@ -5,13 +5,15 @@
 //! types are `ringside_client::operator`'s), the CLI ([`cli`]), the config file ([`config`]),
 //! detection events and verdicts ([`events`], [`detect`]), the loader's pins ([`loader`]) and the
 //! embedded eBPF object ([`object`]), with the most used re-exported below. Everything else
-//! (the collector, flow table, analysis, job catalog, policy, hint board, metrics, auth) is
+//! (the collector and analysis stages, flow table, job catalog, policy, hint board, the API's view
+//! of the stages, metrics, auth) is
 //! `pub(crate)`: see docs/architecture.md for the layers.
 pub mod agent;
 pub(crate) mod analysis;
 pub mod api;
 pub mod attribution;
 pub(crate) mod auth;
+pub(crate) mod bounds;
 pub mod cli;
 pub(crate) mod clock;
 pub(crate) mod collector;
@@ -28,8 +30,8 @@ pub mod object;
 pub(crate) mod policy;
 pub mod privileges;
 pub(crate) mod process_metrics;
-pub(crate) mod state;
 pub mod detect;
+pub(crate) mod view;
 
 pub use agent::{AgentArgs, AgentError, AgentSettings};
 pub use events::Event;

@@ -1,7 +1,7 @@
 //! Every metric the agent exposes: names, help strings, labels, rendering. No other file names a
 //! metric. docs/metrics.md mirrors the table below.
 //!
-//! Rendered at scrape time from [`AgentState`] through `prometheus-client`'s OpenMetrics text
+//! Rendered at scrape time from the stages' snapshots ([`AgentView`]) through `prometheus-client`'s OpenMetrics text
 //! encoder (a custom `Collector`, because every value is a snapshot of kernel counters or of the
 //! flow table, not something incremented in place). Counters are named here without `_total`;
 //! the encoder appends it.
@@ -19,8 +19,10 @@ use prometheus_client::{
 };
 
 use crate::{
+    collector::POLL_DURATION_BUCKETS,
     flow_table::{direction_name, format_addr, kind_name, Counters, InterfaceKey, PeerKey, BURST_DURATION_BUCKETS},
-    state::{AgentState, SharedState, POLL_DURATION_BUCKETS},
+    hint_board::HintBoard,
+    view::AgentView,
 };
 use dataplane_common::stats;
 
@@ -101,6 +103,8 @@ metric!(DETECT_WINDOWS, "ringside_detect_windows", Counter,
     "Detection windows run (detect.window_ms each)");
 metric!(DETECT_INPUT_ERRORS, "ringside_detect_input_errors", Counter,
     "Job windows the detectors rejected (window too short or long, out of order, too many jobs); see the agent log");
+metric!(DETECT_WINDOWS_DROPPED, "ringside_detect_windows_dropped", Counter,
+    "Detection windows the collector dropped because the analysis stage was that many windows behind (its queue was full); the poll loop never waits for detection");
 metric!(DETECT_STATE_FILE_ERRORS, "ringside_detect_state_file_errors", Counter,
     "Problems with the events state file in state_dir, by operation: load (unreadable or corrupt at start: the agent started fresh) or save (open events may not survive a restart)");
 
@@ -178,7 +182,7 @@ pub const ALL: &[&Metric] = &[
     &INTERFACE_BYTES, &INTERFACE_PACKETS, &BURSTS, &BURST_BYTES, &BURST_DURATION,
     &AGENT_EVENTS, &AGENT_POLLS, &AGENT_POLL_ERRORS, &AGENT_POLL_DURATION, &AGENT_LAST_POLL,
     &AGENT_FLOWS_EVICTED, &AGENT_INTERFACES_ATTACHED,
-    &VERDICTS_OPEN, &VERDICTS, &DETECT_WINDOWS, &DETECT_INPUT_ERRORS, &DETECT_STATE_FILE_ERRORS,
+    &VERDICTS_OPEN, &VERDICTS, &DETECT_WINDOWS, &DETECT_INPUT_ERRORS, &DETECT_WINDOWS_DROPPED, &DETECT_STATE_FILE_ERRORS,
     &API_JOBS_REGISTERED, &API_HINT_STREAMS,
 ];
 
@@ -195,15 +199,17 @@ enum Value {
     Histogram { sum: f64, count: u64, buckets: Vec<(f64, u64)> },
 }
 
-/// One metric with its series, copied out of the state under the read lock.
+/// One metric with its series, built from the snapshots.
 struct Family {
     metric: &'static Metric,
     series: Vec<(Labels, Value)>,
 }
 
-fn families(state: &AgentState) -> Vec<Family> {
-    let t = &state.table;
-    let ds = t.dataplane_stats();
+fn families(view: &AgentView) -> Vec<Family> {
+    let t = view.collector();
+    let events = view.events();
+    let attach = &*view.attach;
+    let ds = &t.dataplane;
     let d = |i: u32| ds[i as usize];
     let single = |metric, v| Family { metric, series: vec![(Vec::new(), v)] };
 
@@ -225,25 +231,24 @@ fn families(state: &AgentState) -> Vec<Family> {
         single(&DATAPLANE_EVENTS, Value::Counter(d(stats::EVENTS))),
     ];
 
-    let per_if = t.flows_per_interface();
-    let mut tracked: Vec<(Labels, Value)> = state
+    let per_if = &t.flows_per_interface;
+    let mut tracked: Vec<(Labels, Value)> = attach
         .interfaces
         .iter()
         .map(|i| (vec![("interface", i.name.clone())], Value::Count(*per_if.get(&i.ifindex).unwrap_or(&0))))
         .collect();
     // Flows on an interface the agent does not know by name (should not happen) still count.
-    for (ifindex, n) in &per_if {
-        if !state.interfaces.iter().any(|i| i.ifindex == *ifindex) {
-            tracked.push((vec![("interface", state.ifname(*ifindex))], Value::Count(*n)));
+    for (ifindex, n) in per_if {
+        if !attach.interfaces.iter().any(|i| i.ifindex == *ifindex) {
+            tracked.push((vec![("interface", attach.ifname(*ifindex))], Value::Count(*n)));
         }
     }
     out.push(Family { metric: &FLOWS_TRACKED, series: tracked });
 
-    let mut peers: Vec<(&PeerKey, &Counters)> = t.peers().iter().collect();
-    peers.sort_by_key(|(k, _)| **k);
+    let peers = &t.peers;
     let peer_labels = |k: &PeerKey| -> Labels {
         vec![
-            ("interface", state.ifname(k.ifindex)),
+            ("interface", attach.ifname(k.ifindex)),
             ("direction", direction_name(k.direction).to_owned()),
             ("kind", kind_name(k.kind).to_owned()),
             ("peer", format_addr(&k.peer)),
@@ -268,18 +273,16 @@ fn families(state: &AgentState) -> Vec<Family> {
 
     let if_labels = |k: &InterfaceKey| -> Labels {
         vec![
-            ("interface", state.ifname(k.ifindex)),
+            ("interface", attach.ifname(k.ifindex)),
             ("direction", direction_name(k.direction).to_owned()),
             ("kind", kind_name(k.kind).to_owned()),
         ]
     };
-    let mut ifs: Vec<(&InterfaceKey, &Counters)> = t.interfaces().iter().collect();
-    ifs.sort_by_key(|(k, _)| **k);
+    let ifs = &t.interfaces;
     out.push(Family { metric: &INTERFACE_BYTES, series: ifs.iter().map(|(k, c)| (if_labels(k), Value::Counter(c.bytes))).collect() });
     out.push(Family { metric: &INTERFACE_PACKETS, series: ifs.iter().map(|(k, c)| (if_labels(k), Value::Counter(c.packets))).collect() });
 
-    let mut bursts: Vec<_> = t.bursts().iter().collect();
-    bursts.sort_by_key(|(k, _)| **k);
+    let bursts = &t.bursts;
     out.push(Family { metric: &BURSTS, series: bursts.iter().map(|(k, b)| (if_labels(k), Value::Counter(b.count))).collect() });
     out.push(Family { metric: &BURST_BYTES, series: bursts.iter().map(|(k, b)| (if_labels(k), Value::Counter(b.bytes))).collect() });
     out.push(Family {
@@ -292,7 +295,7 @@ fn families(state: &AgentState) -> Vec<Family> {
             .collect(),
     });
 
-    let ev = t.events();
+    let ev = t.events;
     out.push(Family {
         metric: &AGENT_EVENTS,
         series: [("flow_start", ev.flow_start), ("burst_end", ev.burst_end), ("map_full", ev.map_full), ("unknown", ev.unknown)]
@@ -300,15 +303,15 @@ fn families(state: &AgentState) -> Vec<Family> {
             .map(|(k, v)| (vec![("kind", k.to_owned())], Value::Counter(v)))
             .collect(),
     });
-    out.push(single(&AGENT_POLLS, Value::Counter(state.polls)));
-    out.push(single(&AGENT_POLL_ERRORS, Value::Counter(state.poll_errors)));
-    let pt = &state.poll_times;
+    out.push(single(&AGENT_POLLS, Value::Counter(t.poll.polls)));
+    out.push(single(&AGENT_POLL_ERRORS, Value::Counter(t.poll.errors)));
+    let pt = &t.poll.times;
     out.push(single(
         &AGENT_POLL_DURATION,
         Value::Histogram { sum: pt.sum_seconds, count: pt.count, buckets: with_bounds(&POLL_DURATION_BUCKETS, &pt.buckets) },
     ));
-    out.push(single(&AGENT_LAST_POLL, Value::Gauge(state.last_poll_unix_seconds)));
-    let evic = t.evictions();
+    out.push(single(&AGENT_LAST_POLL, Value::Gauge(t.poll.last_poll_unix_seconds)));
+    let evic = t.evictions;
     out.push(Family {
         metric: &AGENT_FLOWS_EVICTED,
         series: vec![
@@ -316,14 +319,14 @@ fn families(state: &AgentState) -> Vec<Family> {
             (vec![("reason", "capacity".to_owned())], Value::Counter(evic.capacity)),
         ],
     });
-    let attached = if state.attached { state.interfaces.len() } else { 0 };
+    let attached = if attach.attached { attach.interfaces.len() } else { 0 };
     out.push(single(&AGENT_INTERFACES_ATTACHED, Value::Count(attached as u64)));
 
     // Detection: labels are the fixed kind × severity sets, never a peer or a job.
     use crate::detect::{Severity, VerdictKind};
     let kinds = [(VerdictKind::Congestion, "congestion"), (VerdictKind::GrayFailure, "gray_failure"), (VerdictKind::Straggler, "straggler")];
     let severities = [(Severity::Info, "info"), (Severity::Warning, "warning"), (Severity::Critical, "critical")];
-    let ev = &state.events;
+    let ev = &events.log;
     let mut open = Vec::new();
     for (k, kn) in kinds {
         for (sev, sn) in severities {
@@ -338,6 +341,7 @@ fn families(state: &AgentState) -> Vec<Family> {
     });
     out.push(single(&DETECT_WINDOWS, Value::Counter(ev.counters.windows)));
     out.push(single(&DETECT_INPUT_ERRORS, Value::Counter(ev.counters.input_errors)));
+    out.push(single(&DETECT_WINDOWS_DROPPED, Value::Counter(t.windows_dropped)));
     out.push(Family {
         metric: &DETECT_STATE_FILE_ERRORS,
         series: vec![
@@ -345,8 +349,9 @@ fn families(state: &AgentState) -> Vec<Family> {
             (vec![("operation", "save".to_owned())], Value::Counter(ev.counters.state_write_errors)),
         ],
     });
-    out.push(single(&API_JOBS_REGISTERED, Value::Count(state.catalog.len() as u64)));
-    out.push(single(&API_HINT_STREAMS, Value::Count(state.hint_streams.load(std::sync::atomic::Ordering::Relaxed) as u64)));
+    let registered = view.catalog().len();
+    out.push(single(&API_JOBS_REGISTERED, Value::Count(registered as u64)));
+    out.push(single(&API_HINT_STREAMS, Value::Count(view.hint_streams.load(std::sync::atomic::Ordering::Relaxed) as u64)));
     out
 }
 
@@ -407,11 +412,8 @@ fn encode_families(fams: Vec<Family>) -> String {
 }
 
 /// Renders job `job`'s metrics (`GET /v1/jobs/{id}/metrics`) as OpenMetrics text.
-pub fn render_job(state: &SharedState, job: &str) -> String {
-    let (hint, insight) = {
-        let s = state.read().unwrap_or_else(|p| p.into_inner());
-        (s.hints.latest(job), s.hints.insight(job))
-    };
+pub fn render_job(board: &HintBoard, job: &str) -> String {
+    let (hint, insight) = (board.latest(job), board.insight(job));
     encode_families(job_families(job, hint.as_ref(), insight.as_ref()))
 }
 
@@ -419,7 +421,7 @@ fn with_bounds(bounds: &[f64], counts: &[u64]) -> Vec<(f64, u64)> {
     bounds.iter().copied().chain([f64::MAX]).zip(counts.iter().copied()).collect()
 }
 
-/// Adapter: a `Collector` over families copied out of the state.
+/// Adapter: a `Collector` over families built from the snapshots.
 struct Families(Vec<Family>);
 
 impl std::fmt::Debug for Families {
@@ -456,13 +458,9 @@ fn encode_value(e: &mut MetricEncoder, value: &Value) -> Result<(), std::fmt::Er
     }
 }
 
-/// Renders every metric as OpenMetrics text. Holds the read lock only while copying values.
-pub fn render(state: &SharedState) -> String {
-    let fams = {
-        let s = state.read().unwrap_or_else(|p| p.into_inner());
-        families(&s)
-    };
-    encode_families(fams.into_iter().chain(process_families()).collect())
+/// Renders every metric as OpenMetrics text from the latest snapshots (no stage waits for it).
+pub fn render(view: &AgentView) -> String {
+    encode_families(families(view).into_iter().chain(process_families()).collect())
 }
 
 /// [`PROCESS_ALL`]: the build's labels (from build.rs) and a fresh reading of `/proc/self`. If
@@ -496,20 +494,43 @@ fn process_families() -> Vec<Family> {
 pub(crate) mod tests {
     use super::*;
     use crate::{
+        analysis::EventsSnapshot,
+        collector::Collector,
+        events::EventLog,
         flow_table::{tests::{key, stats}, PollSnapshot, TableSettings},
+        jobs::JobCatalog,
         loader::AttachedInterface,
+        view::AttachInfo,
     };
     use dataplane_common::{direction, event_kind, flow_kind, BurstState, Event, FlowStats};
-    use std::time::Duration;
+    use std::{
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
 
     /// The operator token of [`sample_state`].
     pub(crate) const TEST_OPERATOR_TOKEN: &str = "rso_test-operator-token";
 
-    pub(crate) fn sample_state() -> SharedState {
-        let mut s = AgentState::new(TableSettings::default(), Duration::from_millis(100));
-        s.interfaces.push(AttachedInterface { name: "eth0".into(), ifindex: 2, mode: "clsact".into(), qdisc_added: true });
-        s.ifnames.insert(2, "eth0".into());
-        s.attached = true;
+    /// The event log of [`sample_state`]: one open gray-failure event.
+    pub(crate) fn sample_events() -> EventLog {
+        let mut log = EventLog::new(crate::config::DEFAULT_RECENT_EVENTS, crate::config::DEFAULT_CARRY_OVER_WINDOWS);
+        let clock = crate::clock::Clock { mono_ns: 20_000_000_000, unix_ms: 1_700_000_020_000 };
+        let v = crate::events::tests::verdict(1, crate::detect::VerdictKind::GrayFailure, "10.77.0.3");
+        log.apply(&[crate::detect::VerdictChange::Opened(v)], &clock);
+        log
+    }
+
+    /// An agent attached to eth0 after one poll with a TCP and a RoCE flow, one open event, and
+    /// the operator token [`TEST_OPERATOR_TOKEN`].
+    pub(crate) fn sample_state() -> AgentView {
+        let attach = AttachInfo {
+            interfaces: vec![AttachedInterface { name: "eth0".into(), ifindex: 2, mode: "clsact".into(), qdisc_added: true }],
+            ifnames: [(2, "eth0".to_owned())].into(),
+            attached: true,
+            poll_interval: Duration::from_millis(100),
+            pin_dir: None,
+        };
+        let (mut collector, snapshots) = Collector::new(TableSettings::default());
         let tcp = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
         let roce = key(1, 3, 4791, direction::EGRESS, flow_kind::ROCEV2);
         let mut st = [0u64; crate::flow_table::STATS_COUNT];
@@ -518,7 +539,7 @@ pub(crate) mod tests {
         st[stats::MATCHED as usize] = 80;
         st[stats::MALFORMED as usize] = 1;
         st[stats::RINGBUF_FULL as usize] = 2;
-        s.table.apply(&PollSnapshot {
+        collector.fold(&PollSnapshot {
             mono_ns: 1_000_000_000,
             flows: vec![
                 (tcp, vec![FlowStats { tcp_retrans: 3, ..stats(10, 15_000, 1, 999_000_000) }]),
@@ -532,12 +553,10 @@ pub(crate) mod tests {
                 ..Default::default()
             }],
         });
-        s.record_poll(Duration::from_micros(700));
-        let clock = crate::clock::Clock { mono_ns: 20_000_000_000, unix_ms: 1_700_000_020_000 };
-        let v = crate::events::tests::verdict(1, crate::detect::VerdictKind::GrayFailure, "10.77.0.3");
-        s.events.apply(&[crate::detect::VerdictChange::Opened(v)], &clock);
-        s.catalog.set_operators(vec![crate::jobs::TokenHash::of(TEST_OPERATOR_TOKEN)]);
-        s.shared()
+        collector.poll_done(Duration::from_micros(700));
+        let events = tokio::sync::watch::channel(Arc::new(EventsSnapshot { log: sample_events(), jobs: Vec::new() })).1;
+        let catalog = JobCatalog::new(vec![crate::jobs::TokenHash::of(TEST_OPERATOR_TOKEN)], Vec::new());
+        AgentView::new(attach, snapshots, events, Arc::new(Mutex::new(catalog)), HintBoard::default())
     }
 
     #[test]

@@ -20,26 +20,25 @@ use axum::{
 };
 use ringside_client::{operator::JobsResponse, Hint, JobCreated, JobRegistration};
 
-use super::{error, json_rejection, read, write, MAX_HINT_STREAMS, SSE_KEEP_ALIVE};
+use super::{error, json_rejection, MAX_HINT_STREAMS, SSE_KEEP_ALIVE};
 use crate::{
     auth::{JobAccess, Operator},
     jobs::RegisterError,
     metrics,
-    state::SharedState,
+    view::AgentView,
 };
 
-pub(super) async fn create_job(_: Operator, State(state): State<SharedState>, body: Result<Json<JobRegistration>, JsonRejection>) -> Response {
+pub(super) async fn create_job(_: Operator, State(state): State<AgentView>, body: Result<Json<JobRegistration>, JsonRejection>) -> Response {
     let reg = match body {
         Ok(Json(r)) => r,
         Err(rej) => return json_rejection(rej),
     };
     let now = crate::clock::unix_ms();
-    // The write lock is held across the (microsecond) bpf syscalls so that the catalog and the
-    // kernel trie change together; registrations are rare.
-    let mut s = write(&state);
-    let s = &mut *s;
-    let pin_dir = s.pin_dir.clone().filter(|_| s.attached);
-    let (id, token) = match s.catalog.onboard(&reg, now, pin_dir.as_deref(), &mut s.hints) {
+    // The catalog's lock is held across the (microsecond) bpf syscalls so that the catalog and
+    // the kernel trie change together; registrations are rare, and no stage waits on it for more
+    // than reading the job set.
+    let onboarded = state.catalog().onboard(&reg, now, state.attach.live_pin_dir(), &state.hints);
+    let (id, token) = match onboarded {
         Ok(r) => r,
         Err(e) => {
             let status = match &e {
@@ -59,19 +58,17 @@ pub(super) async fn create_job(_: Operator, State(state): State<SharedState>, bo
     (StatusCode::CREATED, Json(JobCreated { id, name: reg.name, tenant_token: token })).into_response()
 }
 
-pub(super) async fn list_jobs(_: Operator, State(state): State<SharedState>) -> Response {
-    let s = read(&state);
-    let jobs = s.catalog.views();
-    let config_jobs = s.hints.jobs().filter(|j| !s.catalog.contains(j)).map(str::to_owned).collect();
-    drop(s);
+pub(super) async fn list_jobs(_: Operator, State(state): State<AgentView>) -> Response {
+    let catalog = state.catalog();
+    let jobs = catalog.views();
+    let config_jobs = state.hints.jobs().into_iter().filter(|j| !catalog.contains(j)).collect();
+    drop(catalog);
     Json(JobsResponse { jobs, config_jobs }).into_response()
 }
 
-pub(super) async fn delete_job(_: Operator, State(state): State<SharedState>, Path(id): Path<String>) -> Response {
-    let mut s = write(&state);
-    let s = &mut *s;
-    let pin_dir = s.pin_dir.clone().filter(|_| s.attached);
-    match s.catalog.remove(&id, pin_dir.as_deref(), &mut s.hints) {
+pub(super) async fn delete_job(_: Operator, State(state): State<AgentView>, Path(id): Path<String>) -> Response {
+    let removed = state.catalog().remove(&id, state.attach.live_pin_dir(), &state.hints);
+    match removed {
         Ok(released) => {
             tracing::info!(job = %id, released_prefixes = released, "job unregistered");
             StatusCode::NO_CONTENT.into_response()
@@ -80,15 +77,15 @@ pub(super) async fn delete_job(_: Operator, State(state): State<SharedState>, Pa
     }
 }
 
-pub(super) async fn job_hints(access: JobAccess, State(state): State<SharedState>) -> Response {
-    match read(&state).hints.latest(&access.job_id) {
+pub(super) async fn job_hints(access: JobAccess, State(state): State<AgentView>) -> Response {
+    match state.hints.latest(&access.job_id) {
         Some(h) => Json(h).into_response(),
         None => error(StatusCode::NOT_FOUND, "no hint yet for this job: the policy has not planned it; retry after the next detection window"),
     }
 }
 
-pub(super) async fn job_metrics(access: JobAccess, State(state): State<SharedState>) -> Response {
-    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], metrics::render_job(&state, &access.job_id)).into_response()
+pub(super) async fn job_metrics(access: JobAccess, State(state): State<AgentView>) -> Response {
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], metrics::render_job(&state.hints, &access.job_id)).into_response()
 }
 
 /// Decrements the open-stream count when the response body (the stream) is dropped.
@@ -104,11 +101,8 @@ fn hint_event(h: &Hint) -> Option<SseEvent> {
     SseEvent::default().event("hint").id(h.version.to_string()).json_data(h).ok()
 }
 
-pub(super) async fn job_hints_stream(access: JobAccess, State(state): State<SharedState>) -> Response {
-    let (rx, count) = {
-        let s = read(&state);
-        (s.hints.subscribe(&access.job_id), s.hint_streams.clone())
-    };
+pub(super) async fn job_hints_stream(access: JobAccess, State(state): State<AgentView>) -> Response {
+    let (rx, count) = (state.hints.subscribe(&access.job_id), state.hint_streams.clone());
     let Some(rx) = rx else {
         return error(StatusCode::NOT_FOUND, "the job has no hint channel; it may have just been deleted");
     };

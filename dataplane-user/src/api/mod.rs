@@ -9,13 +9,14 @@
 //! - the job's tenant token or the operator token: `/v1/jobs/{id}/hints`, `.../hints/stream`
 //!   (server-sent events), `.../metrics`. A tenant response names only its own job and peers.
 //!
-//! Who may call what is decided by the extractors in [`crate::auth`]. Handlers copy what they need
-//! out of [`SharedState`] under a short lock and render outside it. Every error is JSON
+//! Who may call what is decided by the extractors in [`crate::auth`]. Handlers read the stages'
+//! published snapshots through [`AgentView`] (never a stage's working state) and write jobs only
+//! through the job catalog. Every error is JSON
 //! `{"error": "..."}` with a status code that says whose fault it is. The response types are
 //! `ringside_client::operator`'s, which the CLI (`ringside flows`, `status`, `events`, `jobs`)
 //! decodes with `ringside_client::OperatorClient`.
 //!
-//! - [`views`]: how each response is built from the state;
+//! - [`views`]: how each response is built from the snapshots;
 //! - [`operator_handlers`]: `/v1/flows`, `/v1/status`, `/v1/events`;
 //! - [`job_handlers`]: `/v1/jobs` (onboard, list, remove through the job catalog) and each job's
 //!   hints, hint stream and metrics;
@@ -35,10 +36,7 @@ use axum::{
 };
 use ringside_client::ApiError;
 
-use crate::{
-    metrics,
-    state::{AgentState, SharedState},
-};
+use crate::{metrics, view::AgentView};
 use job_handlers::{create_job, delete_job, job_hints, job_hints_stream, job_metrics, list_jobs};
 use operator_handlers::{events, flows, status};
 pub use operator_handlers::{parse_limit, EventsQuery, FlowsQuery, DEFAULT_EVENTS_LIMIT, DEFAULT_FLOWS_LIMIT, MAX_EVENTS_LIMIT, MAX_FLOWS_LIMIT};
@@ -74,8 +72,8 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/jobs/{id}/metrics", &["get"]),
 ];
 
-/// The router over a shared state.
-pub fn router(state: SharedState) -> Router {
+/// The router over the agent's published state.
+pub fn router(state: AgentView) -> Router {
     Router::new()
         .route("/", get(status_page))
         .route("/metrics", get(get_metrics))
@@ -124,7 +122,7 @@ async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON).into_response()
 }
 
-async fn get_metrics(State(state): State<SharedState>) -> Response {
+async fn get_metrics(State(state): State<AgentView>) -> Response {
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], metrics::render(&state)).into_response()
 }
 
@@ -132,8 +130,8 @@ async fn healthz() -> Response {
     Json(serde_json::json!({"status": "ok"})).into_response()
 }
 
-async fn readyz(State(state): State<SharedState>) -> Response {
-    let r = read(&state).readiness();
+async fn readyz(State(state): State<AgentView>) -> Response {
+    let r = state.readiness();
     match r {
         Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
         Err(reason) => error(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}")),
@@ -149,15 +147,6 @@ async fn not_found(uri: axum::http::Uri) -> Response {
 
 async fn method_not_allowed() -> Response {
     error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed: GET /v1/openapi.json lists each endpoint's methods")
-}
-
-fn write(state: &SharedState) -> std::sync::RwLockWriteGuard<'_, AgentState> {
-    state.write().unwrap_or_else(|p| p.into_inner())
-}
-
-fn read(state: &SharedState) -> std::sync::RwLockReadGuard<'_, AgentState> {
-    // A panic in the collector must not take the API down with it: read the last state anyway.
-    state.read().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A JSON body rejection as `{"error"}`: 413 too large, 415 not `application/json`, 400 otherwise
@@ -183,7 +172,7 @@ mod tests {
         Hint, JobCreated,
     };
     use std::sync::atomic::Ordering;
-    use crate::{flow_table::TableSettings, metrics::tests::sample_state, state::AgentState};
+    use crate::{metrics::tests::sample_state, view::AttachInfo};
     use axum::{body::Body, http::Request};
     use http_body_util::BodyExt;
     use std::time::Duration;
@@ -192,12 +181,12 @@ mod tests {
     use crate::metrics::tests::TEST_OPERATOR_TOKEN as OP;
 
     /// GET with the operator token.
-    async fn get(state: SharedState, uri: &str) -> (StatusCode, String, String) {
+    async fn get(state: AgentView, uri: &str) -> (StatusCode, String, String) {
         call(state, "GET", uri, Some(OP), None).await
     }
 
     /// Any request; `body` is sent as `application/json`.
-    async fn call(state: SharedState, method: &str, uri: &str, token: Option<&str>, body: Option<&str>) -> (StatusCode, String, String) {
+    async fn call(state: AgentView, method: &str, uri: &str, token: Option<&str>, body: Option<&str>) -> (StatusCode, String, String) {
         let mut req = Request::builder().method(method).uri(uri);
         if let Some(t) = token {
             req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
@@ -272,11 +261,17 @@ mod tests {
         let (st, _, body) = get(sample_state(), "/readyz").await;
         assert_eq!(st, StatusCode::OK, "{body}");
 
-        let fresh = AgentState::new(TableSettings::default(), Duration::from_millis(100)).shared();
-        let (st, _, body) = get(fresh.clone(), "/readyz").await;
+        // Not attached, then attached but before the collector's first poll.
+        let s = sample_state();
+        let fresh = |attached: bool| {
+            let (_, snapshots) = crate::collector::Collector::new(Default::default());
+            let attach = AttachInfo { attached, poll_interval: Duration::from_millis(100), ..AttachInfo::default() };
+            AgentView::new(attach, snapshots, s.events_receiver(), s.catalog.clone(), s.hints.clone())
+        };
+        let (st, _, body) = get(fresh(false), "/readyz").await;
         assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.contains("not attached"), "{body}");
-        fresh.write().unwrap().attached = true;
+        let fresh = fresh(true);
         let (st, _, body) = get(fresh.clone(), "/readyz").await;
         assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.contains("no map poll"), "{body}");
@@ -300,16 +295,15 @@ mod tests {
             clock::Clock,
             events::{tests::verdict, EventState},
         };
-        let state = sample_state();
-        {
+        let state = {
             let clock = Clock { mono_ns: 20_000_000_000, unix_ms: 1_700_000_020_000 };
-            let mut s = state.write().unwrap();
+            let mut log = crate::metrics::tests::sample_events();
             let mut v = verdict(2, VerdictKind::Straggler, "10.77.0.4");
-            s.events.apply(&[VerdictChange::Opened(v.clone())], &clock);
+            log.apply(&[VerdictChange::Opened(v.clone())], &clock);
             v.end_reason = Some(EndReason::Cleared);
-            s.events.apply(&[VerdictChange::Closed(v)], &clock);
-            s.jobs = vec!["train".into()];
-        }
+            log.apply(&[VerdictChange::Closed(v)], &clock);
+            sample_state().with_events(crate::analysis::EventsSnapshot { log, jobs: vec!["train".into()] })
+        };
         let (st, ct, body) = get(state.clone(), "/v1/events").await;
         assert_eq!(st, StatusCode::OK, "{body}");
         assert!(ct.starts_with("application/json"));
@@ -361,7 +355,7 @@ mod tests {
     const REG_A: &str = r#"{"name":"alpha-train","members":["10.77.0.0/24"],"tcp_ports":["29500"]}"#;
     const REG_B: &str = r#"{"name":"bravo-secret","members":["10.88.0.1","10.88.0.2"],"constraints":{"max_channels":2}}"#;
 
-    async fn register(state: &SharedState, body: &str) -> JobCreated {
+    async fn register(state: &AgentView, body: &str) -> JobCreated {
         let (st, ct, text) = call(state.clone(), "POST", "/v1/jobs", Some(OP), Some(body)).await;
         assert_eq!(st, StatusCode::CREATED, "{text}");
         assert!(ct.starts_with("application/json"));
@@ -410,7 +404,7 @@ mod tests {
         assert_eq!(a.name, "alpha-train");
         assert!(a.id.starts_with("j-") && a.tenant_token.starts_with("rst_"), "{a:?}");
         // Only the hash is kept.
-        assert!(!format!("{:?}", state.read().unwrap().catalog).contains(&a.tenant_token));
+        assert!(!format!("{:?}", *state.catalog()).contains(&a.tenant_token));
 
         let (st, _, body) = get(state.clone(), "/v1/jobs").await;
         assert_eq!(st, StatusCode::OK, "{body}");
@@ -427,13 +421,13 @@ mod tests {
             assert_eq!((h.job.as_str(), h.version, h.channels, h.confidence), (a.id.as_str(), 1, 1, 0.0));
             assert_eq!(h.reasons, vec!["initial plan: no measurements yet"]);
         }
-        // The detection thread's job set now includes it.
-        let set = state.read().unwrap().catalog.job_set();
+        // The analysis stage's job set now includes it.
+        let set = state.catalog().job_set();
         assert!(set.spec(&a.id).is_some());
 
         let (st, _, body) = call(state.clone(), "DELETE", &format!("/v1/jobs/{}", a.id), Some(OP), None).await;
         assert_eq!(st, StatusCode::NO_CONTENT, "{body}");
-        assert!(state.read().unwrap().hints.subscribe(&a.id).is_none(), "board entry removed");
+        assert!(state.hints.subscribe(&a.id).is_none(), "board entry removed");
         let (st, ct, body) = call(state.clone(), "DELETE", &format!("/v1/jobs/{}", a.id), Some(OP), None).await;
         assert_json_error(st, StatusCode::NOT_FOUND, &ct, &body, "second delete");
         let (st, ct, body) = call(state.clone(), "GET", &format!("/v1/jobs/{}/hints", a.id), Some(OP), None).await;
@@ -487,11 +481,10 @@ mod tests {
         let e = assert_json_error(st, StatusCode::CONFLICT, &ct, &text, "duplicate");
         assert!(e.contains("alpha-train"), "{e}");
         {
-            let mut s = state.write().unwrap();
             let ops = vec![crate::jobs::TokenHash::of(OP)];
             let mut r = crate::jobs::JobCatalog::new(ops, vec![]).with_max_jobs(1);
             r.register(&crate::jobs::catalog::tests::registration("x", &["10.1.1.1"]), 0).unwrap();
-            s.catalog = r;
+            *state.catalog() = r;
         }
         let (st, ct, text) = post(REG_B).await;
         let e = assert_json_error(st, StatusCode::TOO_MANY_REQUESTS, &ct, &text, "cap");
@@ -545,11 +538,8 @@ mod tests {
             predicted_comm_ms: Some(80.0),
             peers: vec![PeerHealth { peer: peer.parse().unwrap(), health: "degraded".into(), goodput_bytes_per_second: Some(1e9), loss_ratio: Some(0.01) }],
         };
-        {
-            let mut s = state.write().unwrap();
-            s.hints.set_insight(&a.id, insight("10.77.0.3")).unwrap();
-            s.hints.set_insight(&b.id, insight("10.88.0.2")).unwrap();
-        }
+        state.hints.set_insight(&a.id, insight("10.77.0.3")).unwrap();
+        state.hints.set_insight(&b.id, insight("10.88.0.2")).unwrap();
         let (st, ct, body) = call(state.clone(), "GET", &format!("/v1/jobs/{}/metrics", a.id), Some(&a.tenant_token), None).await;
         assert_eq!(st, StatusCode::OK, "{body}");
         assert_eq!(ct, metrics::CONTENT_TYPE);
@@ -598,7 +588,7 @@ mod tests {
         let resp = router(state.clone()).oneshot(req).await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         assert!(resp.headers()[header::CONTENT_TYPE].to_str().unwrap().starts_with("text/event-stream"));
-        assert_eq!(state.read().unwrap().hint_streams.load(Ordering::Relaxed), 1);
+        assert_eq!(state.hint_streams.load(Ordering::Relaxed), 1);
         let mut body = resp.into_body();
         let first = next_event(&mut body).await.unwrap();
         assert!(first.contains("event: hint\n") && first.contains("id: 1\n"), "{first}");
@@ -608,7 +598,7 @@ mod tests {
         let mut next = crate::policy::baseline_hint(&a.id, 0);
         next.version = 2;
         next.compression = ringside_client::Codec::Int8;
-        state.write().unwrap().hints.publish(next).unwrap();
+        state.hints.publish(next).unwrap();
         let second = next_event(&mut body).await.unwrap();
         assert!(second.contains("id: 2\n") && second.contains("\"compression\":\"int8\""), "{second}");
 
@@ -616,28 +606,25 @@ mod tests {
         assert_eq!(st, StatusCode::NO_CONTENT);
         assert!(next_event(&mut body).await.is_none(), "the stream ends when the job is deleted");
         drop(body);
-        assert_eq!(state.read().unwrap().hint_streams.load(Ordering::Relaxed), 0);
+        assert_eq!(state.hint_streams.load(Ordering::Relaxed), 0);
     }
 
     #[tokio::test]
     async fn hint_streams_are_capped() {
         let state = sample_state();
         let a = register(&state, REG_A).await;
-        state.read().unwrap().hint_streams.store(MAX_HINT_STREAMS, Ordering::Relaxed);
+        state.hint_streams.store(MAX_HINT_STREAMS, Ordering::Relaxed);
         let (st, ct, body) = call(state.clone(), "GET", &format!("/v1/jobs/{}/hints/stream", a.id), Some(&a.tenant_token), None).await;
         let e = assert_json_error(st, StatusCode::TOO_MANY_REQUESTS, &ct, &body, "stream cap");
         assert!(e.contains("hint streams"), "{e}");
-        assert_eq!(state.read().unwrap().hint_streams.load(Ordering::Relaxed), MAX_HINT_STREAMS);
+        assert_eq!(state.hint_streams.load(Ordering::Relaxed), MAX_HINT_STREAMS);
     }
 
     #[tokio::test]
     async fn config_jobs_are_readable_by_the_operator_only() {
         let state = sample_state();
-        {
-            let mut s = state.write().unwrap();
-            s.hints.ensure_job("cfg-job");
-            s.hints.publish(crate::policy::baseline_hint("cfg-job", 0)).unwrap();
-        }
+        state.hints.ensure_job("cfg-job");
+        state.hints.publish(crate::policy::baseline_hint("cfg-job", 0)).unwrap();
         let a = register(&state, REG_A).await;
         let (st, _, body) = get(state.clone(), "/v1/jobs/cfg-job/hints").await;
         assert_eq!(st, StatusCode::OK, "{body}");

@@ -8,8 +8,8 @@ use axum::{
 use ringside_client::operator::FlowsResponse;
 use serde::Deserialize;
 
-use super::{error, read, views::{events_of, flow_view, status_of}};
-use crate::{auth::Operator, state::SharedState};
+use super::{error, views::{events_of, flow_view, status_of}};
+use crate::{auth::Operator, collector::TOP_FLOWS, view::AgentView};
 
 /// Default and maximum `limit` of `/v1/events`.
 pub const DEFAULT_EVENTS_LIMIT: usize = 100;
@@ -17,7 +17,7 @@ pub const MAX_EVENTS_LIMIT: usize = 1000;
 
 /// Default and maximum `limit` of `/v1/flows`.
 pub const DEFAULT_FLOWS_LIMIT: usize = 20;
-pub const MAX_FLOWS_LIMIT: usize = 1000;
+pub const MAX_FLOWS_LIMIT: usize = TOP_FLOWS;
 
 #[derive(Debug, Deserialize)]
 pub struct FlowsQuery {
@@ -33,7 +33,7 @@ pub fn parse_limit(raw: Option<&str>) -> Result<usize, String> {
     }
 }
 
-pub(super) async fn flows(_: Operator, State(state): State<SharedState>, q: Result<Query<FlowsQuery>, QueryRejection>) -> Response {
+pub(super) async fn flows(_: Operator, State(state): State<AgentView>, q: Result<Query<FlowsQuery>, QueryRejection>) -> Response {
     let q = match q {
         Ok(Query(q)) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid query string: {e}")),
@@ -42,14 +42,11 @@ pub(super) async fn flows(_: Operator, State(state): State<SharedState>, q: Resu
         Ok(l) => l,
         Err(m) => return error(StatusCode::BAD_REQUEST, m),
     };
-    let resp = {
-        let s = read(&state);
-        let now = s.table.last_poll_mono_ns();
-        FlowsResponse {
-            total_flows: s.table.len(),
-            limit,
-            flows: s.table.top_by_bytes(limit).into_iter().map(|e| flow_view(e, &s, now)).collect(),
-        }
+    let t = state.collector();
+    let resp = FlowsResponse {
+        total_flows: t.flows_tracked,
+        limit,
+        flows: t.top_flows.iter().take(limit).map(|e| flow_view(e, &state.attach, t.last_poll_mono_ns)).collect(),
     };
     Json(resp).into_response()
 }
@@ -60,7 +57,7 @@ pub struct EventsQuery {
     limit: Option<String>,
 }
 
-pub(super) async fn events(_: Operator, State(state): State<SharedState>, q: Result<Query<EventsQuery>, QueryRejection>) -> Response {
+pub(super) async fn events(_: Operator, State(state): State<AgentView>, q: Result<Query<EventsQuery>, QueryRejection>) -> Response {
     let q = match q {
         Ok(Query(q)) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid query string: {e}")),
@@ -82,12 +79,12 @@ pub(super) async fn events(_: Operator, State(state): State<SharedState>, q: Res
             }
         },
     };
-    let body = events_of(&read(&state), all, limit);
+    let body = events_of(&state.events(), all, limit);
     Json(body).into_response()
 }
 
-pub(super) async fn status(_: Operator, State(state): State<SharedState>) -> Response {
-    let body = status_of(&read(&state));
+pub(super) async fn status(_: Operator, State(state): State<AgentView>) -> Response {
+    let body = status_of(&state);
     Json(body).into_response()
 }
 

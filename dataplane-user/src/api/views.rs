@@ -1,9 +1,10 @@
-//! How each response of the API is built from the state. The response types themselves are
-//! `ringside_client::operator`'s (one definition, which the CLI decodes).
+//! How each response of the API is built from the stages' snapshots. The response types themselves
+//! are `ringside_client::operator`'s (one definition, which the CLI decodes).
 use crate::{
+    analysis::EventsSnapshot,
     events::Event,
     flow_table::{direction_name, format_addr, kind_name, BurstRecord, FlowEntry, Rates},
-    state::AgentState,
+    view::{AgentView, AttachInfo},
 };
 use dataplane_common::{flow_kind, stats};
 use ringside_client::operator::{
@@ -26,14 +27,14 @@ pub const STATS_NAMES: [(&str, u32); 9] = [
 const _: () = assert!(STATS_NAMES.len() == stats::COUNT as usize, "name every STATS entry");
 
 /// One flow of `/v1/flows`, as of the poll at `now_ns`.
-pub fn flow_view(e: &FlowEntry, state: &AgentState, now_ns: u64) -> FlowView {
+pub fn flow_view(e: &FlowEntry, attach: &AttachInfo, now_ns: u64) -> FlowView {
     let c = &e.totals.counters;
     let k = &e.key;
     let Rates { bytes_per_second, packets_per_second, ewma_bytes_per_second, ewma_packets_per_second, .. } = e.rates;
     let b = &e.bursts;
     let mean = |total: u64| if b.count == 0 { 0.0 } else { total as f64 / b.count as f64 };
     FlowView {
-        interface: state.ifname(k.ifindex),
+        interface: attach.ifname(k.ifindex),
         direction: direction_name(k.direction).to_owned(),
         kind: kind_name(k.kind).to_owned(),
         src_addr: format_addr(&k.src_addr),
@@ -78,8 +79,8 @@ pub fn flow_view(e: &FlowEntry, state: &AgentState, now_ns: u64) -> FlowView {
 }
 
 /// Builds the `/v1/events` body; `all` adds the retained closed events.
-pub fn events_of(s: &AgentState, all: bool, limit: usize) -> EventsResponse {
-    let log = &s.events;
+pub fn events_of(s: &EventsSnapshot, all: bool, limit: usize) -> EventsResponse {
+    let log = &s.log;
     let open = log.open_events().cloned();
     let events: Vec<Event> =
         if all { open.chain(log.recent_closed().cloned()).take(limit).collect() } else { open.take(limit).collect() };
@@ -95,9 +96,11 @@ pub fn events_of(s: &AgentState, all: bool, limit: usize) -> EventsResponse {
 }
 
 /// Builds the `/v1/status` body.
-pub fn status_of(s: &AgentState) -> StatusResponse {
-    let ready = s.readiness();
-    let ds = s.table.dataplane_stats();
+pub fn status_of(view: &AgentView) -> StatusResponse {
+    let ready = view.readiness();
+    let t = view.collector();
+    let s = &*view.attach;
+    let ds = &t.dataplane;
     StatusResponse {
         ready: ready.is_ok(),
         not_ready_reason: ready.err(),
@@ -108,10 +111,10 @@ pub fn status_of(s: &AgentState) -> StatusResponse {
             .collect(),
         pin_dir: s.pin_dir.as_ref().map(|p| p.display().to_string()),
         poll_interval_seconds: s.poll_interval.as_secs_f64(),
-        polls: s.polls,
-        poll_errors: s.poll_errors,
-        last_poll_age_seconds: s.poll_age().map(|d| d.as_secs_f64()),
-        flows_tracked: s.table.len(),
+        polls: t.poll.polls,
+        poll_errors: t.poll.errors,
+        last_poll_age_seconds: t.poll.age().map(|d| d.as_secs_f64()),
+        flows_tracked: t.flows_tracked,
         dataplane: STATS_NAMES.iter().map(|(n, i)| ((*n).to_owned(), ds.get(*i as usize).copied().unwrap_or(0))).collect(),
     }
 }

@@ -117,9 +117,7 @@ mod tests {
 
     #[test]
     fn renders_events() {
-        let state = sample_state();
-        let s = state.read().unwrap();
-        let text = render_events(&api::events_of(&s, true, 10));
+        let text = render_events(&api::events_of(&sample_state().events(), true, 10));
         assert!(text.contains("gray_failure") && text.contains("peer 10.77.0.3 via p1") && text.contains("critical"), "{text}");
         assert!(text.contains("loss=5.00%") && text.contains("1 open"), "{text}");
     }

@@ -66,12 +66,11 @@ mod tests {
     #[test]
     fn renders_flows() {
         let state = sample_state();
-        let s = state.read().unwrap();
-        let now = s.table.last_poll_mono_ns();
+        let t = state.collector();
         let flows = FlowsResponse {
             total_flows: 2,
             limit: 20,
-            flows: s.table.top_by_bytes(20).into_iter().map(|e| api::flow_view(e, &s, now)).collect(),
+            flows: t.top_flows.iter().take(20).map(|e| api::flow_view(e, &state.attach, t.last_poll_mono_ns)).collect(),
         };
         let text = render_flows(&flows);
         assert!(text.contains("10.77.0.1:40000") && text.contains("psn_gaps=5 cnps=7") && text.contains("retrans=3"), "{text}");

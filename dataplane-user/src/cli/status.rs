@@ -61,9 +61,7 @@ mod tests {
 
     #[test]
     fn renders_status() {
-        let state = sample_state();
-        let s = state.read().unwrap();
-        let st = render_status(&api::status_of(&s));
+        let st = render_status(&api::status_of(&sample_state()));
         assert!(st.contains("agent: ready") && st.contains("eth0") && st.contains("matched"), "{st}");
     }
 }

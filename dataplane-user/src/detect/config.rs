@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::bounds::{at_least, at_least_f64, at_most, below, between, in_range, in_range_from, positive};
+use crate::bounds::{at_least, at_least_f64, at_most, below, between, in_range, in_range_from, positive};
 
 /// A bad value of a section: (its key, what is wrong). `ConfigFile::validate` adds the section's
 /// path and finds the line.

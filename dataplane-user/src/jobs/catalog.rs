@@ -14,7 +14,7 @@
 //! - Job ids are random (`j-` + 12 hex digits): an id leaks nothing about other jobs and cannot be
 //!   guessed from a name.
 //! - At most [`MAX_JOBS`] registered jobs; names are unique among them.
-//! - The job set the detection thread uses ([`JobCatalog::job_set`]) lists config-file jobs first,
+//! - The job set the analysis stage uses ([`JobCatalog::job_set`]) lists config-file jobs first,
 //!   then registered jobs in registration order, so a flow belongs to exactly one job.
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -177,7 +177,7 @@ impl JobCatalog {
 
     /// Onboards the config-file jobs: each gets a hint-board channel and the baseline plan, like a
     /// registered job, so the policy plans them and the operator reads their hints.
-    pub fn onboard_config_jobs(&self, board: &mut HintBoard, now_unix_ms: u64) {
+    pub fn onboard_config_jobs(&self, board: &HintBoard, now_unix_ms: u64) {
         for spec in &self.config_jobs {
             board.ensure_job(&spec.name);
             if board.latest(&spec.name).is_none() {
@@ -197,7 +197,7 @@ impl JobCatalog {
         reg: &JobRegistration,
         now_unix_ms: u64,
         pin_dir: Option<&Path>,
-        board: &mut HintBoard,
+        board: &HintBoard,
     ) -> Result<(String, String), RegisterError> {
         let (id, token) = self.register(reg, now_unix_ms)?;
         let keys = self.prefix_keys(&id);
@@ -226,10 +226,10 @@ impl JobCatalog {
 
     /// Removes registered job `id`: ends its hint streams and releases the prefixes nobody else
     /// needs from the kernel trie under `pin_dir`. Returns how many prefixes were released.
-    pub fn remove(&mut self, id: &str, pin_dir: Option<&Path>, board: &mut HintBoard) -> Result<usize, RemoveError> {
+    pub fn remove(&mut self, id: &str, pin_dir: Option<&Path>, board: &HintBoard) -> Result<usize, RemoveError> {
         let keys = self.prefix_keys(id);
         if self.unregister(id).is_none() {
-            return Err(if board.jobs().any(|j| j == id) {
+            return Err(if board.contains(id) {
                 RemoveError::ConfigJob { id: id.to_owned() }
             } else {
                 RemoveError::Unknown { id: id.to_owned() }
@@ -343,7 +343,7 @@ impl JobCatalog {
         self.jobs.get(id).map(|j| &j.spec)
     }
 
-    /// The job set of the detection thread: the config-file jobs (the `[[job]]`s) first, then registered
+    /// The job set of the analysis stage: the config-file jobs (the `[[job]]`s) first, then registered
     /// jobs in registration order. Without `[[job]]`s but with registered jobs, a catch-all
     /// [`DEFAULT_JOB`] comes last, so the operator keeps seeing events for the rest of the traffic.
     pub fn job_set(&self) -> JobSet {

@@ -12,3 +12,13 @@ pub mod windows;
 pub use catalog::{JobCatalog, RegisterError};
 pub use tokens::TokenHash;
 pub use windows::JobSet;
+
+/// The catalog, shared by the API (which registers and removes jobs) and the analysis stage (which
+/// reads the job set once per window). Its mutex guards the catalog alone, nothing else.
+pub type SharedCatalog = std::sync::Arc<std::sync::Mutex<JobCatalog>>;
+
+/// Locks the catalog; a panic elsewhere while it was held leaves a consistent catalog (every
+/// method finishes its change before returning), so the lock is taken anyway.
+pub fn lock(catalog: &SharedCatalog) -> std::sync::MutexGuard<'_, JobCatalog> {
+    catalog.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -3,7 +3,7 @@
 //! [`WindowAccumulator`](crate::flow_table::WindowAccumulator)) becomes one
 //! [`JobWindow`] per job for the detectors.
 //!
-//! Pure functions over the accumulator; the agent's detection thread calls them.
+//! Pure functions over the accumulator; the agent's analysis stage calls them.
 //!
 //! Rules (documented for operators in `ringside.example.toml`):
 //! - a flow's *peer* is its remote end (source of an ingress packet, destination of an egress

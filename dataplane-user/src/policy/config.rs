@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::cost::CostConstants;
-use crate::config::bounds::{at_least, at_least_f64, at_most, below, in_range, in_range_from, positive};
+use crate::bounds::{at_least, at_least_f64, at_most, below, in_range, in_range_from, positive};
 
 /// A bad value: (its key path under `[policy]`, what is wrong). `ConfigFile::validate` adds
 /// `policy.` and finds the line.
