@@ -133,10 +133,10 @@ impl Distribution {
         if values.is_empty() {
             return Self::default();
         }
-        let mut v = values.to_vec();
-        v.sort_by(f64::total_cmp);
-        let pct = |p: f64| v[(((p / 100.0) * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
-        Self { mean: v.iter().sum::<f64>() / v.len() as f64, p50: pct(50.0), p99: pct(99.0) }
+        // The project's one quantile definition (ringside-stats: linear interpolation, type 7).
+        let v = ringside_stats::sorted_finite(values);
+        let pct = |q: f64| ringside_stats::quantile_sorted(&v, q).unwrap_or(0.0);
+        Self { mean: values.iter().sum::<f64>() / values.len() as f64, p50: pct(0.50), p99: pct(0.99) }
     }
 }
 
@@ -388,7 +388,9 @@ mod tests {
     fn distribution_percentiles() {
         let v: Vec<f64> = (1..=100).map(f64::from).collect();
         let d = Distribution::of(&v);
-        assert_eq!((d.p50, d.p99), (50.0, 99.0));
+        // Type 7: p50 halfway between 50 and 51, p99 at 99 + 0.01.
+        assert_eq!(d.p50, 50.5);
+        assert!((d.p99 - 99.01).abs() < 1e-9, "{}", d.p99);
         assert!((d.mean - 50.5).abs() < 1e-9);
     }
 

@@ -366,7 +366,7 @@ pub(crate) fn fill_step_lateness(cfg: &DetectorConfig, peers: &mut [PeerFeatures
         .iter()
         .enumerate()
         .map(|(i, f)| {
-            let mut samples: Vec<f64> = f
+            let samples: Vec<f64> = f
                 .steps
                 .starts
                 .iter()
@@ -384,8 +384,9 @@ pub(crate) fn fill_step_lateness(cfg: &DetectorConfig, peers: &mut [PeerFeatures
             if samples.len() < sc.min_matched_phases.max(1) {
                 return None;
             }
-            samples.sort_by(f64::total_cmp);
-            Some(samples[(samples.len() - 1) / 4])
+            // The lower quartile: at least three quarters of the matched phases show this much
+            // lateness (ringside-stats' one quantile definition).
+            ringside_stats::quantile(&samples, 0.25)
         })
         .collect();
     for (f, l) in peers.iter_mut().zip(lateness) {
