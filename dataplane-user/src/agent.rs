@@ -267,15 +267,13 @@ fn serve(listener: std::net::TcpListener, state: AgentView) -> Result<(), AgentE
         let mut term = signal(SignalKind::terminate()).map_err(AgentError::Runtime)?;
         let mut int = signal(SignalKind::interrupt()).map_err(AgentError::Runtime)?;
         let listener = tokio::net::TcpListener::from_std(listener).map_err(AgentError::Runtime)?;
-        axum::serve(listener, api::router(state))
-            .with_graceful_shutdown(async move {
-                tokio::select! {
-                    _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-                    _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-                }
-            })
-            .await
-            .map_err(AgentError::Serve)
+        let shutdown = async move {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+            }
+        };
+        api::server::serve(listener, api::router(state), api::server::Limits::default(), shutdown).await.map_err(AgentError::Serve)
     })
 }
 

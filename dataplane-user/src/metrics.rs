@@ -158,11 +158,20 @@ metric!(PROCESS_OPEN_FDS, "process_open_fds", Gauge,
 metric!(PROCESS_MAX_FDS, "process_max_fds", Gauge,
     "Maximum number of open file descriptors of the agent process (soft limit; absent when unlimited)");
 
+// --- the HTTP server (api/server.rs) ---
+metric!(HTTP_CONNECTIONS_ACCEPTED, "ringside_http_connections_accepted", Counter,
+    "HTTP connections the agent accepted");
+metric!(HTTP_CONNECTIONS_REFUSED, "ringside_http_connections_refused", Counter,
+    "HTTP connections closed at once because the connection limit was reached");
+metric!(HTTP_CONNECTIONS_OPEN, "ringside_http_connections_open", Gauge,
+    "HTTP connections open now");
+
 /// The process and build metrics, in exposition order (rendered after [`ALL`]).
 #[cfg_attr(not(test), allow(dead_code))] // the catalogue the tests check names and help against
 pub const PROCESS_ALL: &[&Metric] = &[
     &BUILD_INFO, &PROCESS_CPU_SECONDS, &PROCESS_RESIDENT_MEMORY, &PROCESS_VIRTUAL_MEMORY,
     &PROCESS_START_TIME, &PROCESS_OPEN_FDS, &PROCESS_MAX_FDS,
+    &HTTP_CONNECTIONS_ACCEPTED, &HTTP_CONNECTIONS_REFUSED, &HTTP_CONNECTIONS_OPEN,
 ];
 
 /// Every job-scoped metric (`GET /v1/jobs/{id}/metrics`), in exposition order.
@@ -486,6 +495,15 @@ fn process_families() -> Vec<Family> {
             out.push(Family { metric: &PROCESS_MAX_FDS, series: p.max_fds.map(|m| (Vec::new(), Value::Count(m))).into_iter().collect() });
         }
         Err(e) => tracing::debug!("process metrics left out of this scrape: {e}"),
+    }
+    let http = &crate::api::server::STATS;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    for (metric, value) in [
+        (&HTTP_CONNECTIONS_ACCEPTED, load(&http.accepted)),
+        (&HTTP_CONNECTIONS_REFUSED, load(&http.refused)),
+        (&HTTP_CONNECTIONS_OPEN, load(&http.open)),
+    ] {
+        out.push(Family { metric, series: vec![(Vec::new(), Value::Count(value))] });
     }
     out
 }

@@ -23,6 +23,7 @@
 //! - this module: the router, the open endpoints, errors and the shared helpers.
 mod job_handlers;
 mod operator_handlers;
+pub(crate) mod server;
 mod views;
 
 use std::time::Duration;
