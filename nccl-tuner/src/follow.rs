@@ -46,8 +46,11 @@ pub const STOP_WAIT: Duration = Duration::from_secs(5);
 pub enum FollowError {
     #[error("{JOB_URL_ENV} is set but {TOKEN_ENV} is not: set {TOKEN_ENV} to the job's tenant token")]
     MissingToken,
-    #[error("{JOB_URL_ENV}: {0}; set it to the job's url, http://HOST:PORT/v1/jobs/ID")]
+    #[error("{JOB_URL_ENV}: {0}; set it to the job's url, http://HOST:PORT/v1/jobs/ID (or https://)")]
     BadUrl(#[source] ClientError),
+    /// `RINGSIDE_CA_FILE` (for an `https://` agent) cannot be used.
+    #[error("{0}")]
+    Tls(#[source] ClientError),
     #[error("cannot start the hint thread: {0}")]
     Thread(#[source] std::io::Error),
 }
@@ -59,7 +62,10 @@ pub fn job_from_env() -> Result<Option<JobClient>, FollowError> {
     };
     let token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.trim().is_empty()).ok_or(FollowError::MissingToken)?;
     let config = ClientConfig { connect_timeout: REQUEST_TIMEOUT / 2, request_timeout: REQUEST_TIMEOUT, ..ClientConfig::default() };
-    JobClient::with_config(url.trim(), token.trim(), config).map(Some).map_err(FollowError::BadUrl)
+    JobClient::with_config(url.trim(), token.trim(), config).map(Some).map_err(|e| match e {
+        ClientError::CaFile { .. } => FollowError::Tls(e),
+        e => FollowError::BadUrl(e),
+    })
 }
 
 pub fn unix_ms() -> u64 {

@@ -64,10 +64,14 @@ fn no_agent_reachable_leaves_defaults_in_every_version() {
 #[test]
 fn missing_or_bad_settings_are_logged_and_leave_defaults() {
     let rig = Rig::new();
-    let cases: [(&[(&str, &str)], &str); 4] = [
+    let cases: [(&[(&str, &str)], &str); 5] = [
         (&[], "RINGSIDE_JOB_URL is not set: NCCL's defaults apply"),
         (&[("RINGSIDE_JOB_URL", "http://127.0.0.1:9/v1/jobs/j-1")], "RINGSIDE_JOB_URL is set but RINGSIDE_TOKEN is not: set RINGSIDE_TOKEN"),
-        (&[("RINGSIDE_JOB_URL", "https://agent:9464/v1/jobs/j-1"), ("RINGSIDE_TOKEN", "t")], "https is not supported"),
+        (&[("RINGSIDE_JOB_URL", "ftp://agent:9464/v1/jobs/j-1"), ("RINGSIDE_TOKEN", "t")], "set it to the job's url"),
+        (
+            &[("RINGSIDE_JOB_URL", "https://agent:9464/v1/jobs/j-1"), ("RINGSIDE_TOKEN", "t"), ("RINGSIDE_CA_FILE", "/nonexistent/ringside-ca.pem")],
+            "cannot use the CA file \"/nonexistent/ringside-ca.pem\"",
+        ),
         (&[("RINGSIDE_JOB_URL", "agent:9464/v1/jobs/j-1"), ("RINGSIDE_TOKEN", "t")], "set it to the job's url, http://HOST:PORT/v1/jobs/ID"),
     ];
     for (env, says) in cases {
