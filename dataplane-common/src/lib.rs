@@ -42,9 +42,14 @@ pub mod programs {
     pub const NOOP: &str = "noop";
 }
 
-/// Capacity of `FLOWS` and `FLOW_STATE` (entries). LRU maps evict the least recently used flow when
-/// full; an eviction of a live flow is counted in `STATS[MAP_FULL]` when the update itself fails.
+/// Capacity of `FLOWS` and `FLOW_STATE` (entries) compiled into the object: the default. The
+/// loader may set another capacity at load time (`kernel_max_flows`, `EbpfLoader::map_max_entries`),
+/// up to [`KERNEL_MAX_FLOWS_LIMIT`]. LRU maps evict the least recently used flow when full; an
+/// eviction of a live flow is counted in `STATS[MAP_FULL]` when the update itself fails.
 pub const MAX_FLOWS: u32 = 16_384;
+/// Largest capacity a loader may give `FLOWS` and `FLOW_STATE`; also the bound of user-space walks
+/// over `FLOWS`. At 1 Mi entries `FLOWS` alone takes about 1 Mi × (CPUs × 176 + 100) bytes.
+pub const KERNEL_MAX_FLOWS_LIMIT: u32 = 1 << 20;
 /// Capacity of the `MATCH_PREFIXES` LPM trie.
 pub const MAX_PREFIXES: u32 = 256;
 /// Size of the `EVENTS` ring buffer in bytes (a power of two and a multiple of the page size).

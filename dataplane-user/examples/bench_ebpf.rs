@@ -11,6 +11,11 @@
 //! the "existing flow, same burst" path that dominates real traffic (for TCP the repeated sequence
 //! number also exercises the retransmission branch, for RoCEv2 the out-of-order branch).
 //!
+//! Flows resident: before measuring, `FLOWS` and `FLOW_STATE` (sized `--map-entries` at load time)
+//! are filled from user space with other flows, to each level of `--resident` in turn (default
+//! 1k, 10k, 100k); every level is measured in its own interleaved rounds. The hash lookups then
+//! walk a map whose buckets and elements no longer all sit in the cache, as on a busy host.
+//!
 //! A/B comparisons of builds: give `--object PATH` several times; every object's `flowmon` and
 //! `noop` then run interleaved in the same rounds, and each object's delta is reported (the
 //! machine is shared and noisy: only deltas measured in the same run are comparable).
@@ -21,12 +26,12 @@ use std::{fs, path::PathBuf};
 
 use anyhow::{bail, Context, Result};
 use aya::{
-    maps::{Array, MapData},
+    maps::{Array, HashMap, MapData, PerCpuHashMap, PerCpuValues},
     programs::SchedClassifier,
     EbpfLoader,
 };
 use clap::Parser;
-use dataplane_common::{maps, programs, wire, Config, PortRange};
+use dataplane_common::{direction, flow_kind, maps, programs, wire, BurstState, Config, FlowKey, FlowState, FlowStats, PortRange};
 use ringside_test_support::{
     frames,
     testrun::{self, SkbContext},
@@ -50,6 +55,13 @@ struct Args {
     /// several builds in the same interleaved rounds.
     #[arg(long)]
     object: Vec<PathBuf>,
+    /// Other flows resident in `FLOWS` and `FLOW_STATE` while measuring, comma-separated levels
+    /// (each measured in turn, maps filled incrementally).
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000u32, 10_000, 100_000])]
+    resident: Vec<u32>,
+    /// Capacity of `FLOWS` and `FLOW_STATE` set at load time (must exceed the largest level).
+    #[arg(long, default_value_t = 131_072)]
+    map_entries: u32,
 }
 
 struct Case {
@@ -59,7 +71,7 @@ struct Case {
     target_ns: f64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Clone)]
 struct CaseReport {
     case: &'static str,
     frame_bytes: usize,
@@ -88,9 +100,52 @@ struct Report {
     /// With several `--object`s: every object's results, in the order given.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     variants: Vec<VariantReport>,
+    /// Capacity of `FLOWS` and `FLOW_STATE` in this run.
+    map_entries: u32,
+    /// The kernel's memory accounting (`memlock` in /proc/self/fdinfo) of the first object's
+    /// `FLOWS` and `FLOW_STATE` at that capacity: what an operator sizing the maps pays.
+    map_memory: Vec<MapMemory>,
+    /// One entry per `--resident` level: every object's results with that many other flows in
+    /// the maps (`cases` / `variants` above are the first level's).
+    levels: Vec<LevelReport>,
+}
+
+#[derive(Serialize, Clone)]
+struct MapMemory {
+    /// BPF_MAP_TYPE_* number (9 LRU hash, 10 LRU per-CPU hash).
+    map_type: u32,
+    max_entries: u32,
+    value_size: u32,
+    memlock_bytes: u64,
+}
+
+/// The hash maps of this process with `max_entries` entries, as the kernel accounts them.
+fn map_memory(max_entries: u32) -> Vec<MapMemory> {
+    let mut out = Vec::new();
+    let Ok(dir) = fs::read_dir("/proc/self/fdinfo") else { return out };
+    for e in dir.flatten() {
+        let Ok(text) = fs::read_to_string(e.path()) else { continue };
+        let field = |name: &str| {
+            text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok()))
+        };
+        if let (Some(t), Some(n), Some(v), Some(m)) = (field("map_type:"), field("max_entries:"), field("value_size:"), field("memlock:")) {
+            if n == u64::from(max_entries) && (t == 9 || t == 10) {
+                out.push(MapMemory { map_type: t as u32, max_entries: n as u32, value_size: v as u32, memlock_bytes: m });
+            }
+        }
+    }
+    out.sort_by_key(|m| m.map_type);
+    out.dedup_by_key(|m| m.map_type);
+    out
 }
 
 #[derive(Serialize)]
+struct LevelReport {
+    flows_resident: u32,
+    variants: Vec<VariantReport>,
+}
+
+#[derive(Serialize, Clone)]
 struct VariantReport {
     object: String,
     cases: Vec<CaseReport>,
@@ -101,13 +156,15 @@ fn loadavg() -> String {
 }
 
 /// Loads an object (or the embedded one), loads both programs and writes the benchmark config.
-fn load(object: Option<&PathBuf>, config: Config) -> Result<aya::Ebpf> {
+fn load(object: Option<&PathBuf>, config: Config, map_entries: u32) -> Result<aya::Ebpf> {
+    let mut loader = EbpfLoader::new();
+    loader.map_max_entries(maps::FLOWS, map_entries).map_max_entries(maps::FLOW_STATE, map_entries);
     let mut ebpf = match object {
-        Some(path) => EbpfLoader::new().load_file(path).with_context(|| format!("load {}", path.display()))?,
+        Some(path) => loader.load_file(path).with_context(|| format!("load {}", path.display()))?,
         None => {
             let object = dataplane_user::object::flowmon_object()
                 .context("set RINGSIDE_EBPF_OBJECT to the built flowmon object")?;
-            EbpfLoader::new().load(object).context("load the flowmon object")?
+            loader.load(object).context("load the flowmon object")?
         }
     };
     for name in [programs::FLOWMON, programs::NOOP] {
@@ -121,10 +178,67 @@ fn load(object: Option<&PathBuf>, config: Config) -> Result<aya::Ebpf> {
 
 const NCCL_PORT: u16 = 29500;
 
+/// The `i`-th resident flow: 10.200.0.0/16 → 10.201.0.0/16 on ports 30000+, disjoint from the
+/// measured cases' flows (10.0.0.1 ↔ 10.0.0.2), with the ifindex the cases run with.
+fn resident_key(i: u32, ifindex: u32) -> FlowKey {
+    let mapped = |net: u8, i: u32| {
+        let mut a = [0u8; 16];
+        a[10] = 0xff;
+        a[11] = 0xff;
+        a[12] = 10;
+        a[13] = net;
+        a[14] = (i >> 8) as u8;
+        a[15] = i as u8;
+        a
+    };
+    FlowKey {
+        src_addr: mapped(200, i & 0xffff),
+        dst_addr: mapped(201, i & 0xffff),
+        src_port: 30_000 + (i >> 16) as u16,
+        dst_port: NCCL_PORT,
+        ifindex,
+        protocol: 6,
+        direction: direction::INGRESS,
+        kind: flow_kind::TCP,
+        _pad: 0,
+    }
+}
+
+/// Inserts resident flows `from..to` into every object's `FLOWS` (all CPUs' copies) and
+/// `FLOW_STATE`, with values a live flow would have.
+fn fill(ebpf: &mut aya::Ebpf, from: u32, to: u32, ifindex: u32) -> Result<()> {
+    let ncpus = aya::util::nr_cpus().map_err(|(_, e)| e).context("count CPUs")?;
+    let stats = FlowStats { packets: 10, bytes: 15_000, payload_bytes: 14_480, first_seen_ns: 1, last_seen_ns: 2, ..Default::default() };
+    {
+        let mut flows: PerCpuHashMap<&mut MapData, FlowKey, FlowStats> =
+            PerCpuHashMap::try_from(ebpf.map_mut(maps::FLOWS).context("FLOWS")?)?;
+        for i in from..to {
+            let values = PerCpuValues::try_from(vec![stats; ncpus])?;
+            flows.insert(resident_key(i, ifindex), values, 0).with_context(|| format!("insert resident flow {i} into FLOWS"))?;
+        }
+    }
+    let state = FlowState { burst: BurstState { start_ns: 1, last_ns: 2, bytes: 15_000, packets: 10 }, ..Default::default() };
+    let mut st: HashMap<&mut MapData, FlowKey, FlowState> = HashMap::try_from(ebpf.map_mut(maps::FLOW_STATE).context("FLOW_STATE")?)?;
+    for i in from..to {
+        st.insert(resident_key(i, ifindex), state, 0).with_context(|| format!("insert resident flow {i} into FLOW_STATE"))?;
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     if args.rounds == 0 || args.repeat == 0 {
         bail!("--rounds and --repeat must be at least 1");
+    }
+    let mut levels = args.resident.clone();
+    levels.sort_unstable();
+    levels.dedup();
+    match levels.last() {
+        None => bail!("--resident needs at least one level (e.g. --resident 0)"),
+        Some(&top) if top > 0x7f_ffff || top + 1024 > args.map_entries => {
+            bail!("--resident {top} does not fit: give --map-entries above {} (and at most 8388607 flows)", top + 1024)
+        }
+        _ => {}
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -139,7 +253,7 @@ fn main() -> Result<()> {
     let mut loaded = Vec::new();
     for o in &objects {
         let label = o.map_or_else(|| "embedded".to_string(), |p| p.display().to_string());
-        loaded.push((label, load(*o, config)?));
+        loaded.push((label, load(*o, config, args.map_entries)?));
     }
 
     // SAFETY: sched_getcpu has no preconditions.
@@ -152,79 +266,103 @@ fn main() -> Result<()> {
         Case {
             name: "tcp_matched",
             frame: frames::tcp4(a, b, 40000, NCCL_PORT, 1, 1, wire::TCP_ACK | wire::TCP_PSH, 0x02, &[0x5a; 1448]),
-            target_ns: 100.0,
+            target_ns: 50.0,
         },
         Case {
             name: "rocev2_matched",
             frame: frames::rocev2_4(a, b, 50000, wire::bth_opcode::RC_RDMA_WRITE_MIDDLE, 0x11, 7, &[], &[0xab; 1024]),
-            target_ns: 100.0,
+            target_ns: 50.0,
         },
         Case {
             name: "unmatched",
             frame: frames::tcp4(a, b, 22, 40000, 1, 1, wire::TCP_ACK | wire::TCP_PSH, 0, &[0x5a; 1448]),
-            target_ns: 20.0,
+            target_ns: 10.0,
         },
     ];
 
-    let mut progs: Vec<(&SchedClassifier, &SchedClassifier)> = Vec::new();
-    for (_, ebpf) in &loaded {
-        let flowmon: &SchedClassifier = ebpf.program(programs::FLOWMON).unwrap().try_into()?;
-        let noop: &SchedClassifier = ebpf.program(programs::NOOP).unwrap().try_into()?;
-        progs.push((flowmon, noop));
-    }
     let ctx = SkbContext::ingress();
-    let measure = |prog: &SchedClassifier, frame: &[u8]| -> Result<u32> {
-        let out = testrun::run(prog, frame, Some(&ctx), args.repeat)?;
-        Ok(out.duration.as_nanos() as u32)
-    };
-    // Warm up: create the flows, fault in the maps, settle the CPU frequency.
-    for &(flowmon, noop) in &progs {
-        for c in &cases {
-            measure(flowmon, &c.frame)?;
-            measure(noop, &c.frame)?;
+    let nv = loaded.len();
+    let mut level_reports = Vec::new();
+    let mut filled = 0u32;
+    for &level in &levels {
+        for (_, ebpf) in loaded.iter_mut() {
+            fill(ebpf, filled, level, testrun::LOOPBACK_IFINDEX)?;
         }
-    }
-
-    let nv = progs.len();
-    // [variant][case] -> one sample per round
-    let mut noop_ns = vec![vec![Vec::new(); cases.len()]; nv];
-    let mut flowmon_ns = vec![vec![Vec::new(); cases.len()]; nv];
-    for round in 0..args.rounds {
-        for (i, c) in cases.iter().enumerate() {
-            for k in 0..nv {
-                // Rotate the variants and alternate the program order each round, so no variant
-                // and neither program always runs on a warmer cache.
-                let v = (k + round) % nv;
-                let (flowmon, noop) = progs[v];
-                if round % 2 == 0 {
-                    noop_ns[v][i].push(measure(noop, &c.frame)?);
-                    flowmon_ns[v][i].push(measure(flowmon, &c.frame)?);
-                } else {
-                    flowmon_ns[v][i].push(measure(flowmon, &c.frame)?);
-                    noop_ns[v][i].push(measure(noop, &c.frame)?);
+        filled = level;
+        let mut progs: Vec<(&SchedClassifier, &SchedClassifier)> = Vec::new();
+        for (_, ebpf) in &loaded {
+            let flowmon: &SchedClassifier = ebpf.program(programs::FLOWMON).unwrap().try_into()?;
+            let noop: &SchedClassifier = ebpf.program(programs::NOOP).unwrap().try_into()?;
+            progs.push((flowmon, noop));
+        }
+        let measure = |prog: &SchedClassifier, frame: &[u8]| -> Result<u32> {
+            let out = testrun::run(prog, frame, Some(&ctx), args.repeat)?;
+            Ok(out.duration.as_nanos() as u32)
+        };
+        // Warm up: create the flows, fault in the maps, settle the CPU frequency.
+        for &(flowmon, noop) in &progs {
+            for c in &cases {
+                measure(flowmon, &c.frame)?;
+                measure(noop, &c.frame)?;
+            }
+        }
+        // [variant][case] -> one sample per round
+        let mut noop_ns = vec![vec![Vec::new(); cases.len()]; nv];
+        let mut flowmon_ns = vec![vec![Vec::new(); cases.len()]; nv];
+        for round in 0..args.rounds {
+            for (i, c) in cases.iter().enumerate() {
+                for k in 0..nv {
+                    // Rotate the variants and alternate the program order each round, so no variant
+                    // and neither program always runs on a warmer cache.
+                    let v = (k + round) % nv;
+                    let (flowmon, noop) = progs[v];
+                    if round % 2 == 0 {
+                        noop_ns[v][i].push(measure(noop, &c.frame)?);
+                        flowmon_ns[v][i].push(measure(flowmon, &c.frame)?);
+                    } else {
+                        flowmon_ns[v][i].push(measure(flowmon, &c.frame)?);
+                        noop_ns[v][i].push(measure(noop, &c.frame)?);
+                    }
                 }
             }
         }
+        let variants: Vec<VariantReport> = loaded
+            .iter()
+            .enumerate()
+            .map(|(v, (label, _))| VariantReport { object: label.clone(), cases: case_reports(&cases, &noop_ns[v], &flowmon_ns[v]) })
+            .collect();
+        level_reports.push(LevelReport { flows_resident: level, variants });
     }
 
-    let mut variants = Vec::new();
-    for (v, (label, _)) in loaded.iter().enumerate() {
-        variants.push(VariantReport { object: label.clone(), cases: case_reports(&cases, &noop_ns[v], &flowmon_ns[v]) });
-    }
-
-    println!("flowmon vs noop, BPF_PROG_TEST_RUN, repeat {} x {} rounds, CPU {cpu} (median ns/packet)", args.repeat, args.rounds);
+    println!(
+        "flowmon vs noop, BPF_PROG_TEST_RUN, repeat {} x {} rounds, CPU {cpu}, maps sized {} (median ns/packet)",
+        args.repeat, args.rounds, args.map_entries
+    );
     println!("loadavg before: {loadavg_before}");
-    for v in &variants {
-        if nv > 1 {
-            println!("object {}", v.object);
+    for l in &level_reports {
+        for v in &l.variants {
+            println!("{} other flows resident{}", l.flows_resident, if nv > 1 { format!(", object {}", v.object) } else { String::new() });
+            print_table(&v.cases);
         }
-        print_table(&v.cases);
     }
     let loadavg_after = loadavg();
     println!("loadavg after:  {loadavg_after}");
+    let map_memory = map_memory(args.map_entries);
+    for m in &map_memory {
+        let name = if m.map_type == 10 { "FLOWS (LRU per-CPU hash)" } else { "FLOW_STATE (LRU hash)" };
+        println!(
+            "{name}: {} entries, value {} bytes: {:.1} MiB ({:.0} bytes per entry) on {} CPUs",
+            m.max_entries,
+            m.value_size,
+            m.memlock_bytes as f64 / (1 << 20) as f64,
+            m.memlock_bytes as f64 / f64::from(m.max_entries),
+            aya::util::nr_cpus().unwrap_or(0)
+        );
+    }
 
     let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
-    let cases_first = case_reports(&cases, &noop_ns[0], &flowmon_ns[0]);
+    let variants = level_reports.first().context("no level measured")?.variants.clone();
+    let cases_first = variants[0].cases.clone();
     let report = Report {
         tool: "bench_ebpf",
         kernel,
@@ -235,6 +373,9 @@ fn main() -> Result<()> {
         loadavg_after,
         cases: cases_first,
         variants: if nv > 1 { variants } else { Vec::new() },
+        map_entries: args.map_entries,
+        map_memory,
+        levels: level_reports,
     };
     if let Some(dir) = args.out.parent() {
         fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;

@@ -88,6 +88,8 @@ pub struct AgentSettings {
     pub operator_tokens: OperatorTokens,
     /// `ebpf_debug_log` / `--ebpf-debug-log`: sets `config_flags::DEBUG_LOG` in the kernel config.
     pub ebpf_debug_log: bool,
+    /// `kernel_max_flows`: capacity of the kernel maps `FLOWS` and `FLOW_STATE`.
+    pub kernel_max_flows: u32,
 }
 
 /// Where the operator tokens come from: an API setting, resolved from `[api] operator_tokens_file`
@@ -129,7 +131,7 @@ impl AgentSettings {
                 idle_timeout: Duration::from_secs(
                     args.flow_idle_timeout_secs.or(file.flow_idle_timeout_secs).unwrap_or(config::DEFAULT_FLOW_IDLE_TIMEOUT_SECS),
                 ),
-                max_flows: file.max_flows.unwrap_or(config::DEFAULT_MAX_FLOWS),
+                max_flows: file.max_flows.unwrap_or(file.kernel_max_flows.map_or(config::DEFAULT_MAX_FLOWS, |n| n as usize)),
                 max_peers: file.max_peers.unwrap_or(config::DEFAULT_MAX_PEERS),
                 burst_history: file.burst_history.unwrap_or(config::DEFAULT_BURST_HISTORY),
                 ewma_tau: Duration::from_millis(file.ewma_tau_ms.unwrap_or(config::DEFAULT_EWMA_TAU_MS)),
@@ -146,6 +148,7 @@ impl AgentSettings {
                 None => OperatorTokens::Generated { state_dir },
             },
             ebpf_debug_log: args.ebpf_debug_log || file.ebpf_debug_log.unwrap_or(false),
+            kernel_max_flows: file.kernel_max_flows.unwrap_or(config::DEFAULT_MAX_FLOWS as u32),
         })
     }
 }
@@ -197,6 +200,7 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
         keep_pins: settings.keep_pins,
         config: kernel_config,
         prefixes: settings.matching.prefix_keys(),
+        kernel_max_flows: settings.kernel_max_flows,
     })?;
     let kernel_maps = KernelMaps::new(
         attachment.take_map(maps::FLOWS)?,

@@ -24,7 +24,7 @@ use std::{
 };
 
 use aya::maps::{Map, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf};
-use dataplane_common::{maps, Event, FlowKey, FlowStats, MAX_FLOWS};
+use dataplane_common::{maps, Event, FlowKey, FlowStats, KERNEL_MAX_FLOWS_LIMIT as MAX_FLOWS};
 use tokio::sync::watch;
 use zerocopy::FromBytes as _;
 

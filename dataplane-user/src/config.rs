@@ -29,8 +29,10 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/ringside";
 pub const DEFAULT_FLOW_IDLE_TIMEOUT_SECS: u64 = 60;
 /// Default burst gap: the kernel default, 1 ms.
 pub const DEFAULT_BURST_GAP_US: u64 = dataplane_common::DEFAULT_BURST_GAP_NS / 1_000;
-/// Default cap on flows held by the agent (the kernel map's capacity).
+/// Default cap on flows held by the agent and default capacity of the kernel maps.
 pub const DEFAULT_MAX_FLOWS: usize = dataplane_common::MAX_FLOWS as usize;
+/// Smallest `kernel_max_flows`: below this, LRU maps spread over CPUs evict live flows constantly.
+pub const MIN_KERNEL_MAX_FLOWS: u32 = 256;
 /// Default cap on distinct peers with their own metric series; further peers share `peer="other"`.
 pub const DEFAULT_MAX_PEERS: usize = 256;
 /// Default number of ended bursts remembered per flow.
@@ -58,8 +60,11 @@ pub struct ConfigFile {
     pub flow_idle_timeout_secs: Option<u64>,
     /// Idle gap that ends a burst, in microseconds, default 1000.
     pub burst_gap_us: Option<u64>,
-    /// Cap on flows in the agent's table, default 16384.
+    /// Cap on flows in the agent's table, default `kernel_max_flows`.
     pub max_flows: Option<usize>,
+    /// Capacity of the kernel maps `FLOWS` and `FLOW_STATE` (entries), set at load time, default
+    /// 16384, at most 1048576. Memory: see the operator guide's "Sizing the kernel maps".
+    pub kernel_max_flows: Option<u32>,
     /// Cap on peers with their own metric series, default 256.
     pub max_peers: Option<usize>,
     /// Ended bursts remembered per flow, default 32.
@@ -404,6 +409,12 @@ impl ConfigFile {
             }
         }
         nonzero(self.max_flows.map(|v| v as u64)).map_err(top("max_flows"))?;
+        if let Some(n) = self.kernel_max_flows {
+            let (lo, hi) = (MIN_KERNEL_MAX_FLOWS, dataplane_common::KERNEL_MAX_FLOWS_LIMIT);
+            if !(lo..=hi).contains(&n) {
+                return Err(BadValue::at(&[Seg::Key("kernel_max_flows")], format!("{n} is out of range: give {lo} to {hi} entries (default {DEFAULT_MAX_FLOWS})")));
+            }
+        }
         nonzero(self.max_peers.map(|v| v as u64)).map_err(top("max_peers"))?;
         nonzero(self.burst_history.map(|v| v as u64)).map_err(top("burst_history"))?;
         nonzero(self.ewma_tau_ms).map_err(top("ewma_tau_ms"))?;
@@ -702,6 +713,14 @@ mod tests {
     }
 
     #[test]
+    fn kernel_max_flows_range() {
+        assert_eq!(parse("kernel_max_flows = 131072\n").unwrap().kernel_max_flows, Some(131_072));
+        assert_eq!(parse("kernel_max_flows = 256\n").unwrap().kernel_max_flows, Some(256));
+        let e = parse("listen = \"127.0.0.1:1\"\nkernel_max_flows = 100\n").unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("kernel_max_flows") && e.contains("256 to 1048576"), "{e}");
+    }
+
+    #[test]
     fn example_file_parses() {
         let text = include_str!("../ringside.example.toml");
         let f = parse(text).unwrap();
@@ -711,6 +730,7 @@ mod tests {
         assert_eq!(f.flow_idle_timeout_secs, Some(DEFAULT_FLOW_IDLE_TIMEOUT_SECS));
         assert_eq!(f.burst_gap_us, Some(DEFAULT_BURST_GAP_US));
         assert_eq!(f.max_flows, Some(DEFAULT_MAX_FLOWS));
+        assert_eq!(f.kernel_max_flows, Some(DEFAULT_MAX_FLOWS as u32));
         assert_eq!(f.max_peers, Some(DEFAULT_MAX_PEERS));
         assert_eq!(f.burst_history, Some(DEFAULT_BURST_HISTORY));
         assert_eq!(f.ewma_tau_ms, Some(DEFAULT_EWMA_TAU_MS));
@@ -803,6 +823,9 @@ mod tests {
             ("", "burst_gap_us = 0", "burst_gap_us"),
             ("", "burst_gap_us = 20000", "burst_gap_us"),
             ("", "max_flows = 0", "max_flows"),
+            ("", "kernel_max_flows = 0", "kernel_max_flows"),
+            ("", "kernel_max_flows = 2000000", "kernel_max_flows"),
+            ("", "kernel_max_flows = -1", "kernel_max_flows"),
             ("", "max_peers = 0", "max_peers"),
             ("", "burst_history = 0", "burst_history"),
             ("", "ewma_tau_ms = 0", "ewma_tau_ms"),

@@ -178,6 +178,8 @@ pub struct AttachRequest {
     pub keep_pins: bool,
     pub config: dataplane_common::Config,
     pub prefixes: Vec<PrefixKey>,
+    /// Capacity of `FLOWS` and `FLOW_STATE`, set at load time (config `kernel_max_flows`).
+    pub kernel_max_flows: u32,
 }
 
 /// The loaded object, attached to interfaces, with pinned maps. Dropping it detaches.
@@ -219,7 +221,11 @@ impl Attachment {
             torn_down: false,
         };
         a.prepare_pin_dir()?;
-        let ebpf = EbpfLoader::new().load(bytes).map_err(LoaderError::Load)?;
+        let ebpf = EbpfLoader::new()
+            .map_max_entries(maps::FLOWS, req.kernel_max_flows)
+            .map_max_entries(maps::FLOW_STATE, req.kernel_max_flows)
+            .load(bytes)
+            .map_err(LoaderError::Load)?;
         let ebpf = a.ebpf.insert(ebpf);
         write_config(ebpf, &req.config, &req.prefixes)?;
         if req.config.flags & config_flags::DEBUG_LOG != 0 {

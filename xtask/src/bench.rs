@@ -11,6 +11,9 @@ pub enum Which {
     /// Allreduce busbw (nccl-tests definition) of ring/tree/rhd on a 4-host star, 1 KiB..64 MiB,
     /// next to iperf3 point-to-point and OpenMPI's MPI_Allreduce on the same rig; codec GB/s.
     Collectives(crate::bench_collectives::Opts),
+    /// iperf3 throughput between two namespaces with the agent's monitor attached vs detached,
+    /// alternated in one run; share of throughput lost (target ≤ 2 %).
+    Overhead(crate::bench_overhead::Opts),
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -25,5 +28,6 @@ pub fn run(which: Which) -> Result<()> {
             sh(&mut cmd)
         }
         Which::Collectives(opts) => crate::bench_collectives::run(opts),
+        Which::Overhead(opts) => crate::bench_overhead::run(opts),
     }
 }
