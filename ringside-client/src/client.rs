@@ -24,7 +24,8 @@
 //!   on. An `Err` that ends the stream (401/403, a 404 before any hint, giving up) is always the
 //!   last item: the next call to `next()` returns `None`.
 //! - The token only travels in the `Authorization` header; it never appears in errors or logs.
-//! - Plain `http://` only: this build has no TLS.
+//! - `http://` and `https://` (rustls; the Mozilla roots, or only the CA certificates of
+//!   `RINGSIDE_CA_FILE` / [`ClientConfig::ca_file`]): an untrusted certificate fails before anything is sent.
 //!
 //! SSE framing assumed (the agent's): `event: hint`, `id: <version>`, `data: <Hint JSON>` and a
 //! blank line per event; lines starting with `:` are comments. Multi-line `data` is joined with
