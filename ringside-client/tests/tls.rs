@@ -17,7 +17,11 @@ use support::canned::{hint_json, within};
 /// returns its base URL, the CA file that trusts it, and the request lines it saw.
 fn serve_tls(body: String, connections: usize) -> (String, std::path::PathBuf, Arc<Mutex<Vec<String>>>) {
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).expect("a self-signed certificate");
-    let dir = std::env::temp_dir().join(format!("ringside-client-tls-{}-{}", std::process::id(), connections));
+    // One directory per server: tests run in parallel, and a shared ca.pem would be overwritten by
+    // another test's certificate.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("ringside-client-tls-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let ca = dir.join("ca.pem");
     std::fs::write(&ca, cert.cert.pem()).unwrap();
@@ -73,7 +77,9 @@ fn config(ca_file: Option<std::path::PathBuf>) -> ClientConfig {
 fn https_with_the_providers_ca_reads_hints() {
     within(20, || {
         let (base, ca, seen) = serve_tls(hint_json(4), 1);
-        let c = JobClient::with_config(&format!("{base}/v1/jobs/j1"), "tenant-secret", config(Some(ca))).unwrap();
+        let c = JobClient::with_config(&format!("{base}/v1/jobs/j1"), "tenant-secret", config(Some(ca.clone()))).unwrap();
+        // The client read the CA file when it was built.
+        let _ = std::fs::remove_dir_all(ca.parent().unwrap());
         let h = c.hint().unwrap();
         assert_eq!((h.version, h.algorithm), (4, Algorithm::Tree));
         assert_eq!(seen.lock().unwrap().as_slice(), ["GET /v1/jobs/j1/hints HTTP/1.1"]);
@@ -84,7 +90,8 @@ fn https_with_the_providers_ca_reads_hints() {
 fn https_with_an_untrusted_certificate_is_refused() {
     within(20, || {
         // The Mozilla roots do not trust this run's self-signed certificate.
-        let (base, _ca, seen) = serve_tls(hint_json(4), 1);
+        let (base, ca, seen) = serve_tls(hint_json(4), 1);
+        let _ = std::fs::remove_dir_all(ca.parent().unwrap());
         let c = JobClient::with_config(&format!("{base}/v1/jobs/j1"), "tenant-secret", config(None)).unwrap();
         let e = c.hint().unwrap_err();
         assert!(matches!(e, ClientError::Transport { .. }), "{e}");
