@@ -10,7 +10,7 @@ use std::{
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
     process::{Child, Command},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use ringside_client::{operator::FlowView, ClientError, FlowsResponse, JobClient, JobRegistration, OperatorClient, StatusResponse};
@@ -43,18 +43,7 @@ impl AgentProcess {
     /// SIGTERM, then wait up to 10 s; returns whether it exited successfully.
     fn stop(&mut self) -> bool {
         let Some(mut child) = self.child.take() else { return false };
-        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = child.try_wait() {
-                return status.success();
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        false
+        support::stop_child(&mut child, Duration::from_secs(10))
     }
 }
 

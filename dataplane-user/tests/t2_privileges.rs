@@ -117,17 +117,7 @@ impl Agent {
     /// SIGTERM, then up to 10 s; whether it exited successfully.
     fn stop(&mut self) -> bool {
         let Some(mut child) = self.0.take() else { return false };
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = child.try_wait() {
-                return status.success();
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        false
+        support::stop_child(&mut child, Duration::from_secs(10))
     }
 }
 

@@ -89,11 +89,7 @@ pub fn run() -> Result<()> {
             );
         }
         println!("setup: installing Debian packages: {}", missing.join(" "));
-        sh(Command::new("apt-get").args(["update", "-qq"]))?;
-        sh(Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        apt_install(&missing, true)?;
         did.push(format!("installed {}", missing.join(" ")));
         for service in UNWANTED_SERVICES.iter().filter(|s| missing.contains(s)) {
             stop_service(service);
@@ -206,6 +202,18 @@ pub fn venv_python() -> PathBuf {
     venv_dir().join("bin").join("python")
 }
 
+/// `apt-get install` of `packages`, non-interactive and without recommends; `update` first
+/// refreshes the package lists (skipped when this run already did).
+fn apt_install<S: AsRef<std::ffi::OsStr>>(packages: &[S], update: bool) -> Result<()> {
+    if update {
+        sh(Command::new("apt-get").args(["update", "-qq"]))?;
+    }
+    sh(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(packages)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
 /// Creates the venv and installs [`VENV_PACKAGES`] unless the marker says they are there and
 /// torch imports. Returns what it did, or `None` when nothing was needed.
 fn ensure_venv() -> Result<Option<String>> {
@@ -283,13 +291,7 @@ pub fn kernel_matrix_tools() -> Result<Option<String>> {
             bail!("the kernel matrix needs {}; run `sudo cargo xtask setup`", missing.join(" "));
         }
         println!("setup: installing {}", missing.join(" "));
-        if did.is_empty() {
-            sh(Command::new("apt-get").args(["update", "-qq"]))?;
-        }
-        sh(Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        apt_install(&missing, did.is_empty())?;
         did.push(format!("installed {}", missing.join(" ")));
     }
     Ok(if did.is_empty() { None } else { Some(did.join("; ")) })

@@ -124,14 +124,7 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline && !matches!(child.try_wait(), Ok(Some(_))) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            crate::support::stop_child(&mut child, Duration::from_secs(10));
         }
         for name in dataplane_user::loader::PINNED_MAPS {
             let _ = std::fs::remove_file(self.pin_dir.join(name));
