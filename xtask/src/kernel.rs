@@ -354,17 +354,25 @@ test -e /sys/kernel/btf/vmlinux && echo \"{GUEST_MARK} btf yes\" || echo \"{GUES
         let n = m.file_name().unwrap().to_string_lossy();
         s += &format!("insmod /lib/modules/{n} || fail insmod {n}\n");
     }
+    // The guest's writable scratch directory, a tmpfs over a host directory: /tmp, unless the
+    // checkout (test binaries, eBPF object) lives under it, e.g. a clone in `mktemp -d`; the tmpfs
+    // would hide it.
+    let host_paths: Vec<String> = tests.iter().map(|t| t.to_string_lossy().into_owned()).chain(env.iter().map(|(_, v)| v.clone())).collect();
+    let scratch = ["/tmp", "/run", "/mnt"]
+        .into_iter()
+        .find(|d| !host_paths.iter().any(|p| p.starts_with(&format!("{d}/"))))
+        .unwrap_or("/mnt");
     s += &format!(
         "mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 {MOUNT_TAG} /host || fail mounting the host root over 9p\n\
 mount -t proc proc /host/proc && mount -t sysfs sysfs /host/sys && mount -t devtmpfs devtmpfs /host/dev \
-&& mount -t tmpfs tmpfs /host/tmp && mount -t bpf bpf /host/sys/fs/bpf || fail mounting proc, sys, dev, tmp, bpffs in /host\n"
+&& mount -t tmpfs tmpfs /host{scratch} && mount -t bpf bpf /host/sys/fs/bpf || fail mounting proc, sys, dev, {scratch}, bpffs in /host\n"
     );
     let env: String = env.iter().map(|(k, v)| format!(" {k}={}", sh_quote(v))).collect();
     for t in tests {
         let name = t.file_name().unwrap().to_string_lossy();
         s += &format!(
             "echo \"{GUEST_MARK} run {name}\"\n\
-env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp RUST_BACKTRACE=1{env} chroot /host {} --ignored --test-threads=1\n\
+env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME={scratch} TMPDIR={scratch} RUST_BACKTRACE=1{env} chroot /host {} --ignored --test-threads=1\n\
 echo \"{GUEST_MARK} exit {name} $?\"\n",
             sh_quote(&t.to_string_lossy())
         );
