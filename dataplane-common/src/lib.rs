@@ -283,6 +283,19 @@ pub struct PortRange {
 }
 const _: () = assert!(core::mem::size_of::<PortRange>() == 8);
 
+/// Version of the layout of the pinned maps: their names, types, keys and values (`FlowKey`,
+/// `FlowStats`, `FlowState`, `Config`, `PrefixKey`/`PrefixValue`, `Event`, the `STATS` indices).
+///
+/// BUMP IT whenever any of those changes, even when the sizes stay the same (a field renamed to
+/// mean something else, a `STATS` index moved): a restarted agent reuses the maps pinned by its
+/// predecessor only when the version in the pinned `CONFIG` equals its own, and otherwise refuses
+/// them and tells the operator to `ringside detach` first (counters then restart from zero). The
+/// loader also compares each pinned map's type, key size, value size and capacity with the object,
+/// which catches most forgotten bumps, but not a change that keeps the sizes.
+///
+/// History: 1 = first versioned layout (0 is a `CONFIG` pinned before the version existed).
+pub const LAYOUT_VERSION: u32 = 1;
+
 /// The single entry of the `CONFIG` array, written by the agent.
 ///
 /// Match rule: RoCEv2 (UDP port 4791) always matches. Other TCP/UDP packets match when
@@ -300,7 +313,10 @@ pub struct Config {
     pub n_prefixes: u32,
     /// `config_flags::*`.
     pub flags: u32,
-    pub _pad: u32,
+    /// [`LAYOUT_VERSION`] of the agent that wrote this config. The program ignores it; a restarted
+    /// agent reads it from the pinned `CONFIG` to decide whether it may reuse the pinned maps.
+    /// (It took the place of a padding field, so a `CONFIG` pinned before it existed reads 0.)
+    pub layout_version: u32,
     pub port_ranges: [PortRange; MAX_PORT_RANGES],
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 24 + 8 * MAX_PORT_RANGES);
@@ -312,7 +328,7 @@ impl Default for Config {
             n_port_ranges: 0,
             n_prefixes: 0,
             flags: 0,
-            _pad: 0,
+            layout_version: LAYOUT_VERSION,
             port_ranges: [PortRange::default(); MAX_PORT_RANGES],
         }
     }
@@ -413,6 +429,8 @@ mod tests {
     #[test]
     fn config_layout() {
         assert_eq!(offset_of!(Config, port_ranges), 24);
+        assert_eq!(offset_of!(Config, layout_version), 20);
+        assert_eq!(Config::default().layout_version, LAYOUT_VERSION);
         assert_eq!(offset_of!(PrefixKey, addr), 4);
     }
 

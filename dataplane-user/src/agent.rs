@@ -29,7 +29,8 @@ use dataplane_common::maps;
 ///   ringside agent --iface eth0 --iface eth1 --config /etc/ringside.toml --listen 0.0.0.0:9464
 ///   RUST_LOG=debug ringside agent --iface ens5 --pin-dir /sys/fs/bpf/ringside-test --poll-interval-ms 50
 ///
-/// Stop it with Ctrl-C or SIGTERM: it detaches, removes the clsact qdisc it added and its pins.
+/// Stop it with Ctrl-C or SIGTERM: it detaches, removes the clsact qdisc it added and its pins;
+/// with --persist it leaves all of that counting for the next agent (`ringside detach` removes it).
 #[derive(Debug, Clone, Default, clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct AgentArgs {
@@ -45,9 +46,14 @@ pub struct AgentArgs {
     /// bpffs directory for the map pins; unique per agent [default: /sys/fs/bpf/ringside].
     #[arg(long, value_name = "DIR")]
     pub pin_dir: Option<PathBuf>,
-    /// Keep the pins after a clean exit.
+    /// Keep the map pins after a clean exit (the program is detached).
     #[arg(long)]
     pub keep_pins: bool,
+    /// Persistent mode: on exit (SIGTERM, or killed) leave the program attached and the maps
+    /// pinned, so packets are counted while no agent runs; the next agent takes over and every
+    /// counter continues. `ringside detach --iface IF` removes it all.
+    #[arg(long)]
+    pub persist: bool,
     /// Map-poll interval in milliseconds [default: 100].
     #[arg(long, value_name = "MS")]
     pub poll_interval_ms: Option<u64>,
@@ -76,6 +82,8 @@ pub struct AgentSettings {
     pub listen: SocketAddr,
     pub pin_dir: PathBuf,
     pub keep_pins: bool,
+    /// `persist` / `--persist`: leave the data path attached on exit (see [`AgentArgs::persist`]).
+    pub persist: bool,
     pub attach: AttachMode,
     pub poll_interval: Duration,
     pub burst_gap: Duration,
@@ -124,6 +132,7 @@ impl AgentSettings {
             listen: args.listen.or(file.listen).unwrap_or_else(|| config::DEFAULT_LISTEN.parse().expect("valid default")),
             pin_dir: args.pin_dir.clone().or_else(|| file.pin_dir.clone()).unwrap_or_else(|| config::DEFAULT_PIN_DIR.into()),
             keep_pins: args.keep_pins || file.keep_pins.unwrap_or(false),
+            persist: args.persist || file.persist.unwrap_or(false),
             attach: args.attach.or(file.attach).unwrap_or_default(),
             poll_interval: Duration::from_millis(args.poll_interval_ms.or(file.poll_interval_ms).unwrap_or(config::DEFAULT_POLL_INTERVAL_MS)),
             burst_gap: Duration::from_micros(args.burst_gap_us.or(file.burst_gap_us).unwrap_or(config::DEFAULT_BURST_GAP_US)),
@@ -198,6 +207,7 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
         mode: settings.attach,
         pin_dir: settings.pin_dir.clone(),
         keep_pins: settings.keep_pins,
+        persist: settings.persist,
         config: kernel_config,
         prefixes: settings.matching.prefix_keys(),
         kernel_max_flows: settings.kernel_max_flows,
@@ -213,8 +223,17 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
     let hints = HintBoard::default();
     let catalog = JobCatalog::new(operators, settings.matching.prefix_keys()).with_config_jobs(&settings.jobs);
     catalog.onboard_config_jobs(&hints, clock::unix_ms());
+    if attachment.reused() {
+        // The pinned trie may hold prefixes of jobs that no longer exist, or of a [match] list
+        // that changed: drop those, and only those (clearing it would stop counting the traffic
+        // of registered jobs until they register again).
+        prune_match_prefixes(attachment.pin_dir(), &catalog);
+    }
     let catalog: SharedCatalog = Arc::new(Mutex::new(catalog));
     let (mut collector, snapshots) = Collector::new(settings.table.clone());
+    if attachment.reused() {
+        collector.adopt_kernel_flows();
+    }
     let (detection, events) =
         Analysis::new(settings.detect.clone(), analysis::prepare(&settings.detect), catalog.clone(), hints.clone(), attach.ifnames.clone());
     // With detection off no window is cut and the analysis stage never runs: its snapshot stays
@@ -237,10 +256,24 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
     for p in &problems {
         tracing::warn!("teardown: {p}");
     }
-    if problems.is_empty() {
+    if problems.is_empty() && !settings.persist {
         tracing::info!("detached cleanly");
     }
     served
+}
+
+/// Removes from the pinned `MATCH_PREFIXES` the prefixes that neither the config nor a registered
+/// job needs. A failure is logged: stale prefixes only widen what is counted.
+fn prune_match_prefixes(pin_dir: &std::path::Path, catalog: &JobCatalog) {
+    let result = crate::match_map::keys(pin_dir).and_then(|keys| {
+        let unneeded = catalog.unneeded(&keys);
+        crate::match_map::remove(pin_dir, &unneeded).map(|()| unneeded.len())
+    });
+    match result {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(removed = n, "removed pinned match prefixes that no config and no registered job needs"),
+        Err(e) => tracing::warn!("cannot prune the pinned match prefixes: {e}"),
+    }
 }
 
 /// The operator tokens: from `[api] operator_tokens_file`, or the generated

@@ -174,6 +174,11 @@ impl Collector {
         rx
     }
 
+    /// The maps were taken over from a previous agent (see [`FlowTable::adopt_kernel_flows`]).
+    pub fn adopt_kernel_flows(&mut self) {
+        self.table.adopt_kernel_flows();
+    }
+
     /// Folds one poll into the table; returns the flows to delete from `FLOWS`.
     pub fn fold(&mut self, snap: &PollSnapshot) -> Vec<FlowKey> {
         self.table.apply(snap)

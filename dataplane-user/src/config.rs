@@ -52,8 +52,12 @@ pub struct ConfigFile {
     pub poll_interval_ms: Option<u64>,
     /// bpffs directory for map pins, default `/sys/fs/bpf/ringside`.
     pub pin_dir: Option<PathBuf>,
-    /// Leave the pins in place on exit, default false.
+    /// Leave the map pins in place on exit (the program is detached), default false.
     pub keep_pins: Option<bool>,
+    /// Persistent mode, default false: on exit leave the program attached and the maps pinned, so
+    /// packets are counted while no agent runs; the next agent takes over with every counter
+    /// continuing. `ringside detach` removes it all.
+    pub persist: Option<bool>,
     /// `clsact` (netlink filter on the clsact qdisc, default) or `tcx` (kernel ≥ 6.6 bpf links).
     pub attach: Option<AttachMode>,
     /// Seconds without a packet after which a flow is forgotten, default 60.
@@ -818,6 +822,7 @@ mod tests {
             ("", "poll_interval_ms = 1.5", "poll_interval_ms"),
             ("", "pin_dir = \"relative/pins\"", "pin_dir"),
             ("", "keep_pins = \"yes\"", "keep_pins"),
+            ("", "persist = 1", "persist"),
             ("", "attach = \"xdp\"", "attach"),
             ("", "flow_idle_timeout_secs = 0", "flow_idle_timeout_secs"),
             ("", "burst_gap_us = 0", "burst_gap_us"),

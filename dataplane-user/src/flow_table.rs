@@ -319,6 +319,9 @@ pub struct FlowTable {
     /// Per-flow deltas and ended bursts since the last [`FlowTable::take_window`]; `None` until
     /// [`FlowTable::enable_windows`] (nothing drains them otherwise).
     window: Option<WindowAccumulator>,
+    /// The next snapshot's counters were (partly) counted while a predecessor agent ran: see
+    /// [`FlowTable::adopt_kernel_flows`].
+    adopting: bool,
 }
 
 /// Most ended bursts held for one detection window; further ones are counted and dropped.
@@ -344,12 +347,21 @@ impl FlowTable {
         FlowTable { settings, ..Default::default() }
     }
 
+    /// The agent took over the maps of a previous agent: the next snapshot's flow totals go into
+    /// the peer and interface counters whole (so those continue from the kernel's values instead
+    /// of restarting from zero), but not into the detection window, because most of that traffic
+    /// happened before this agent started and is not this window's.
+    pub fn adopt_kernel_flows(&mut self) {
+        self.adopting = true;
+    }
+
     /// Folds one snapshot into the table. Returns the keys of flows the table forgot, which the
     /// caller deletes from `FLOWS` so a returning flow is counted from zero.
     pub fn apply(&mut self, snap: &PollSnapshot) -> Vec<FlowKey> {
         let dt_ns = self.last_mono_ns.map(|t| snap.mono_ns.saturating_sub(t));
         self.last_mono_ns = Some(snap.mono_ns);
         self.dataplane = snap.stats;
+        let adopting = std::mem::take(&mut self.adopting);
 
         let mut seen: HashSet<FlowKey> = HashSet::with_capacity(snap.flows.len());
         for (key, per_cpu) in &snap.flows {
@@ -363,7 +375,7 @@ impl FlowTable {
                 _ => totals.counters,
             };
             self.account(key, &delta);
-            if let Some(w) = &mut self.window {
+            if let Some(w) = self.window.as_mut().filter(|_| !adopting) {
                 if delta != Counters::default() {
                     w.deltas.entry(*key).or_default().add(&delta);
                 }
@@ -690,6 +702,22 @@ pub(crate) mod tests {
         let ik = InterfaceKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::TCP };
         assert_eq!(t.interfaces()[&ik].bytes, 10_300);
         assert_eq!(t.interfaces()[&ik].packets, 103);
+    }
+
+    #[test]
+    fn adopted_flows_continue_counters_but_stay_out_of_the_first_window() {
+        let k = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        let mut t = FlowTable::new(TableSettings::default());
+        t.enable_windows();
+        t.adopt_kernel_flows();
+        // A predecessor counted 100 packets before this agent's first poll.
+        t.apply(&snap(MS, vec![(k, vec![stats(100, 10_000, 1, MS)])]));
+        let ik = InterfaceKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::TCP };
+        assert_eq!(t.interfaces()[&ik].packets, 100, "the interface counter continues from the kernel's value");
+        t.apply(&snap(2 * MS, vec![(k, vec![stats(103, 10_300, 1, 2 * MS)])]));
+        assert_eq!(t.interfaces()[&ik].packets, 103);
+        let w = t.take_window().expect("a window over two polls");
+        assert_eq!(w.deltas[&k].packets, 3, "only the growth seen by this agent is the window's traffic");
     }
 
     #[test]

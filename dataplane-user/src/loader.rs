@@ -31,17 +31,17 @@ use std::{
 };
 
 use aya::{
-    maps::{lpm_trie::Key, Array, LpmTrie, MapData, MapError},
+    maps::{lpm_trie::Key, Array, LpmTrie, MapData, MapError, MapInfo},
     pin::PinError,
     programs::{
-        links::LinkOrder,
-        tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions, TcError},
+        links::{FdLink, LinkError, LinkOrder, PinnedLink},
+        tc::{self, NlOptions, SchedClassifierLink, SchedClassifierLinkId, TcAttachOptions, TcError, TcHandle},
         ProgramError, SchedClassifier, TcAttachType,
     },
     Ebpf, EbpfError, EbpfLoader,
 };
 use aya_log::EbpfLogger;
-use dataplane_common::{config_flags, maps, programs, PrefixKey, PrefixValue};
+use dataplane_common::{config_flags, maps, programs, PrefixKey, PrefixValue, LAYOUT_VERSION};
 
 use crate::{config::AttachMode, mount_ns, object, privileges};
 
@@ -77,8 +77,20 @@ pub enum LoaderError {
     BpffsNotMounted { dir: PathBuf, pin_dir: PathBuf },
     #[error(transparent)]
     PrivateMountNs(#[from] mount_ns::PrivateMountNs),
-    #[error("pins already exist in {dir} (another agent is running, or one was killed); stop it, or remove them with `ringside detach --iface IF --pin-dir {dir}`, or use another --pin-dir")]
+    #[error("{dir} holds entries that are not a ringside agent's pins; pass another --pin-dir (each agent needs its own), or remove them if they are stale")]
     PinsExist { dir: PathBuf },
+    #[error("another ringside agent is running with the pin directory {dir}; stop it, or pass another --pin-dir")]
+    PinDirBusy { dir: PathBuf },
+    #[error("the pins in {dir} have another layout than this agent ({}); nothing was changed. They come from another ringside version, another kernel_max_flows or another attach mode, and cannot be reused. To start afresh (all counters restart from zero): `ringside detach --iface IF --pin-dir {dir}` for every interface it monitored, then start the agent again (see \"Restarts and upgrades\" in docs/operator-guide.md)", .mismatches.join("; "))]
+    IncompatiblePins { dir: PathBuf, mismatches: Vec<String> },
+    #[error("cannot read the pinned map {path}: {source}")]
+    OpenPin { path: PathBuf, source: MapError },
+    #[error("cannot open or pin the TCX link {path}: {source}; remove the attachment with `ringside detach`")]
+    LinkPin { path: PathBuf, source: LinkError },
+    #[error("the agent's eBPF object cannot be parsed: {0}; rebuild it with `cargo xtask build`")]
+    ObjectParse(#[source] Box<aya_obj::ParseError>),
+    #[error("`{iface}` already has a tc filter at priority {prio} on {direction} that is not flowmon's; check `tc filter show dev {iface} {direction}`, or use --attach tcx", prio = TC_PRIORITY)]
+    TcPriorityTaken { iface: String, direction: &'static str },
     #[error("cannot create or clean the pin directory {dir}: {source}")]
     PinDir { dir: PathBuf, source: io::Error },
     #[error(transparent)]
@@ -169,35 +181,97 @@ pub fn find_bpffs(pin_dir: &Path) -> Result<(), LoaderError> {
     check_bpffs(pin_dir)
 }
 
+/// tc priority of flowmon's filters in clsact mode. Fixed (not left to the kernel) so that a
+/// restarted agent can name its predecessor's filter and swap the program inside it (see
+/// [`Attachment::attach`]). 49152 is what the kernel gives the first filter on an empty hook,
+/// i.e. what agents got before the priority was fixed, on a clean interface.
+pub const TC_PRIORITY: u16 = 49152;
+/// tc handle of flowmon's filters in clsact mode (at [`TC_PRIORITY`]).
+pub const TC_HANDLE: TcHandle = TcHandle::new(0, 1);
+
+/// Marker directory `qdisc-added:IFNAME` in the pin directory: the agent added IFNAME's clsact
+/// qdisc, so whoever removes the attachment (a successor's clean exit, `ringside detach`) removes
+/// the qdisc too. Directories because bpffs holds no regular files. bpffs refuses names with a
+/// `.` (EPERM), hence `:` as separator, and a `.` in an interface name (`eth0.100`) is written as
+/// `:`, which interface names cannot contain (see [`pin_name_of`]).
+const QDISC_MARKER: &str = "qdisc-added:";
+/// Marker directory `attach-mode:clsact` or `attach-mode:tcx`: how the programs are attached, so a
+/// successor in the other mode refuses instead of attaching a second copy (two copies would
+/// count every packet twice: the program returns `TC_ACT_PIPE`).
+const MODE_MARKER: &str = "attach-mode:";
+/// Pinned TCX links in persistent mode: `link:IFNAME:ingress` and `link:IFNAME:egress`.
+const LINK_PIN: &str = "link:";
+
+/// An interface name as it may appear in a bpffs name (no `.`).
+fn pin_name_of(iface: &str) -> String {
+    iface.replace('.', ":")
+}
+
+fn link_pin_name(iface: &str, direction: &str) -> String {
+    format!("{LINK_PIN}{}:{direction}", pin_name_of(iface))
+}
+
+fn qdisc_marker_name(iface: &str) -> String {
+    format!("{QDISC_MARKER}{}", pin_name_of(iface))
+}
+
 /// Where and how to attach.
 #[derive(Debug, Clone)]
 pub struct AttachRequest {
     pub interfaces: Vec<String>,
     pub mode: AttachMode,
     pub pin_dir: PathBuf,
+    /// Keep the map pins after a clean exit (the program is detached).
     pub keep_pins: bool,
+    /// Persistent mode: on exit leave the program attached (and in tcx mode its links pinned)
+    /// and the maps pinned, so packets are counted while no agent runs; the next agent takes over.
+    pub persist: bool,
     pub config: dataplane_common::Config,
     pub prefixes: Vec<PrefixKey>,
     /// Capacity of `FLOWS` and `FLOW_STATE`, set at load time (config `kernel_max_flows`).
     pub kernel_max_flows: u32,
 }
 
-/// The loaded object, attached to interfaces, with pinned maps. Dropping it detaches.
+/// The loaded object, attached to interfaces, with pinned maps. Dropping it detaches (or, in
+/// persistent mode, leaves everything in place).
 pub struct Attachment {
     ebpf: Option<Ebpf>,
     /// The classifier's debug log, drained into `tracing`; `None` when it is off.
     ebpf_log: Option<EbpfLogDrain>,
     links: Vec<(String, &'static str, SchedClassifierLinkId)>,
+    /// TCX links pinned in persistent mode (taken out of the program, so not in `links`).
+    pinned_links: Vec<PinnedLink>,
+    /// Pins of TCX links under the pin directory (created here or found from a predecessor).
+    link_pins: Vec<PathBuf>,
     interfaces: Vec<AttachedInterface>,
     pins: Vec<PathBuf>,
+    /// Marker directories this attachment stands for (see [`QDISC_MARKER`], [`MODE_MARKER`]).
+    markers: Vec<PathBuf>,
     pin_dir: PathBuf,
     created_pin_dir: bool,
     keep_pins: bool,
+    /// Teardown leaves programs attached and pins in place: persistent mode, and any failure
+    /// while taking over from a predecessor (whose attachment then keeps counting as it was).
+    leave_in_place: bool,
+    /// The maps (and filters or links) of a predecessor were taken over.
+    reused: bool,
+    /// `flock` on the pin directory: one agent per pin directory. Released on exit or kill.
+    lock: Option<std::os::fd::OwnedFd>,
     torn_down: bool,
 }
 
 impl Attachment {
-    /// Runs the preflight checks and attaches. On error, everything done so far is undone.
+    /// Runs the preflight checks and attaches. On error, everything done so far is undone; when
+    /// a predecessor's pins were found, a failure leaves its attachment exactly as it was.
+    ///
+    /// Restart without loss: if the pin directory holds the maps of a previous agent (persistent
+    /// mode, or one that was killed), their layout is checked against this agent's object
+    /// ([`check_layout`]), the object is loaded onto the pinned maps
+    /// (`EbpfLoader::map_pin_path`: counters continue), `CONFIG` is rewritten, and the program is
+    /// swapped in place: in clsact mode the filter at [`TC_PRIORITY`]/[`TC_HANDLE`] is changed
+    /// without `NLM_F_EXCL`, which cls_bpf applies atomically (`cls_bpf_change` replaces the
+    /// program of the existing filter under RCU); in tcx mode the pinned link is updated
+    /// (`BPF_LINK_UPDATE`). Every packet is counted by exactly one of the two programs.
     pub fn attach(req: &AttachRequest) -> Result<Attachment, LoaderError> {
         check_privileges()?;
         check_btf()?;
@@ -213,20 +287,39 @@ impl Attachment {
             ebpf: None,
             ebpf_log: None,
             links: Vec::new(),
+            pinned_links: Vec::new(),
+            link_pins: Vec::new(),
             interfaces: Vec::new(),
             pins: Vec::new(),
+            markers: Vec::new(),
             pin_dir: req.pin_dir.clone(),
             created_pin_dir: false,
             keep_pins: req.keep_pins,
+            leave_in_place: false,
+            reused: false,
+            lock: None,
             torn_down: false,
         };
-        a.prepare_pin_dir()?;
-        let ebpf = EbpfLoader::new()
-            .map_max_entries(maps::FLOWS, req.kernel_max_flows)
-            .map_max_entries(maps::FLOW_STATE, req.kernel_max_flows)
-            .load(bytes)
-            .map_err(LoaderError::Load)?;
-        let ebpf = a.ebpf.insert(ebpf);
+        if a.prepare_pin_dir()? {
+            // Nothing is changed before this check passes.
+            check_layout(bytes, req)?;
+            a.reused = true;
+            a.leave_in_place = true;
+            tracing::info!(pin_dir = %req.pin_dir.display(), "taking over the pinned maps and attachment of a previous agent: counters continue");
+        }
+        let mut loader = EbpfLoader::new();
+        loader.map_max_entries(maps::FLOWS, req.kernel_max_flows).map_max_entries(maps::FLOW_STATE, req.kernel_max_flows);
+        // aya opens the pin when it exists and otherwise creates the map and pins it there.
+        for name in PINNED_MAPS {
+            loader.map_pin_path(name, req.pin_dir.join(name));
+        }
+        let loaded = loader.load(bytes);
+        if !a.reused {
+            // Whatever aya pinned before a failure is ours to remove.
+            a.pins = PINNED_MAPS.iter().map(|n| req.pin_dir.join(n)).collect();
+        }
+        let ebpf = a.ebpf.insert(loaded.map_err(LoaderError::Load)?);
+        a.pins = PINNED_MAPS.iter().map(|n| req.pin_dir.join(n)).collect();
         write_config(ebpf, &req.config, &req.prefixes)?;
         if req.config.flags & config_flags::DEBUG_LOG != 0 {
             // Before the program load, and kept until teardown (see the module docs).
@@ -238,60 +331,141 @@ impl Attachment {
                 "eBPF debug log on: records at debug level, shown with RUST_LOG=info,{EBPF_LOG_TARGET}=debug"
             );
         }
-        for name in PINNED_MAPS {
-            let map = ebpf.map(name).ok_or(LoaderError::MissingItem { what: "map", name })?;
-            let path = req.pin_dir.join(name);
-            map.pin(&path).map_err(|source| LoaderError::Pin { name, path: path.clone(), source })?;
-            a.pins.push(path);
-        }
         let prog: &mut SchedClassifier = ebpf
             .program_mut(programs::FLOWMON)
             .ok_or(LoaderError::MissingItem { what: "program", name: programs::FLOWMON })?
             .try_into()
             .map_err(|source| LoaderError::Program { name: programs::FLOWMON, source })?;
         prog.load().map_err(|source| LoaderError::Program { name: programs::FLOWMON, source })?;
+        let mode_marker = req.pin_dir.join(format!("{MODE_MARKER}{}", req.mode));
+        make_marker(&mode_marker).map_err(|source| LoaderError::PinDir { dir: req.pin_dir.clone(), source })?;
+        a.markers.push(mode_marker);
         for (iface, ifindex) in req.interfaces.iter().zip(ifindexes) {
             let mut qdisc_added = false;
             if req.mode == AttachMode::Clsact {
+                let marker = req.pin_dir.join(qdisc_marker_name(iface));
                 match tc::qdisc_add_clsact(iface) {
                     Ok(()) => qdisc_added = true,
-                    Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                    // A predecessor's marker says it added the qdisc: it is ours to remove now.
+                    Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => qdisc_added = marker.is_dir(),
                     Err(source) => return Err(LoaderError::Qdisc { iface: iface.clone(), source }),
+                }
+                if qdisc_added {
+                    make_marker(&marker).map_err(|source| LoaderError::PinDir { dir: req.pin_dir.clone(), source })?;
+                    a.markers.push(marker);
                 }
             }
             // Recorded before attaching so a failed attach still removes the qdisc we added.
             a.interfaces.push(AttachedInterface { name: iface.clone(), ifindex, mode: req.mode.to_string(), qdisc_added });
             for (dir, direction) in [(TcAttachType::Ingress, "ingress"), (TcAttachType::Egress, "egress")] {
-                let options = match req.mode {
-                    AttachMode::Clsact => TcAttachOptions::Netlink(NlOptions::default()),
-                    AttachMode::Tcx => TcAttachOptions::TcxOrder(LinkOrder::default()),
+                let attach_err = |source| LoaderError::Attach { iface: iface.clone(), direction, source };
+                let (id, took_over) = match req.mode {
+                    AttachMode::Clsact => {
+                        let options = NlOptions { priority: TC_PRIORITY, handle: TC_HANDLE, ..Default::default() };
+                        let replaced = if a.reused {
+                            let link = SchedClassifierLink::attached(iface, dir, TC_PRIORITY, TC_HANDLE, None)
+                                .map_err(|e| attach_err(ProgramError::TcError(TcError::IoError(e))))?;
+                            match prog.attach_to_link(link) {
+                                Ok(id) => Some(id),
+                                // No predecessor filter on this hook (a new interface, or it was
+                                // removed by hand): attach afresh.
+                                Err(ProgramError::TcError(TcError::NetlinkError(e))) if e.raw_os_error() == Some(libc::ENOENT) => None,
+                                Err(source) => return Err(attach_err(source)),
+                            }
+                        } else {
+                            None
+                        };
+                        match replaced {
+                            Some(id) => (id, true),
+                            None => (prog.attach_with_options(iface, dir, TcAttachOptions::Netlink(options)).map_err(|source| {
+                                match &source {
+                                    ProgramError::TcError(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {
+                                        LoaderError::TcPriorityTaken { iface: iface.clone(), direction }
+                                    }
+                                    _ => attach_err(source),
+                                }
+                            })?, false),
+                        }
+                    }
+                    AttachMode::Tcx => {
+                        let pin = req.pin_dir.join(link_pin_name(iface, direction));
+                        let pinned = if a.reused {
+                            match PinnedLink::from_pin(&pin) {
+                                Ok(p) => Some(p),
+                                Err(LinkError::SyscallError(e)) if e.io_error.kind() == io::ErrorKind::NotFound => None,
+                                Err(source) => return Err(LoaderError::LinkPin { path: pin, source }),
+                            }
+                        } else {
+                            None
+                        };
+                        match pinned {
+                            Some(p) => {
+                                a.link_pins.push(pin.clone());
+                                let link = SchedClassifierLink::try_from(FdLink::from(p))
+                                    .map_err(|source| LoaderError::LinkPin { path: pin.clone(), source })?;
+                                (prog.attach_to_link(link).map_err(attach_err)?, true)
+                            }
+                            None => (
+                                prog.attach_with_options(iface, dir, TcAttachOptions::TcxOrder(LinkOrder::default())).map_err(attach_err)?,
+                                false,
+                            ),
+                        }
+                    }
                 };
-                let id = prog
-                    .attach_with_options(iface, dir, options)
-                    .map_err(|source| LoaderError::Attach { iface: iface.clone(), direction, source })?;
-                a.links.push((iface.clone(), direction, id));
+                if req.persist && req.mode == AttachMode::Tcx && !took_over {
+                    // The kernel detaches a TCX link when its last fd closes: pinned, it outlives
+                    // the agent.
+                    let pin = req.pin_dir.join(link_pin_name(iface, direction));
+                    let link = prog.take_link(id).map_err(attach_err)?;
+                    let fd_link = FdLink::try_from(link).map_err(|source| LoaderError::LinkPin { path: pin.clone(), source })?;
+                    let pinned = fd_link.pin(&pin).map_err(|source| LoaderError::Pin { name: "tcx link", path: pin.clone(), source })?;
+                    a.link_pins.push(pin);
+                    a.pinned_links.push(pinned);
+                } else {
+                    a.links.push((iface.clone(), direction, id));
+                }
+                if took_over {
+                    tracing::info!(interface = %iface, direction, mode = %req.mode, "program replaced in place");
+                }
             }
-            tracing::info!(interface = %iface, ifindex, mode = %req.mode, qdisc_added, "flowmon attached");
+            tracing::info!(interface = %iface, ifindex, mode = %req.mode, qdisc_added, persist = req.persist, "flowmon attached");
         }
+        a.leave_in_place = req.persist;
         Ok(a)
     }
 
-    fn prepare_pin_dir(&mut self) -> Result<(), LoaderError> {
-        let dir = &self.pin_dir;
+    /// Creates the pin directory if missing and locks it; returns whether it holds a previous
+    /// agent's map pins (all of them: a partial set is refused).
+    fn prepare_pin_dir(&mut self) -> Result<bool, LoaderError> {
+        let dir = self.pin_dir.clone();
         let err = |source| LoaderError::PinDir { dir: dir.clone(), source };
-        match fs::read_dir(dir) {
-            Ok(mut entries) => {
-                if entries.next().is_some() {
-                    return Err(LoaderError::PinsExist { dir: dir.clone() });
-                }
-            }
+        match fs::metadata(&dir) {
+            Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                fs::create_dir(dir).map_err(err)?;
+                fs::create_dir(&dir).map_err(err)?;
                 self.created_pin_dir = true;
             }
             Err(e) => return Err(err(e)),
         }
-        Ok(())
+        self.lock = Some(lock_pin_dir(&dir)?);
+        let names: Vec<String> = existing_pins(&dir);
+        let present: Vec<&str> = PINNED_MAPS.iter().copied().filter(|m| names.iter().any(|n| n == m)).collect();
+        if present.is_empty() {
+            let foreign: Vec<&String> = names.iter().filter(|n| !is_ringside_entry(n)).collect();
+            if !foreign.is_empty() {
+                return Err(LoaderError::PinsExist { dir: dir.clone() });
+            }
+            // Markers without maps: leftovers of an interrupted detach; they describe nothing.
+            for n in &names {
+                let _ = fs::remove_dir(dir.join(n));
+            }
+            return Ok(false);
+        }
+        if present.len() < PINNED_MAPS.len() {
+            let missing: Vec<&str> = PINNED_MAPS.iter().copied().filter(|m| !present.contains(m)).collect();
+            return Err(LoaderError::IncompatiblePins { dir: dir.clone(), mismatches: vec![format!("pins {} are missing", missing.join(", "))] });
+        }
+        Ok(true)
     }
 
     pub fn interfaces(&self) -> &[AttachedInterface] {
@@ -302,6 +476,11 @@ impl Attachment {
         &self.pin_dir
     }
 
+    /// Whether a previous agent's maps were taken over (their counters continue).
+    pub fn reused(&self) -> bool {
+        self.reused
+    }
+
     /// Takes a map out of the object for the collector (the program keeps its own reference).
     pub fn take_map(&mut self, name: &'static str) -> Result<aya::maps::Map, LoaderError> {
         self.ebpf
@@ -310,8 +489,9 @@ impl Attachment {
             .ok_or(LoaderError::MissingItem { what: "map", name })
     }
 
-    /// Detaches, removes the qdiscs the agent added, and removes the pins (unless `keep_pins`).
-    /// Returns what could not be undone, for the log; never panics.
+    /// Detaches, removes the qdiscs the agent added, and removes the pins (unless `keep_pins`);
+    /// in persistent mode it leaves all of that in place for the next agent. Returns what could
+    /// not be undone, for the log; never panics.
     pub fn teardown(&mut self) -> Vec<String> {
         if self.torn_down {
             return Vec::new();
@@ -320,6 +500,33 @@ impl Attachment {
         let mut problems = Vec::new();
         // Stops the drain thread after a last flush.
         self.ebpf_log = None;
+        if self.leave_in_place {
+            if let Some(mut ebpf) = self.ebpf.take() {
+                if let Some(Ok(prog)) = ebpf.program_mut(programs::FLOWMON).map(<&mut SchedClassifier>::try_from) {
+                    for (_, _, id) in self.links.drain(..) {
+                        // An owned link detaches when dropped: forgetting it leaves the filter (or
+                        // the pinned link) attached. Nothing else is leaked: a netlink filter is a
+                        // few integers; a TCX link's fd closes at exit and its pin holds it.
+                        if let Ok(link) = prog.take_link(id) {
+                            std::mem::forget(link);
+                        }
+                    }
+                }
+                drop(ebpf);
+            }
+            // Closing a pinned link's fd leaves the link attached (the pin holds it).
+            self.pinned_links.clear();
+            self.lock = None;
+            tracing::info!(pin_dir = %self.pin_dir.display(), "left attached with the maps pinned (persistent mode): packets are counted until the next agent takes over; `ringside detach` removes it all");
+            return problems;
+        }
+        // A pinned TCX link lives as long as its pin: unpin first, then close.
+        for p in self.link_pins.drain(..) {
+            if let Err(e) = fs::remove_file(&p).or_else(ignore_not_found) {
+                problems.push(format!("remove link pin {}: {e}", p.display()));
+            }
+        }
+        self.pinned_links.clear();
         if let Some(mut ebpf) = self.ebpf.take() {
             if let Some(prog) = ebpf.program_mut(programs::FLOWMON) {
                 if let Ok(prog) = <&mut SchedClassifier>::try_from(prog) {
@@ -339,6 +546,12 @@ impl Attachment {
                 }
             }
         }
+        // Nothing is attached any more: the markers describe nothing.
+        for m in self.markers.drain(..) {
+            if let Err(e) = fs::remove_dir(&m).or_else(ignore_not_found) {
+                problems.push(format!("remove marker {}: {e}", m.display()));
+            }
+        }
         if !self.keep_pins {
             for p in self.pins.drain(..) {
                 // NotFound: somebody (`ringside detach`) already removed it, which is fine.
@@ -346,13 +559,94 @@ impl Attachment {
                     problems.push(format!("remove pin {}: {e}", p.display()));
                 }
             }
-            if self.created_pin_dir {
+            if self.created_pin_dir || self.reused {
                 if let Err(e) = fs::remove_dir(&self.pin_dir).or_else(ignore_not_found) {
                     problems.push(format!("remove pin directory {}: {e}", self.pin_dir.display()));
                 }
             }
         }
+        self.lock = None;
         problems
+    }
+}
+
+/// Whether a pin-directory entry is one ringside makes (map pins, link pins, markers).
+fn is_ringside_entry(name: &str) -> bool {
+    PINNED_MAPS.contains(&name) || name.starts_with(QDISC_MARKER) || name.starts_with(MODE_MARKER) || name.starts_with(LINK_PIN)
+}
+
+fn make_marker(path: &Path) -> io::Result<()> {
+    match fs::create_dir(path) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        r => r,
+    }
+}
+
+/// Takes an exclusive `flock` on the pin directory, so two agents never drive the same pins (the
+/// second would swap the first one's program out from under it). The kernel drops it when the
+/// process exits or is killed.
+fn lock_pin_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, LoaderError> {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    let file = fs::File::open(dir).map_err(|source| LoaderError::PinDir { dir: dir.to_owned(), source })?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            LoaderError::PinDirBusy { dir: dir.to_owned() }
+        } else {
+            LoaderError::PinDir { dir: dir.to_owned(), source: e }
+        });
+    }
+    Ok(OwnedFd::from(file))
+}
+
+/// Compares the maps pinned in `req.pin_dir` with what this agent's object declares: the layout
+/// version in the pinned `CONFIG` (see [`LAYOUT_VERSION`]), and each map's type, key size, value
+/// size and capacity as the kernel reports them (so a change in any map is caught here without
+/// this code knowing the structs), and the attach mode. Reads only.
+pub fn check_layout(bytes: &[u8], req: &AttachRequest) -> Result<(), LoaderError> {
+    let dir = &req.pin_dir;
+    let obj = aya_obj::Object::parse(bytes).map_err(|e| LoaderError::ObjectParse(Box::new(e)))?;
+    let mut mismatches = Vec::new();
+    let mut config_readable = false;
+    for name in PINNED_MAPS {
+        let path = dir.join(name);
+        let info = MapInfo::from_pin(&path).map_err(|source| LoaderError::OpenPin { path: path.clone(), source })?;
+        let want = obj.maps.get(name).ok_or(LoaderError::MissingItem { what: "map", name })?;
+        let want_entries = if name == maps::FLOWS || name == maps::FLOW_STATE { req.kernel_max_flows } else { want.max_entries() };
+        let found_type = info.map_type().map(|t| t as u32).unwrap_or(u32::MAX);
+        let found = (found_type, info.key_size(), info.value_size(), info.max_entries());
+        let expected = (want.map_type(), want.key_size(), want.value_size(), want_entries);
+        if found != expected {
+            mismatches.push(format!(
+                "{name}: type {} key {} B value {} B entries {} (this agent: type {} key {} B value {} B entries {})",
+                found.0, found.1, found.2, found.3, expected.0, expected.1, expected.2, expected.3
+            ));
+        } else if name == maps::CONFIG {
+            config_readable = true;
+        }
+    }
+    if config_readable {
+        let path = dir.join(maps::CONFIG);
+        let data = MapData::from_pin(&path).map_err(|source| LoaderError::OpenPin { path: path.clone(), source })?;
+        let config: Array<MapData, dataplane_common::Config> =
+            Array::try_from(aya::maps::Map::Array(data)).map_err(|source| LoaderError::Map { name: maps::CONFIG, source })?;
+        let version = config.get(&0, 0).map_err(|source| LoaderError::Map { name: maps::CONFIG, source })?.layout_version;
+        if version != LAYOUT_VERSION {
+            mismatches.push(format!("layout version {version} (this agent: {LAYOUT_VERSION})"));
+        }
+    }
+    for entry in existing_pins(dir) {
+        if let Some(mode) = entry.strip_prefix(MODE_MARKER) {
+            if mode != req.mode.to_string() {
+                mismatches.push(format!("attached in {mode} mode (this agent: {})", req.mode));
+            }
+        }
+    }
+    if mismatches.is_empty() {
+        Ok(())
+    } else {
+        Err(LoaderError::IncompatiblePins { dir: dir.clone(), mismatches })
     }
 }
 
@@ -466,20 +760,35 @@ fn write_config(ebpf: &mut Ebpf, cfg: &dataplane_common::Config, prefixes: &[Pre
 #[derive(Debug, Default)]
 pub struct DetachReport {
     pub filters_removed: Vec<String>,
+    /// Map pins and TCX link pins removed.
     pub pins_removed: Vec<PathBuf>,
     pub qdisc_removed: bool,
 }
 
-/// Removes a leftover `flowmon` attachment (a SIGKILLed agent in clsact mode): the `tc` filters on
-/// ingress and egress of `iface`, the pins in `pin_dir`, and with `remove_qdisc` the clsact qdisc
-/// itself (which also deletes any other filter on it: only when nothing else uses it).
+/// Removes what an agent left attached to `iface`: after a persistent-mode exit, or a SIGKILL.
+/// That is flowmon's `tc` filters on ingress and egress, its pinned TCX links, the clsact qdisc if
+/// the agent added it (its marker says so) or `remove_qdisc` asks for it (which also deletes any
+/// other filter on it: only when nothing else uses it), and the map pins and markers in
+/// `pin_dir`. Refuses while an agent holds the pin directory.
 pub fn detach_leftover(iface: &str, pin_dir: &Path, remove_qdisc: bool) -> Result<DetachReport, LoaderError> {
     privileges::check_detach()?;
     let idx = ifindex(iface)?;
     // Under `ip netns exec`, the pins are on the host's bpffs, not in the private /sys.
     mount_ns::join_bpffs_namespace(pin_parent(pin_dir), is_bpffs)?;
+    // Held until the end: no agent starts on these pins half-way through.
+    let _lock = if pin_dir.is_dir() { Some(lock_pin_dir(pin_dir)?) } else { None };
     let mut report = DetachReport::default();
     for (dir, name) in [(TcAttachType::Ingress, "ingress"), (TcAttachType::Egress, "egress")] {
+        // Unpinning a TCX link drops the kernel's last reference: it detaches.
+        let link = pin_dir.join(link_pin_name(iface, name));
+        match fs::remove_file(&link) {
+            Ok(()) => {
+                report.pins_removed.push(link);
+                report.filters_removed.push(format!("{name} (tcx link)"));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => return Err(LoaderError::PinDir { dir: pin_dir.to_owned(), source }),
+        }
         match tc::qdisc_detach_program(iface, dir, programs::FLOWMON) {
             Ok(()) => report.filters_removed.push(name.to_owned()),
             Err(TcError::IoError(e)) if e.kind() == io::ErrorKind::NotFound => {}
@@ -487,6 +796,16 @@ pub fn detach_leftover(iface: &str, pin_dir: &Path, remove_qdisc: bool) -> Resul
             Err(TcError::NetlinkError(e)) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOENT)) => {}
             Err(source) => return Err(LoaderError::Detach { iface: iface.to_owned(), source }),
         }
+    }
+    let marker = pin_dir.join(qdisc_marker_name(iface));
+    let agent_added_qdisc = marker.is_dir();
+    if remove_qdisc || agent_added_qdisc {
+        match delete_clsact(idx) {
+            Ok(()) => report.qdisc_removed = true,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::EINVAL)) => {}
+            Err(source) => return Err(LoaderError::QdiscDelete { iface: iface.to_owned(), source }),
+        }
+        let _ = fs::remove_dir(&marker);
     }
     for name in PINNED_MAPS {
         let p = pin_dir.join(name);
@@ -496,17 +815,15 @@ pub fn detach_leftover(iface: &str, pin_dir: &Path, remove_qdisc: bool) -> Resul
             Err(source) => return Err(LoaderError::PinDir { dir: pin_dir.to_owned(), source }),
         }
     }
-    if !report.pins_removed.is_empty() {
-        // Only if empty: never remove somebody else's pins.
-        let _ = fs::remove_dir(pin_dir);
-    }
-    if remove_qdisc {
-        match delete_clsact(idx) {
-            Ok(()) => report.qdisc_removed = true,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::EINVAL)) => {}
-            Err(source) => return Err(LoaderError::QdiscDelete { iface: iface.to_owned(), source }),
+    // The mode marker goes with the maps; markers and links of interfaces not named here stay
+    // (so does the directory then: detach those interfaces too).
+    for entry in existing_pins(pin_dir) {
+        if entry.starts_with(MODE_MARKER) {
+            let _ = fs::remove_dir(pin_dir.join(entry));
         }
     }
+    // Only if empty: never remove somebody else's pins.
+    let _ = fs::remove_dir(pin_dir);
     Ok(report)
 }
 
@@ -610,6 +927,30 @@ mod tests {
     fn bpffs_check_names_the_mount_command() {
         let e = check_bpffs(Path::new("/tmp/ringside-pins")).unwrap_err().to_string();
         assert!(e.contains("/tmp") && e.contains("mount -t bpf bpf /sys/fs/bpf"), "{e}");
+    }
+
+    #[test]
+    fn pin_names_avoid_dots_and_are_recognised() {
+        // bpffs refuses names with a dot (EPERM): a VLAN interface must still get its pins.
+        assert_eq!(link_pin_name("eth0.100", "ingress"), "link:eth0:100:ingress");
+        assert_eq!(qdisc_marker_name("eth0.100"), "qdisc-added:eth0:100");
+        assert!(!link_pin_name("a.b", "egress").contains('.') && !qdisc_marker_name("a.b").contains('.'));
+        for name in [link_pin_name("eth0", "egress"), qdisc_marker_name("eth0"), format!("{MODE_MARKER}tcx"), maps::FLOWS.to_owned()] {
+            assert!(is_ringside_entry(&name), "{name}");
+        }
+        assert!(!is_ringside_entry("my_other_map"));
+    }
+
+    #[test]
+    fn incompatible_pins_name_the_dir_the_differences_and_the_migration() {
+        let e = LoaderError::IncompatiblePins {
+            dir: "/sys/fs/bpf/ringside".into(),
+            mismatches: vec!["layout version 0 (this agent: 1)".into(), "FLOWS: entries 4096".into()],
+        }
+        .to_string();
+        for want in ["/sys/fs/bpf/ringside", "layout version 0 (this agent: 1); FLOWS: entries 4096", "ringside detach --iface IF --pin-dir /sys/fs/bpf/ringside", "nothing was changed"] {
+            assert!(e.contains(want), "{want}: {e}");
+        }
     }
 
     #[test]

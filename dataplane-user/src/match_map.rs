@@ -73,6 +73,12 @@ pub fn add(pin_dir: &Path, keys: &[PrefixKey]) -> Result<Added, MatchMapError> {
     Ok(Added::Inserted { total: recount(&trie, &mut config)? })
 }
 
+/// The prefixes in the pinned `MATCH_PREFIXES`.
+pub fn keys(pin_dir: &Path) -> Result<Vec<PrefixKey>, MatchMapError> {
+    let (trie, _) = maps_of(pin_dir)?;
+    Ok(trie.keys().filter_map(Result::ok).map(|k| PrefixKey { prefix_len: k.prefix_len(), addr: k.data() }).collect())
+}
+
 /// Removes `keys` (already filtered to the unneeded ones) from the pinned `MATCH_PREFIXES`.
 pub fn remove(pin_dir: &Path, keys: &[PrefixKey]) -> Result<(), MatchMapError> {
     let (mut trie, mut config) = maps_of(pin_dir)?;

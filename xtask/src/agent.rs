@@ -137,7 +137,8 @@ impl Drop for Agent {
         // The agent removes its pins on a clean exit; after a SIGKILL they are ours to remove.
         if let Ok(entries) = std::fs::read_dir(&self.pin_dir) {
             for e in entries.flatten() {
-                let _ = std::fs::remove_file(e.path());
+                // Map and link pins are files; the agent's markers are directories.
+                let _ = std::fs::remove_file(e.path()).or_else(|_| std::fs::remove_dir(e.path()));
             }
         }
         let _ = std::fs::remove_dir(&self.pin_dir);
