@@ -54,7 +54,7 @@ fn summary(path: &std::path::Path, s: &AgentSettings, kernel_prefixes: u32) -> S
         "OK {}\n  interfaces: {interfaces}\n  listen: {}\n  attach: {}, pins in {}\n  state dir: {}\n  match: tcp ports {}, udp ports {} (RoCEv2 always), {prefixes}\n  jobs: {jobs}\n  detection: {detect}\n  operator tokens: {tokens}\n",
         path.display(),
         s.listen,
-        s.attach,
+        if s.persist { format!("{} (persistent)", s.attach) } else { s.attach.to_string() },
         s.pin_dir.display(),
         s.detect.state_dir.display(),
         ports(&s.matching.tcp_ports),
