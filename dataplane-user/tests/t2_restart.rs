@@ -397,3 +397,45 @@ fn pins_of_another_layout_are_refused_and_left_alone() {
     detach(&star, &scratch);
     assert_nothing_left(&star, &scratch);
 }
+
+/// `--keep-pins` (default mode) detaches the program but keeps the maps: the next agent reuses
+/// them and, finding no filter to take over, attaches afresh.
+#[test]
+#[ignore = "needs root and the eBPF object (T2): run with cargo xtask test"]
+fn kept_pins_are_reused_and_the_program_attached_afresh() {
+    preconditions();
+    let star = Star::new(StarConfig { hosts: 2, ..Default::default() }).unwrap();
+    let scratch = Scratch::new("keep");
+    let config = scratch.config("agent.toml", "");
+    let mut a = Agent::start(&star, &scratch, &config, &["--keep-pins"]);
+    ready(&star, "agent A to poll");
+    let stream = start_stream(&star);
+    let before = wait_for(Duration::from_secs(10), POLL, "agent A to count part of the stream", || {
+        let c = Counts::of(&get_metrics(&star)?);
+        (c.peer >= 1_000).then_some(c)
+    });
+    assert!(a.stop(), "agent A did not exit cleanly");
+    assert!(!tc_show(&star, &["filter", "show", "dev", "eth0", "egress"]).contains("flowmon"), "--keep-pins left the program attached");
+    let (kept, _) = kernel_counts(&scratch.pin_dir);
+    assert!(kept >= before.peer, "the kept FLOWS lost counts: {kept} < {}", before.peer);
+    let mut b = Agent::start(&star, &scratch, &config, &[]);
+    let after = ready(&star, "agent B to reuse the kept pins and poll");
+    assert!(after.never_below(&before), "{before:?} -> {after:?}");
+    assert!(tc_show(&star, &["filter", "show", "dev", "eth0", "egress"]).contains("flowmon"), "agent B did not attach");
+    let (sent, received) = stream.join().unwrap();
+    // Not lossless, and not ringside's packets: agent A's exit deletes the clsact qdisc it added
+    // and agent B adds it again, and the kernel drops a few packets of the device while it grafts
+    // a clsact qdisc (measured without ringside: `tc qdisc add/del dev IF clsact` 4 times under a
+    // 2000 pps UDP stream lost 47 of 12 000; here 1-9 of 24 000). Persistent mode keeps the qdisc
+    // and is lossless (the tests above assert received == sent).
+    eprintln!("default-mode stop/start: sent {sent}, received {received}");
+    assert!(received + 50 >= sent, "tenant traffic lost {} of {sent} datagrams", sent - received);
+    let end = wait_for(Duration::from_secs(5), POLL, "agent B to count the rest of the stream", || {
+        let c = Counts::of(&get_metrics(&star)?);
+        (c.peer > after.peer).then_some(c)
+    });
+    // Packets between the two agents were not counted (no program was attached): below `sent`.
+    assert!(end.peer <= sent, "{end:?} counts more than the {sent} packets sent");
+    assert!(b.stop(), "agent B did not exit cleanly");
+    assert_nothing_left(&star, &scratch);
+}
