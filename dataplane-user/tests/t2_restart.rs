@@ -423,13 +423,13 @@ fn kept_pins_are_reused_and_the_program_attached_afresh() {
     assert!(after.never_below(&before), "{before:?} -> {after:?}");
     assert!(tc_show(&star, &["filter", "show", "dev", "eth0", "egress"]).contains("flowmon"), "agent B did not attach");
     let (sent, received) = stream.join().unwrap();
-    // Not lossless, and not ringside's packets: agent A's exit deletes the clsact qdisc it added
-    // and agent B adds it again, and the kernel drops a few packets of the device while it grafts
-    // a clsact qdisc (measured without ringside: `tc qdisc add/del dev IF clsact` 4 times under a
-    // 2000 pps UDP stream lost 47 of 12 000; here 1-9 of 24 000). Persistent mode keeps the qdisc
-    // and is lossless (the tests above assert received == sent).
+    // Not lossless: agent A's exit deletes the clsact qdisc it added and agent B adds it again,
+    // and the kernel drops a few of the device's packets while it grafts a clsact qdisc (measured
+    // without ringside: `tc qdisc add/del dev IF clsact` 4 times under a 2000 pps UDP stream lost
+    // 47 of 12 000; here 0-35 of 24 000 in 15 rounds). Persistent mode keeps the qdisc and is
+    // lossless (the tests above assert received == sent).
     eprintln!("default-mode stop/start: sent {sent}, received {received}");
-    assert!(received + 50 >= sent, "tenant traffic lost {} of {sent} datagrams", sent - received);
+    assert!(received + 200 >= sent, "tenant traffic lost {} of {sent} datagrams", sent - received);
     let end = wait_for(Duration::from_secs(5), POLL, "agent B to count the rest of the stream", || {
         let c = Counts::of(&get_metrics(&star)?);
         (c.peer > after.peer).then_some(c)
