@@ -348,6 +348,10 @@ mod tests {
         assert_eq!(d.pin_dir, PathBuf::from(config::DEFAULT_PIN_DIR));
         assert_eq!(d.poll_interval, Duration::from_millis(100));
         assert!(!d.ebpf_debug_log, "the eBPF debug log is off by default");
+        assert!(!d.persist, "the default exit cleans up everything");
+        let persist_file = ConfigFile::parse("persist = true\n", Path::new("t.toml")).unwrap();
+        assert!(AgentSettings::resolve(&persist_file, &AgentArgs::default()).unwrap().persist);
+        assert!(AgentSettings::resolve(&ConfigFile::default(), &AgentArgs { persist: true, ..Default::default() }).unwrap().persist);
         let on = AgentArgs { ebpf_debug_log: true, ..Default::default() };
         assert!(AgentSettings::resolve(&ConfigFile::default(), &on).unwrap().ebpf_debug_log);
         let file_on = ConfigFile::parse("ebpf_debug_log = true\n", Path::new("t.toml")).unwrap();
