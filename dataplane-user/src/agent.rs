@@ -66,7 +66,8 @@ pub struct AgentArgs {
     /// How to attach: clsact (tc filter) or tcx (bpf link) [default: clsact].
     #[arg(long, value_enum)]
     pub attach: Option<AttachMode>,
-    /// Directory for state that survives a restart (open events) [default: /var/lib/ringside].
+    /// Directory for state that survives a restart (open events, registered jobs, the generated
+    /// operator token) [default: /var/lib/ringside].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Debug records from the eBPF classifier, rate-limited in the kernel; shown with
@@ -221,8 +222,12 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
     // The pipeline: collector -> (window queue) -> analysis -> hint board and snapshots <- API.
     let attach = AttachInfo::attached(attachment.interfaces().to_vec(), attachment.pin_dir().to_owned(), settings.poll_interval);
     let hints = HintBoard::default();
-    let catalog = JobCatalog::new(operators, settings.matching.prefix_keys()).with_config_jobs(&settings.jobs);
+    let mut catalog = JobCatalog::new(operators, settings.matching.prefix_keys())
+        .with_config_jobs(&settings.jobs)
+        .with_state_dir(settings.detect.state_dir.clone());
     catalog.onboard_config_jobs(&hints, clock::unix_ms());
+    // Jobs registered in a previous run, after the config jobs (whose names win) and before serving.
+    catalog.restore(clock::unix_ms(), attach.live_pin_dir(), &hints);
     if attachment.reused() {
         // The pinned trie may hold prefixes of jobs that no longer exist, or of a [match] list
         // that changed: drop those, and only those (clearing it would stop counting the traffic

@@ -111,6 +111,8 @@ metric!(DETECT_STATE_FILE_ERRORS, "ringside_detect_state_file_errors", Counter,
 // --- API ---
 metric!(API_JOBS_REGISTERED, "ringside_api_jobs_registered", Gauge,
     "Jobs registered through POST /v1/jobs (config-file jobs not included)");
+metric!(API_JOBS_FILE_ERRORS, "ringside_api_jobs_file_errors", Counter,
+    "Problems with the registered-jobs file in state_dir, by operation: load (unreadable or corrupt at start and moved aside, or jobs in it dropped) or save (the last registration or removal may not survive a restart)");
 metric!(API_HINT_STREAMS, "ringside_api_hint_streams", Gauge,
     "Open hint streams (GET /v1/jobs/{id}/hints/stream)");
 
@@ -192,7 +194,7 @@ pub const ALL: &[&Metric] = &[
     &AGENT_EVENTS, &AGENT_POLLS, &AGENT_POLL_ERRORS, &AGENT_POLL_DURATION, &AGENT_LAST_POLL,
     &AGENT_FLOWS_EVICTED, &AGENT_INTERFACES_ATTACHED,
     &VERDICTS_OPEN, &VERDICTS, &DETECT_WINDOWS, &DETECT_INPUT_ERRORS, &DETECT_WINDOWS_DROPPED, &DETECT_STATE_FILE_ERRORS,
-    &API_JOBS_REGISTERED, &API_HINT_STREAMS,
+    &API_JOBS_REGISTERED, &API_JOBS_FILE_ERRORS, &API_HINT_STREAMS,
 ];
 
 /// The `Content-Type` of [`render`]'s output.
@@ -358,8 +360,18 @@ fn families(view: &AgentView) -> Vec<Family> {
             (vec![("operation", "save".to_owned())], Value::Counter(ev.counters.state_write_errors)),
         ],
     });
-    let registered = view.catalog().len();
+    let (registered, file) = {
+        let c = view.catalog();
+        (c.len(), c.file_counters)
+    };
     out.push(single(&API_JOBS_REGISTERED, Value::Count(registered as u64)));
+    out.push(Family {
+        metric: &API_JOBS_FILE_ERRORS,
+        series: vec![
+            (vec![("operation", "load".to_owned())], Value::Counter(file.load_errors)),
+            (vec![("operation", "save".to_owned())], Value::Counter(file.save_errors)),
+        ],
+    });
     out.push(single(&API_HINT_STREAMS, Value::Count(view.hint_streams.load(std::sync::atomic::Ordering::Relaxed) as u64)));
     out
 }

@@ -32,12 +32,18 @@ struct AgentProcess {
     child: Option<Child>,
     pin_dir: PathBuf,
     config: Option<PathBuf>,
+    state_dir: PathBuf,
 }
 
 impl AgentProcess {
+    /// Starts `cmd` with `--state-dir` set to a directory of this test's own (removed on drop):
+    /// the default, /var/lib/ringside, would keep the jobs this test registers for the next agent
+    /// started on the machine.
     fn start(mut cmd: Command, pin_dir: PathBuf, config: Option<PathBuf>) -> AgentProcess {
-        let child = cmd.spawn().expect("spawning the ringside binary");
-        AgentProcess { child: Some(child), pin_dir, config }
+        let state_dir = std::env::temp_dir().join(format!("ringside-t2-state-{}", pin_dir.file_name().unwrap().to_string_lossy()));
+        let _ = std::fs::remove_dir_all(&state_dir);
+        let child = cmd.arg("--state-dir").arg(&state_dir).spawn().expect("spawning the ringside binary");
+        AgentProcess { child: Some(child), pin_dir, config, state_dir }
     }
 
     /// SIGTERM, then wait up to 10 s; returns whether it exited successfully.
@@ -61,6 +67,7 @@ impl Drop for AgentProcess {
         if let Some(c) = &self.config {
             let _ = std::fs::remove_file(c);
         }
+        let _ = std::fs::remove_dir_all(&self.state_dir);
     }
 }
 

@@ -116,6 +116,12 @@ impl Agent {
         text.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_owned)
     }
 
+    /// The agent's process id (it is our direct child: `Netns::command` enters the namespace
+    /// before exec), while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Whether the agent process is still running.
     pub fn running(&mut self) -> bool {
         self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))

@@ -4,7 +4,7 @@ use clap::Subcommand;
 
 use crate::{build, setup, util::{cargo, sh}};
 
-#[derive(Subcommand, Clone, Copy)]
+#[derive(Subcommand, Clone)]
 pub enum Which {
     /// ns per packet of the flow monitor vs an empty classifier (BPF_PROG_TEST_RUN, many repeats).
     Ebpf,
@@ -14,6 +14,10 @@ pub enum Which {
     /// iperf3 throughput between two namespaces with the agent's monitor attached vs detached,
     /// alternated in one run; share of throughput lost (target ≤ 2 %).
     Overhead(crate::bench_overhead::Opts),
+    /// The agent's HTTP API on loopback: keep-alive clients on the hints endpoint and /metrics
+    /// (requests/s, p50/p99/max, errors), /metrics again beside 500 idle connections, and the
+    /// agent's RSS before, during and after (flat within a bound).
+    Http(crate::bench_http::Opts),
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -29,5 +33,6 @@ pub fn run(which: Which) -> Result<()> {
         }
         Which::Collectives(opts) => crate::bench_collectives::run(opts),
         Which::Overhead(opts) => crate::bench_overhead::run(opts),
+        Which::Http(opts) => crate::bench_http::run(opts),
     }
 }

@@ -12,6 +12,11 @@
 //! - **Sizes**: request heads over [`Limits::max_head_bytes`] are refused by hyper (431), URLs over
 //!   [`MAX_URI_BYTES`] get a 414 with a message, bodies over `MAX_BODY_BYTES` a 413 (the router).
 //!
+//! - **File descriptors**: [`serve`] raises the process's soft `RLIMIT_NOFILE` to make room for
+//!   [`Limits::max_connections`] plus [`FD_RESERVE`] (systemd's default soft limit is 1024). Below
+//!   that, `accept` fails with EMFILE before the connection limit is reached, and a scrape then
+//!   waits in the kernel's backlog behind idle connections until their header-read timer fires.
+//!
 //! Graceful shutdown: on the signal the listener closes, open connections finish their current
 //! request (hyper's graceful shutdown) for at most [`SHUTDOWN_GRACE`], then everything is dropped.
 use std::{
@@ -37,6 +42,29 @@ use tokio::sync::Semaphore;
 pub const MAX_URI_BYTES: usize = 4096;
 /// How long open connections get to finish on shutdown.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// File descriptors kept free beside the connections: maps, pins, netlink, the state files,
+/// `/proc` reads.
+pub const FD_RESERVE: u64 = 256;
+
+/// Raises the soft `RLIMIT_NOFILE` to at least `want` (never above the hard limit, never
+/// lowered). Returns the soft limit now in force.
+pub fn raise_fd_limit(want: u64) -> std::io::Result<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct passed by pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if lim.rlim_cur >= want {
+        return Ok(lim.rlim_cur);
+    }
+    let raised = libc::rlimit { rlim_cur: want.min(lim.rlim_max), rlim_max: lim.rlim_max };
+    // SAFETY: setrlimit only reads the struct passed by reference.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(raised.rlim_cur)
+}
 
 /// The server's bounds (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -92,6 +120,17 @@ pub fn bounded(router: Router, limits: Limits) -> Router {
 /// Serves `router` on `listener` within `limits` until `shutdown` completes.
 pub async fn serve(listener: tokio::net::TcpListener, router: Router, limits: Limits, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
     let router = bounded(router, limits);
+    let want = limits.max_connections as u64 + FD_RESERVE;
+    match raise_fd_limit(want) {
+        Ok(n) if n < want => tracing::warn!(
+            soft_limit = n,
+            wanted = want,
+            "the open-files limit leaves room for fewer than {} HTTP connections: idle clients could hold every descriptor and stall /metrics; raise the hard limit (systemd LimitNOFILE={want}, ulimit -Hn)",
+            limits.max_connections
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot read or raise the open-files limit ({e}); idle clients could stall /metrics before the connection limit is reached"),
+    }
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -200,6 +239,57 @@ mod tests {
         assert_eq!(resp, "", "a connection over the limit is closed without an answer");
         assert!(STATS.refused.load(Ordering::Relaxed) > before);
         drop(held);
+    }
+
+    /// Whether the server has closed `s` (EOF or reset) rather than keeping it open and silent.
+    fn closed_by_server(s: &std::net::TcpStream) -> bool {
+        s.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 1];
+        let closed = !matches!(s.peek(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        s.set_nonblocking(false).unwrap();
+        closed
+    }
+
+    /// With the production limits: 500 idle connections do not stop a scrape; 1024 held connections
+    /// are all kept, the 1025th is closed unanswered, and a scrape succeeds again once one is freed.
+    /// Functional, not timed: the bounds are generous (10 s per answer).
+    #[test]
+    fn default_limits_hold_1024_connections_and_refuse_the_1025th() {
+        // Client and server ends share this process: 2 × 1025 descriptors and the reserve.
+        let need = 2 * 1025 + FD_RESERVE;
+        let got = raise_fd_limit(need).unwrap();
+        assert!(got >= need, "this test holds {need} file descriptors but the hard RLIMIT_NOFILE allows {got}; raise it (ulimit -Hn {need})");
+        // The header-read timer far away, so none of the held connections is closed by it during
+        // the test; everything else as in production.
+        let limits = Limits { header_read_timeout: Duration::from_secs(120), ..Limits::default() };
+        assert_eq!(limits.max_connections, 1024);
+        let (addr, _stop) = start(limits);
+        let scrape = || request(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+
+        let mut held: Vec<std::net::TcpStream> = (0..500).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+        let resp = scrape();
+        assert!(resp.starts_with("HTTP/1.1 200") && resp.ends_with("ok\n"), "with 500 idle connections: {resp:?}");
+
+        held.extend((0..524).map(|_| std::net::TcpStream::connect(addr).unwrap()));
+        // Each `connect` returned once its connection was in the listener's queue, and the server
+        // accepts in queue order: the next one is the 1025th it sees. (`STATS` is shared with the
+        // other tests of this binary, so it cannot say how many of these were accepted.)
+        let refused_before = STATS.refused.load(Ordering::Relaxed);
+        assert_eq!(scrape(), "", "the 1025th connection is closed without an answer");
+        assert!(STATS.refused.load(Ordering::Relaxed) > refused_before);
+        assert!(held.iter().all(|s| !closed_by_server(s)), "a held connection was closed to make room");
+
+        // One freed: a scrape gets through again (the freed slot is released asynchronously).
+        drop(held.pop());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let resp = loop {
+            let r = scrape();
+            if r.starts_with("HTTP/1.1 200") || std::time::Instant::now() > deadline {
+                break r;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(resp.starts_with("HTTP/1.1 200"), "after one connection closed: {resp:?}");
     }
 
     #[test]

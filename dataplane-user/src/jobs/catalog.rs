@@ -16,15 +16,20 @@
 //! - At most [`MAX_JOBS`] registered jobs; names are unique among them.
 //! - The job set the analysis stage uses ([`JobCatalog::job_set`]) lists config-file jobs first,
 //!   then registered jobs in registration order, so a flow belongs to exactly one job.
+//! - With a state directory ([`JobCatalog::with_state_dir`]) every successful registration and
+//!   removal rewrites the jobs file ([`super::state`]) before the API answers, and
+//!   [`JobCatalog::restore`] onboards its jobs at start like new registrations: a tenant's job id
+//!   and token survive a restart or a crash. Config-file jobs are never written there.
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use dataplane_common::PrefixKey;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ringside_client::{JobRegistration, JobView, PortRange};
 
 use super::{
+    state::{self, PersistedJob, PersistedJobs, JOBS_VERSION},
     tokens::{new_job_id, new_token, RandomnessError, TokenHash, TENANT_TOKEN_PREFIX},
     windows::{JobSet, JobSpec, DEFAULT_JOB},
 };
@@ -48,7 +53,7 @@ pub const MAX_PORT_RANGES_PER_JOB: usize = 16;
 pub enum RegisterError {
     #[error("invalid `{field}`: {message}")]
     Invalid { field: &'static str, message: String },
-    #[error("a job named `{name}` is already registered; pick another name or DELETE /v1/jobs/{{id}} first")]
+    #[error("a job named `{name}` is already registered (or is a [[job]] of the config file); pick another name or DELETE /v1/jobs/{{id}} first")]
     NameTaken { name: String },
     #[error("{max} jobs are registered, the most this agent holds; delete finished jobs (DELETE /v1/jobs/{{id}}) first")]
     Full { max: usize },
@@ -131,6 +136,15 @@ struct RegisteredJob {
     token: TokenHash,
 }
 
+/// Problems with the jobs file, for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobsFileCounters {
+    /// The file was unreadable or corrupt at start (moved aside), or held jobs that were dropped.
+    pub load_errors: u64,
+    /// Failed writes: the last registration or removal may not survive a restart.
+    pub save_errors: u64,
+}
+
 /// Config-file and registered jobs, the operator tokens, and the prefixes the config file already
 /// monitors.
 #[derive(Debug)]
@@ -144,6 +158,9 @@ pub struct JobCatalog {
     /// `[match] prefixes` as trie keys: never removed from `MATCH_PREFIXES` on unregister.
     static_prefixes: Vec<PrefixKey>,
     max_jobs: usize,
+    /// Where the jobs file lives; `None`: registered jobs are not persisted (tests, tools).
+    state_dir: Option<PathBuf>,
+    pub file_counters: JobsFileCounters,
 }
 
 impl Default for JobCatalog {
@@ -155,12 +172,27 @@ impl Default for JobCatalog {
 
 impl JobCatalog {
     pub fn new(operators: Vec<TokenHash>, static_prefixes: Vec<PrefixKey>) -> Self {
-        JobCatalog { config_jobs: Vec::new(), jobs: BTreeMap::new(), order: Vec::new(), operators, static_prefixes, max_jobs: MAX_JOBS }
+        JobCatalog {
+            config_jobs: Vec::new(),
+            jobs: BTreeMap::new(),
+            order: Vec::new(),
+            operators,
+            static_prefixes,
+            max_jobs: MAX_JOBS,
+            state_dir: None,
+            file_counters: JobsFileCounters::default(),
+        }
     }
 
     /// With the config file's `[[job]]`s (onboard them with [`JobCatalog::onboard_config_jobs`]).
     pub fn with_config_jobs(mut self, jobs: &JobSet) -> Self {
         self.config_jobs = jobs.specs().to_vec();
+        self
+    }
+
+    /// Persists registered jobs in `dir`'s jobs file (load them with [`JobCatalog::restore`]).
+    pub fn with_state_dir(mut self, dir: PathBuf) -> Self {
+        self.state_dir = Some(dir);
         self
     }
 
@@ -200,6 +232,15 @@ impl JobCatalog {
         board: &HintBoard,
     ) -> Result<(String, String), RegisterError> {
         let (id, token) = self.register(reg, now_unix_ms)?;
+        self.onboard_registered(&id, now_unix_ms, pin_dir, board)?;
+        self.persist(now_unix_ms);
+        Ok((id, token))
+    }
+
+    /// The kernel and hint-board half of onboarding an already registered job `id`; a kernel
+    /// failure unregisters it.
+    fn onboard_registered(&mut self, id: &str, now_unix_ms: u64, pin_dir: Option<&Path>, board: &HintBoard) -> Result<(), RegisterError> {
+        let id = id.to_owned();
         let keys = self.prefix_keys(&id);
         match pin_dir {
             Some(dir) => match match_map::add(dir, &keys) {
@@ -221,7 +262,118 @@ impl JobCatalog {
         if let Err(e) = board.publish(baseline_hint(&id, now_unix_ms)) {
             tracing::warn!("{e}");
         }
-        Ok((id, token))
+        Ok(())
+    }
+
+    /// Onboards the jobs of the jobs file in `state_dir` (a previous run's registrations) as if
+    /// they were registered now, in their registration order, keeping their ids, names,
+    /// registration times and token hashes. A job that no longer fits is dropped with a warning
+    /// naming it: its name is a config-file `[[job]]`'s (the config file wins) or another
+    /// restored job's, its id is taken, it no longer validates, its token hash is malformed, the
+    /// cap is reached, or the kernel refused its prefixes. A bad file is moved aside (see
+    /// [`super::state`]). Returns how many jobs were restored. Call once, before serving.
+    pub fn restore(&mut self, now_unix_ms: u64, pin_dir: Option<&Path>, board: &HintBoard) -> usize {
+        let Some(dir) = self.state_dir.clone() else { return 0 };
+        let file = state::jobs_path(&dir);
+        let saved = match state::load(&dir, now_unix_ms) {
+            Ok(Some(saved)) => saved,
+            Ok(None) => return 0,
+            Err(e) => {
+                tracing::warn!("{e}");
+                self.file_counters.load_errors += 1;
+                return 0;
+            }
+        };
+        let config_names: BTreeSet<String> = self.config_jobs.iter().map(|j| j.name.clone()).collect();
+        let (mut restored, mut dropped) = (0, 0);
+        for job in saved.jobs {
+            let (id, name) = (job.id.clone(), job.registration.name.clone());
+            match self.restore_one(job, &config_names, now_unix_ms, pin_dir, board) {
+                Ok(()) => restored += 1,
+                Err(why) => {
+                    dropped += 1;
+                    tracing::warn!(job = %id, name = %name, file = %file.display(), "registered job not restored: {why}");
+                }
+            }
+        }
+        if dropped > 0 {
+            self.file_counters.load_errors += 1;
+        }
+        tracing::info!(restored, dropped, file = %file.display(), "registered jobs restored from the previous run");
+        restored
+    }
+
+    fn restore_one(
+        &mut self,
+        job: PersistedJob,
+        config_names: &BTreeSet<String>,
+        now_unix_ms: u64,
+        pin_dir: Option<&Path>,
+        board: &HintBoard,
+    ) -> Result<(), String> {
+        let reg = &job.registration;
+        if config_names.contains(&reg.name) {
+            return Err(format!("the config file now has a [[job]] named `{}`, which takes precedence; register the job again under another name", reg.name));
+        }
+        if self.jobs.values().any(|j| j.view.name == reg.name) {
+            return Err(format!("another restored job is named `{}`", reg.name));
+        }
+        if !job.id.starts_with("j-") || self.jobs.contains_key(&job.id) || config_names.contains(&job.id) {
+            return Err(format!("its id `{}` is malformed or taken", job.id));
+        }
+        if self.jobs.len() >= self.max_jobs {
+            return Err(RegisterError::Full { max: self.max_jobs }.to_string());
+        }
+        let token = job.token_hash().ok_or("its token hash is not 64 hex digits")?;
+        let valid = validate(reg).map_err(|e| format!("it no longer validates: {e}"))?;
+        let view = JobView {
+            id: job.id.clone(),
+            name: reg.name.clone(),
+            members: valid.view_members,
+            tcp_ports: reg.tcp_ports.clone(),
+            udp_ports: reg.udp_ports.clone(),
+            gradient_bytes: reg.gradient_bytes,
+            constraints: reg.constraints.clone(),
+            registered_unix_ms: job.registered_unix_ms,
+        };
+        let spec = JobSpec { name: job.id.clone(), ..valid.spec };
+        self.jobs.insert(job.id.clone(), RegisteredJob { view, spec, token });
+        self.order.push(job.id.clone());
+        self.onboard_registered(&job.id, now_unix_ms, pin_dir, board).map_err(|e| e.to_string())
+    }
+
+    /// What the jobs file holds: every registered job, in registration order.
+    pub fn persisted(&self, now_unix_ms: u64) -> PersistedJobs {
+        let jobs = self
+            .order
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .map(|j| PersistedJob {
+                id: j.view.id.clone(),
+                registered_unix_ms: j.view.registered_unix_ms,
+                token_sha256: j.token.to_hex(),
+                registration: JobRegistration {
+                    name: j.view.name.clone(),
+                    members: j.view.members.clone(),
+                    tcp_ports: j.view.tcp_ports.clone(),
+                    udp_ports: j.view.udp_ports.clone(),
+                    gradient_bytes: j.view.gradient_bytes,
+                    constraints: j.view.constraints.clone(),
+                },
+            })
+            .collect();
+        PersistedJobs { version: JOBS_VERSION, saved_unix_ms: now_unix_ms, jobs }
+    }
+
+    /// Rewrites the jobs file (with a state directory). A failure is logged and counted, not
+    /// returned: the job is registered (or removed) in this run either way, and refusing it would
+    /// not make the file writable.
+    fn persist(&mut self, now_unix_ms: u64) {
+        let Some(dir) = &self.state_dir else { return };
+        if let Err(e) = state::save(dir, &self.persisted(now_unix_ms)) {
+            self.file_counters.save_errors += 1;
+            tracing::warn!("{e}");
+        }
     }
 
     /// Removes registered job `id`: ends its hint streams and releases the prefixes nobody else
@@ -244,6 +396,7 @@ impl JobCatalog {
                 tracing::warn!(job = %id, "cannot remove the job's prefixes from MATCH_PREFIXES: {e}");
             }
         }
+        self.persist(crate::clock::unix_ms());
         Ok(unneeded.len())
     }
 
@@ -296,7 +449,9 @@ impl JobCatalog {
     /// the clear outside the tenant).
     pub fn register(&mut self, reg: &JobRegistration, now_unix_ms: u64) -> Result<(String, String), RegisterError> {
         let valid = validate(reg)?;
-        if self.jobs.values().any(|j| j.view.name == reg.name) {
+        // Config-file names too: the config file wins at the next start (`restore`), so such a job
+        // would be dropped then.
+        if self.jobs.values().any(|j| j.view.name == reg.name) || self.config_jobs.iter().any(|j| j.name == reg.name) {
             return Err(RegisterError::NameTaken { name: reg.name.clone() });
         }
         if self.jobs.len() >= self.max_jobs {
@@ -484,6 +639,91 @@ pub(crate) mod tests {
         assert_eq!(set.job_of(&k), Some("cfg"));
         r.unregister(&id);
         assert!(r.job_set_with(&[]).specs().is_empty(), "no jobs: the implicit default");
+    }
+
+    #[test]
+    fn registered_jobs_and_token_hashes_survive_a_restart() {
+        use crate::events::tests::tempdir;
+        let dir = tempdir("catalog-restore");
+        let board = HintBoard::default();
+        let mut first = JobCatalog::new(vec![], vec![]).with_state_dir(dir.clone());
+        let (a, ta) = first.onboard(&registration("a", &[" 10.77.0.0/24 "]), 1_000, None, &board).unwrap();
+        let (b, tb) = first.onboard(&registration("b", &["10.78.0.1"]), 2_000, None, &board).unwrap();
+        let (c, _) = first.onboard(&registration("c", &["10.79.0.1"]), 3_000, None, &board).unwrap();
+        first.remove(&c, None, &board).unwrap();
+        // The file holds hashes, never a token.
+        let text = std::fs::read_to_string(state::jobs_path(&dir)).unwrap();
+        assert!(!text.contains(&ta) && !text.contains(&ta[4..]) && !text.contains(&tb[4..]), "{text}");
+        assert!(text.contains(&TokenHash::of(&ta).to_hex()), "{text}");
+        assert!(!text.contains(&c), "removed jobs leave the file: {text}");
+
+        // A restart: same ids, names, order, registration times, specs; old tokens authenticate.
+        let board2 = HintBoard::default();
+        let mut second = JobCatalog::new(vec![], vec![]).with_state_dir(dir.clone());
+        assert_eq!(second.restore(9_000, None, &board2), 2);
+        assert_eq!(second.views(), first.views());
+        assert_eq!(second.spec(&a), first.spec(&a));
+        assert_eq!(second.job_set().names(), first.job_set().names());
+        assert!(second.is_tenant_of(&a, &TokenHash::of(&ta)) && second.is_tenant_of(&b, &TokenHash::of(&tb)));
+        assert!(!second.is_tenant_of(&a, &TokenHash::of(&tb)), "a token opens its own job only");
+        assert!(!second.is_tenant_of(&a, &TokenHash::of("rst_wrong")));
+        // Onboarded like new registrations: a hint channel and the baseline plan.
+        assert_eq!(board2.latest(&a).map(|h| h.job), Some(a.clone()));
+        assert!(board2.latest(&c).is_none());
+        assert_eq!(second.file_counters, JobsFileCounters::default());
+        // New registrations append to the restored ones and keep names unique.
+        assert!(matches!(second.register(&registration("a", &["10.0.0.1"]), 0), Err(RegisterError::NameTaken { .. })));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn config_jobs_win_and_bad_entries_are_dropped() {
+        use crate::events::tests::tempdir;
+        let dir = tempdir("catalog-restore-drop");
+        let board = HintBoard::default();
+        let mut first = JobCatalog::new(vec![], vec![]).with_state_dir(dir.clone());
+        let (keep, tk) = first.onboard(&registration("keep", &["10.1.0.1"]), 1, None, &board).unwrap();
+        first.onboard(&registration("train", &["10.2.0.1"]), 2, None, &board).unwrap();
+        first.onboard(&registration("badhash", &["10.3.0.1"]), 3, None, &board).unwrap();
+        first.onboard(&registration("invalid", &["10.4.0.1"]), 4, None, &board).unwrap();
+        let mut saved = first.persisted(5);
+        saved.jobs[2].token_sha256 = "nothex".into();
+        saved.jobs[3].registration.members = vec!["0.0.0.0/0".into()];
+        state::save(&dir, &saved).unwrap();
+
+        // The next run's config file has a [[job]] named `train`.
+        let cfg = JobSet::from_specs(vec![JobSpec { name: "train".into(), ..first.spec(&keep).unwrap().clone() }]);
+        let mut second = JobCatalog::new(vec![], vec![]).with_config_jobs(&cfg).with_state_dir(dir.clone()).with_max_jobs(64);
+        assert_eq!(second.restore(10, None, &HintBoard::default()), 1);
+        assert_eq!(second.views().iter().map(|v| v.name.as_str()).collect::<Vec<_>>(), vec!["keep"]);
+        assert!(second.is_tenant_of(&keep, &TokenHash::of(&tk)));
+        assert_eq!(second.file_counters.load_errors, 1, "dropped jobs are counted once per load");
+        // The file is not rewritten by a restore: the dropped entries stay until the next change.
+        assert_eq!(state::load(&dir, 11).unwrap().unwrap().jobs.len(), 4);
+        // A registration under a config job's name is refused (it would be dropped at restart).
+        assert!(matches!(second.register(&registration("train", &["10.5.0.1"]), 0), Err(RegisterError::NameTaken { .. })));
+
+        // A corrupt file: counted, moved aside, nothing restored, and the next save starts afresh.
+        std::fs::write(state::jobs_path(&dir), b"garbage").unwrap();
+        let mut third = JobCatalog::new(vec![], vec![]).with_state_dir(dir.clone());
+        assert_eq!(third.restore(12, None, &HintBoard::default()), 0);
+        assert_eq!(third.file_counters.load_errors, 1);
+        assert!(dir.join("jobs.json.corrupt-12").exists());
+        third.onboard(&registration("fresh", &["10.6.0.1"]), 13, None, &HintBoard::default()).unwrap();
+        assert_eq!(state::load(&dir, 14).unwrap().unwrap().jobs.len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_failed_save_is_counted_not_refused() {
+        use crate::events::tests::tempdir;
+        let dir = tempdir("catalog-save-fail");
+        let not_a_dir = dir.join("file");
+        std::fs::write(&not_a_dir, b"").unwrap();
+        let mut r = JobCatalog::new(vec![], vec![]).with_state_dir(not_a_dir);
+        r.onboard(&registration("a", &["10.0.0.1"]), 1, None, &HintBoard::default()).unwrap();
+        assert_eq!((r.len(), r.file_counters.save_errors), (1, 1));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

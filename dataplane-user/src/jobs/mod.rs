@@ -4,8 +4,10 @@
 //!   onboarded or removed;
 //! - [`windows`]: [`JobSet`] (which flow belongs to which job) and the per-job detection window
 //!   ([`JobSet::windows`]) built from the flow table's window;
-//! - [`tokens`]: tenant and operator tokens (hashed at rest) and job ids.
+//! - [`tokens`]: tenant and operator tokens (hashed at rest) and job ids;
+//! - [`state`]: the jobs file in `state_dir` (registered jobs and token hashes across restarts).
 pub mod catalog;
+pub mod state;
 pub mod tokens;
 pub mod windows;
 

@@ -41,6 +41,24 @@ impl TokenHash {
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
+
+    /// The hash as 64 lowercase hex digits (the jobs state file's form).
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// A hash from 64 hex digits; `None` for anything else.
+    pub fn from_hex(hex: &str) -> Option<Self> {
+        // Every byte a hex digit: `from_str_radix` alone would take a sign ("+f").
+        if hex.len() != 64 || !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(TokenHash(out))
+    }
 }
 
 /// Getting randomness from the OS failed (no token or id could be made).
@@ -65,4 +83,21 @@ pub fn new_token(prefix: &str) -> Result<String, RandomnessError> {
 /// comes from the token, not the id).
 pub fn new_job_id() -> Result<String, RandomnessError> {
     Ok(format!("j-{}", random_hex(6)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trip_and_rejects() {
+        let h = TokenHash::of("rst_x");
+        let hex = h.to_hex();
+        assert_eq!(hex.len(), 64);
+        assert!(TokenHash::from_hex(&hex).unwrap().matches(&h));
+        assert!(TokenHash::from_hex(&hex.to_uppercase()).unwrap().matches(&h));
+        for bad in ["", &hex[..62], &format!("{hex}00"), &format!("zz{}", &hex[2..]), &format!("+1{}", &hex[2..])] {
+            assert!(TokenHash::from_hex(bad).is_none(), "{bad}");
+        }
+    }
 }
