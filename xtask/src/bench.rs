@@ -18,6 +18,11 @@ pub enum Which {
     /// (requests/s, p50/p99/max, errors), /metrics again beside 500 idle connections, and the
     /// agent's RSS before, during and after (flat within a bound).
     Http(crate::bench_http::Opts),
+    /// Agent CPU (% of one core), RSS and /metrics scrape time and size while it tracks 1k, 10k and
+    /// 100k real UDP flows through the classifier, polling every 100 ms (targets at 10k: ≤ 2 %
+    /// of a core, ≤ 64 MiB; linear or better to 100k). Method: `cargo xtask bench agent --help`.
+    #[command(long_about = crate::bench_agent::METHOD)]
+    Agent(crate::bench_agent::Opts),
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -34,5 +39,6 @@ pub fn run(which: Which) -> Result<()> {
         Which::Collectives(opts) => crate::bench_collectives::run(opts),
         Which::Overhead(opts) => crate::bench_overhead::run(opts),
         Which::Http(opts) => crate::bench_http::run(opts),
+        Which::Agent(opts) => crate::bench_agent::run(opts),
     }
 }

@@ -4,6 +4,7 @@
 //! workspace root stay on stable and need no root.
 mod agent;
 mod bench;
+mod bench_agent;
 mod bench_collectives;
 mod bench_http;
 mod bench_overhead;
