@@ -270,7 +270,6 @@ impl KernelMaps {
     /// because a key deleted mid-walk makes the kernel restart from the first key.
     pub fn snapshot(&mut self) -> Result<PollSnapshot, CollectError> {
         let mono_ns = crate::clock::monotonic_ns();
-        let mut flows: HashMap<FlowKey, Vec<FlowStats>> = HashMap::new();
         let batched = match &self.batch {
             Some((fd, ncpus)) => match lookup_batch(std::os::fd::AsRawFd::as_raw_fd(fd), *ncpus) {
                 Ok(v) => Some(v),
@@ -281,16 +280,21 @@ impl KernelMaps {
             },
             None => None,
         };
-        match batched {
-            Some(v) => flows.extend(v),
+        // A batch walk returns each key once (a key's bucket is fixed and read under its lock), so
+        // its list is used as is; the key-by-key walk can restart and repeat keys, so it is
+        // deduplicated.
+        let flows: Vec<(FlowKey, Vec<FlowStats>)> = match batched {
+            Some(v) => v,
             None => {
                 self.batch = None;
+                let mut walked: HashMap<FlowKey, Vec<FlowStats>> = HashMap::new();
                 for item in self.flows.iter().take(2 * MAX_FLOWS as usize) {
                     let (k, v) = item.map_err(|source| CollectError::Read { name: maps::FLOWS, source })?;
-                    flows.insert(k, v.to_vec());
+                    walked.insert(k, v.to_vec());
                 }
+                walked.into_iter().collect()
             }
-        }
+        };
         let mut stats = [0u64; STATS_COUNT];
         for (i, slot) in stats.iter_mut().enumerate() {
             let per_cpu = self.stats.get(&(i as u32), 0).map_err(|source| CollectError::Read { name: maps::STATS, source })?;
@@ -302,7 +306,7 @@ impl KernelMaps {
                 events.push(ev);
             }
         }
-        Ok(PollSnapshot { mono_ns, flows: flows.into_iter().collect(), stats, events })
+        Ok(PollSnapshot { mono_ns, flows, stats, events })
     }
 
     /// Deletes forgotten flows from `FLOWS` (a flow already gone is fine).

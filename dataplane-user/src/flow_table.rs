@@ -16,7 +16,7 @@
 //! - Memory is bounded: at most `max_flows` flows, `max_peers` distinct peer addresses (the rest
 //!   share `peer="other"`), and `burst_history` bursts per flow.
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{hash_map::Entry, HashMap, HashSet, VecDeque},
     net::{IpAddr, Ipv6Addr},
     time::Duration,
 };
@@ -132,10 +132,10 @@ pub struct Rates {
 }
 
 impl Rates {
-    fn update(&mut self, delta: &Counters, dt_ns: u64, tau: Duration) {
+    /// One poll: `a` is [`ewma_alpha`] of `dt_ns`, the same for every flow of the poll.
+    fn update(&mut self, delta: &Counters, dt_ns: u64, a: f64) {
         self.bytes_per_second = rate_per_sec(delta.bytes, dt_ns);
         self.packets_per_second = rate_per_sec(delta.packets, dt_ns);
-        let a = ewma_alpha(dt_ns, tau);
         let prev = |v: f64| self.seeded.then_some(v);
         self.ewma_bytes_per_second = ewma_update(prev(self.ewma_bytes_per_second), self.bytes_per_second, a);
         self.ewma_packets_per_second = ewma_update(prev(self.ewma_packets_per_second), self.packets_per_second, a);
@@ -362,42 +362,52 @@ impl FlowTable {
         self.last_mono_ns = Some(snap.mono_ns);
         self.dataplane = snap.stats;
         let adopting = std::mem::take(&mut self.adopting);
+        // Every flow's EWMA decays by the same weight this poll: one exp() per poll, not per flow.
+        let alpha = ewma_alpha(dt_ns.unwrap_or(0), self.settings.ewma_tau);
 
-        let mut seen: HashSet<FlowKey> = HashSet::with_capacity(snap.flows.len());
+        // This runs every poll over every flow (10 × 100k flow visits a second at the top of the
+        // range), so each flow costs one hash lookup here: `in_kernel` is cleared in a plain pass
+        // and set again by the lookup, instead of collecting a set of the keys seen.
+        for e in self.flows.values_mut() {
+            e.in_kernel = false;
+        }
         for (key, per_cpu) in &snap.flows {
-            seen.insert(*key);
             let totals = FlowTotals::from_per_cpu(per_cpu);
-            let delta = match self.flows.get(key) {
-                // Re-created by the kernel (LRU eviction) if it started later or any counter shrank.
-                Some(e) if totals.first_seen_ns <= e.totals.first_seen_ns || e.totals.first_seen_ns == 0 => {
-                    totals.counters.growth_since(&e.totals.counters).unwrap_or(totals.counters)
+            let (delta, new) = match self.flows.entry(*key) {
+                Entry::Occupied(o) => {
+                    let e = o.into_mut();
+                    // Re-created by the kernel (LRU eviction) if it started later or any counter shrank.
+                    let delta = if totals.first_seen_ns <= e.totals.first_seen_ns || e.totals.first_seen_ns == 0 {
+                        totals.counters.growth_since(&e.totals.counters).unwrap_or(totals.counters)
+                    } else {
+                        totals.counters
+                    };
+                    e.totals = totals;
+                    e.in_kernel = true;
+                    // A new flow's first delta spans at most one interval: a lower bound of its rate.
+                    e.rates.update(&delta, dt_ns.unwrap_or(0), alpha);
+                    (delta, false)
                 }
-                _ => totals.counters,
+                Entry::Vacant(v) => {
+                    let e = v.insert(FlowEntry { key: *key, totals, rates: Rates::default(), bursts: BurstHistory::default(), in_kernel: true });
+                    e.rates.update(&totals.counters, dt_ns.unwrap_or(0), alpha);
+                    (totals.counters, true)
+                }
             };
-            self.account(key, &delta);
-            if let Some(w) = self.window.as_mut().filter(|_| !adopting) {
-                if delta != Counters::default() {
-                    w.deltas.entry(*key).or_default().add(&delta);
+            // An idle flow adds nothing; a new one is accounted even with zero counters so that
+            // its peer takes a label slot in the order flows appear.
+            if new || delta != Counters::default() {
+                self.account(key, &delta);
+                if let Some(w) = self.window.as_mut().filter(|_| !adopting) {
+                    if delta != Counters::default() {
+                        w.deltas.entry(*key).or_default().add(&delta);
+                    }
                 }
             }
-            let tau = self.settings.ewma_tau;
-            let entry = self.flows.entry(*key).or_insert_with(|| FlowEntry {
-                key: *key,
-                totals,
-                rates: Rates::default(),
-                bursts: BurstHistory::default(),
-                in_kernel: true,
-            });
-            entry.totals = totals;
-            entry.in_kernel = true;
-            // A new flow's first delta spans at most one interval: a lower bound of its rate.
-            entry.rates.update(&delta, dt_ns.unwrap_or(0), tau);
         }
         if let Some(dt) = dt_ns {
-            let tau = self.settings.ewma_tau;
-            for e in self.flows.values_mut().filter(|e| !seen.contains(&e.key)) {
-                e.in_kernel = false;
-                e.rates.update(&Counters::default(), dt, tau);
+            for e in self.flows.values_mut().filter(|e| !e.in_kernel) {
+                e.rates.update(&Counters::default(), dt, alpha);
             }
         }
 
@@ -537,11 +547,16 @@ impl FlowTable {
     }
     /// Flows per interface index.
     pub fn flows_per_interface(&self) -> HashMap<u32, u64> {
-        let mut m = HashMap::new();
+        // Called every poll over every flow, with a handful of interfaces: a linear scan of a
+        // short list is cheaper than hashing each flow's ifindex.
+        let mut counts: Vec<(u32, u64)> = Vec::new();
         for e in self.flows.values() {
-            *m.entry(e.key.ifindex).or_default() += 1;
+            match counts.iter_mut().find(|(i, _)| *i == e.key.ifindex) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((e.key.ifindex, 1)),
+            }
         }
-        m
+        counts.into_iter().collect()
     }
     pub fn peers(&self) -> &HashMap<PeerKey, Counters> {
         &self.peers
@@ -690,6 +705,30 @@ pub(crate) mod tests {
         assert_eq!(t.peers()[&peer_in].bytes, 400);
         let ik = InterfaceKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::TCP };
         assert_eq!(t.interfaces()[&ik].bytes, 500);
+    }
+
+    #[test]
+    fn unchanged_flows_stay_in_kernel_and_add_nothing() {
+        let busy = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        let idle = key(1, 3, 29500, direction::EGRESS, flow_kind::TCP);
+        // A flow the kernel created but never counted yet still takes its peer's label slot.
+        let empty = FlowKey { ifindex: 7, ..key(1, 4, 29500, direction::EGRESS, flow_kind::TCP) };
+        let mut t = FlowTable::new(TableSettings { max_peers: 3, ..TableSettings::default() });
+        t.enable_windows();
+        t.apply(&snap(MS, vec![(busy, vec![stats(1, 100, 1, MS)]), (idle, vec![stats(1, 100, 1, MS)]), (empty, vec![FlowStats::default()])]));
+        let empty_peer = PeerKey { ifindex: 7, direction: direction::EGRESS, kind: flow_kind::TCP, peer: ipv4_mapped([10, 77, 0, 4]) };
+        assert_eq!(t.peers().get(&empty_peer), Some(&Counters::default()), "{:?}", t.peers());
+        let _ = t.take_window();
+        t.apply(&snap(2 * MS, vec![(busy, vec![stats(2, 250, 1, 2 * MS)]), (idle, vec![stats(1, 100, 1, MS)]), (empty, vec![FlowStats::default()])]));
+        assert!([busy, idle, empty].iter().all(|k| t.get(k).unwrap().in_kernel));
+        let ik = InterfaceKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::TCP };
+        assert_eq!((t.interfaces()[&ik].packets, t.interfaces()[&ik].bytes), (3, 350));
+        let w = t.take_window().expect("a window");
+        assert_eq!(w.deltas.keys().collect::<Vec<_>>(), vec![&busy], "only flows that moved");
+        assert_eq!(t.get(&idle).unwrap().rates.bytes_per_second, 0.0);
+        assert_eq!(t.flows_per_interface(), HashMap::from([(2, 2), (7, 1)]));
+        t.apply(&snap(3 * MS, vec![(busy, vec![stats(2, 250, 1, 2 * MS)])]));
+        assert!(t.get(&busy).unwrap().in_kernel && !t.get(&idle).unwrap().in_kernel && !t.get(&empty).unwrap().in_kernel);
     }
 
     #[test]
