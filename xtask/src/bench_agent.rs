@@ -72,6 +72,16 @@ pub struct Opts {
     /// Use the release binaries already built (skip `cargo xtask build --release`).
     #[arg(long)]
     pub no_build: bool,
+    /// Niceness of the agent and of the sender thread (setpriority after they start). Default 0:
+    /// run as `nice -n 15 cargo xtask ...` on a shared machine, both would otherwise inherit 15
+    /// and be starved by the other niced work, so polls fall behind and the ring buffer
+    /// overflows for reasons that are not the agent's.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub nice: i32,
+    /// Measure this `ringside` binary instead of the workspace's release build (nothing is
+    /// built): to compare builds, or when target/ is shared with other builds.
+    #[arg(long, value_name = "PATH")]
+    pub agent_bin: Option<std::path::PathBuf>,
 }
 
 /// `cargo xtask bench agent --help`: the method, for whoever reads the numbers.
@@ -90,7 +100,9 @@ seconds pass, then a window of --seconds with no scrape in it: agent CPU = utime
 --scrapes timed GET /metrics from inside the switch namespace (median, max, body size). Counters \
 over the window: flows tracked, map-full, ring-buffer-full, evictions (idle, capacity), dropped \
 detection windows, polls and mean poll time. If the sender cannot keep up, the achieved \
-datagrams/s and late rounds are reported, not hidden. Nothing is subtracted.
+datagrams/s and late rounds are reported, not hidden. Nothing is subtracted. The agent and the \
+sender run at niceness --nice (default 0) even when this command is niced, so that other niced \
+work on a shared machine does not starve what is measured.
 
 Output: a table and target/bench/agent.json. Targets: at 10k flows <= 2 % of a core and <= 64 MiB \
 RSS; 100k flows cost at most 10x the 10k CPU and RSS.";
@@ -145,7 +157,10 @@ pub fn run(o: Opts) -> Result<()> {
         bail!("--flows {f} is more than this rig can address; stay below 1,000,000");
     }
     testbed::require_root().context("bench agent runs network namespaces and attaches eBPF programs")?;
-    let (built, _) = release_binaries(o.no_build)?;
+    let built = match &o.agent_bin {
+        Some(bin) => bin.clone(),
+        None => release_binaries(o.no_build)?.0,
+    };
     let out_dir = crate::util::workspace_root().join("target/bench");
     std::fs::create_dir_all(&out_dir)?;
     // target/ may be shared with concurrent builds: measure a private copy of the binary.
@@ -198,6 +213,7 @@ pub fn run(o: Opts) -> Result<()> {
     let report = json!({
         "tool": "cargo xtask bench agent",
         "machine": machine(),
+        "agent_bin": built.display().to_string(),
         "method": "real UDP flows through the classifier on a namespace star; agent CPU from /proc/PID/stat over the window (no scrape inside it), RSS from /proc/PID/status, /metrics timed after the window",
         "poll_interval_ms": POLL_INTERVAL_MS,
         "seconds": o.seconds,
@@ -263,7 +279,9 @@ fn measure_level(star: &Star, ringside: &Path, out_dir: &Path, flows: u32, o: &O
     )?;
     agent.wait_ready(Duration::from_secs(30))?;
     let pid = agent.pid().context("the agent has no process id")?;
+    renice_process(pid, o.nice)?;
     let sender = Sender::start(star.hosts[0].ns.handle(), star.hosts[0].addr, star.hosts[1].addr, plan, o.rate_per_flow)?;
+    set_nice(sender.tid(), o.nice).context("renicing the sender thread")?;
 
     // Every flow must be tracked before the window: bounded by the time to send one round at the
     // target rate plus generous slack for a loaded machine.
@@ -340,6 +358,9 @@ fn measure_level(star: &Star, ringside: &Path, out_dir: &Path, flows: u32, o: &O
         "sender_late_rounds": late1 - late0,
         "matched_packets": delta("ringside_dataplane_packets_total", Some(("result", "matched"))),
         "polls": polls,
+        "polls_per_second": polls / wall,
+        "agent_cpu_ms_per_poll": (agent1 - agent0) as f64 / hz * 1e3 / polls.max(1.0),
+        "nice": o.nice,
         "poll_mean_ms": poll_ms,
         "map_full": delta("ringside_dataplane_map_full_total", None),
         "ringbuf_full": delta("ringside_dataplane_ringbuf_full_total", None),
@@ -358,13 +379,15 @@ fn measure_level(star: &Star, ringside: &Path, out_dir: &Path, flows: u32, o: &O
 fn print_row(l: &Value) {
     let f = |k: &str| l[k].as_f64().unwrap_or(f64::NAN);
     println!(
-        "flows {:>7} (tracked {:>7}): agent CPU {:6.2} %  RSS {:6.1} MiB (HWM {:6.1})  poll {:6.2} ms  /metrics {:6.2} ms median {:6.2} max {:>6} B  | sender {:6.2} % CPU, {:>8.0}/{:.0} datagrams/s, {} of {} rounds late | map_full {} ringbuf_full {} evicted idle {} capacity {} windows dropped {}  (load {} → {})",
+        "flows {:>7} (tracked {:>7}): agent CPU {:6.2} %  RSS {:6.1} MiB (HWM {:6.1})  {:4.1} polls/s, {:6.2} ms each ({:5.2} ms CPU)  /metrics {:6.2} ms median {:6.2} max {:>6} B  | sender {:6.2} % CPU, {:>8.0}/{:.0} datagrams/s, {} of {} rounds late | map_full {} ringbuf_full {} evicted idle {} capacity {} windows dropped {}  (load {} → {})",
         l["flows"],
         l["flows_tracked_after"],
         f("agent_cpu_percent"),
         f("agent_rss_mib"),
         f("agent_hwm_mib"),
+        f("polls_per_second"),
         f("poll_mean_ms"),
+        f("agent_cpu_ms_per_poll"),
         f("scrape_ms_median"),
         f("scrape_ms_max"),
         l["scrape_bytes"],
@@ -439,6 +462,26 @@ fn memory_kib(pid: u32) -> Result<(u64, u64)> {
         line[k.len()..].trim().trim_end_matches("kB").trim().parse().with_context(|| format!("bad {line:?}"))
     };
     Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// Sets the niceness of every thread of `pid` (a process's threads each carry their own).
+fn renice_process(pid: u32, nice: i32) -> Result<()> {
+    let dir = format!("/proc/{pid}/task");
+    for e in std::fs::read_dir(&dir).with_context(|| format!("read {dir}"))? {
+        if let Some(tid) = e?.file_name().to_str().and_then(|t| t.parse::<i32>().ok()) {
+            set_nice(tid, nice).with_context(|| format!("renicing the agent's thread {tid}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// setpriority(PRIO_PROCESS, tid): on Linux it sets one thread's niceness.
+fn set_nice(tid: i32, nice: i32) -> Result<()> {
+    // SAFETY: plain syscall on an id; no memory is passed.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(())
 }
 
 fn clock_ticks_per_second() -> f64 {
