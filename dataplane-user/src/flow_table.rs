@@ -723,11 +723,14 @@ pub(crate) mod tests {
         assert!([busy, idle, empty].iter().all(|k| t.get(k).unwrap().in_kernel));
         let ik = InterfaceKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::TCP };
         assert_eq!((t.interfaces()[&ik].packets, t.interfaces()[&ik].bytes), (3, 350));
+        assert_eq!(t.get(&idle).unwrap().rates.bytes_per_second, 0.0);
+        // The first window still holds every flow's first counters; the next only what moved.
+        assert_eq!(t.take_window().expect("a window").deltas.len(), 2);
+        t.apply(&snap(3 * MS, vec![(busy, vec![stats(3, 300, 1, 3 * MS)]), (idle, vec![stats(1, 100, 1, MS)]), (empty, vec![FlowStats::default()])]));
         let w = t.take_window().expect("a window");
         assert_eq!(w.deltas.keys().collect::<Vec<_>>(), vec![&busy], "only flows that moved");
-        assert_eq!(t.get(&idle).unwrap().rates.bytes_per_second, 0.0);
         assert_eq!(t.flows_per_interface(), HashMap::from([(2, 2), (7, 1)]));
-        t.apply(&snap(3 * MS, vec![(busy, vec![stats(2, 250, 1, 2 * MS)])]));
+        t.apply(&snap(4 * MS, vec![(busy, vec![stats(3, 300, 1, 3 * MS)])]));
         assert!(t.get(&busy).unwrap().in_kernel && !t.get(&idle).unwrap().in_kernel && !t.get(&empty).unwrap().in_kernel);
     }
 

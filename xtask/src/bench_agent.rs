@@ -285,7 +285,8 @@ fn measure_level(star: &Star, ringside: &Path, out_dir: &Path, flows: u32, o: &O
 
     // Every flow must be tracked before the window: bounded by the time to send one round at the
     // target rate plus generous slack for a loaded machine.
-    let deadline = Instant::now() + Duration::from_secs(30 + u64::from(flows / 5_000));
+    let waiting = Instant::now();
+    let deadline = waiting + Duration::from_secs(30 + u64::from(flows / 5_000));
     let mut tracked = 0;
     while Instant::now() < deadline {
         check_stop(stop)?;
@@ -299,7 +300,7 @@ fn measure_level(star: &Star, ringside: &Path, out_dir: &Path, flows: u32, o: &O
     if tracked < u64::from(flows) {
         bail!(
             "the agent tracks {tracked} of {flows} flows after {:?}: the sender could not reach every flow (it sent {} datagrams) or the kernel map evicted; see {}",
-            deadline.elapsed(),
+            waiting.elapsed(),
             sender.sent(),
             out_dir.join(format!("agent-{flows}.log")).display()
         );
