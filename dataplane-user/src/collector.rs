@@ -333,7 +333,7 @@ fn lookup_batch(map_fd: i32, ncpus: usize) -> std::io::Result<Vec<(FlowKey, Vec<
         elem_flags: u64,
         flags: u64,
     }
-    const _: () = assert!(std::mem::size_of::<FlowStats>() % 8 == 0);
+    const _: () = assert!(std::mem::size_of::<FlowStats>().is_multiple_of(8));
     let mut out = Vec::new();
     let mut keys = vec![FlowKey::default(); CHUNK];
     let mut values = vec![FlowStats::default(); CHUNK * ncpus];
