@@ -40,6 +40,7 @@ fn scope_text(s: &Scope) -> String {
         Scope::Peer { peer, link } => format!("peer {peer} via {link}"),
         Scope::Link { link } => format!("link {link}"),
         Scope::Job => "job".to_owned(),
+        Scope::RdmaPort { device, port } => format!("rdma port {device}/{port}"),
     }
 }
 
@@ -62,6 +63,8 @@ fn evidence_text(e: &Event) -> String {
                 Metric::PhaseStartLatenessNs => ("late", format!("{:.0}ms", x.value / 1e6), format!("{:.0}ms", x.reference / 1e6)),
                 Metric::LossyFlows => ("lossy-flows", format!("{:.0}", x.value), format!("{:.0}", x.reference)),
                 Metric::OtherTrafficBps => ("other-traffic", format!("{}/s", human_bytes(x.value)), format!("{}/s", human_bytes(x.reference))),
+                Metric::CnpSentPerS => ("cnp-sent", format!("{:.0}/s", x.value), format!("{:.0}/s", x.reference)),
+                Metric::CnpHandledPerS => ("cnp-handled", format!("{:.0}/s", x.value), format!("{:.0}/s", x.reference)),
             };
             format!("{name}={v} (ref {r})")
         })
