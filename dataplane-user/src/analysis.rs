@@ -28,6 +28,7 @@ use crate::{
     flow_table::WindowAccumulator,
     hint_board::{HintBoard, JobUpdate},
     jobs::{self, JobSet, SharedCatalog},
+    rdma_counters::{self, RdmaPortReader, RdmaSnapshot},
     policy::{baseline_hint, JobContext, JobPolicies, PhaseParams, PlanChoice, PolicyConfig, VerdictSummary},
 };
 use ringside_client::{Constraints, Hint};
@@ -45,6 +46,8 @@ pub struct DetectSettings {
     pub state_dir: PathBuf,
     /// `[policy]`.
     pub policy: PolicyConfig,
+    /// `[rdma]`: read the RDMA port counters every window, and from where.
+    pub rdma: Option<PathBuf>,
 }
 
 impl DetectSettings {
@@ -79,6 +82,12 @@ impl DetectSettings {
             detectors,
             state_dir: file.state_dir.clone().unwrap_or_else(|| config::DEFAULT_STATE_DIR.into()),
             policy: file.policy.clone().unwrap_or_default(),
+            rdma: {
+                let r = file.rdma.clone().unwrap_or_default();
+                r.enabled
+                    .unwrap_or(true)
+                    .then(|| r.counters_root.unwrap_or_else(|| rdma_counters::DEFAULT_COUNTERS_ROOT.into()))
+            },
         }
     }
 }
@@ -107,6 +116,8 @@ pub fn prepare(settings: &DetectSettings) -> EventLog {
 pub struct EventsSnapshot {
     pub log: EventLog,
     pub jobs: Vec<String>,
+    /// The RDMA port counters as of the window (`None`: `[rdma] enabled = false`).
+    pub rdma: Option<RdmaSnapshot>,
 }
 
 /// What the analysis stage owns: the detectors, the event log, each planned job's policy and the
@@ -125,6 +136,9 @@ pub struct Analysis {
     board: HintBoard,
     /// Interface names by index (for job-window labels).
     ifnames: HashMap<u32, String>,
+    /// The RDMA port counters, read once per window (`[rdma]`): a second source of evidence,
+    /// judged per port by the same detector set ([`DetectorSet::observe_ports`]).
+    rdma: Option<RdmaPortReader>,
     events: watch::Sender<Arc<EventsSnapshot>>,
 }
 
@@ -141,12 +155,15 @@ impl Analysis {
         let detectors = DetectorSet::new(settings.detectors.clone());
         let policies = JobPolicies::new(settings.policy.clone(), PhaseParams::from(&settings.detectors));
         let jobs = jobs::lock(&catalog).config_job_names();
-        let (events, rx) = watch::channel(Arc::new(EventsSnapshot { log: log.clone(), jobs: jobs.clone() }));
-        (Analysis { settings, detectors, policies, published: BTreeMap::new(), log, jobs, catalog, board, ifnames, events }, rx)
+        let rdma = settings.rdma.clone().map(RdmaPortReader::new);
+        let snapshot = EventsSnapshot { log: log.clone(), jobs: jobs.clone(), rdma: rdma.as_ref().map(|r| r.snapshot().clone()) };
+        let (events, rx) = watch::channel(Arc::new(snapshot));
+        (Analysis { settings, detectors, policies, published: BTreeMap::new(), log, jobs, catalog, board, ifnames, rdma, events }, rx)
     }
 
     fn publish(&self) {
-        self.events.send_replace(Arc::new(EventsSnapshot { log: self.log.clone(), jobs: self.jobs.clone() }));
+        let rdma = self.rdma.as_ref().map(|r| r.snapshot().clone());
+        self.events.send_replace(Arc::new(EventsSnapshot { log: self.log.clone(), jobs: self.jobs.clone(), rdma }));
     }
 
     /// Runs one detection window, with the catalog's job set as of now (config-file jobs, then
@@ -180,6 +197,13 @@ impl Analysis {
         }
         if job_windows.is_empty() {
             changes.extend(self.detectors.expire(window.end_ns));
+        }
+        if let Some(reader) = &mut self.rdma {
+            // Read at the window's end (the collector's last poll), so the ports' intervals line
+            // up with the windows and a replayed or test window gives the same verdicts.
+            let ports = reader.poll(window.end_ns);
+            let start = window.start_ns.unwrap_or(window.end_ns);
+            changes.extend(self.detectors.observe_ports(&ports, start, window.end_ns));
         }
         for c in &changes {
             let v = c.verdict();

@@ -88,9 +88,8 @@ pub const COUNTERS: &[Counter] = &[
     c(Dir::HwCounters, "duplicate_request"),
     c(Dir::HwCounters, "roce_adp_retrans"),
     c(Dir::HwCounters, "rnr_nak_retry_err"),
-    c(Dir::HwCounters, "roce_slow_restart"),
 ];
-const N: usize = 19;
+const N: usize = 18;
 const _: () = assert!(COUNTERS.len() == N);
 
 pub const XMIT_BYTES: usize = 0;
@@ -111,6 +110,10 @@ pub const ECN_MARKED: usize = 10;
 /// was lost), the adaptive retransmission fired (`roce_adp_retrans`). Not `rnr_nak_retry_err`:
 /// receiver-not-ready is the application not posting receives, not the network.
 pub const LOSS_SIGNALS: &[usize] = &[11, 12, 13, 14, 15, 16];
+/// Port errors that are not loss evidence for the detectors but belong on a dashboard: receive
+/// errors, transmit discards, link-down events, symbol errors, receiver-not-ready retries
+/// exhausted.
+pub const ERRORS: &[usize] = &[RCV_ERRORS, XMIT_DISCARDS, LINK_DOWNED, SYMBOL_ERRORS, 17];
 
 /// Per-port values, one slot per entry of [`COUNTERS`].
 pub type Values = [Option<u64>; N];
