@@ -457,6 +457,96 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// RoCE the kernel never sees: a fixture tree laid out like /sys/class/infiniband, whose
+    /// counters the test advances between polls, next to a healthy TCP job seen by TC. Through
+    /// the real collector → analysis pipeline: the congested port and the lossy port get their
+    /// verdicts (scope `rdma_port`, job `@rdma-ports`), the healthy ports and the job none, and
+    /// the verdicts and counters reach `/metrics`.
+    #[test]
+    fn rdma_port_counters_become_port_verdicts_and_metrics() {
+        use crate::detect::{Metric, Scope, VerdictKind, PORT_JOB};
+        use crate::rdma_counters::tests::TreeCopy;
+        let dir = tempdir("detect-rdma");
+        let tree = TreeCopy::of("hosts");
+        let f = ConfigFile::parse(
+            &format!("state_dir = \"{}\"\n[rdma]\ncounters_root = \"{}\"\n", dir.display(), tree.0.display()),
+            Path::new("t.toml"),
+        )
+        .unwrap();
+        let settings = DetectSettings::from_file(&f);
+        assert_eq!(settings.rdma.as_deref(), Some(tree.0.as_path()));
+        let mut st = Stages::new(&settings);
+        // One second of every port: half a million packets each way; `fault` adds 5,000 CNPs
+        // sent and 2 % ECN-marked packets on mlx5_0/1, and 2 % loss signals on mlx5_0/2.
+        let advance = |fault: bool| {
+            for port in ["mlx5_0/ports/1", "mlx5_0/ports/2", "qib0/ports/1"] {
+                tree.add(&format!("{port}/counters/port_xmit_packets"), 500_000);
+                tree.add(&format!("{port}/counters/port_rcv_packets"), 500_000);
+                tree.add(&format!("{port}/counters/port_xmit_data"), 500_000 * 1024);
+            }
+            for port in ["mlx5_0/ports/1", "mlx5_0/ports/2"] {
+                tree.add(&format!("{port}/hw_counters/np_cnp_sent"), 10);
+                tree.add(&format!("{port}/hw_counters/np_ecn_marked_roce_packets"), 50);
+                tree.add(&format!("{port}/hw_counters/out_of_sequence"), 5);
+            }
+            if fault {
+                tree.add("mlx5_0/ports/1/hw_counters/np_cnp_sent", 5_000);
+                tree.add("mlx5_0/ports/1/hw_counters/np_ecn_marked_roce_packets", 10_000);
+                tree.add("mlx5_0/ports/2/hw_counters/out_of_sequence", 12_000);
+                tree.add("mlx5_0/ports/2/hw_counters/packet_seq_err", 8_000);
+            }
+        };
+        let t0 = 100_000 * MS;
+        assert!(!st.poll(&second(t0, 0, 5, None)));
+        for sec in 1..=9u64 {
+            advance(sec >= 7);
+            assert!(st.poll(&second(t0 + sec * 1000 * MS, sec, 5, None)));
+        }
+        let s = st.events.borrow().clone();
+        let open: Vec<_> = s.log.open_events().collect();
+        let port = |device: &str, n: u32| Scope::RdmaPort { device: device.into(), port: n };
+        assert_eq!(open.len(), 2, "{open:#?}");
+        let congested = open.iter().find(|e| e.scope == port("mlx5_0", 1)).expect("mlx5_0/1 congested");
+        assert_eq!((congested.kind, congested.job.as_str()), (VerdictKind::Congestion, PORT_JOB));
+        assert!(congested.evidence.iter().any(|e| e.metric == Metric::CnpSentPerS && e.value > 4_000.0), "{congested:?}");
+        assert!(congested.evidence.iter().any(|e| e.metric == Metric::CeRate), "{congested:?}");
+        let lossy = open.iter().find(|e| e.scope == port("mlx5_0", 2)).expect("mlx5_0/2 lossy");
+        assert_eq!(lossy.kind, VerdictKind::GrayFailure);
+        assert!(lossy.evidence.iter().any(|e| e.metric == Metric::LossRate && e.value >= 0.01), "{lossy:?}");
+        // The healthy TCP job is judged as before, and no tenant policy saw the port verdicts.
+        assert_eq!(s.jobs, vec![crate::jobs::windows::DEFAULT_JOB]);
+        let r = s.rdma.as_ref().unwrap();
+        assert_eq!(r.polls, 9);
+        // Only the broken device's bad files, read at every poll.
+        assert_eq!(r.problems.not_numeric, 9 * 3, "{:?}", r.problems);
+        assert_eq!(r.problems.resets, 0);
+
+        let text = crate::metrics::render(&crate::metrics::tests::sample_state().with_events((*s).clone()));
+        for line in [
+            "ringside_verdicts_open{kind=\"congestion\",severity=\"warning\"} 1",
+            "ringside_verdicts_open{kind=\"gray_failure\",severity=\"critical\"} 1",
+            "ringside_verdicts_total{kind=\"congestion\"} 1",
+            "ringside_rdma_port_cnps_total{device=\"mlx5_0\",port=\"1\",role=\"sent\"} 15080",
+            "ringside_rdma_port_packets_total{device=\"qib0\",port=\"1\",direction=\"ingress\"} 4000000",
+            "ringside_rdma_port_bytes_total{device=\"qib0\",port=\"1\",direction=\"egress\"} 16384000000",
+            "ringside_rdma_port_loss_signals_total{device=\"mlx5_0\",port=\"2\",counter=\"packet_seq_err\"} 24000",
+            "ringside_rdma_ports_read 4",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn rdma_disabled_reads_nothing() {
+        let f = ConfigFile::parse("[rdma]\nenabled = false\ncounters_root = \"/nonexistent\"\n", Path::new("t.toml")).unwrap();
+        let settings = DetectSettings::from_file(&f);
+        assert_eq!(settings.rdma, None);
+        let st = Stages::new(&settings);
+        assert!(st.events.borrow().rdma.is_none());
+        assert!(!crate::metrics::render(&crate::metrics::tests::sample_state().with_events((**st.events.borrow()).clone())).contains("ringside_rdma_port_polls"));
+    }
+
     #[test]
     fn corrupt_state_file_is_counted_and_the_agent_starts_fresh() {
         let dir = tempdir("detect-corrupt");
