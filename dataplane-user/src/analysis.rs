@@ -82,10 +82,10 @@ impl DetectSettings {
             detectors,
             state_dir: file.state_dir.clone().unwrap_or_else(|| config::DEFAULT_STATE_DIR.into()),
             policy: file.policy.clone().unwrap_or_default(),
+            // Read by the analysis stage, so only with detection on.
             rdma: {
                 let r = file.rdma.clone().unwrap_or_default();
-                r.enabled
-                    .unwrap_or(true)
+                (d.enabled.unwrap_or(true) && r.enabled.unwrap_or(true))
                     .then(|| r.counters_root.unwrap_or_else(|| rdma_counters::DEFAULT_COUNTERS_ROOT.into()))
             },
         }
@@ -542,6 +542,9 @@ mod tests {
         let f = ConfigFile::parse("[rdma]\nenabled = false\ncounters_root = \"/nonexistent\"\n", Path::new("t.toml")).unwrap();
         let settings = DetectSettings::from_file(&f);
         assert_eq!(settings.rdma, None);
+        let off = ConfigFile::parse("[detect]\nenabled = false\n", Path::new("t.toml")).unwrap();
+        assert_eq!(DetectSettings::from_file(&off).rdma, None, "read by the analysis stage: not without detection");
+        assert_eq!(DetectSettings::from_file(&ConfigFile::default()).rdma.as_deref(), Some(Path::new(rdma_counters::DEFAULT_COUNTERS_ROOT)));
         let st = Stages::new(&settings);
         assert!(st.events.borrow().rdma.is_none());
         assert!(!crate::metrics::render(&crate::metrics::tests::sample_state().with_events((**st.events.borrow()).clone())).contains("ringside_rdma_port_polls"));
