@@ -192,7 +192,7 @@ impl RdmaPortReader {
                 self.said_present = false;
             }
         } else if !self.said_present {
-            let names: BTreeSet<&str> = reads.iter().map(|(id, _)| id.device.as_str()).collect();
+            let names: BTreeSet<&str> = reads.iter().map(|(id, _, _)| id.device.as_str()).collect();
             tracing::info!(root = %self.root.display(), ports = reads.len(), devices = ?names, "reading RDMA port counters");
             self.said_present = true;
             self.said_absent = false;
@@ -200,7 +200,11 @@ impl RdmaPortReader {
         let mut windows = Vec::with_capacity(reads.len());
         let mut prev = BTreeMap::new();
         let mut ports = BTreeMap::new();
-        for (id, values) in reads {
+        for (id, values, absent) in reads {
+            if let Some((_, before)) = self.prev.get(&id) {
+                // Present at the previous read, gone now.
+                self.snapshot.problems.vanished += (0..N).filter(|&i| before[i].is_some() && absent[i]).count() as u64;
+            }
             let mut totals = self.snapshot.ports.get(&id).copied().unwrap_or([None; N]);
             if let Some((then, before)) = self.prev.get(&id) {
                 let mut delta: Values = [None; N];
@@ -208,7 +212,7 @@ impl RdmaPortReader {
                     match (before[i], values[i]) {
                         (Some(b), Some(v)) if v >= b => delta[i] = Some((v - b).saturating_mul(COUNTERS[i].scale)),
                         (Some(_), Some(_)) => self.snapshot.problems.resets += 1,
-                        (Some(_), None) => {} // counted as vanished or unreadable by the read
+                        (Some(_), None) => {} // counted as vanished, unreadable or not numeric
                         (None, _) => {}
                     }
                     if let Some(d) = delta[i] {
@@ -228,19 +232,13 @@ impl RdmaPortReader {
             ports.insert(id.clone(), totals);
             prev.insert(id, (now_ns, values));
         }
-        // Vanished counters: present at the previous read of a port still here, gone now.
-        for (id, (_, now)) in &prev {
-            if let Some((_, before)) = self.prev.get(id) {
-                self.snapshot.problems.vanished += (0..N).filter(|&i| before[i].is_some() && now[i].is_none()).count() as u64;
-            }
-        }
         self.prev = prev;
         self.snapshot.ports = ports;
         windows
     }
 
     /// One read of every port, in (device, port) order, at most the caps.
-    fn read_all(&mut self) -> Vec<(PortId, Values)> {
+    fn read_all(&mut self) -> Vec<(PortId, Values, [bool; N])> {
         let mut out = Vec::new();
         let Some(devices) = self.sorted_entries(&self.root.clone()) else { return out };
         self.snapshot.problems.capped += devices.len().saturating_sub(MAX_DEVICES) as u64;
@@ -257,8 +255,8 @@ impl RdmaPortReader {
             ports.sort_by_key(|(n, _)| *n);
             self.snapshot.problems.capped += ports.len().saturating_sub(MAX_PORTS) as u64;
             for (port, path) in ports.into_iter().take(MAX_PORTS) {
-                let values = self.read_port(&path);
-                out.push((PortId { device: device.clone(), port }, values));
+                let (values, absent) = self.read_port(&path);
+                out.push((PortId { device: device.clone(), port }, values, absent));
             }
         }
         out
@@ -294,17 +292,23 @@ impl RdmaPortReader {
         Some(v)
     }
 
-    fn read_port(&mut self, port_dir: &Path) -> Values {
+    /// The port's values, and which files do not exist (only those count as `vanished` when
+    /// the previous read had them: an unreadable or non-numeric file is counted as such).
+    fn read_port(&mut self, port_dir: &Path) -> (Values, [bool; N]) {
         let mut values: Values = [None; N];
+        let mut absent = [false; N];
         for (i, c) in COUNTERS.iter().enumerate() {
             let path = port_dir.join(c.dir.name()).join(c.name);
             match read_counter(&path) {
-                Ok(v) => values[i] = v,
+                Ok(v) => {
+                    values[i] = v;
+                    absent[i] = v.is_none();
+                }
                 Err(CounterReadError::Unreadable) => self.snapshot.problems.unreadable += 1,
                 Err(CounterReadError::NotNumeric) => self.snapshot.problems.not_numeric += 1,
             }
         }
-        values
+        (values, absent)
     }
 }
 
@@ -497,6 +501,12 @@ pub(crate) mod tests {
         assert_eq!(w.iter().find(|w| w.device == "mlx5_0" && w.port == 1).unwrap().cnp_sent, Some(4));
         assert_eq!(r.snapshot().ports[&id][CNP_SENT], Some(44));
         assert_eq!(r.snapshot().problems.vanished, 1, "counted once, when it disappeared");
+        // A file that turns into garbage is not_numeric, not vanished.
+        let before = r.snapshot().problems;
+        t.set(&format!("{p1}/hw_counters/out_of_sequence"), "garbage\n");
+        r.poll(6 * S);
+        let after = r.snapshot().problems;
+        assert_eq!((after.vanished, after.not_numeric - before.not_numeric), (1, 1 + 3), "{after:?}");
     }
 
     #[test]
