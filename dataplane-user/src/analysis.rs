@@ -202,6 +202,13 @@ impl Analysis {
             // Read at the window's end (the collector's last poll), so the ports' intervals line
             // up with the windows and a replayed or test window gives the same verdicts.
             let ports = reader.poll(window.end_ns);
+            // The port detector's exact input (`RUST_LOG=info,ringside::detect::ports=debug`);
+            // a target of its own, so the job-window replay tool never sees these lines.
+            if !ports.is_empty() && tracing::enabled!(target: "ringside::detect::ports", tracing::Level::DEBUG) {
+                if let Ok(json) = serde_json::to_string(&ports) {
+                    tracing::debug!(target: "ringside::detect::ports", "{json}");
+                }
+            }
             let start = window.start_ns.unwrap_or(window.end_ns);
             changes.extend(self.detectors.observe_ports(&ports, start, window.end_ns));
         }
