@@ -244,6 +244,9 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
     // With detection off no window is cut and the analysis stage never runs: its snapshot stays
     // the carried-over event log.
     let windows = settings.detect.enabled.then(|| collector.feed_windows(settings.detect.window));
+    if !settings.detect.enabled {
+        tracing::info!("detection is off ([detect] enabled = false): no verdicts, and the RDMA port counters ([rdma]) are not read");
+    }
     let view = AgentView::new(attach, snapshots, events, catalog, hints);
 
     let stop = Arc::new(AtomicBool::new(false));

@@ -28,6 +28,7 @@ use crate::{
     flow_table::WindowAccumulator,
     hint_board::{HintBoard, JobUpdate},
     jobs::{self, JobSet, SharedCatalog},
+    rdma_counters::{self, RdmaPortReader, RdmaSnapshot},
     policy::{baseline_hint, JobContext, JobPolicies, PhaseParams, PlanChoice, PolicyConfig, VerdictSummary},
 };
 use ringside_client::{Constraints, Hint};
@@ -45,6 +46,8 @@ pub struct DetectSettings {
     pub state_dir: PathBuf,
     /// `[policy]`.
     pub policy: PolicyConfig,
+    /// `[rdma]`: read the RDMA port counters every window, and from where.
+    pub rdma: Option<PathBuf>,
 }
 
 impl DetectSettings {
@@ -79,6 +82,12 @@ impl DetectSettings {
             detectors,
             state_dir: file.state_dir.clone().unwrap_or_else(|| config::DEFAULT_STATE_DIR.into()),
             policy: file.policy.clone().unwrap_or_default(),
+            // Read by the analysis stage, so only with detection on.
+            rdma: {
+                let r = file.rdma.clone().unwrap_or_default();
+                (d.enabled.unwrap_or(true) && r.enabled.unwrap_or(true))
+                    .then(|| r.counters_root.unwrap_or_else(|| rdma_counters::DEFAULT_COUNTERS_ROOT.into()))
+            },
         }
     }
 }
@@ -107,6 +116,8 @@ pub fn prepare(settings: &DetectSettings) -> EventLog {
 pub struct EventsSnapshot {
     pub log: EventLog,
     pub jobs: Vec<String>,
+    /// The RDMA port counters as of the window (`None`: `[rdma] enabled = false`).
+    pub rdma: Option<RdmaSnapshot>,
 }
 
 /// What the analysis stage owns: the detectors, the event log, each planned job's policy and the
@@ -125,6 +136,9 @@ pub struct Analysis {
     board: HintBoard,
     /// Interface names by index (for job-window labels).
     ifnames: HashMap<u32, String>,
+    /// The RDMA port counters, read once per window (`[rdma]`): a second source of evidence,
+    /// judged per port by the same detector set ([`DetectorSet::observe_ports`]).
+    rdma: Option<RdmaPortReader>,
     events: watch::Sender<Arc<EventsSnapshot>>,
 }
 
@@ -141,12 +155,15 @@ impl Analysis {
         let detectors = DetectorSet::new(settings.detectors.clone());
         let policies = JobPolicies::new(settings.policy.clone(), PhaseParams::from(&settings.detectors));
         let jobs = jobs::lock(&catalog).config_job_names();
-        let (events, rx) = watch::channel(Arc::new(EventsSnapshot { log: log.clone(), jobs: jobs.clone() }));
-        (Analysis { settings, detectors, policies, published: BTreeMap::new(), log, jobs, catalog, board, ifnames, events }, rx)
+        let rdma = settings.rdma.clone().map(RdmaPortReader::new);
+        let snapshot = EventsSnapshot { log: log.clone(), jobs: jobs.clone(), rdma: rdma.as_ref().map(|r| r.snapshot().clone()) };
+        let (events, rx) = watch::channel(Arc::new(snapshot));
+        (Analysis { settings, detectors, policies, published: BTreeMap::new(), log, jobs, catalog, board, ifnames, rdma, events }, rx)
     }
 
     fn publish(&self) {
-        self.events.send_replace(Arc::new(EventsSnapshot { log: self.log.clone(), jobs: self.jobs.clone() }));
+        let rdma = self.rdma.as_ref().map(|r| r.snapshot().clone());
+        self.events.send_replace(Arc::new(EventsSnapshot { log: self.log.clone(), jobs: self.jobs.clone(), rdma }));
     }
 
     /// Runs one detection window, with the catalog's job set as of now (config-file jobs, then
@@ -180,6 +197,20 @@ impl Analysis {
         }
         if job_windows.is_empty() {
             changes.extend(self.detectors.expire(window.end_ns));
+        }
+        if let Some(reader) = &mut self.rdma {
+            // Read at the window's end (the collector's last poll), so the ports' intervals line
+            // up with the windows and a replayed or test window gives the same verdicts.
+            let ports = reader.poll(window.end_ns);
+            // The port detector's exact input (`RUST_LOG=info,ringside::detect::ports=debug`);
+            // a target of its own, so the job-window replay tool never sees these lines.
+            if !ports.is_empty() && tracing::enabled!(target: "ringside::detect::ports", tracing::Level::DEBUG) {
+                if let Ok(json) = serde_json::to_string(&ports) {
+                    tracing::debug!(target: "ringside::detect::ports", "{json}");
+                }
+            }
+            let start = window.start_ns.unwrap_or(window.end_ns);
+            changes.extend(self.detectors.observe_ports(&ports, start, window.end_ns));
         }
         for c in &changes {
             let v = c.verdict();
@@ -431,6 +462,99 @@ mod tests {
         assert!(st.analysis.policies.is_empty(), "forgotten with the job");
         assert!(st.analysis.published.is_empty(), "forgotten with the job");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// RoCE the kernel never sees: a fixture tree laid out like /sys/class/infiniband, whose
+    /// counters the test advances between polls, next to a healthy TCP job seen by TC. Through
+    /// the real collector → analysis pipeline: the congested port and the lossy port get their
+    /// verdicts (scope `rdma_port`, job `@rdma-ports`), the healthy ports and the job none, and
+    /// the verdicts and counters reach `/metrics`.
+    #[test]
+    fn rdma_port_counters_become_port_verdicts_and_metrics() {
+        use crate::detect::{Metric, Scope, VerdictKind, PORT_JOB};
+        use crate::rdma_counters::tests::TreeCopy;
+        let dir = tempdir("detect-rdma");
+        let tree = TreeCopy::of("hosts");
+        let f = ConfigFile::parse(
+            &format!("state_dir = \"{}\"\n[rdma]\ncounters_root = \"{}\"\n", dir.display(), tree.0.display()),
+            Path::new("t.toml"),
+        )
+        .unwrap();
+        let settings = DetectSettings::from_file(&f);
+        assert_eq!(settings.rdma.as_deref(), Some(tree.0.as_path()));
+        let mut st = Stages::new(&settings);
+        // One second of every port: half a million packets each way; `fault` adds 5,000 CNPs
+        // sent and 2 % ECN-marked packets on mlx5_0/1, and 2 % loss signals on mlx5_0/2.
+        let advance = |fault: bool| {
+            for port in ["mlx5_0/ports/1", "mlx5_0/ports/2", "qib0/ports/1"] {
+                tree.add(&format!("{port}/counters/port_xmit_packets"), 500_000);
+                tree.add(&format!("{port}/counters/port_rcv_packets"), 500_000);
+                tree.add(&format!("{port}/counters/port_xmit_data"), 500_000 * 1024);
+            }
+            for port in ["mlx5_0/ports/1", "mlx5_0/ports/2"] {
+                tree.add(&format!("{port}/hw_counters/np_cnp_sent"), 10);
+                tree.add(&format!("{port}/hw_counters/np_ecn_marked_roce_packets"), 50);
+                tree.add(&format!("{port}/hw_counters/out_of_sequence"), 5);
+            }
+            if fault {
+                tree.add("mlx5_0/ports/1/hw_counters/np_cnp_sent", 5_000);
+                tree.add("mlx5_0/ports/1/hw_counters/np_ecn_marked_roce_packets", 10_000);
+                tree.add("mlx5_0/ports/2/hw_counters/out_of_sequence", 12_000);
+                tree.add("mlx5_0/ports/2/hw_counters/packet_seq_err", 8_000);
+            }
+        };
+        let t0 = 100_000 * MS;
+        assert!(!st.poll(&second(t0, 0, 5, None)));
+        for sec in 1..=9u64 {
+            advance(sec >= 7);
+            assert!(st.poll(&second(t0 + sec * 1000 * MS, sec, 5, None)));
+        }
+        let s = st.events.borrow().clone();
+        let open: Vec<_> = s.log.open_events().collect();
+        let port = |device: &str, n: u32| Scope::RdmaPort { device: device.into(), port: n };
+        assert_eq!(open.len(), 2, "{open:#?}");
+        let congested = open.iter().find(|e| e.scope == port("mlx5_0", 1)).expect("mlx5_0/1 congested");
+        assert_eq!((congested.kind, congested.job.as_str()), (VerdictKind::Congestion, PORT_JOB));
+        assert!(congested.evidence.iter().any(|e| e.metric == Metric::CnpSentPerS && e.value > 4_000.0), "{congested:?}");
+        assert!(congested.evidence.iter().any(|e| e.metric == Metric::CeRate), "{congested:?}");
+        let lossy = open.iter().find(|e| e.scope == port("mlx5_0", 2)).expect("mlx5_0/2 lossy");
+        assert_eq!(lossy.kind, VerdictKind::GrayFailure);
+        assert!(lossy.evidence.iter().any(|e| e.metric == Metric::LossRate && e.value >= 0.01), "{lossy:?}");
+        // The healthy TCP job is judged as before, and no tenant policy saw the port verdicts.
+        assert_eq!(s.jobs, vec![crate::jobs::windows::DEFAULT_JOB]);
+        let r = s.rdma.as_ref().unwrap();
+        assert_eq!(r.polls, 9);
+        // Only the broken device's bad files, read at every poll.
+        assert_eq!(r.problems.not_numeric, 9 * 3, "{:?}", r.problems);
+        assert_eq!(r.problems.resets, 0);
+
+        let text = crate::metrics::render(&crate::metrics::tests::sample_state().with_events((*s).clone()));
+        for line in [
+            "ringside_verdicts_open{kind=\"congestion\",severity=\"warning\"} 1",
+            "ringside_verdicts_open{kind=\"gray_failure\",severity=\"critical\"} 1",
+            "ringside_verdicts_total{kind=\"congestion\"} 1",
+            "ringside_rdma_port_cnps_total{device=\"mlx5_0\",port=\"1\",role=\"sent\"} 15080",
+            "ringside_rdma_port_packets_total{device=\"qib0\",port=\"1\",direction=\"ingress\"} 4000000",
+            "ringside_rdma_port_bytes_total{device=\"qib0\",port=\"1\",direction=\"egress\"} 16384000000",
+            "ringside_rdma_port_loss_signals_total{device=\"mlx5_0\",port=\"2\",counter=\"packet_seq_err\"} 24000",
+            "ringside_rdma_ports_read 4",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn rdma_disabled_reads_nothing() {
+        let f = ConfigFile::parse("[rdma]\nenabled = false\ncounters_root = \"/nonexistent\"\n", Path::new("t.toml")).unwrap();
+        let settings = DetectSettings::from_file(&f);
+        assert_eq!(settings.rdma, None);
+        let off = ConfigFile::parse("[detect]\nenabled = false\n", Path::new("t.toml")).unwrap();
+        assert_eq!(DetectSettings::from_file(&off).rdma, None, "read by the analysis stage: not without detection");
+        assert_eq!(DetectSettings::from_file(&ConfigFile::default()).rdma.as_deref(), Some(Path::new(rdma_counters::DEFAULT_COUNTERS_ROOT)));
+        let st = Stages::new(&settings);
+        assert!(st.events.borrow().rdma.is_none());
+        assert!(!crate::metrics::render(&crate::metrics::tests::sample_state().with_events((**st.events.borrow()).clone())).contains("ringside_rdma_port_polls"));
     }
 
     #[test]

@@ -93,6 +93,21 @@ pub struct ConfigFile {
     pub policy: Option<crate::policy::PolicyConfig>,
     /// HTTP API settings (`[api]`).
     pub api: Option<ApiFile>,
+    /// RDMA port counters (`[rdma]`).
+    pub rdma: Option<RdmaFile>,
+}
+
+/// The `[rdma]` section: the NIC's own port counters, for RoCE the host kernel never sees
+/// (`crate::rdma_counters`). Read once per detection window by the analysis stage.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RdmaFile {
+    /// Read the port counters and judge them, default true (with no device the agent says so
+    /// once and reads nothing more than the empty directory).
+    pub enabled: Option<bool>,
+    /// Directory of the RDMA devices, default `/sys/class/infiniband`; elsewhere for a DPU that
+    /// exposes its representors' counters under another path.
+    pub counters_root: Option<PathBuf>,
 }
 
 /// The `[api]` section.
@@ -472,6 +487,12 @@ impl ConfigFile {
                 BadValue::at(&segs, m)
             })?;
         }
+        if let Some(root) = self.rdma.as_ref().and_then(|r| r.counters_root.as_ref()) {
+            if !root.is_absolute() {
+                let m = format!("`{}` must be an absolute directory, such as \"{}\"", root.display(), crate::rdma_counters::DEFAULT_COUNTERS_ROOT);
+                return Err(BadValue::at(&[Seg::Key("rdma"), Seg::Key("counters_root")], m));
+            }
+        }
         if let Some(tokens) = self.api.as_ref().and_then(|a| a.operator_tokens_file.as_ref()) {
             non_empty_path(tokens).map_err(|m| BadValue::at(&[Seg::Key("api"), Seg::Key("operator_tokens_file")], m))?;
         }
@@ -750,6 +771,8 @@ mod tests {
         assert_eq!(d.carry_over_windows, Some(DEFAULT_CARRY_OVER_WINDOWS));
         let defaults = crate::detect::DetectorConfig::default();
         assert_eq!((d.min_window_bytes, d.min_data_packets), (Some(defaults.min_window_bytes), Some(defaults.min_data_packets)));
+        let r = f.rdma.as_ref().unwrap();
+        assert_eq!((r.enabled, r.counters_root.as_deref()), (Some(true), Some(Path::new(crate::rdma_counters::DEFAULT_COUNTERS_ROOT))));
     }
 
     /// The example's commented-out `key = value` lines and `[table]` headers, uncommented, are a
@@ -941,6 +964,11 @@ mod tests {
             ("policy.cost", "topk_bps = inf", "policy.cost.topk_bps"),
             ("api", "operator_tokens_file = \"\"", "api.operator_tokens_file"),
             ("api", "operator_tokens_file = 5", "api.operator_tokens_file"),
+            ("rdma", "counters_root = \"\"", "rdma.counters_root"),
+            ("rdma", "counters_root = \"sys/class/infiniband\"", "rdma.counters_root"),
+            ("rdma", "counters_root = 1", "rdma.counters_root"),
+            ("rdma", "enabled = \"yes\"", "rdma.enabled"),
+            ("rdma", "poll_ms = 100", "rdma.poll_ms"),
         ];
         for (section, line, key) in cases {
             let (text, want_line) = if section.is_empty() {

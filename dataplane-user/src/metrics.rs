@@ -108,6 +108,26 @@ metric!(DETECT_WINDOWS_DROPPED, "ringside_detect_windows_dropped", Counter,
 metric!(DETECT_STATE_FILE_ERRORS, "ringside_detect_state_file_errors", Counter,
     "Problems with the events state file in state_dir, by operation: load (unreadable or corrupt at start: the agent started fresh) or save (open events may not survive a restart)");
 
+// --- RDMA port counters (rdma_counters.rs; growth since the agent first read the port) ---
+metric!(RDMA_PORT_BYTES, "ringside_rdma_port_bytes", Counter,
+    "Bytes an RDMA port sent (egress) or received (ingress), from its port_xmit_data / port_rcv_data counters, including RoCE the host kernel never sees");
+metric!(RDMA_PORT_PACKETS, "ringside_rdma_port_packets", Counter,
+    "Packets an RDMA port sent (egress) or received (ingress), from port_xmit_packets / port_rcv_packets");
+metric!(RDMA_PORT_CNPS, "ringside_rdma_port_cnps", Counter,
+    "RoCE Congestion Notification Packets by role: sent (np_cnp_sent: ECN-marked packets arrived, congestion on the way in) or handled (rp_cnp_handled: what the port sent met congestion)");
+metric!(RDMA_PORT_ECN_MARKED_PACKETS, "ringside_rdma_port_ecn_marked_packets", Counter,
+    "ECN-marked RoCE packets the port received (np_ecn_marked_roce_packets)");
+metric!(RDMA_PORT_LOSS_SIGNALS, "ringside_rdma_port_loss_signals", Counter,
+    "Loss evidence from the port's hw_counters, by counter: out_of_sequence, packet_seq_err, implied_nak_seq_err, local_ack_timeout_err, duplicate_request, roce_adp_retrans");
+metric!(RDMA_PORT_ERRORS, "ringside_rdma_port_errors", Counter,
+    "Port errors that are not loss evidence, by counter: port_rcv_errors, port_xmit_discards, link_downed, symbol_error, rnr_nak_retry_err");
+metric!(RDMA_PORT_READ_PROBLEMS, "ringside_rdma_port_read_problems", Counter,
+    "Problems reading the RDMA port counters, by reason: vanished (a counter file went away), unreadable, not_numeric, reset (a counter went backwards: no delta for that interval), capped (devices or ports beyond the reader's caps, not read)");
+metric!(RDMA_PORT_POLLS, "ringside_rdma_port_polls", Counter,
+    "Reads of the RDMA port counters (one per detection window; with no device, reads of an empty or missing directory)");
+metric!(RDMA_PORTS_READ, "ringside_rdma_ports_read", Gauge,
+    "RDMA ports whose counters the last read found (0 with no RDMA device)");
+
 // --- API ---
 metric!(API_JOBS_REGISTERED, "ringside_api_jobs_registered", Gauge,
     "Jobs registered through POST /v1/jobs (config-file jobs not included)");
@@ -194,6 +214,8 @@ pub const ALL: &[&Metric] = &[
     &AGENT_EVENTS, &AGENT_POLLS, &AGENT_POLL_ERRORS, &AGENT_POLL_DURATION, &AGENT_LAST_POLL,
     &AGENT_FLOWS_EVICTED, &AGENT_INTERFACES_ATTACHED,
     &VERDICTS_OPEN, &VERDICTS, &DETECT_WINDOWS, &DETECT_INPUT_ERRORS, &DETECT_WINDOWS_DROPPED, &DETECT_STATE_FILE_ERRORS,
+    &RDMA_PORT_BYTES, &RDMA_PORT_PACKETS, &RDMA_PORT_CNPS, &RDMA_PORT_ECN_MARKED_PACKETS, &RDMA_PORT_LOSS_SIGNALS,
+    &RDMA_PORT_ERRORS, &RDMA_PORT_READ_PROBLEMS, &RDMA_PORT_POLLS, &RDMA_PORTS_READ,
     &API_JOBS_REGISTERED, &API_JOBS_FILE_ERRORS, &API_HINT_STREAMS,
 ];
 
@@ -360,6 +382,9 @@ fn families(view: &AgentView) -> Vec<Family> {
             (vec![("operation", "save".to_owned())], Value::Counter(ev.counters.state_write_errors)),
         ],
     });
+    if let Some(r) = &events.rdma {
+        out.extend(rdma_families(r));
+    }
     let (registered, file) = {
         let c = view.catalog();
         (c.len(), c.file_counters)
@@ -374,6 +399,48 @@ fn families(view: &AgentView) -> Vec<Family> {
     });
     out.push(single(&API_HINT_STREAMS, Value::Count(view.hint_streams.load(std::sync::atomic::Ordering::Relaxed) as u64)));
     out
+}
+
+/// The RDMA port counters (absent with `[rdma] enabled = false`). Labels: `device` and `port`
+/// (at most `MAX_DEVICES` × `MAX_PORTS`), plus fixed sets; a counter the port does not provide has
+/// no series.
+fn rdma_families(r: &crate::rdma_counters::RdmaSnapshot) -> Vec<Family> {
+    use crate::rdma_counters::{self as rc, counter_name};
+    let labels = |id: &rc::PortId, extra: Option<(&'static str, &str)>| -> Labels {
+        let mut l = vec![("device", id.device.clone()), ("port", id.port.to_string())];
+        l.extend(extra.map(|(k, v)| (k, v.to_owned())));
+        l
+    };
+    let by = |metric: &'static Metric, label: &'static str, slots: &[(usize, &str)]| Family {
+        metric,
+        series: r
+            .ports
+            .iter()
+            .flat_map(|(id, v)| slots.iter().filter_map(move |&(i, name)| v[i].map(|x| (labels(id, Some((label, name))), Value::Counter(x)))))
+            .collect(),
+    };
+    let named = |slots: &[usize]| slots.iter().map(|&i| (i, counter_name(i))).collect::<Vec<_>>();
+    let p = r.problems;
+    vec![
+        by(&RDMA_PORT_BYTES, "direction", &[(rc::XMIT_BYTES, "egress"), (rc::RCV_BYTES, "ingress")]),
+        by(&RDMA_PORT_PACKETS, "direction", &[(rc::XMIT_PACKETS, "egress"), (rc::RCV_PACKETS, "ingress")]),
+        by(&RDMA_PORT_CNPS, "role", &[(rc::CNP_SENT, "sent"), (rc::CNP_HANDLED, "handled")]),
+        Family {
+            metric: &RDMA_PORT_ECN_MARKED_PACKETS,
+            series: r.ports.iter().filter_map(|(id, v)| v[rc::ECN_MARKED].map(|x| (labels(id, None), Value::Counter(x)))).collect(),
+        },
+        by(&RDMA_PORT_LOSS_SIGNALS, "counter", &named(rc::LOSS_SIGNALS)),
+        by(&RDMA_PORT_ERRORS, "counter", &named(rc::ERRORS)),
+        Family {
+            metric: &RDMA_PORT_READ_PROBLEMS,
+            series: [("vanished", p.vanished), ("unreadable", p.unreadable), ("not_numeric", p.not_numeric), ("reset", p.resets), ("capped", p.capped)]
+                .into_iter()
+                .map(|(k, v)| (vec![("reason", k.to_owned())], Value::Counter(v)))
+                .collect(),
+        },
+        Family { metric: &RDMA_PORT_POLLS, series: vec![(Vec::new(), Value::Counter(r.polls))] },
+        Family { metric: &RDMA_PORTS_READ, series: vec![(Vec::new(), Value::Count(r.ports.len() as u64))] },
+    ]
 }
 
 /// The families of one job's metrics: its plan and what the policy measured, nothing else
@@ -584,7 +651,15 @@ pub(crate) mod tests {
             }],
         });
         collector.poll_done(Duration::from_micros(700));
-        let events = tokio::sync::watch::channel(Arc::new(EventsSnapshot { log: sample_events(), jobs: Vec::new() })).1;
+        // The RDMA fixture tree, read twice (mlx5_0 port 1 sent 10 CNPs in between).
+        let rdma = crate::rdma_counters::tests::TreeCopy::of("hosts");
+        let mut reader = crate::rdma_counters::RdmaPortReader::new(rdma.0.clone());
+        reader.poll(1_000_000_000);
+        rdma.add("mlx5_0/ports/1/hw_counters/np_cnp_sent", 10);
+        rdma.add("mlx5_0/ports/1/counters/port_rcv_data", 250);
+        reader.poll(2_000_000_000);
+        let rdma = Some(reader.snapshot().clone());
+        let events = tokio::sync::watch::channel(Arc::new(EventsSnapshot { log: sample_events(), jobs: Vec::new(), rdma })).1;
         let catalog = JobCatalog::new(vec![crate::jobs::TokenHash::of(TEST_OPERATOR_TOKEN)], Vec::new());
         AgentView::new(attach, snapshots, events, Arc::new(Mutex::new(catalog)), HintBoard::default())
     }
@@ -622,6 +697,15 @@ pub(crate) mod tests {
             "ringside_detect_windows_total 0",
             "ringside_detect_input_errors_total 0",
             "ringside_detect_state_file_errors_total{operation=\"load\"} 0",
+            "ringside_rdma_port_cnps_total{device=\"mlx5_0\",port=\"1\",role=\"sent\"} 10",
+            "ringside_rdma_port_cnps_total{device=\"mlx5_0\",port=\"2\",role=\"handled\"} 0",
+            "ringside_rdma_port_bytes_total{device=\"mlx5_0\",port=\"1\",direction=\"ingress\"} 1000",
+            "ringside_rdma_port_packets_total{device=\"qib0\",port=\"1\",direction=\"egress\"} 0",
+            "ringside_rdma_port_loss_signals_total{device=\"mlx5_0\",port=\"2\",counter=\"out_of_sequence\"} 0",
+            "ringside_rdma_port_errors_total{device=\"mlx5_0\",port=\"1\",counter=\"link_downed\"} 0",
+            "ringside_rdma_port_read_problems_total{reason=\"not_numeric\"} 6",
+            "ringside_rdma_port_polls_total 2",
+            "ringside_rdma_ports_read 4",
             "# TYPE ringside_peer_bytes counter",
             "# EOF",
         ] {
@@ -629,6 +713,8 @@ pub(crate) mod tests {
         }
         // TCP-only and RoCE-only counters are not emitted for the other kind.
         assert!(!text.contains("ringside_peer_tcp_retransmissions_total{interface=\"eth0\",direction=\"egress\",kind=\"rocev2\""));
+        // A port without hw_counters/ has no CNP series (not a zero it never counted).
+        assert!(!text.contains("ringside_rdma_port_cnps_total{device=\"qib0\""), "{text}");
     }
 
     #[test]
@@ -648,9 +734,11 @@ pub(crate) mod tests {
             assert!(value.parse::<f64>().is_ok() || value == "+Inf", "{l}");
             let name = series.split('{').next().unwrap();
             assert!(ALL.iter().chain(PROCESS_ALL).any(|m| name.starts_with(m.name)), "unknown series {name}");
-            // Never the raw 5-tuple.
+            // Never the raw 5-tuple. The RDMA port metrics' `port` is the NIC port number (as
+            // node_exporter's infiniband collector labels it), not an L4 port.
+            let rdma = name.starts_with("ringside_rdma_port_");
             for forbidden in ["port=", "src", "dst"] {
-                assert!(!series.contains(forbidden), "{l}");
+                assert!(!series.contains(forbidden) || (rdma && forbidden == "port="), "{l}");
             }
         }
     }

@@ -366,3 +366,126 @@ fn agent_starts_under_ip_netns_exec() {
     assert!(!pin_dir.exists(), "the agent left its pins in {}", pin_dir.display());
     let _ = std::fs::remove_file(&tokens);
 }
+
+/// Copies a directory tree (the RDMA fixture) so the test can rewrite its counters.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// Adds `by` to the counter file `rel` under `root`.
+fn bump(root: &Path, rel: &str, by: u64) {
+    let p = root.join(rel);
+    let v: u64 = std::fs::read_to_string(&p).unwrap().trim().parse().unwrap();
+    std::fs::write(&p, format!("{}\n", v + by)).unwrap();
+}
+
+/// Removes the test's scratch directory on drop, even when an assertion fails.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The RDMA port counters through the real agent: with no device it says so once (info) and
+/// serves `ringside_rdma_ports_read 0`; with a tree laid out like /sys/class/infiniband whose
+/// counters the test advances every 200 ms (a CNP storm on mlx5_0/1 from some point on), the
+/// agent's own windows raise a congestion event scoped to that port, served by `/v1/events` and
+/// counted in `/metrics`, and nothing on the healthy ports.
+#[test]
+#[ignore = "needs root and the eBPF object (T2): run with cargo xtask test"]
+fn rdma_port_counters_reach_events_and_metrics() {
+    use ringside_client::operator::{Scope, VerdictKind};
+    preconditions();
+    let star = Star::new(StarConfig { hosts: 1, ..Default::default() }).unwrap();
+    let id = format!("{}-rdma", std::process::id());
+    let scratch = Scratch(std::env::temp_dir().join(format!("ringside-t2-{id}")));
+    let dir = &scratch.0;
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir.join("state")).unwrap();
+    let tokens = dir.join("tokens");
+    std::fs::write(&tokens, format!("{OPERATOR_TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let root = dir.join("infiniband");
+    let start = |name: &str, counters_root: &Path| {
+        let config = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "state_dir = \"{}\"\n[api]\noperator_tokens_file = \"{}\"\n[rdma]\ncounters_root = \"{}\"\n",
+                dir.join("state").display(),
+                tokens.display(),
+                counters_root.display()
+            ),
+        )
+        .unwrap();
+        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/ringside-t2-{id}-{name}"));
+        let log = dir.join(format!("{name}.log"));
+        let mut cmd = star.hosts[0].ns.command(env!("CARGO_BIN_EXE_ringside"));
+        cmd.args(["agent", "--iface", "eth0", "--listen", &format!("127.0.0.1:{AGENT_PORT}"), "--config"])
+            .arg(&config)
+            .arg("--pin-dir")
+            .arg(&pin_dir)
+            .env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(&log).unwrap());
+        (AgentProcess::start(cmd, pin_dir, None), log)
+    };
+
+    // No device: one info line, an empty gauge, reads that keep going.
+    let (mut agent, log) = start("absent", &root);
+    let text = wait_for(Duration::from_secs(20), POLL, "three reads of a missing counters_root", || {
+        Some(get_metrics(&star, 0)).filter(|t| metric(t, "ringside_rdma_port_polls_total") >= 3)
+    });
+    assert!(text.lines().any(|l| l == "ringside_rdma_ports_read 0"), "{text}");
+    assert_eq!(metric(&text, "ringside_rdma_port_read_problems_total{reason=\"unreadable\"}"), 0);
+    assert!(agent.stop(), "the agent did not exit cleanly");
+    let log = std::fs::read_to_string(log).unwrap();
+    let said = log.lines().filter(|l| l.contains("no RDMA device")).collect::<Vec<_>>();
+    assert_eq!(said.len(), 1, "{log}");
+    assert!(said[0].contains("INFO"), "{log}");
+
+    // A device: mlx5_0 with two ports, qib0 with counters/ only, broken0 with bad files.
+    copy_tree(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rdma/hosts"), &root);
+    let (mut agent, log) = start("present", &root);
+    wait_for(Duration::from_secs(20), POLL, "the agent to read 4 RDMA ports", || {
+        Some(get_metrics(&star, 0)).filter(|t| metric(t, "ringside_rdma_ports_read") == 4)
+    });
+    // 100,000 packets each way per 200 ms on every port (at least 1,000 per 1 s window however the
+    // ticks fall); after 3 s, 1,000 CNPs per tick from mlx5_0/1 (5,000/s: the threshold is 100/s).
+    let ticks = std::time::Instant::now();
+    let event = wait_for(Duration::from_secs(30), Duration::from_millis(200), "a congestion event on RDMA port mlx5_0/1", || {
+        for port in ["mlx5_0/ports/1", "mlx5_0/ports/2", "qib0/ports/1"] {
+            bump(&root, &format!("{port}/counters/port_xmit_packets"), 100_000);
+            bump(&root, &format!("{port}/counters/port_rcv_packets"), 100_000);
+        }
+        if ticks.elapsed() > Duration::from_secs(3) {
+            bump(&root, "mlx5_0/ports/1/hw_counters/np_cnp_sent", 1_000);
+        }
+        let events = as_operator(&star, 0, OPERATOR_TOKEN, |c| c.events(false, 100)).ok()?;
+        events.events.into_iter().find(|e| e.scope == Scope::RdmaPort { device: "mlx5_0".into(), port: 1 })
+    });
+    assert_eq!((event.kind, event.job.as_str()), (VerdictKind::Congestion, "@rdma-ports"), "{event:?}");
+    let all = as_operator(&star, 0, OPERATOR_TOKEN, |c| c.events(true, 100)).unwrap();
+    assert!(
+        all.events.iter().all(|e| e.scope == Scope::RdmaPort { device: "mlx5_0".into(), port: 1 }),
+        "only the CNP storm raised anything: {:?}",
+        all.events
+    );
+    let text = get_metrics(&star, 0);
+    assert!(metric(&text, "ringside_verdicts_open{kind=\"congestion\",severity=\"warning\"}") >= 1, "{text}");
+    assert!(metric(&text, "ringside_rdma_port_cnps_total{device=\"mlx5_0\",port=\"1\",role=\"sent\"}") >= 2_000, "{text}");
+    assert!(metric(&text, "ringside_rdma_port_read_problems_total{reason=\"not_numeric\"}") >= 3, "broken0's files: {text}");
+    assert!(agent.stop(), "the agent did not exit cleanly");
+    let log = std::fs::read_to_string(log).unwrap();
+    assert_eq!(log.lines().filter(|l| l.contains("reading RDMA port counters")).count(), 1, "{log}");
+    assert!(!log.contains("no RDMA device"), "{log}");
+}

@@ -241,6 +241,11 @@ pub enum Scope {
     Peer { peer: IpAddr, link: String },
     /// The whole job. Reserved: no detector emits job-wide verdicts yet.
     Job,
+    /// One port of an RDMA device, judged from the NIC's own port counters
+    /// (`/sys/class/infiniband/{device}/ports/{port}/`): RoCE the host kernel never sees. The
+    /// vantage is the port, not a peer: the counters cannot say which remote host or job the
+    /// traffic belonged to, so these verdicts carry the pseudo-job `@rdma-ports`.
+    RdmaPort { device: String, port: u32 },
 }
 
 /// How bad. Ordered: `Info < Warning < Critical`. An open verdict's severity only escalates.
@@ -275,11 +280,14 @@ pub enum Classification {
 pub enum Metric {
     /// Bytes per second within communication phases.
     InBurstGoodputBps,
-    /// Loss packets (retrans + PSN gaps + NAKs) per data packet.
+    /// Loss packets (retrans + PSN gaps + NAKs) per data packet. For an RDMA port: its loss
+    /// signals (out-of-sequence, sequence-error NAKs, ack timeouts, duplicate requests, adaptive
+    /// retransmits) per packet sent and received.
     LossRate,
     /// Longest silence of the peer in the window, in ns (with loss: a stall).
     SilenceNs,
-    /// CE marks per data packet on a link.
+    /// CE marks per data packet on a link. For an RDMA port: ECN-marked RoCE packets received
+    /// (`np_ecn_marked_roce_packets`) per packet received.
     CeRate,
     /// CNPs per second on a link.
     CnpPerS,
@@ -294,6 +302,12 @@ pub enum Metric {
     /// Bytes per second of other traffic (not the job's) on a link's egress; the reference is
     /// the job's own in-burst goodput baseline there.
     OtherTrafficBps,
+    /// RDMA port counters: CNPs the port sent per second (`np_cnp_sent`: it received
+    /// ECN-marked packets, so the path *into* the port is congested).
+    CnpSentPerS,
+    /// RDMA port counters: CNPs the port received and reacted to per second (`rp_cnp_handled`:
+    /// what it sent met congestion on the way out).
+    CnpHandledPerS,
 }
 
 /// What `Evidence::reference` was computed from.

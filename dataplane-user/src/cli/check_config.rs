@@ -50,8 +50,12 @@ fn summary(path: &std::path::Path, s: &AgentSettings, kernel_prefixes: u32) -> S
         OperatorTokens::Generated { state_dir } => format!("generated in {}/{}", state_dir.display(), crate::auth::OPERATOR_TOKEN_FILE),
     };
     let detect = if s.detect.enabled { format!("on, window {} ms", s.detect.window.as_millis()) } else { "off".to_owned() };
+    let rdma = match &s.detect.rdma {
+        Some(root) => format!("read under {} every window", root.display()),
+        None => "off".to_owned(),
+    };
     format!(
-        "OK {}\n  interfaces: {interfaces}\n  listen: {}\n  attach: {}, pins in {}\n  state dir: {}\n  match: tcp ports {}, udp ports {} (RoCEv2 always), {prefixes}\n  jobs: {jobs}\n  detection: {detect}\n  operator tokens: {tokens}\n",
+        "OK {}\n  interfaces: {interfaces}\n  listen: {}\n  attach: {}, pins in {}\n  state dir: {}\n  match: tcp ports {}, udp ports {} (RoCEv2 always), {prefixes}\n  jobs: {jobs}\n  detection: {detect}\n  rdma port counters: {rdma}\n  operator tokens: {tokens}\n",
         path.display(),
         s.listen,
         if s.persist { format!("{} (persistent)", s.attach) } else { s.attach.to_string() },
@@ -84,6 +88,7 @@ mod tests {
         .unwrap();
         assert!(out.starts_with("OK ") && out.contains("interfaces: eth0") && out.contains("tcp ports 29500-29510"), "{out}");
         assert!(out.contains("1 prefix(es)") && out.contains("jobs: train") && out.contains("listen: 127.0.0.1:9464"), "{out}");
+        assert!(out.contains("rdma port counters: read under /sys/class/infiniband every window"), "{out}");
         let example = check(&CheckConfigArgs { file: concat!(env!("CARGO_MANIFEST_DIR"), "/ringside.example.toml").into() }).unwrap();
         assert!(example.starts_with("OK "), "{example}");
     }

@@ -40,6 +40,7 @@ fn scope_text(s: &Scope) -> String {
         Scope::Peer { peer, link } => format!("peer {peer} via {link}"),
         Scope::Link { link } => format!("link {link}"),
         Scope::Job => "job".to_owned(),
+        Scope::RdmaPort { device, port } => format!("rdma port {device}/{port}"),
     }
 }
 
@@ -62,6 +63,8 @@ fn evidence_text(e: &Event) -> String {
                 Metric::PhaseStartLatenessNs => ("late", format!("{:.0}ms", x.value / 1e6), format!("{:.0}ms", x.reference / 1e6)),
                 Metric::LossyFlows => ("lossy-flows", format!("{:.0}", x.value), format!("{:.0}", x.reference)),
                 Metric::OtherTrafficBps => ("other-traffic", format!("{}/s", human_bytes(x.value)), format!("{}/s", human_bytes(x.reference))),
+                Metric::CnpSentPerS => ("cnp-sent", format!("{:.0}/s", x.value), format!("{:.0}/s", x.reference)),
+                Metric::CnpHandledPerS => ("cnp-handled", format!("{:.0}/s", x.value), format!("{:.0}/s", x.reference)),
             };
             format!("{name}={v} (ref {r})")
         })
@@ -120,5 +123,27 @@ mod tests {
         let text = render_events(&api::events_of(&sample_state().events(), true, 10));
         assert!(text.contains("gray_failure") && text.contains("peer 10.77.0.3 via p1") && text.contains("critical"), "{text}");
         assert!(text.contains("loss=5.00%") && text.contains("1 open"), "{text}");
+    }
+
+    #[test]
+    fn renders_an_rdma_port_event() {
+        use crate::detect::{Evidence, Metric, Reference, Scope, VerdictChange, VerdictKind, PORT_JOB};
+        let mut v = crate::events::tests::verdict(1, VerdictKind::Congestion, "10.77.0.3");
+        v.job = PORT_JOB.into();
+        v.scope = Scope::RdmaPort { device: "mlx5_0".into(), port: 1 };
+        v.evidence = vec![Evidence {
+            metric: Metric::CnpSentPerS,
+            value: 5000.0,
+            reference: 10.0,
+            reference_kind: Reference::OwnBaseline,
+            mad: 0.0,
+            peers: None,
+            windows: Default::default(),
+        }];
+        let mut log = crate::events::EventLog::new(8, 8);
+        log.apply(&[VerdictChange::Opened(v)], &crate::clock::Clock { mono_ns: 1, unix_ms: 1_700_000_000_000 });
+        let state = sample_state().with_events(crate::analysis::EventsSnapshot { log, jobs: Vec::new(), rdma: None });
+        let text = render_events(&api::events_of(&state.events(), true, 10));
+        assert!(text.contains("rdma port mlx5_0/1") && text.contains("@rdma-ports") && text.contains("cnp-sent=5000/s (ref 10/s)"), "{text}");
     }
 }

@@ -101,8 +101,8 @@ fn peers_condition(
     }
 }
 
-/// A link-wide rate against the link's own baseline.
-fn rate_condition(
+/// A link-wide (or RDMA port's) rate against the scope's own baseline.
+pub(crate) fn rate_condition(
     fold: &mut Fold,
     metric: Metric,
     value: f64,

@@ -29,6 +29,7 @@ mod features;
 mod gray;
 mod input;
 mod lifecycle;
+mod port;
 mod robust;
 mod straggler;
 mod verdict;
@@ -43,6 +44,7 @@ use std::net::IpAddr;
 
 pub use config::{CongestionConfig, DetectorConfig, GrayConfig, PersistenceConfig, StragglerConfig};
 pub use input::{BurstSummary, JobWindow, LinkWindow, PeerWindow};
+pub use port::{PortWindow, PORT_JOB};
 pub(crate) use input::{merge_phases, Phase};
 pub use verdict::{
     Classification, EndReason, Evidence, Metric, PeerCount, Reference, Scope, Severity, Verdict,
@@ -364,13 +366,15 @@ impl JobState {
 pub struct DetectorSet {
     cfg: DetectorConfig,
     jobs: BTreeMap<String, JobState>,
+    /// RDMA ports judged from their own counters ([`port`]): here so verdict ids stay unique.
+    ports: port::PortDetectors,
     next_id: u64,
     ignored_peers_total: u64,
 }
 
 impl DetectorSet {
     pub fn new(cfg: DetectorConfig) -> Self {
-        Self { cfg, jobs: BTreeMap::new(), next_id: 1, ignored_peers_total: 0 }
+        Self { cfg, jobs: BTreeMap::new(), ports: port::PortDetectors::default(), next_id: 1, ignored_peers_total: 0 }
     }
 
     pub fn config(&self) -> &DetectorConfig {
@@ -428,9 +432,16 @@ impl DetectorSet {
         changes
     }
 
+    /// Feeds one read of the RDMA ports' counters (`crate::rdma_counters`), judged as the
+    /// detection window `[start_ns, end_ns]`; returns the port verdicts opened, updated and
+    /// closed (scope [`Scope::RdmaPort`], job [`PORT_JOB`]), expiries of vanished ports first.
+    pub fn observe_ports(&mut self, windows: &[PortWindow], start_ns: u64, end_ns: u64) -> Vec<VerdictChange> {
+        self.ports.observe(&self.cfg, windows, start_ns, end_ns, &mut self.next_id)
+    }
+
     /// The open verdicts, with the evidence of their latest anomalous window.
     pub fn open_verdicts(&self) -> impl Iterator<Item = &Verdict> {
-        self.jobs.values().flat_map(|j| j.tracks()).filter_map(Track::open_verdict)
+        self.jobs.values().flat_map(|j| j.tracks()).chain(self.ports.tracks()).filter_map(Track::open_verdict)
     }
 
     /// The replay tool's view of `job`'s last window: (peer, phase lateness, step lateness).
