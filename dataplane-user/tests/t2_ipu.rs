@@ -232,8 +232,14 @@ fn loss_on_a_peer_ipu_link_is_a_gray_failure_from_ipu0() {
     let found = wait_for(Duration::from_secs(30), POLL, "a gray-failure event naming host 1 from IPU 0", || {
         agent.events().events.into_iter().find(|e| e.kind == VerdictKind::GrayFailure && names_peer(e, addr))
     });
+    let latency = started.elapsed();
     let r = agent.events();
-    eprintln!("gray failure on {addr} seen from IPU 0 {:.1} s after the loss started:{}", started.elapsed().as_secs_f64(), summary(&r));
+    eprintln!(
+        "gray failure on {addr} seen from IPU 0 {:.1} s after the loss started: {}\nall events:{}",
+        latency.as_secs_f64(),
+        serde_json::to_string(&found).unwrap(),
+        summary(&r)
+    );
     assert!(!found.evidence.is_empty(), "the event carries its evidence");
     let others: Vec<_> = r.events.iter().filter(|e| e.kind.is_network_fault() && !names_peer(e, addr)).collect();
     assert!(others.is_empty(), "network faults blamed on healthy hosts: {others:?}");

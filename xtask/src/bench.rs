@@ -18,6 +18,9 @@ pub enum Which {
     /// (requests/s, p50/p99/max, errors), /metrics again beside 500 idle connections, and the
     /// agent's RSS before, during and after (flat within a bound).
     Http(crate::bench_http::Opts),
+    /// iperf3 host-to-host throughput through two emulated IPUs (ipuwire redirect) vs a direct
+    /// veth pair and the plain bridge star, alternated in one run.
+    Ipuwire(crate::bench_ipuwire::Opts),
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -34,5 +37,6 @@ pub fn run(which: Which) -> Result<()> {
         Which::Collectives(opts) => crate::bench_collectives::run(opts),
         Which::Overhead(opts) => crate::bench_overhead::run(opts),
         Which::Http(opts) => crate::bench_http::run(opts),
+        Which::Ipuwire(opts) => crate::bench_ipuwire::run(opts),
     }
 }

@@ -6,6 +6,7 @@ mod agent;
 mod bench;
 mod bench_collectives;
 mod bench_http;
+mod bench_ipuwire;
 mod bench_overhead;
 mod build;
 mod demo;
