@@ -22,8 +22,9 @@
 //! so an IPU whose forwarder is not running is a cut cable, as a real IPU without firmware is.
 //!
 //! The map names, the `IPU_PORTS` layout and the `IPU_STATS` indices are repeated from the eBPF
-//! source (the shared crate dataplane-common is the flow monitor's); the T1-level check is the
-//! load itself: [`IpuWire::attach`] fails naming the missing map if they drift.
+//! source (the shared crate dataplane-common is the flow monitor's); `tests/t1_ipuwire.rs` runs
+//! the real program on crafted frames and checks each verdict lands in the [`WireStats`] field
+//! named for it, so a drift fails there.
 use aya::{
     maps::{Array, MapError, PerCpuArray},
     programs::{
@@ -152,19 +153,7 @@ impl IpuWire {
 
     /// The counters, summed over CPUs.
     pub fn stats(&self) -> Result<WireStats, WireError> {
-        let map = self.ebpf.map(STATS_MAP).ok_or(WireError::MissingItem { what: "map", name: STATS_MAP })?;
-        let stats: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(|source| WireError::Map { name: STATS_MAP, source })?;
-        let sum = |index: u32| -> Result<u64, WireError> {
-            let values = stats.get(&index, 0).map_err(|source| WireError::Map { name: STATS_MAP, source })?;
-            Ok(values.iter().sum())
-        };
-        Ok(WireStats {
-            to_fabric: sum(STAT_TO_FABRIC)?,
-            to_host: sum(STAT_TO_HOST)?,
-            unconfigured: sum(STAT_UNCONFIGURED)?,
-            foreign_port: sum(STAT_FOREIGN_PORT)?,
-            redirect_failed: sum(STAT_REDIRECT_FAILED)?,
-        })
+        wire_stats(&self.ebpf)
     }
 
     /// Detaches both filters; returns what could not be undone, for the log.
@@ -181,6 +170,24 @@ impl IpuWire {
         }
         problems
     }
+}
+
+/// The counters of a loaded `ipuwire` object (attached or not: the T1 test runs it with
+/// `BPF_PROG_TEST_RUN`), summed over CPUs.
+pub fn wire_stats(ebpf: &Ebpf) -> Result<WireStats, WireError> {
+    let map = ebpf.map(STATS_MAP).ok_or(WireError::MissingItem { what: "map", name: STATS_MAP })?;
+    let stats: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(|source| WireError::Map { name: STATS_MAP, source })?;
+    let sum = |index: u32| -> Result<u64, WireError> {
+        let values = stats.get(&index, 0).map_err(|source| WireError::Map { name: STATS_MAP, source })?;
+        Ok(values.iter().sum())
+    };
+    Ok(WireStats {
+        to_fabric: sum(STAT_TO_FABRIC)?,
+        to_host: sum(STAT_TO_HOST)?,
+        unconfigured: sum(STAT_UNCONFIGURED)?,
+        foreign_port: sum(STAT_FOREIGN_PORT)?,
+        redirect_failed: sum(STAT_REDIRECT_FAILED)?,
+    })
 }
 
 impl Drop for IpuWire {
