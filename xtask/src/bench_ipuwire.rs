@@ -148,7 +148,6 @@ pub fn run(o: Opts) -> Result<()> {
         }
     }
     drop(servers);
-    drop(paths);
     let mut ipu = ipu;
     let wires = ipu.stop_wires();
     drop(ipu);
