@@ -181,9 +181,9 @@ fn traffic_crosses_two_ipus_intact_and_ipu_agent_counts_it() {
     eprintln!("forwarders: {reports:?}");
     for (i, r) in reports.iter().enumerate() {
         let r = r.unwrap_or_else(|| panic!("ipu{i}'s forwarder did not exit cleanly with its counters"));
-        // 16 MB at ≤ 1500 B per frame without offloads: > 10,000 frames each way through IPU 0
-        // (data out) and IPU 1 (data in); ACKs the other way.
-        assert!(r.to_fabric > 1_000 && r.to_host > 1_000, "ipu{i} forwarded too little: {r:?}");
+        // Data one way (bounded below just after), ACKs the other: their number depends on
+        // delayed and stretch ACKs (1570-3277 seen, sometimes fewer than 1000), so only > 0.
+        assert!(r.to_fabric > 0 && r.to_host > 0, "ipu{i} did not forward both ways: {r:?}");
         assert_eq!((r.unconfigured, r.foreign_port, r.redirect_failed), (0, 0, 0), "ipu{i} dropped frames: {r:?}");
     }
     let data_frames = 16_000_000 / 1448;

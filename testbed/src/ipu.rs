@@ -142,6 +142,8 @@ impl Wire {
                         tracing::warn!(%status, log = %self.log.display(), "ipu-wire exited with an error");
                         return None;
                     }
+                    // A clean exit leaves nothing to read in its log; a failed one keeps it.
+                    let _ = std::fs::remove_file(&self.log);
                     return out.lines().last().and_then(|l| serde_json::from_str(l).ok());
                 }
                 Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
@@ -292,7 +294,8 @@ impl IpuStar {
     }
 
     /// Stops every IPU's forwarder and returns what each counted (`None` for one that did not
-    /// exit cleanly; its log is `$TMPDIR/<prefix>-ipu<i>-wire.log`). The wire is cut afterwards.
+    /// exit cleanly; its log, `$TMPDIR/<prefix>-ipu<i>-wire.log`, is kept then and removed after a
+    /// clean exit). The wire is cut afterwards.
     pub fn stop_wires(&mut self) -> Vec<Option<WireReport>> {
         self.wires.iter_mut().map(Wire::stop).collect()
     }
