@@ -1,4 +1,4 @@
-//! Embeds the eBPF flow monitor object into the agent.
+//! Embeds the eBPF flow monitor object (and the IPU forwarder `ipuwire` built beside it) into the agent.
 //!
 //! The object is built by `cargo xtask build` (nightly + bpf-linker, `bpfel-unknown-none`) and its
 //! path passed in `RINGSIDE_EBPF_OBJECT`. Plain `cargo build` / `cargo test` at the workspace root
@@ -14,6 +14,7 @@ fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=RINGSIDE_EBPF_OBJECT");
     build_info();
     let out = PathBuf::from(env::var("OUT_DIR")?).join("flowmon.bpf.o");
+    let wire_out = PathBuf::from(env::var("OUT_DIR")?).join("ipuwire.bpf.o");
     match env::var_os("RINGSIDE_EBPF_OBJECT") {
         Some(path) => {
             let path = PathBuf::from(path);
@@ -25,8 +26,17 @@ fn main() -> anyhow::Result<()> {
                 )
             })?;
             fs::write(&out, bytes)?;
+            // The IPU forwarder (`ipuwire`) is a second binary of the same eBPF crate, so it lands
+            // next to the flow monitor. An older object directory without it embeds an empty one:
+            // only `ringside ipu-wire` needs it, and it says how to get it.
+            let wire = path.with_file_name("ipuwire");
+            println!("cargo:rerun-if-changed={}", wire.display());
+            fs::write(&wire_out, fs::read(&wire).unwrap_or_default())?;
         }
-        None => fs::write(&out, [])?,
+        None => {
+            fs::write(&out, [])?;
+            fs::write(&wire_out, [])?;
+        }
     }
     Ok(())
 }

@@ -21,6 +21,7 @@ pub mod config;
 pub mod events;
 pub(crate) mod flow_table;
 pub(crate) mod hint_board;
+pub mod ipuwire;
 pub(crate) mod jobs;
 pub mod loader;
 pub(crate) mod match_map;

@@ -7,7 +7,7 @@ use dataplane_user::{
     agent::AgentArgs,
     cli::{
         self, check_config::CheckConfigArgs, completions::CompletionsArgs, detach::DetachArgs, events::EventsArgs,
-        flows::FlowsArgs, jobs::JobsCommand, man::ManArgs, status::StatusArgs, LogFormat,
+        flows::FlowsArgs, ipu_wire::IpuWireArgs, jobs::JobsCommand, man::ManArgs, status::StatusArgs, LogFormat,
     },
 };
 
@@ -86,6 +86,19 @@ enum Command {
     ///   ringside detach --iface eth0 --pin-dir /sys/fs/bpf/ringside-test --remove-qdisc
     #[command(verbatim_doc_comment)]
     Detach(DetachArgs),
+    /// Forward between two ports as an IPU's data path (a bump in the wire, no bridge).
+    ///
+    /// Attaches the `ipuwire` TC program on the ingress of both ports of this network namespace:
+    /// every frame arriving on one leaves by the other. Start it before the agent, then attach the
+    /// agent to the fabric port (`ringside agent --iface FABRIC`): its flow monitor runs before the
+    /// forwarder on that port and sees both directions. Runs until SIGINT/SIGTERM, then detaches
+    /// (frames are then dropped: an IPU without its data path passes nothing) and prints the
+    /// counters as one JSON line.
+    ///
+    /// Example:
+    ///   ip netns exec ipu0 ringside ipu-wire --host-port host0 --fabric-port fab0
+    #[command(verbatim_doc_comment)]
+    IpuWire(IpuWireArgs),
     /// Check a config file the way `ringside agent --config FILE` reads it, without root.
     ///
     /// Prints OK and a summary of the resolved settings, or the error naming the file, line and
@@ -139,6 +152,7 @@ fn run(parsed: Cli) -> anyhow::Result<()> {
         Command::Events(args) => cli::events::run(args)?,
         Command::Jobs { action } => cli::jobs::run(action)?,
         Command::Detach(args) => cli::detach::run(args)?,
+        Command::IpuWire(args) => cli::ipu_wire::run(args)?,
         Command::CheckConfig(args) => cli::check_config::run(args)?,
         Command::Completions(args) => cli::completions::run(args, Cli::command())?,
         Command::Man(args) => cli::man::run(args, Cli::command())?,

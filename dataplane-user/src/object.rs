@@ -20,3 +20,16 @@ pub fn flowmon_object() -> Result<&'static [u8], MissingObject> {
      build it with `cargo xtask build` (needs nightly rust-src and bpf-linker: `cargo xtask setup`)"
 )]
 pub struct MissingObject;
+
+/// The emulated IPU's forwarder (`dataplane-ebpf/src/ipuwire.rs`), built by `cargo xtask build`
+/// next to the flow monitor. Empty when the agent was built without it.
+pub static IPUWIRE_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ipuwire.bpf.o"));
+
+/// Returns the embedded forwarder, or an error that tells the operator how to get one.
+pub fn ipuwire_object() -> Result<&'static [u8], MissingObject> {
+    if IPUWIRE_OBJECT.is_empty() {
+        Err(MissingObject)
+    } else {
+        Ok(IPUWIRE_OBJECT)
+    }
+}

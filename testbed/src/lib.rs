@@ -5,7 +5,9 @@
 //!   fd77::(i+1)/64, tuned against reordering (RPS, raised backlog).
 //! - [`LeafSpine`]: leaves of k hosts (bridges) joined by a routing spine, so cross-leaf traffic
 //!   shares an uplink per leaf.
-//! - [`Rig`]: what both have in common (hosts, named links, fault log); faults on any link:
+//! - [`IpuStar`]: a star with an IPU namespace (a two-port bump in the wire forwarding with the
+//!   `ipuwire` eBPF redirect, run by `ringside ipu-wire`) between each host and the switch.
+//! - [`Rig`]: what all have in common (hosts, named links, fault log); faults on any link:
 //!   [`Rig::link_loss`] (nftables random drop), [`Rig::link_rate_cap`] (tc tbf),
 //!   [`Rig::link_flap`] (link down/up), [`Rig::cross_traffic`] (bulk TCP between two hosts);
 //!   the star's older [`Star::add_loss`] / [`Star::rate_cap`] take a host index.
@@ -22,6 +24,7 @@ pub mod clean;
 pub mod cmd;
 pub mod error;
 pub mod fault;
+pub mod ipu;
 pub mod job;
 pub mod leaf_spine;
 pub mod link;
@@ -44,6 +47,7 @@ pub use fault::{
     RateCapGuard,
 };
 pub use mpi::{spawn_mpi, MpiAlgorithm, MpiConfig, MpiLaunch};
+pub use ipu::{IpuHost, IpuStar, IpuStarConfig, WireReport, IPU_FABRIC_PORT, IPU_HOST_PORT};
 pub use leaf_spine::{LeafSpine, LeafSpineConfig, LeafSpineHost};
 pub use rig::{Link, Rig};
 pub use clean::{clean, CleanReport};

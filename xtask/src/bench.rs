@@ -23,6 +23,9 @@ pub enum Which {
     /// of a core, ≤ 64 MiB; linear or better to 100k). Method: `cargo xtask bench agent --help`.
     #[command(long_about = crate::bench_agent::METHOD)]
     Agent(crate::bench_agent::Opts),
+    /// iperf3 host-to-host throughput through two emulated IPUs (ipuwire redirect) vs a direct
+    /// veth pair and the plain bridge star, alternated in one run.
+    Ipuwire(crate::bench_ipuwire::Opts),
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -40,5 +43,6 @@ pub fn run(which: Which) -> Result<()> {
         Which::Overhead(opts) => crate::bench_overhead::run(opts),
         Which::Http(opts) => crate::bench_http::run(opts),
         Which::Agent(opts) => crate::bench_agent::run(opts),
+        Which::Ipuwire(opts) => crate::bench_ipuwire::run(opts),
     }
 }

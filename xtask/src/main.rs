@@ -7,6 +7,7 @@ mod bench;
 mod bench_agent;
 mod bench_collectives;
 mod bench_http;
+mod bench_ipuwire;
 mod bench_overhead;
 mod build;
 mod demo;

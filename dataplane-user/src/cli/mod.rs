@@ -1,7 +1,7 @@
 //! The `ringside` command line, one module per subcommand: [`agent`] runs the agent; [`flows`],
 //! [`status`], [`events`] and [`jobs`] read or change a running agent through
 //! [`ringside_client::OperatorClient`] and print aligned tables (or, with `--json`, the response);
-//! [`detach`] removes a leftover attachment; [`check_config`] validates a config file the way the
+//! [`detach`] removes a leftover attachment; [`ipu_wire`] runs the emulated IPU's forwarder; [`check_config`] validates a config file the way the
 //! agent reads it; [`completions`] and [`man`] generate shell completions and man pages from the
 //! clap definition. `main.rs` parses the arguments, sets up logging ([`init_logging`]) and calls
 //! the subcommand's `run`.
@@ -25,6 +25,7 @@ pub mod completions;
 pub mod detach;
 pub mod events;
 pub mod flows;
+pub mod ipu_wire;
 pub mod jobs;
 pub mod man;
 pub mod status;
@@ -91,6 +92,10 @@ pub enum CliError {
     Privileges(#[from] crate::privileges::PrivilegeError),
     #[error("cannot write {path}: {source}; check that the directory exists and is writable")]
     Write { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Wire(#[from] crate::ipuwire::WireError),
+    #[error("cannot start the async runtime or signal handlers: {0}")]
+    Runtime(#[source] std::io::Error),
     #[error("printing JSON")]
     Json(#[from] serde_json::Error),
 }
