@@ -307,8 +307,9 @@ fn update_flow(key: &FlowKey, pkt: &Packet, now: u64, cfg: &Config) -> Result<&'
     let since = now.wrapping_sub(last) as i64;
     let gap = if cfg.burst_gap_ns == 0 { DEFAULT_BURST_GAP_NS } else { cfg.burst_gap_ns };
     // Signed difference: another CPU may have stored a `last_seen_ns` a few ns after our `now`.
-    if since > gap as i64 {
-        // The first packet (last 0), or the idle gap elapsed: a burst starts with this packet.
+    // `last == 0` on its own: right after boot `now` itself can be below a long configured gap.
+    if last == 0 || since > gap as i64 {
+        // The first packet, or the idle gap elapsed: a burst starts with this packet.
         new_burst(s, key, last, now, cfg.flags);
     } else if since > 0 {
         store(&mut s.last_seen_ns, now);
