@@ -491,7 +491,7 @@ mod tests {
             }
         }
         t.apply(&PollSnapshot { mono_ns: 0, ..Default::default() });
-        t.apply(&PollSnapshot { mono_ns: 1000 * MS, flows: flows.into_iter().map(|(k, v)| (k, vec![v])).collect(), ..Default::default() });
+        t.apply(&PollSnapshot { mono_ns: 1000 * MS, flows, ..Default::default() });
         let w = t.take_window().unwrap();
         let jw = &jobs("").windows(&w, |i| format!("p{i}"))[0];
         // The window carries the directed connections; the detectors attribute them.
@@ -602,7 +602,7 @@ mod tests {
 
         // The next window starts where this one ended, empty.
         let same = FlowStats { tcp_retrans: 4, tcp_pure_acks: 2, ..stats(120, 170_000, 1, 1999 * MS) };
-        t.apply(&PollSnapshot { mono_ns: 3000 * MS, flows: vec![(out, vec![same])], ..Default::default() });
+        t.apply(&PollSnapshot { mono_ns: 3000 * MS, flows: vec![(out, same)], ..Default::default() });
         let w2 = t.take_window().unwrap();
         assert_eq!(w2.start_ns, Some(2000 * MS));
         assert!(w2.bursts.is_empty());
