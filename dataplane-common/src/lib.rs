@@ -271,7 +271,7 @@ pub struct PortRange {
 const _: () = assert!(core::mem::size_of::<PortRange>() == 8);
 
 /// Version of the layout of the pinned maps: their names, types, keys and values (`FlowKey`,
-/// `FlowStats`, `FlowState`, `Config`, `PrefixKey`/`PrefixValue`, `Event`, the `STATS` indices).
+/// `FlowStats`, `Config`, `PrefixKey`/`PrefixValue`, `Event`, the `STATS` indices).
 ///
 /// BUMP IT whenever any of those changes, even when the sizes stay the same (a field renamed to
 /// mean something else, a `STATS` index moved): a restarted agent reuses the maps pinned by its
@@ -280,8 +280,9 @@ const _: () = assert!(core::mem::size_of::<PortRange>() == 8);
 /// loader also compares each pinned map's type, key size, value size and capacity with the object,
 /// which catches most forgotten bumps, but not a change that keeps the sizes.
 ///
-/// History: 1 = first versioned layout (0 is a `CONFIG` pinned before the version existed).
-pub const LAYOUT_VERSION: u32 = 1;
+/// History: 1 = first versioned layout (0 is a `CONFIG` pinned before the version existed);
+/// 2 = `FLOW_STATE` merged into `FLOWS`, now one shared LRU hash of 200-byte `FlowStats` (issue 11).
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// The single entry of the `CONFIG` array, written by the agent.
 ///
