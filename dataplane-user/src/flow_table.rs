@@ -694,10 +694,10 @@ pub(crate) mod tests {
         t.enable_windows();
         t.adopt_kernel_flows();
         // A predecessor counted 100 packets before this agent's first poll.
-        t.apply(&snap(MS, vec![(k, vec![stats(100, 10_000, 1, MS)])]));
+        t.apply(&snap(MS, vec![(k, stats(100, 10_000, 1, MS))]));
         let ik = InterfaceKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::TCP };
         assert_eq!(t.interfaces()[&ik].packets, 100, "the interface counter continues from the kernel's value");
-        t.apply(&snap(2 * MS, vec![(k, vec![stats(103, 10_300, 1, 2 * MS)])]));
+        t.apply(&snap(2 * MS, vec![(k, stats(103, 10_300, 1, 2 * MS))]));
         assert_eq!(t.interfaces()[&ik].packets, 103);
         let w = t.take_window().expect("a window over two polls");
         assert_eq!(w.deltas[&k].packets, 3, "only the growth seen by this agent is the window's traffic");
