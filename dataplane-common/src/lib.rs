@@ -25,9 +25,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// Names of the maps in the eBPF object; the agent finds and pins them by these names.
 pub mod maps {
+    /// Per-flow counters, open burst and sequence tracking state, one entry shared by all CPUs.
     pub const FLOWS: &str = "FLOWS";
-    /// Shared (not per-CPU) per-flow state: the open burst and the sequence tracking state.
-    pub const FLOW_STATE: &str = "FLOW_STATE";
     pub const CONFIG: &str = "CONFIG";
     pub const MATCH_PREFIXES: &str = "MATCH_PREFIXES";
     pub const EVENTS: &str = "EVENTS";
@@ -42,13 +41,14 @@ pub mod programs {
     pub const NOOP: &str = "noop";
 }
 
-/// Capacity of `FLOWS` and `FLOW_STATE` (entries) compiled into the object: the default. The
+/// Capacity of `FLOWS` (entries) compiled into the object: the default. The
 /// loader may set another capacity at load time (`kernel_max_flows`, `EbpfLoader::map_max_entries`),
 /// up to [`KERNEL_MAX_FLOWS_LIMIT`]. LRU maps evict the least recently used flow when full; an
 /// eviction of a live flow is counted in `STATS[MAP_FULL]` when the update itself fails.
 pub const MAX_FLOWS: u32 = 16_384;
-/// Largest capacity a loader may give `FLOWS` and `FLOW_STATE`; also the bound of user-space walks
-/// over `FLOWS`. At 1 Mi entries `FLOWS` alone takes about 1 Mi × (CPUs × 176 + 100) bytes.
+/// Largest capacity a loader may give `FLOWS`; also the bound of user-space walks
+/// over `FLOWS`. An entry takes about 300 bytes of kernel memory whatever the CPU count (200-byte
+/// value, key and element header; `cargo xtask bench ebpf` prints the kernel's accounting).
 pub const KERNEL_MAX_FLOWS_LIMIT: u32 = 1 << 20;
 /// Capacity of the `MATCH_PREFIXES` LPM trie.
 pub const MAX_PREFIXES: u32 = 256;
@@ -88,7 +88,7 @@ pub mod stats {
     pub const MALFORMED: u32 = 3;
     /// Packets the parser skips by design: non-IP, IPv6 extension headers, IP fragments, other L4.
     pub const UNSUPPORTED: u32 = 4;
-    /// A `FLOWS` or `FLOW_STATE` insert failed (map full and eviction impossible).
+    /// A `FLOWS` insert failed (map full and eviction impossible).
     pub const MAP_FULL: u32 = 5;
     /// A ring-buffer reservation failed (consumer too slow): the event is lost, the packet is not.
     pub const RINGBUF_FULL: u32 = 6;
@@ -111,7 +111,7 @@ pub mod event_kind {
     pub const MAP_FULL: u32 = 3;
 }
 
-/// Key of `FLOWS` and `FLOW_STATE`: 5-tuple + interface + direction. 44 bytes, no implicit padding.
+/// Key of `FLOWS`: 5-tuple + interface + direction. 44 bytes, no implicit padding.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct FlowKey {
@@ -133,10 +133,16 @@ pub struct FlowKey {
 }
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 44);
 
-/// Per-flow counters, one copy per CPU (`FLOWS` is a per-CPU LRU hash). Counters (`u64`) are summed
-/// across CPUs by the agent. Detections that need history (retransmissions, duplicate ACKs, PSN
-/// gaps) compare against the shared [`FlowState`] in `FLOW_STATE`, so they work when a flow's
-/// packets are handled by several CPUs; only the counts live here. 176 bytes.
+/// The value of `FLOWS` (a shared LRU hash, key [`FlowKey`]): a flow's counters, its open burst
+/// and the tracking state of the retransmission, duplicate-ACK and PSN detections, in one entry so
+/// a matched packet costs one map lookup. One copy shared by all CPUs (not per CPU): counters are
+/// added with atomic adds, so two CPUs handling one flow never lose a count, and a retransmission
+/// is seen whichever CPU handled the original. The agent reads the entry as is (no sum over CPUs).
+///
+/// The fields one packet touches come first (counters, last packet, open burst, tracking words:
+/// 64 bytes). Each tracking word holds a value *and* its [`track::VALID`] bit, written with a single
+/// store, so a reader on another CPU never sees a half-written state. See [`track`] for the
+/// encodings. 200 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct FlowStats {
@@ -146,20 +152,35 @@ pub struct FlowStats {
     pub bytes: u64,
     /// Transport payload bytes (TCP/UDP payload; for RoCEv2 the UDP payload).
     pub payload_bytes: u64,
-    /// `bpf_ktime_get_ns()` of the first and last packet on this CPU (0 = never).
-    pub first_seen_ns: u64,
+    /// `bpf_ktime_get_ns()` of the latest packet (0 = none yet); also the end of the open burst.
     pub last_seen_ns: u64,
+    /// `bpf_ktime_get_ns()` of the open burst's first packet.
+    pub burst_start_ns: u64,
+    /// TCP: highest `seq + payload_len` seen (wrapping), low 32 bits; `track::VALID`.
+    pub tcp_seq_end: u64,
+    /// TCP: ACK number of the last pure ACK seen, low 32 bits; `track::VALID`.
+    pub tcp_last_ack: u64,
+    /// RoCEv2: next expected PSN (bits 0..24), destination QP it belongs to (bits 24..48);
+    /// `track::VALID`.
+    pub roce_psn: u64,
+
+    /// `packets` and `bytes` before the open burst's first packet: the open burst holds
+    /// `packets - burst_start_packets` packets (the kernel adds nothing per packet for a burst).
+    pub burst_start_packets: u64,
+    pub burst_start_bytes: u64,
+    /// `bpf_ktime_get_ns()` of the flow's first packet (0 = never).
+    pub first_seen_ns: u64,
     /// Packets with IP ECN = CE (0b11).
     pub ce_marks: u64,
 
     // --- TCP ---
     /// Data segments sent again: wire segments whose sequence range starts below the highest
-    /// sequence end already seen on any CPU (retransmission or reordering). A GSO skb counts the
-    /// segments that lie below that end.
+    /// sequence end already seen (retransmission or reordering). A GSO skb counts the segments
+    /// that lie below that end.
     pub tcp_retrans: u64,
     /// Segments without payload carrying ACK and no SYN/FIN/RST.
     pub tcp_pure_acks: u64,
-    /// Pure ACKs repeating the ACK number of the last pure ACK seen (on any CPU).
+    /// Pure ACKs repeating the ACK number of the last pure ACK seen.
     pub tcp_dup_acks: u64,
     pub tcp_ece: u64,
     pub tcp_cwr: u64,
@@ -178,22 +199,10 @@ pub struct FlowStats {
     pub roce_naks: u64,
     /// Congestion Notification Packets (BTH opcode 0x81).
     pub roce_cnps: u64,
-
-    // --- unused (formerly per-CPU tracking state, now in `FlowState`) ---
-    /// Always 0: the monitor no longer writes the `*_state` fields and `state_flags`. They keep
-    /// the layout (and the agent's code that names them) unchanged; the agent ignores them.
-    pub tcp_seq_end_state: u32,
-    pub tcp_last_ack_state: u32,
-    pub roce_next_psn_state: u32,
-    pub roce_dest_qp_state: u32,
-    pub state_flags: u32,
-    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<FlowStats>() == 176);
+const _: () = assert!(core::mem::size_of::<FlowStats>() == 200);
 
-/// The current (open) burst of a flow. Byte/packet counts are added atomically; the timestamps
-/// are written without a lock, and a race can make `last_ns` a few ns stale, which is far below the
-/// 1 ms idle gap that ends a burst. 32 bytes.
+/// A burst as the `BURST_END` event reports it: first and last packet, bytes and packets. 32 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct BurstState {
@@ -204,33 +213,11 @@ pub struct BurstState {
 }
 const _: () = assert!(core::mem::size_of::<BurstState>() == 32);
 
-/// The state of a flow shared by all CPUs: the value of the LRU hash `FLOW_STATE` (key
-/// [`FlowKey`]). It holds what must not be split per CPU: the open burst (a burst handled by
-/// several CPUs is one burst) and the tracking state the retransmission, duplicate-ACK and PSN
-/// detections compare against (a retransmission is seen whichever CPU saw the original).
-///
-/// Each tracking field is one 64-bit word holding a value *and* its [`track::VALID`] bit, written
-/// with a single store, so a reader on another CPU never sees a half-written state (no separate
-/// flags word that could be valid before its value is). See [`track`] for the encodings. 56 bytes.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct FlowState {
-    pub burst: BurstState,
-    /// TCP: highest `seq + payload_len` seen (wrapping), low 32 bits; `track::VALID`.
-    pub tcp_seq_end: u64,
-    /// TCP: ACK number of the last pure ACK seen, low 32 bits; `track::VALID`.
-    pub tcp_last_ack: u64,
-    /// RoCEv2: next expected PSN (bits 0..24), destination QP it belongs to (bits 24..48);
-    /// `track::VALID`.
-    pub roce_psn: u64,
-}
-const _: () = assert!(core::mem::size_of::<FlowState>() == 56);
-
-/// Encodings of the tracking words of [`FlowState`].
+/// Encodings of the tracking words of [`FlowStats`].
 pub mod track {
     /// The word holds an observed value (0 = nothing observed yet, or resynchronising).
     pub const VALID: u64 = 1 << 63;
-    /// `FlowState::roce_psn`: the destination QP starts at this bit.
+    /// `FlowStats::roce_psn`: the destination QP starts at this bit.
     pub const QP_SHIFT: u32 = 24;
     /// 24-bit mask of a PSN or QP number.
     pub const MASK24: u64 = 0xff_ffff;
@@ -284,7 +271,7 @@ pub struct PortRange {
 const _: () = assert!(core::mem::size_of::<PortRange>() == 8);
 
 /// Version of the layout of the pinned maps: their names, types, keys and values (`FlowKey`,
-/// `FlowStats`, `FlowState`, `Config`, `PrefixKey`/`PrefixValue`, `Event`, the `STATS` indices).
+/// `FlowStats`, `Config`, `PrefixKey`/`PrefixValue`, `Event`, the `STATS` indices).
 ///
 /// BUMP IT whenever any of those changes, even when the sizes stay the same (a field renamed to
 /// mean something else, a `STATS` index moved): a restarted agent reuses the maps pinned by its
@@ -293,8 +280,9 @@ const _: () = assert!(core::mem::size_of::<PortRange>() == 8);
 /// loader also compares each pinned map's type, key size, value size and capacity with the object,
 /// which catches most forgotten bumps, but not a change that keeps the sizes.
 ///
-/// History: 1 = first versioned layout (0 is a `CONFIG` pinned before the version existed).
-pub const LAYOUT_VERSION: u32 = 1;
+/// History: 1 = first versioned layout (0 is a `CONFIG` pinned before the version existed);
+/// 2 = `FLOW_STATE` merged into `FLOWS`, now one shared LRU hash of 200-byte `FlowStats` (issue 11).
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// The single entry of the `CONFIG` array, written by the agent.
 ///
@@ -393,7 +381,6 @@ mod pod {
         super::FlowKey,
         super::FlowStats,
         super::BurstState,
-        super::FlowState,
         super::Event,
         super::PortRange,
         super::Config,
@@ -436,18 +423,17 @@ mod tests {
 
     #[test]
     fn flow_stats_layout() {
-        assert_eq!(offset_of!(FlowStats, roce_cnps), 144);
-        assert_eq!(offset_of!(FlowStats, tcp_seq_end_state), 152);
-        assert_eq!(offset_of!(FlowStats, state_flags), 168);
-    }
-
-    #[test]
-    fn flow_state_layout() {
-        assert_eq!(offset_of!(FlowState, burst), 0);
-        assert_eq!(offset_of!(FlowState, tcp_seq_end), 32);
-        assert_eq!(offset_of!(FlowState, tcp_last_ack), 40);
-        assert_eq!(offset_of!(FlowState, roce_psn), 48);
-        assert_eq!(core::mem::align_of::<FlowState>(), 8);
+        // The fields a packet touches share the first 64 bytes.
+        assert_eq!(offset_of!(FlowStats, packets), 0);
+        assert_eq!(offset_of!(FlowStats, last_seen_ns), 24);
+        assert_eq!(offset_of!(FlowStats, burst_start_ns), 32);
+        assert_eq!(offset_of!(FlowStats, tcp_seq_end), 40);
+        assert_eq!(offset_of!(FlowStats, tcp_last_ack), 48);
+        assert_eq!(offset_of!(FlowStats, roce_psn), 56);
+        assert_eq!(offset_of!(FlowStats, burst_start_packets), 64);
+        assert_eq!(offset_of!(FlowStats, first_seen_ns), 80);
+        assert_eq!(offset_of!(FlowStats, roce_cnps), 192);
+        assert_eq!(core::mem::align_of::<FlowStats>(), 8);
     }
 
     #[test]

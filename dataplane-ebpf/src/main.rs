@@ -8,11 +8,11 @@
 //!   them, and only when headers are not already linear.
 //! - Work is bounded: no loop depends on packet contents (VLAN tags: at most two, unrolled; port
 //!   ranges: at most `MAX_PORT_RANGES`; IPv6 extension headers: not walked, counted as unsupported).
-//! - Nothing is emitted per packet. Counters are aggregated in `FLOWS` (per-CPU); the open burst
-//!   and the sequence tracking state live in `FLOW_STATE` (shared by all CPUs); `EVENTS` carries
-//!   only flow starts (opt-in), burst ends and map-full records.
-//! - A matched packet costs one `bpf_ktime_get_ns`, one `FLOWS` lookup and one `FLOW_STATE`
-//!   lookup (plus an insert the first time a flow is seen); an unmatched one no hash lookup.
+//! - Nothing is emitted per packet. Counters, the open burst and the sequence tracking state of a
+//!   flow live in one `FLOWS` entry shared by all CPUs (counters added atomically); `EVENTS`
+//!   carries only flow starts (opt-in), burst ends and map-full records.
+//! - A matched packet costs one `bpf_ktime_get_ns` and one `FLOWS` lookup (plus an insert the
+//!   first time a flow is seen); an unmatched one no hash lookup and no clock read.
 //! - Every outcome is counted once in `STATS`: SEEN always, then exactly one of MALFORMED,
 //!   UNSUPPORTED, UNREADABLE, or PARSED (and MATCHED when the packet was counted in `FLOWS`).
 //! - Debug logging (aya-log) is off unless the agent sets `config_flags::DEBUG_LOG`; then the
@@ -31,37 +31,31 @@
 
 mod parse;
 
-use core::{
-    intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering},
-    mem::MaybeUninit,
-    ptr::{addr_of_mut, write_volatile},
-};
+use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering};
 
 use aya_ebpf::{
     bindings::{__sk_buff, BPF_NOEXIST, TC_ACT_PIPE},
     helpers::bpf_ktime_get_ns,
     macros::{classifier, map},
-    maps::{lpm_trie::Key, Array, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
+    maps::{lpm_trie::Key, Array, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
     programs::TcContext,
 };
 use aya_log_ebpf::debug;
 use dataplane_common::{
     config_flags, direction, event_kind, flow_kind, stats, track, wire, BurstState, Config, Event,
-    FlowKey, FlowState, FlowStats, PrefixKey, PrefixValue, DEBUG_LOG_PER_SEC, DEFAULT_BURST_GAP_NS,
+    FlowKey, FlowStats, PrefixKey, PrefixValue, DEBUG_LOG_PER_SEC, DEFAULT_BURST_GAP_NS,
     EVENTS_RING_BYTES, MAX_FLOWS, MAX_PORT_RANGES, MAX_PREFIXES,
 };
 
 use crate::parse::{Bth, Packet, Skip, TcpInfo};
 
-/// Per-flow counters, one copy per CPU: the hot path never contends on a cache line.
+/// Per-flow counters, open burst and tracking state, one entry per flow shared by all CPUs: one
+/// hash lookup per matched packet. Shared, not per CPU, because the burst (a burst spread over
+/// CPUs is one burst) and the retransmission / duplicate-ACK / PSN tracking (a retransmission is
+/// seen whichever CPU handled the original) must be; the counters then ride in the same entry
+/// with atomic adds instead of costing a second lookup in a per-CPU map. See "Races on FLOWS".
 #[map(name = "FLOWS")]
-static FLOWS: LruPerCpuHashMap<FlowKey, FlowStats> = LruPerCpuHashMap::with_max_entries(MAX_FLOWS, 0);
-
-/// Per-flow state shared across CPUs: the open burst (a burst spread over CPUs is one burst) and
-/// the tracking state of the retransmission / duplicate-ACK / PSN detections (a retransmission is
-/// seen whichever CPU handled the original). See "Races on FLOW_STATE" below.
-#[map(name = "FLOW_STATE")]
-static FLOW_STATE: LruHashMap<FlowKey, FlowState> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
+static FLOWS: LruHashMap<FlowKey, FlowStats> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
 
 /// The agent's match configuration (one entry).
 #[map(name = "CONFIG")]
@@ -227,15 +221,10 @@ fn monitor(ctx: &TcContext) -> Result<(), Skip> {
 
     set_interface(ctx, &mut pkt.key);
     let now = unsafe { bpf_ktime_get_ns() };
-    let s = update_flow(&pkt.key, &pkt, now, cfg.flags)?;
-    let st = match shared_state(&pkt.key, &pkt, now, cfg) {
-        Some(st) => st,
-        // Could not be created (map full, counted): the counters above still hold.
-        None => return Ok(()),
-    };
+    let s = update_flow(&pkt.key, &pkt, now, cfg)?;
     match pkt.key.kind {
-        flow_kind::TCP => tcp_track(s, st, &pkt.tcp, &pkt),
-        flow_kind::ROCEV2 => rocev2_track(s, st, &pkt.bth),
+        flow_kind::TCP => tcp_track(s, &pkt.tcp, &pkt),
+        flow_kind::ROCEV2 => rocev2_track(s, &pkt.bth),
         _ => {}
     }
     Ok(())
@@ -303,30 +292,69 @@ fn set_interface(ctx: &TcContext, key: &mut FlowKey) {
     key.ifindex = ifindex;
 }
 
+/// Finds (or creates) the flow's entry, accounts the packet to its counters and its open burst,
+/// and ends the burst when the idle gap has elapsed.
 #[inline(always)]
-fn update_flow(key: &FlowKey, pkt: &Packet, now: u64, flags: u32) -> Result<&'static mut FlowStats, Skip> {
+fn update_flow(key: &FlowKey, pkt: &Packet, now: u64, cfg: &Config) -> Result<&'static mut FlowStats, Skip> {
     let stats = match FLOWS.get_ptr_mut(key) {
         Some(s) => s,
-        None => new_flow(key, now, flags).ok_or(Skip::MapFull)?,
+        None => new_flow(key, now, cfg.flags).ok_or(Skip::MapFull)?,
     };
-    // SAFETY: a map value pointer stays valid for the rest of this program run (RCU); this CPU's
-    // copy is written only by this CPU, with BH disabled.
+    // SAFETY: a map value pointer stays valid for the rest of this program run (RCU); the fields
+    // are shared with other CPUs and written as described in "Races on FLOWS".
     let s = unsafe { &mut *stats };
-    s.packets += pkt.segments as u64;
-    s.bytes += pkt.l3_bytes as u64;
-    s.payload_bytes += pkt.payload_bytes as u64;
-    if s.first_seen_ns == 0 {
-        s.first_seen_ns = now;
+    let last = load(&s.last_seen_ns);
+    let since = now.wrapping_sub(last) as i64;
+    let gap = if cfg.burst_gap_ns == 0 { DEFAULT_BURST_GAP_NS } else { cfg.burst_gap_ns };
+    // Signed difference: another CPU may have stored a `last_seen_ns` a few ns after our `now`.
+    // `last == 0` on its own: right after boot `now` itself can be below a long configured gap.
+    if last == 0 || since > gap as i64 {
+        // The first packet, or the idle gap elapsed: a burst starts with this packet.
+        new_burst(s, key, last, now, cfg.flags);
+    } else if since > 0 {
+        store(&mut s.last_seen_ns, now);
     }
-    s.last_seen_ns = now;
+    atomic_add(&mut s.packets, pkt.segments as u64);
+    atomic_add(&mut s.bytes, pkt.l3_bytes as u64);
+    atomic_add(&mut s.payload_bytes, pkt.payload_bytes as u64);
     if pkt.ecn == wire::ECN_CE {
-        s.ce_marks += 1;
+        atomic_add(&mut s.ce_marks, 1);
     }
     Ok(s)
 }
 
+/// Ends the open burst (if any) and starts the next one with this packet. Out of line: once per
+/// burst. The CPU whose compare-and-exchange moves `last_seen_ns` from the value it read wins and
+/// does the rest; a CPU that lost finds the burst already restarted and only adds its packet.
+#[inline(never)]
+fn new_burst(s: &mut FlowStats, key: &FlowKey, last: u64, now: u64, flags: u32) {
+    if !cas(&mut s.last_seen_ns, last, now) {
+        return;
+    }
+    // Totals before this packet (it is added after we return): what the ended burst holds.
+    let packets = load(&s.packets);
+    let bytes = load(&s.bytes);
+    if last == 0 {
+        store(&mut s.first_seen_ns, now);
+    } else if flags & config_flags::BURST_EVENTS != 0 {
+        let ended = BurstState {
+            start_ns: s.burst_start_ns,
+            last_ns: last,
+            bytes: bytes.wrapping_sub(s.burst_start_bytes),
+            packets: packets.wrapping_sub(s.burst_start_packets),
+        };
+        emit(event_kind::BURST_END, key, now, Some(&ended));
+    }
+    // Not atomic as a whole: a packet another CPU adds between these stores can land in either
+    // burst. It is never lost or counted twice: a burst's size is the difference of totals.
+    store(&mut s.burst_start_ns, now);
+    store(&mut s.burst_start_packets, packets);
+    store(&mut s.burst_start_bytes, bytes);
+}
+
 /// The initial value of a flow, in .rodata: a map value may be read from global data, which keeps
-/// 176 bytes off the 512-byte stack and saves zeroing them on every new flow.
+/// 200 bytes off the 512-byte stack and saves zeroing them on every new flow. `last_seen_ns` 0
+/// makes the first packet start the first burst (`new_burst`), which sets `first_seen_ns`.
 // SAFETY: FlowStats derives zerocopy's FromBytes, which proves every bit pattern (all-zero
 // included) is a valid value; all-zero is also its Default.
 static ZERO_FLOW: FlowStats = unsafe { core::mem::zeroed() };
@@ -355,10 +383,12 @@ fn new_flow(key: &FlowKey, now: u64, flags: u32) -> Option<*mut FlowStats> {
     }
 }
 
-// Races on FLOW_STATE. Several CPUs may handle packets of one flow at the same time and update
-// its entry without a lock. The tracking state is built so a race can only *lose* a detection,
-// never invent one:
-// - Each tracking word (`FlowState::tcp_seq_end`, `tcp_last_ack`, `roce_psn`) is read once and
+// Races on FLOWS. Several CPUs may handle packets of one flow at the same time and update its
+// entry without a lock. Counters are only ever changed by atomic adds (BPF_ATOMIC | BPF_ADD), so
+// none is lost. The burst restarts under a compare-and-exchange of `last_seen_ns` (`new_burst`), so
+// one CPU ends a burst and one BURST_END is emitted. The tracking state is built so a race can only
+// *lose* a detection, never invent one:
+// - Each tracking word (`FlowStats::tcp_seq_end`, `tcp_last_ack`, `roce_psn`) is read once and
 //   written with one aligned 64-bit store of a value *and* its VALID bit, so every word a reader
 //   sees is exactly what some earlier packet of the flow wrote: only observed values are stored.
 // - TCP retransmission: counted when `seq` is before the stored end. The stored end is the end of
@@ -372,11 +402,13 @@ fn new_flow(key: &FlowKey, now: u64, flags: u32) -> Option<*mut FlowStats> {
 //   was made on; if another CPU changed it in between, this packet's detection is dropped and the
 //   other CPU's state stands. "Behind" needs no store: the stored expectation came from a PSN that
 //   was seen, so a PSN behind it really arrived after a later one.
-// Counters stay per CPU in FLOWS, so none of this contends on the counters' cache lines.
+// Sharing costs a cache line moving between CPUs when two of them handle one flow at once; the
+// per-CPU counters of earlier versions avoided that for the counters but paid a second hash lookup
+// on every packet for the shared state, whose line moved anyway.
 
 /// TCP flag counters and the retransmission / duplicate-ACK detections.
 #[inline(always)]
-fn tcp_track(s: &mut FlowStats, st: &mut FlowState, t: &TcpInfo, pkt: &Packet) {
+fn tcp_track(s: &mut FlowStats, t: &TcpInfo, pkt: &Packet) {
     let f = t.flags;
     // Rare flags behind one test: data segments and ACKs usually carry none of them.
     if f & (wire::TCP_SYN | wire::TCP_FIN | wire::TCP_RST | wire::TCP_ECE | wire::TCP_CWR) != 0 {
@@ -385,28 +417,28 @@ fn tcp_track(s: &mut FlowStats, st: &mut FlowState, t: &TcpInfo, pkt: &Packet) {
     let payload = pkt.payload_bytes;
     if payload > 0 {
         let end = t.seq.wrapping_add(payload);
-        let cur = load(&st.tcp_seq_end);
+        let cur = load(&s.tcp_seq_end);
         if cur & track::VALID == 0 {
-            store(&mut st.tcp_seq_end, track::VALID | end as u64);
+            store(&mut s.tcp_seq_end, track::VALID | end as u64);
             return;
         }
         let high = cur as u32;
         // Serial-number comparison (RFC 1982 / RFC 9293 §3.4): a difference whose i32 value is
         // negative means "before", across the 2^32 wrap.
         if (t.seq.wrapping_sub(high) as i32) < 0 {
-            s.tcp_retrans += retransmitted_segments(t.seq, end, high, pkt) as u64;
+            atomic_add(&mut s.tcp_retrans, retransmitted_segments(t.seq, end, high, pkt) as u64);
         }
         if (end.wrapping_sub(high) as i32) > 0 {
-            store(&mut st.tcp_seq_end, track::VALID | end as u64);
+            store(&mut s.tcp_seq_end, track::VALID | end as u64);
         }
     } else if f & wire::TCP_ACK != 0 && f & (wire::TCP_SYN | wire::TCP_FIN | wire::TCP_RST) == 0 {
-        s.tcp_pure_acks += 1;
-        let cur = load(&st.tcp_last_ack);
+        atomic_add(&mut s.tcp_pure_acks, 1);
+        let cur = load(&s.tcp_last_ack);
         let word = track::VALID | t.ack as u64;
         if cur == word {
-            s.tcp_dup_acks += 1;
+            atomic_add(&mut s.tcp_dup_acks, 1);
         } else {
-            store(&mut st.tcp_last_ack, word);
+            store(&mut s.tcp_last_ack, word);
         }
     }
 }
@@ -434,43 +466,43 @@ fn retransmitted_segments(seq: u32, end: u32, high: u32, pkt: &Packet) -> u32 {
 #[inline(always)]
 fn tcp_rare_flags(s: &mut FlowStats, f: u8) {
     if f & wire::TCP_SYN != 0 {
-        s.tcp_syn += 1;
+        atomic_add(&mut s.tcp_syn, 1);
     }
     if f & wire::TCP_FIN != 0 {
-        s.tcp_fin += 1;
+        atomic_add(&mut s.tcp_fin, 1);
     }
     if f & wire::TCP_RST != 0 {
-        s.tcp_rst += 1;
+        atomic_add(&mut s.tcp_rst, 1);
     }
     if f & wire::TCP_ECE != 0 {
-        s.tcp_ece += 1;
+        atomic_add(&mut s.tcp_ece, 1);
     }
     if f & wire::TCP_CWR != 0 {
-        s.tcp_cwr += 1;
+        atomic_add(&mut s.tcp_cwr, 1);
     }
 }
 
 /// RoCEv2 reliability signals. PSNs are 24-bit serial numbers (IBA §9.7.2): the distance
 /// `(psn - expected) mod 2^24` is "ahead" below 2^23 and "behind" above it.
 #[inline(always)]
-fn rocev2_track(s: &mut FlowStats, st: &mut FlowState, b: &Bth) {
+fn rocev2_track(s: &mut FlowStats, b: &Bth) {
     use wire::bth_opcode;
     if b.opcode == bth_opcode::CNP {
         // CNPs carry no meaningful PSN (Annex A17.9.3).
-        s.roce_cnps += 1;
+        atomic_add(&mut s.roce_cnps, 1);
         return;
     }
     if b.opcode == bth_opcode::RC_ACK {
         // ACK PSNs acknowledge request PSNs and are coalesced, so they are not a sequence.
         if b.syndrome & wire::AETH_SYNDROME_KIND_MASK == wire::AETH_SYNDROME_NAK {
-            s.roce_naks += 1;
+            atomic_add(&mut s.roce_naks, 1);
         }
         return;
     }
     if b.opcode == RC_ATOMIC_ACK {
         return;
     }
-    let cur = load(&st.roce_psn);
+    let cur = load(&s.roce_psn);
     let mut gap = 0;
     let expected = cur as u32 & wire::PSN_MASK;
     let qp = (cur >> track::QP_SHIFT) as u32 & wire::PSN_MASK;
@@ -479,7 +511,7 @@ fn rocev2_track(s: &mut FlowStats, st: &mut FlowState, b: &Bth) {
         if delta >= PSN_HALF {
             // Behind the expected PSN: retransmission (go-back-N) or reordering. The
             // expectation is not moved back, so the rest of a go-back-N replay counts too.
-            s.roce_psn_out_of_order += 1;
+            atomic_add(&mut s.roce_psn_out_of_order, 1);
             return;
         }
         gap = delta;
@@ -491,13 +523,13 @@ fn rocev2_track(s: &mut FlowStats, st: &mut FlowState, b: &Bth) {
     // length / path MTU): resynchronise on the next request instead of guessing.
     let valid = b.opcode != RC_RDMA_READ_REQUEST;
     let next = track::psn_word(b.psn.wrapping_add(1), b.dest_qp, valid);
-    if next != cur && !cas(&mut st.roce_psn, cur, next) {
+    if next != cur && !cas(&mut s.roce_psn, cur, next) {
         // Another CPU moved the expectation since we read it: drop this packet's detection.
         return;
     }
     if gap != 0 {
-        s.roce_psn_gap_events += 1;
-        s.roce_psn_gap_packets += gap as u64;
+        atomic_add(&mut s.roce_psn_gap_events, 1);
+        atomic_add(&mut s.roce_psn_gap_packets, gap as u64);
     }
 }
 
@@ -506,76 +538,6 @@ const RC_RDMA_READ_REQUEST: u8 = 0x0C;
 /// RC ATOMIC Acknowledge (IBA Table 38): carries AETH, PSN of the atomic request.
 const RC_ATOMIC_ACK: u8 = 0x12;
 const PSN_HALF: u32 = 1 << 23;
-
-/// Finds (or creates) the flow's shared state and accounts the packet to its open burst.
-#[inline(always)]
-fn shared_state(key: &FlowKey, pkt: &Packet, now: u64, cfg: &Config) -> Option<&'static mut FlowState> {
-    let bytes = pkt.l3_bytes as u64;
-    let packets = pkt.segments as u64;
-    let st = match FLOW_STATE.get_ptr_mut(key) {
-        // SAFETY: a map value pointer stays valid for the rest of this program run (RCU); the
-        // fields are shared with other CPUs and written as described in "Races on FLOW_STATE".
-        Some(st) => unsafe { &mut *st },
-        None => return new_flow_state(key, bytes, packets, now),
-    };
-    let gap = if cfg.burst_gap_ns == 0 { DEFAULT_BURST_GAP_NS } else { cfg.burst_gap_ns };
-    let b = &mut st.burst;
-    let last = b.last_ns;
-    let since = now.wrapping_sub(last) as i64;
-    // Signed difference: another CPU may have stored a `last_ns` a few ns after our `now`.
-    if since > gap as i64 {
-        if cfg.flags & config_flags::BURST_EVENTS != 0 {
-            emit(event_kind::BURST_END, key, now, Some(b));
-        }
-        // Not atomic as a whole: a packet another CPU adds between these stores can land
-        // in either burst. It cannot be lost, and the burst boundary stays within the gap.
-        b.start_ns = now;
-        b.last_ns = now;
-        b.bytes = bytes;
-        b.packets = packets;
-    } else {
-        // Shared entry: atomic adds (BPF_ATOMIC | BPF_ADD, no fetch) so CPUs never lose counts.
-        atomic_add(&mut b.bytes, bytes);
-        atomic_add(&mut b.packets, packets);
-        if since > 0 {
-            b.last_ns = now;
-        }
-    }
-    Some(st)
-}
-
-/// First packet of a flow in `FLOW_STATE`: the burst starts with it and no tracking state is
-/// known yet. Out of line: it is rare.
-#[inline(never)]
-fn new_flow_state(key: &FlowKey, bytes: u64, packets: u64, now: u64) -> Option<&'static mut FlowState> {
-    // Field by field with volatile stores: LLVM would turn the zero fields of a struct literal
-    // into a call to a byte-loop `memset`.
-    let mut fresh = MaybeUninit::<FlowState>::uninit();
-    let p = fresh.as_mut_ptr();
-    // SAFETY: every field of the plain-integer struct is written before `assume_init`.
-    let fresh = unsafe {
-        write_volatile(addr_of_mut!((*p).burst.start_ns), now);
-        write_volatile(addr_of_mut!((*p).burst.last_ns), now);
-        write_volatile(addr_of_mut!((*p).burst.bytes), bytes);
-        write_volatile(addr_of_mut!((*p).burst.packets), packets);
-        write_volatile(addr_of_mut!((*p).tcp_seq_end), 0);
-        write_volatile(addr_of_mut!((*p).tcp_last_ack), 0);
-        write_volatile(addr_of_mut!((*p).roce_psn), 0);
-        fresh.assume_init_ref()
-    };
-    // BPF_NOEXIST: another CPU may have created the entry since our lookup; then its entry
-    // stands and this packet is missing from the first burst's bytes/packets (at most one packet
-    // per racing CPU, at a flow's very first packets; the FLOWS counters have it).
-    let _ = FLOW_STATE.insert(key, fresh, BPF_NOEXIST as u64);
-    match FLOW_STATE.get_ptr_mut(key) {
-        // SAFETY: as in `shared_state`.
-        Some(st) => Some(unsafe { &mut *st }),
-        None => {
-            count(stats::MAP_FULL, 1);
-            None
-        }
-    }
-}
 
 /// One 64-bit load the compiler may not split, repeat or move: the value a decision is made on.
 #[inline(always)]

@@ -11,8 +11,9 @@
 //! the "existing flow, same burst" path that dominates real traffic (for TCP the repeated sequence
 //! number also exercises the retransmission branch, for RoCEv2 the out-of-order branch).
 //!
-//! Flows resident: before measuring, `FLOWS` and `FLOW_STATE` (sized `--map-entries` at load time)
-//! are filled from user space with other flows, to each level of `--resident` in turn (default
+//! Flows resident: before measuring, `FLOWS` (sized `--map-entries` at load time; and
+//! `FLOW_STATE` in objects from before the two maps were merged, so they can be compared with
+//! `--object`) are filled from user space with other flows, to each level of `--resident` in turn (default
 //! 1k, 10k, 100k); every level is measured in its own interleaved rounds. The hash lookups then
 //! walk a map whose buckets and elements no longer all sit in the cache, as on a busy host.
 //!
@@ -26,12 +27,12 @@ use std::{fs, path::PathBuf};
 
 use anyhow::{bail, Context, Result};
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuHashMap, PerCpuValues},
+    maps::{Array, HashMap, Map, MapData, PerCpuHashMap, PerCpuValues},
     programs::SchedClassifier,
     EbpfLoader,
 };
 use clap::Parser;
-use dataplane_common::{direction, flow_kind, maps, programs, wire, BurstState, Config, FlowKey, FlowState, FlowStats, PortRange};
+use dataplane_common::{direction, flow_kind, maps, programs, wire, Config, FlowKey, FlowStats, PortRange};
 use ringside_test_support::{
     frames,
     testrun::{self, SkbContext},
@@ -55,11 +56,12 @@ struct Args {
     /// several builds in the same interleaved rounds.
     #[arg(long)]
     object: Vec<PathBuf>,
-    /// Other flows resident in `FLOWS` and `FLOW_STATE` while measuring, comma-separated levels
+    /// Other flows resident in `FLOWS` (and `FLOW_STATE` of older objects) while measuring, comma-separated levels
     /// (each measured in turn, maps filled incrementally).
     #[arg(long, value_delimiter = ',', default_values_t = [1_000u32, 10_000, 100_000])]
     resident: Vec<u32>,
-    /// Capacity of `FLOWS` and `FLOW_STATE` set at load time (must exceed the largest level).
+    /// Capacity of `FLOWS` (and `FLOW_STATE` of older objects) set at load time (must exceed the
+    /// largest level).
     #[arg(long, default_value_t = 131_072)]
     map_entries: u32,
 }
@@ -100,10 +102,11 @@ struct Report {
     /// With several `--object`s: every object's results, in the order given.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     variants: Vec<VariantReport>,
-    /// Capacity of `FLOWS` and `FLOW_STATE` in this run.
+    /// Capacity of the flow maps in this run.
     map_entries: u32,
-    /// The kernel's memory accounting (`memlock` in /proc/self/fdinfo) of the first object's
-    /// `FLOWS` and `FLOW_STATE` at that capacity: what an operator sizing the maps pays.
+    /// The kernel's memory accounting (`memlock` in /proc/self/fdinfo) of the loaded objects' flow
+    /// maps at that capacity (one row per map type and value size): what an operator sizing the
+    /// maps pays.
     map_memory: Vec<MapMemory>,
     /// One entry per `--resident` level: every object's results with that many other flows in
     /// the maps (`cases` / `variants` above are the first level's).
@@ -134,8 +137,8 @@ fn map_memory(max_entries: u32) -> Vec<MapMemory> {
             }
         }
     }
-    out.sort_by_key(|m| m.map_type);
-    out.dedup_by_key(|m| m.map_type);
+    out.sort_by_key(|m| (m.map_type, m.value_size));
+    out.dedup_by_key(|m| (m.map_type, m.value_size));
     out
 }
 
@@ -158,7 +161,7 @@ fn loadavg() -> String {
 /// Loads an object (or the embedded one), loads both programs and writes the benchmark config.
 fn load(object: Option<&PathBuf>, config: Config, map_entries: u32) -> Result<aya::Ebpf> {
     let mut loader = EbpfLoader::new();
-    loader.map_max_entries(maps::FLOWS, map_entries).map_max_entries(maps::FLOW_STATE, map_entries);
+    loader.map_max_entries(maps::FLOWS, map_entries).map_max_entries(OLD_FLOW_STATE, map_entries);
     let mut ebpf = match object {
         Some(path) => loader.load_file(path).with_context(|| format!("load {}", path.display()))?,
         None => {
@@ -204,23 +207,58 @@ fn resident_key(i: u32, ifindex: u32) -> FlowKey {
     }
 }
 
-/// Inserts resident flows `from..to` into every object's `FLOWS` (all CPUs' copies) and
-/// `FLOW_STATE`, with values a live flow would have.
+/// `FLOW_STATE`: the shared map of objects from before `FLOW_STATE` was merged into `FLOWS`.
+const OLD_FLOW_STATE: &str = "FLOW_STATE";
+/// Value sizes of those objects: per-CPU `FLOWS` 176 bytes, `FLOW_STATE` 56 bytes.
+const OLD_FLOWS_VALUE: usize = 176;
+const OLD_FLOW_STATE_VALUE: usize = 56;
+
+/// The first `N` bytes of `words` (native endian), the rest zero: a value for an older object's
+/// layout, whose leading fields are the same counters.
+fn value_bytes<const N: usize>(words: &[u64]) -> [u8; N] {
+    let mut v = [0u8; N];
+    for (i, w) in words.iter().enumerate().take(N / 8) {
+        v[i * 8..i * 8 + 8].copy_from_slice(&w.to_ne_bytes());
+    }
+    v
+}
+
+/// Inserts resident flows `from..to` into every object's flow maps, with values a live flow would
+/// have: `FLOWS` (shared; or every CPU's copy in an older object's per-CPU `FLOWS`) and an older
+/// object's `FLOW_STATE`.
 fn fill(ebpf: &mut aya::Ebpf, from: u32, to: u32, ifindex: u32) -> Result<()> {
     let ncpus = aya::util::nr_cpus().map_err(|(_, e)| e).context("count CPUs")?;
-    let stats = FlowStats { packets: 10, bytes: 15_000, payload_bytes: 14_480, first_seen_ns: 1, last_seen_ns: 2, ..Default::default() };
-    {
-        let mut flows: PerCpuHashMap<&mut MapData, FlowKey, FlowStats> =
-            PerCpuHashMap::try_from(ebpf.map_mut(maps::FLOWS).context("FLOWS")?)?;
+    let stats = FlowStats {
+        packets: 10,
+        bytes: 15_000,
+        payload_bytes: 14_480,
+        last_seen_ns: 2,
+        burst_start_ns: 1,
+        first_seen_ns: 1,
+        ..Default::default()
+    };
+    let flows = ebpf.map_mut(maps::FLOWS).context("FLOWS")?;
+    if matches!(flows, Map::PerCpuLruHashMap(_) | Map::PerCpuHashMap(_)) {
+        // Older layout: packets, bytes, payload_bytes, first_seen_ns, last_seen_ns, ...
+        let old: [u8; OLD_FLOWS_VALUE] = value_bytes(&[10, 15_000, 14_480, 1, 2]);
+        let mut flows: PerCpuHashMap<&mut MapData, FlowKey, [u8; OLD_FLOWS_VALUE]> = PerCpuHashMap::try_from(flows)?;
         for i in from..to {
-            let values = PerCpuValues::try_from(vec![stats; ncpus])?;
+            let values = PerCpuValues::try_from(vec![old; ncpus])?;
             flows.insert(resident_key(i, ifindex), values, 0).with_context(|| format!("insert resident flow {i} into FLOWS"))?;
         }
+    } else {
+        let mut flows: HashMap<&mut MapData, FlowKey, FlowStats> = HashMap::try_from(flows)?;
+        for i in from..to {
+            flows.insert(resident_key(i, ifindex), stats, 0).with_context(|| format!("insert resident flow {i} into FLOWS"))?;
+        }
     }
-    let state = FlowState { burst: BurstState { start_ns: 1, last_ns: 2, bytes: 15_000, packets: 10 }, ..Default::default() };
-    let mut st: HashMap<&mut MapData, FlowKey, FlowState> = HashMap::try_from(ebpf.map_mut(maps::FLOW_STATE).context("FLOW_STATE")?)?;
-    for i in from..to {
-        st.insert(resident_key(i, ifindex), state, 0).with_context(|| format!("insert resident flow {i} into FLOW_STATE"))?;
+    if let Some(map) = ebpf.map_mut(OLD_FLOW_STATE) {
+        // Older layout: the burst (start, last, bytes, packets), then the tracking words.
+        let state: [u8; OLD_FLOW_STATE_VALUE] = value_bytes(&[1, 2, 15_000, 10]);
+        let mut st: HashMap<&mut MapData, FlowKey, [u8; OLD_FLOW_STATE_VALUE]> = HashMap::try_from(map)?;
+        for i in from..to {
+            st.insert(resident_key(i, ifindex), state, 0).with_context(|| format!("insert resident flow {i} into FLOW_STATE"))?;
+        }
     }
     Ok(())
 }
@@ -349,7 +387,11 @@ fn main() -> Result<()> {
     println!("loadavg after:  {loadavg_after}");
     let map_memory = map_memory(args.map_entries);
     for m in &map_memory {
-        let name = if m.map_type == 10 { "FLOWS (LRU per-CPU hash)" } else { "FLOW_STATE (LRU hash)" };
+        let name = match (m.map_type, m.value_size as usize) {
+            (10, _) => "FLOWS of an older object (LRU per-CPU hash)",
+            (9, OLD_FLOW_STATE_VALUE) => "FLOW_STATE of an older object (LRU hash)",
+            _ => "FLOWS (LRU hash)",
+        };
         println!(
             "{name}: {} entries, value {} bytes: {:.1} MiB ({:.0} bytes per entry) on {} CPUs",
             m.max_entries,

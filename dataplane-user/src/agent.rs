@@ -97,7 +97,7 @@ pub struct AgentSettings {
     pub operator_tokens: OperatorTokens,
     /// `ebpf_debug_log` / `--ebpf-debug-log`: sets `config_flags::DEBUG_LOG` in the kernel config.
     pub ebpf_debug_log: bool,
-    /// `kernel_max_flows`: capacity of the kernel maps `FLOWS` and `FLOW_STATE`.
+    /// `kernel_max_flows`: capacity of the kernel map `FLOWS`.
     pub kernel_max_flows: u32,
 }
 

@@ -336,7 +336,7 @@ mod tests {
         for p in 2..(2 + n as u8) {
             let k = key(1, p, 29500, direction::EGRESS, flow_kind::TCP);
             let retrans = if Some(p) == lossy { 100 * sec } else { 0 };
-            flows.push((k, vec![FlowStats { tcp_retrans: retrans, ..stats(2000 * sec, 3_000_000 * sec, 1, t) }]));
+            flows.push((k, FlowStats { tcp_retrans: retrans, ..stats(2000 * sec, 3_000_000 * sec, 1, t) }));
             for step in 0..5u64 {
                 let s = t - 1000 * MS + step * 200 * MS;
                 events.push(Event {

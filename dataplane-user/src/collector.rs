@@ -23,7 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{Map, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::maps::{HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf};
 use dataplane_common::{maps, Event, FlowKey, FlowStats, KERNEL_MAX_FLOWS_LIMIT as MAX_FLOWS};
 use tokio::sync::watch;
 use zerocopy::FromBytes as _;
@@ -239,10 +239,10 @@ pub enum CollectError {
 
 /// The maps the collector reads, taken out of the loaded object.
 pub struct KernelMaps {
-    flows: PerCpuHashMap<MapData, FlowKey, FlowStats>,
-    /// A duplicate of `FLOWS`' fd for `BPF_MAP_LOOKUP_BATCH`, and the possible-CPU count that
-    /// sizes per-CPU values; `None` after batch lookup failed once (then the map is walked).
-    batch: Option<(std::os::fd::OwnedFd, usize)>,
+    flows: BpfHashMap<MapData, FlowKey, FlowStats>,
+    /// A duplicate of `FLOWS`' fd for `BPF_MAP_LOOKUP_BATCH`; `None` after batch lookup failed
+    /// once (then the map is walked).
+    batch: Option<std::os::fd::OwnedFd>,
     stats: PerCpuArray<MapData, u64>,
     events: RingBuf<MapData>,
 }
@@ -251,13 +251,12 @@ impl KernelMaps {
     pub fn new(flows: Map, stats: Map, events: Map) -> Result<Self, CollectError> {
         use std::os::fd::AsFd as _;
         let batch = match &flows {
-            Map::PerCpuLruHashMap(m) | Map::PerCpuHashMap(m) => m.fd().as_fd().try_clone_to_owned().ok(),
+            Map::LruHashMap(m) | Map::HashMap(m) => m.fd().as_fd().try_clone_to_owned().ok(),
             _ => None,
-        }
-        .zip(aya::util::nr_cpus().ok());
+        };
         Ok(KernelMaps {
             batch,
-            flows: PerCpuHashMap::try_from(flows).map_err(|source| CollectError::MapType { name: maps::FLOWS, source })?,
+            flows: BpfHashMap::try_from(flows).map_err(|source| CollectError::MapType { name: maps::FLOWS, source })?,
             stats: PerCpuArray::try_from(stats).map_err(|source| CollectError::MapType { name: maps::STATS, source })?,
             events: RingBuf::try_from(events).map_err(|source| CollectError::MapType { name: maps::EVENTS, source })?,
         })
@@ -271,7 +270,7 @@ impl KernelMaps {
     pub fn snapshot(&mut self) -> Result<PollSnapshot, CollectError> {
         let mono_ns = crate::clock::monotonic_ns();
         let batched = match &self.batch {
-            Some((fd, ncpus)) => match lookup_batch(std::os::fd::AsRawFd::as_raw_fd(fd), *ncpus) {
+            Some(fd) => match lookup_batch(std::os::fd::AsRawFd::as_raw_fd(fd)) {
                 Ok(v) => Some(v),
                 Err(e) => {
                     tracing::info!("BPF_MAP_LOOKUP_BATCH on FLOWS failed ({e}); walking the map key by key instead");
@@ -283,14 +282,14 @@ impl KernelMaps {
         // A batch walk returns each key once (a key's bucket is fixed and read under its lock), so
         // its list is used as is; the key-by-key walk can restart and repeat keys, so it is
         // deduplicated.
-        let flows: Vec<(FlowKey, Vec<FlowStats>)> = match batched {
+        let flows: Vec<(FlowKey, FlowStats)> = match batched {
             Some(v) => v,
             None => {
                 self.batch = None;
-                let mut walked: HashMap<FlowKey, Vec<FlowStats>> = HashMap::new();
+                let mut walked: HashMap<FlowKey, FlowStats> = HashMap::new();
                 for item in self.flows.iter().take(2 * MAX_FLOWS as usize) {
                     let (k, v) = item.map_err(|source| CollectError::Read { name: maps::FLOWS, source })?;
-                    walked.insert(k, v.to_vec());
+                    walked.insert(k, v);
                 }
                 walked.into_iter().collect()
             }
@@ -315,10 +314,10 @@ impl KernelMaps {
     }
 }
 
-/// Reads a per-CPU hash of `FlowKey → FlowStats` with `BPF_MAP_LOOKUP_BATCH` (kernel ≥ 5.6):
-/// about one syscall per 1024 flows instead of two per flow. The kernel lays out per-CPU values
-/// as `ncpus` consecutive values rounded up to 8 bytes (FlowStats is 176 bytes, already aligned).
-fn lookup_batch(map_fd: i32, ncpus: usize) -> std::io::Result<Vec<(FlowKey, Vec<FlowStats>)>> {
+/// Reads the hash of `FlowKey → FlowStats` with `BPF_MAP_LOOKUP_BATCH` (kernel ≥ 5.6): about one
+/// syscall per 1024 flows instead of two per flow. The kernel writes `count` keys and `count`
+/// values (`value_size` each: FlowStats is 200 bytes) back to back.
+fn lookup_batch(map_fd: i32) -> std::io::Result<Vec<(FlowKey, FlowStats)>> {
     const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
     const CHUNK: usize = 1024;
     #[repr(C)]
@@ -336,7 +335,7 @@ fn lookup_batch(map_fd: i32, ncpus: usize) -> std::io::Result<Vec<(FlowKey, Vec<
     const _: () = assert!(std::mem::size_of::<FlowStats>().is_multiple_of(8));
     let mut out = Vec::new();
     let mut keys = vec![FlowKey::default(); CHUNK];
-    let mut values = vec![FlowStats::default(); CHUNK * ncpus];
+    let mut values = vec![FlowStats::default(); CHUNK];
     // The hash-map batch token is a u32 bucket index; 8 bytes leave room for any key type.
     let mut token_in = [0u64; 1];
     let mut token_out = [0u64; 1];
@@ -352,7 +351,7 @@ fn lookup_batch(map_fd: i32, ncpus: usize) -> std::io::Result<Vec<(FlowKey, Vec<
             map_fd: map_fd as u32,
             ..Default::default()
         };
-        // SAFETY: attr points at buffers sized for `count` keys and `count * ncpus` values, which
+        // SAFETY: attr points at buffers sized for `count` keys and `count` values, which
         // live until the call returns; the kernel writes at most that much. Whatever bytes it
         // writes are valid keys and values: FlowKey and FlowStats are `FromBytes` (derived).
         let rc = unsafe {
@@ -361,7 +360,7 @@ fn lookup_batch(map_fd: i32, ncpus: usize) -> std::io::Result<Vec<(FlowKey, Vec<
         let err = (rc < 0).then(std::io::Error::last_os_error);
         let n = attr.count as usize;
         for i in 0..n.min(CHUNK) {
-            out.push((keys[i], values[i * ncpus..(i + 1) * ncpus].to_vec()));
+            out.push((keys[i], values[i]));
         }
         match err {
             None => {}
@@ -445,7 +444,7 @@ mod tests {
         use crate::flow_table::tests::{key, stats};
         use dataplane_common::{direction, flow_kind};
         let k = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
-        PollSnapshot { mono_ns: t, flows: vec![(k, vec![stats(t / 1_000_000, t / 1000, 1, t)])], ..Default::default() }
+        PollSnapshot { mono_ns: t, flows: vec![(k, stats(t / 1_000_000, t / 1000, 1, t))], ..Default::default() }
     }
 
     #[test]

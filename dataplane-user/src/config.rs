@@ -66,7 +66,7 @@ pub struct ConfigFile {
     pub burst_gap_us: Option<u64>,
     /// Cap on flows in the agent's table, default `kernel_max_flows`.
     pub max_flows: Option<usize>,
-    /// Capacity of the kernel maps `FLOWS` and `FLOW_STATE` (entries), set at load time, default
+    /// Capacity of the kernel map `FLOWS` (entries), set at load time, default
     /// 16384, at most 1048576. Memory: see the operator guide's "Sizing the kernel maps".
     pub kernel_max_flows: Option<u32>,
     /// Cap on peers with their own metric series, default 256.

@@ -1,7 +1,7 @@
 //! The agent's flow table: a pure function of successive map snapshots.
 //!
 //! The collector reads the kernel maps into a [`PollSnapshot`] (the only side effect) and hands it
-//! to [`FlowTable::apply`], which sums per-CPU counters into flow totals, turns the growth since the
+//! to [`FlowTable::apply`], which takes each flow's counters as its totals, turns the growth since the
 //! previous snapshot into rates and EWMAs, folds it into monotonic per-peer and per-interface
 //! counters, records ended bursts, and decides which flows to forget. Nothing here touches the
 //! kernel, so every rule is tested with hand-made snapshots.
@@ -31,8 +31,8 @@ pub const STATS_COUNT: usize = stats::COUNT as usize;
 pub struct PollSnapshot {
     /// CLOCK_MONOTONIC when the maps were read (the clock of `bpf_ktime_get_ns`).
     pub mono_ns: u64,
-    /// Every `FLOWS` entry with its per-CPU values.
-    pub flows: Vec<(FlowKey, Vec<FlowStats>)>,
+    /// Every `FLOWS` entry (one value per flow, shared by all CPUs in the kernel).
+    pub flows: Vec<(FlowKey, FlowStats)>,
     /// `STATS`, summed over CPUs.
     pub stats: [u64; STATS_COUNT],
     /// Records drained from `EVENTS` since the previous poll.
@@ -57,7 +57,7 @@ macro_rules! counters {
 }
 
 counters! {
-    /// The counter fields of `FlowStats` (the `*_state` fields and timestamps excluded).
+    /// The counter fields of `FlowStats` (timestamps, the open burst and the tracking words excluded).
     pub struct Counters {
         packets, bytes, payload_bytes, ce_marks,
         tcp_retrans, tcp_pure_acks, tcp_dup_acks, tcp_ece, tcp_cwr, tcp_rst, tcp_fin, tcp_syn,
@@ -65,29 +65,21 @@ counters! {
     }
 }
 
-/// A flow's totals across CPUs.
+/// A flow's totals as the kernel counted them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FlowTotals {
     pub counters: Counters,
-    /// Earliest non-zero `first_seen_ns` over CPUs (0 = never).
+    /// The flow's first packet (0 = never).
     pub first_seen_ns: u64,
-    /// Latest `last_seen_ns` over CPUs.
+    /// The flow's latest packet.
     pub last_seen_ns: u64,
 }
 
 impl FlowTotals {
-    /// Sums the per-CPU values of one `FLOWS` entry. Counters are added; the per-CPU tracking
-    /// state (`*_state`, `state_flags`) is ignored, it means nothing outside its CPU.
-    pub fn from_per_cpu(values: &[FlowStats]) -> Self {
-        let mut t = FlowTotals::default();
-        for v in values {
-            t.counters.add(&Counters::from_stats(v));
-            if v.first_seen_ns != 0 && (t.first_seen_ns == 0 || v.first_seen_ns < t.first_seen_ns) {
-                t.first_seen_ns = v.first_seen_ns;
-            }
-            t.last_seen_ns = t.last_seen_ns.max(v.last_seen_ns);
-        }
-        t
+    /// The counters and timestamps of one `FLOWS` entry; the open burst (`burst_*`) and the
+    /// tracking words mean nothing outside the kernel and are ignored.
+    pub fn from_value(v: &FlowStats) -> Self {
+        FlowTotals { counters: Counters::from_stats(v), first_seen_ns: v.first_seen_ns, last_seen_ns: v.last_seen_ns }
     }
 }
 
@@ -371,8 +363,8 @@ impl FlowTable {
         for e in self.flows.values_mut() {
             e.in_kernel = false;
         }
-        for (key, per_cpu) in &snap.flows {
-            let totals = FlowTotals::from_per_cpu(per_cpu);
+        for (key, value) in &snap.flows {
+            let totals = FlowTotals::from_value(value);
             let (delta, new) = match self.flows.entry(*key) {
                 Entry::Occupied(o) => {
                     let e = o.into_mut();
@@ -614,31 +606,22 @@ pub(crate) mod tests {
     const MS: u64 = 1_000_000;
 
     #[test]
-    fn per_cpu_totals_sum_counters_and_ignore_state() {
-        let a = FlowStats {
+    fn totals_take_counters_and_timestamps_and_ignore_kernel_state() {
+        let v = FlowStats {
             tcp_retrans: 2,
             roce_cnps: 1,
-            tcp_seq_end_state: 1000,
-            state_flags: 7,
+            roce_psn_gap_packets: 4,
+            burst_start_ns: 600,
+            burst_start_bytes: 1000,
+            burst_start_packets: 7,
+            tcp_seq_end: dataplane_common::track::VALID | 1000,
+            roce_psn: dataplane_common::track::psn_word(5, 6, true),
             ..stats(10, 1500, 50, 900)
         };
-        let b = FlowStats {
-            tcp_retrans: 3,
-            roce_psn_gap_packets: 4,
-            tcp_seq_end_state: 99,
-            roce_next_psn_state: 5,
-            ..stats(5, 500, 20, 700)
-        };
-        let idle_cpu = FlowStats::default();
-        let t = FlowTotals::from_per_cpu(&[a, idle_cpu, b]);
-        assert_eq!(t.counters.packets, 15);
-        assert_eq!(t.counters.bytes, 2000);
-        assert_eq!(t.counters.tcp_retrans, 5);
-        assert_eq!(t.counters.roce_cnps, 1);
-        assert_eq!(t.counters.roce_psn_gap_packets, 4);
-        assert_eq!(t.first_seen_ns, 20, "an idle CPU's 0 is not a timestamp");
-        assert_eq!(t.last_seen_ns, 900);
-        assert_eq!(FlowTotals::from_per_cpu(&[]), FlowTotals::default());
+        let t = FlowTotals::from_value(&v);
+        assert_eq!(t.counters, Counters { packets: 10, bytes: 1500, tcp_retrans: 2, roce_cnps: 1, roce_psn_gap_packets: 4, ..Counters::default() });
+        assert_eq!((t.first_seen_ns, t.last_seen_ns), (50, 900));
+        assert_eq!(FlowTotals::from_value(&FlowStats::default()), FlowTotals::default());
     }
 
     #[test]
@@ -658,7 +641,7 @@ pub(crate) mod tests {
         assert_eq!(ewma_update(Some(10.0), 20.0, 0.5), 15.0);
     }
 
-    fn snap(mono_ns: u64, flows: Vec<(FlowKey, Vec<FlowStats>)>) -> PollSnapshot {
+    fn snap(mono_ns: u64, flows: Vec<(FlowKey, FlowStats)>) -> PollSnapshot {
         PollSnapshot { mono_ns, flows, ..Default::default() }
     }
 
@@ -666,8 +649,8 @@ pub(crate) mod tests {
     fn rates_from_successive_snapshots() {
         let k = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
         let mut t = FlowTable::new(TableSettings::default());
-        t.apply(&snap(1000 * MS, vec![(k, vec![stats(10, 10_000, 990 * MS, 999 * MS)])]));
-        t.apply(&snap(1100 * MS, vec![(k, vec![stats(20, 110_000, 990 * MS, 1099 * MS)])]));
+        t.apply(&snap(1000 * MS, vec![(k, stats(10, 10_000, 990 * MS, 999 * MS))]));
+        t.apply(&snap(1100 * MS, vec![(k, stats(20, 110_000, 990 * MS, 1099 * MS))]));
         let e = t.get(&k).unwrap();
         assert_eq!(e.rates.bytes_per_second, 1_000_000.0);
         assert_eq!(e.rates.packets_per_second, 100.0);
@@ -688,13 +671,13 @@ pub(crate) mod tests {
         let out2 = FlowKey { src_port: 40001, ..out };
         let inb = key(2, 1, 29500, direction::INGRESS, flow_kind::TCP);
         let mut t = FlowTable::new(TableSettings::default());
-        t.apply(&snap(MS, vec![(out, vec![stats(1, 100, 1, 1)]), (out2, vec![stats(2, 200, 1, 1)])]));
+        t.apply(&snap(MS, vec![(out, stats(1, 100, 1, 1)), (out2, stats(2, 200, 1, 1))]));
         t.apply(&snap(
             2 * MS,
             vec![
-                (out, vec![FlowStats { tcp_retrans: 1, ..stats(3, 300, 1, 2 * MS) }]),
-                (out2, vec![stats(2, 200, 1, 1)]),
-                (inb, vec![stats(4, 400, 1, 2 * MS)]),
+                (out, FlowStats { tcp_retrans: 1, ..stats(3, 300, 1, 2 * MS) }),
+                (out2, stats(2, 200, 1, 1)),
+                (inb, stats(4, 400, 1, 2 * MS)),
             ],
         ));
         let peer2 = PeerKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::TCP, peer: ipv4_mapped([10, 77, 0, 2]) };
@@ -715,22 +698,22 @@ pub(crate) mod tests {
         let empty = FlowKey { ifindex: 7, ..key(1, 4, 29500, direction::EGRESS, flow_kind::TCP) };
         let mut t = FlowTable::new(TableSettings { max_peers: 3, ..TableSettings::default() });
         t.enable_windows();
-        t.apply(&snap(MS, vec![(busy, vec![stats(1, 100, 1, MS)]), (idle, vec![stats(1, 100, 1, MS)]), (empty, vec![FlowStats::default()])]));
+        t.apply(&snap(MS, vec![(busy, stats(1, 100, 1, MS)), (idle, stats(1, 100, 1, MS)), (empty, FlowStats::default())]));
         let empty_peer = PeerKey { ifindex: 7, direction: direction::EGRESS, kind: flow_kind::TCP, peer: ipv4_mapped([10, 77, 0, 4]) };
         assert_eq!(t.peers().get(&empty_peer), Some(&Counters::default()), "{:?}", t.peers());
         let _ = t.take_window();
-        t.apply(&snap(2 * MS, vec![(busy, vec![stats(2, 250, 1, 2 * MS)]), (idle, vec![stats(1, 100, 1, MS)]), (empty, vec![FlowStats::default()])]));
+        t.apply(&snap(2 * MS, vec![(busy, stats(2, 250, 1, 2 * MS)), (idle, stats(1, 100, 1, MS)), (empty, FlowStats::default())]));
         assert!([busy, idle, empty].iter().all(|k| t.get(k).unwrap().in_kernel));
         let ik = InterfaceKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::TCP };
         assert_eq!((t.interfaces()[&ik].packets, t.interfaces()[&ik].bytes), (3, 350));
         assert_eq!(t.get(&idle).unwrap().rates.bytes_per_second, 0.0);
         // The first window still holds every flow's first counters; the next only what moved.
         assert_eq!(t.take_window().expect("a window").deltas.len(), 2);
-        t.apply(&snap(3 * MS, vec![(busy, vec![stats(3, 300, 1, 3 * MS)]), (idle, vec![stats(1, 100, 1, MS)]), (empty, vec![FlowStats::default()])]));
+        t.apply(&snap(3 * MS, vec![(busy, stats(3, 300, 1, 3 * MS)), (idle, stats(1, 100, 1, MS)), (empty, FlowStats::default())]));
         let w = t.take_window().expect("a window");
         assert_eq!(w.deltas.keys().collect::<Vec<_>>(), vec![&busy], "only flows that moved");
         assert_eq!(t.flows_per_interface(), HashMap::from([(2, 2), (7, 1)]));
-        t.apply(&snap(4 * MS, vec![(busy, vec![stats(3, 300, 1, 3 * MS)])]));
+        t.apply(&snap(4 * MS, vec![(busy, stats(3, 300, 1, 3 * MS))]));
         assert!(t.get(&busy).unwrap().in_kernel && !t.get(&idle).unwrap().in_kernel && !t.get(&empty).unwrap().in_kernel);
     }
 
@@ -738,9 +721,9 @@ pub(crate) mod tests {
     fn recreated_flow_counts_new_totals() {
         let k = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
         let mut t = FlowTable::new(TableSettings::default());
-        t.apply(&snap(MS, vec![(k, vec![stats(100, 10_000, 1, MS)])]));
+        t.apply(&snap(MS, vec![(k, stats(100, 10_000, 1, MS))]));
         // The kernel evicted and re-created it: fewer packets, later first_seen.
-        t.apply(&snap(2 * MS, vec![(k, vec![stats(3, 300, 2 * MS - 10, 2 * MS)])]));
+        t.apply(&snap(2 * MS, vec![(k, stats(3, 300, 2 * MS - 10, 2 * MS))]));
         let ik = InterfaceKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::TCP };
         assert_eq!(t.interfaces()[&ik].bytes, 10_300);
         assert_eq!(t.interfaces()[&ik].packets, 103);
@@ -753,10 +736,10 @@ pub(crate) mod tests {
         t.enable_windows();
         t.adopt_kernel_flows();
         // A predecessor counted 100 packets before this agent's first poll.
-        t.apply(&snap(MS, vec![(k, vec![stats(100, 10_000, 1, MS)])]));
+        t.apply(&snap(MS, vec![(k, stats(100, 10_000, 1, MS))]));
         let ik = InterfaceKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::TCP };
         assert_eq!(t.interfaces()[&ik].packets, 100, "the interface counter continues from the kernel's value");
-        t.apply(&snap(2 * MS, vec![(k, vec![stats(103, 10_300, 1, 2 * MS)])]));
+        t.apply(&snap(2 * MS, vec![(k, stats(103, 10_300, 1, 2 * MS))]));
         assert_eq!(t.interfaces()[&ik].packets, 103);
         let w = t.take_window().expect("a window over two polls");
         assert_eq!(w.deltas[&k].packets, 3, "only the growth seen by this agent is the window's traffic");
@@ -769,10 +752,10 @@ pub(crate) mod tests {
         let b = key(1, 3, 29500, direction::EGRESS, flow_kind::TCP);
         let mut t = FlowTable::new(settings);
         let s = 1_000 * MS;
-        assert!(t.apply(&snap(s, vec![(a, vec![stats(1, 100, s, s)]), (b, vec![stats(1, 100, s, s)])])).is_empty());
+        assert!(t.apply(&snap(s, vec![(a, stats(1, 100, s, s)), (b, stats(1, 100, s, s))])).is_empty());
         let gone = t.apply(&snap(
             s + 1_500 * MS,
-            vec![(a, vec![stats(1, 100, s, s)]), (b, vec![stats(2, 200, s, s + 1_400 * MS)])],
+            vec![(a, stats(1, 100, s, s)), (b, stats(2, 200, s, s + 1_400 * MS))],
         ));
         assert_eq!(gone, vec![a]);
         assert_eq!(t.len(), 1);
@@ -786,7 +769,7 @@ pub(crate) mod tests {
         let settings = TableSettings { max_flows: 2, ..Default::default() };
         let mut t = FlowTable::new(settings);
         let keys: Vec<FlowKey> = (0..4).map(|i| key(1, 10 + i, 29500, direction::EGRESS, flow_kind::TCP)).collect();
-        let flows = keys.iter().enumerate().map(|(i, k)| (*k, vec![stats(1, 100, 1, 10 + i as u64)])).collect();
+        let flows = keys.iter().enumerate().map(|(i, k)| (*k, stats(1, 100, 1, 10 + i as u64))).collect();
         let mut gone = t.apply(&snap(100, flows));
         gone.sort_by_key(key_order);
         assert_eq!(gone, vec![keys[0], keys[1]]);
@@ -798,7 +781,7 @@ pub(crate) mod tests {
     fn peers_beyond_cap_share_other() {
         let settings = TableSettings { max_peers: 2, ..Default::default() };
         let mut t = FlowTable::new(settings);
-        let flows = (0..5).map(|i| (key(1, 10 + i, 29500, direction::EGRESS, flow_kind::TCP), vec![stats(1, 100, 1, 1)])).collect();
+        let flows = (0..5).map(|i| (key(1, 10 + i, 29500, direction::EGRESS, flow_kind::TCP), stats(1, 100, 1, 1))).collect();
         t.apply(&snap(1, flows));
         let distinct: HashSet<[u8; 16]> = t.peers().keys().map(|k| k.peer).collect();
         assert_eq!(distinct.len(), 3);
@@ -821,7 +804,7 @@ pub(crate) mod tests {
             })
             .chain([Event { kind: event_kind::FLOW_START, key: k, ..Default::default() }])
             .collect();
-        t.apply(&PollSnapshot { mono_ns: 50 * MS, flows: vec![(k, vec![stats(5, 5010, 1, 45 * MS)])], events, ..Default::default() });
+        t.apply(&PollSnapshot { mono_ns: 50 * MS, flows: vec![(k, stats(5, 5010, 1, 45 * MS))], events, ..Default::default() });
         let h = &t.get(&k).unwrap().bursts;
         assert_eq!(h.count, 5);
         assert_eq!(h.total_duration_ns, 10 * MS);
@@ -839,7 +822,7 @@ pub(crate) mod tests {
     fn top_n_by_bytes() {
         let mut t = FlowTable::new(TableSettings::default());
         let flows = (0..50u64)
-            .map(|i| (key(1, i as u8, 29500, direction::EGRESS, flow_kind::TCP), vec![stats(1, (i * 37) % 50 * 100, 1, 1)]))
+            .map(|i| (key(1, i as u8, 29500, direction::EGRESS, flow_kind::TCP), stats(1, (i * 37) % 50 * 100, 1, 1)))
             .collect();
         t.apply(&snap(1, flows));
         let top = t.top_by_bytes(5);

@@ -57,7 +57,11 @@ pub struct AttachedInterface {
 }
 
 /// Maps pinned under the pin directory.
-pub const PINNED_MAPS: [&str; 6] = [maps::FLOWS, maps::FLOW_STATE, maps::CONFIG, maps::MATCH_PREFIXES, maps::EVENTS, maps::STATS];
+pub const PINNED_MAPS: [&str; 5] = [maps::FLOWS, maps::CONFIG, maps::MATCH_PREFIXES, maps::EVENTS, maps::STATS];
+
+/// Maps earlier versions pinned and this one no longer has (`FLOW_STATE` was merged into `FLOWS`):
+/// `detach` removes them too, so a pin directory left by an older agent can still be emptied.
+const RETIRED_PINS: [&str; 1] = ["FLOW_STATE"];
 
 /// `statfs` magic of bpffs (include/uapi/linux/magic.h).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -228,7 +232,7 @@ pub struct AttachRequest {
     pub persist: bool,
     pub config: dataplane_common::Config,
     pub prefixes: Vec<PrefixKey>,
-    /// Capacity of `FLOWS` and `FLOW_STATE`, set at load time (config `kernel_max_flows`).
+    /// Capacity of `FLOWS`, set at load time (config `kernel_max_flows`).
     pub kernel_max_flows: u32,
 }
 
@@ -308,7 +312,7 @@ impl Attachment {
             tracing::info!(pin_dir = %req.pin_dir.display(), "taking over the pinned maps and attachment of a previous agent: counters continue");
         }
         let mut loader = EbpfLoader::new();
-        loader.map_max_entries(maps::FLOWS, req.kernel_max_flows).map_max_entries(maps::FLOW_STATE, req.kernel_max_flows);
+        loader.map_max_entries(maps::FLOWS, req.kernel_max_flows);
         // aya opens the pin when it exists and otherwise creates the map and pins it there.
         for name in PINNED_MAPS {
             loader.map_pin_path(name, req.pin_dir.join(name));
@@ -613,7 +617,7 @@ pub fn check_layout(bytes: &[u8], req: &AttachRequest) -> Result<(), LoaderError
         let path = dir.join(name);
         let info = MapInfo::from_pin(&path).map_err(|source| LoaderError::OpenPin { path: path.clone(), source })?;
         let want = obj.maps.get(name).ok_or(LoaderError::MissingItem { what: "map", name })?;
-        let want_entries = if name == maps::FLOWS || name == maps::FLOW_STATE { req.kernel_max_flows } else { want.max_entries() };
+        let want_entries = if name == maps::FLOWS { req.kernel_max_flows } else { want.max_entries() };
         let found_type = info.map_type().map(|t| t as u32).unwrap_or(u32::MAX);
         let found = (found_type, info.key_size(), info.value_size(), info.max_entries());
         let expected = (want.map_type(), want.key_size(), want.value_size(), want_entries);
@@ -807,7 +811,7 @@ pub fn detach_leftover(iface: &str, pin_dir: &Path, remove_qdisc: bool) -> Resul
         }
         let _ = fs::remove_dir(&marker);
     }
-    for name in PINNED_MAPS {
+    for name in PINNED_MAPS.iter().chain(&RETIRED_PINS) {
         let p = pin_dir.join(name);
         match fs::remove_file(&p) {
             Ok(()) => report.pins_removed.push(p),

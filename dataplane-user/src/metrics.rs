@@ -639,8 +639,8 @@ pub(crate) mod tests {
         collector.fold(&PollSnapshot {
             mono_ns: 1_000_000_000,
             flows: vec![
-                (tcp, vec![FlowStats { tcp_retrans: 3, ..stats(10, 15_000, 1, 999_000_000) }]),
-                (roce, vec![FlowStats { roce_psn_gap_events: 2, roce_psn_gap_packets: 5, roce_cnps: 7, ..stats(20, 40_000, 1, 999_000_000) }]),
+                (tcp, FlowStats { tcp_retrans: 3, ..stats(10, 15_000, 1, 999_000_000) }),
+                (roce, FlowStats { roce_psn_gap_events: 2, roce_psn_gap_packets: 5, roce_cnps: 7, ..stats(20, 40_000, 1, 999_000_000) }),
             ],
             stats: st,
             events: vec![Event {

@@ -2,7 +2,7 @@
 //!
 //! Each test loads its own instance of the embedded object (maps are per load, so tests running in
 //! parallel never share state), writes `CONFIG` / `MATCH_PREFIXES`, runs frames through `flowmon`,
-//! and asserts the exact contents of `FLOWS`, `FLOW_STATE`, `STATS` and `EVENTS`. Nothing is attached
+//! and asserts the exact contents of `FLOWS`, `STATS` and `EVENTS`. Nothing is attached
 //! to an interface. Every run also checks the fail-open contract: verdict `TC_ACT_PIPE` and the
 //! packet bytes unchanged.
 //!
@@ -17,14 +17,14 @@ use std::{
 };
 
 use aya::{
-    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, MapData, PerCpuArray, RingBuf},
     programs::SchedClassifier,
     Ebpf, EbpfLoader,
 };
 use dataplane_common::{
     config_flags, direction, event_kind, flow_kind, ipv4_mapped, maps, programs, stats,
     wire::{self, bth_opcode},
-    track, BurstState, Config, Event, FlowKey, FlowState, FlowStats, PortRange, PrefixValue,
+    track, BurstState, Config, Event, FlowKey, FlowStats, PortRange, PrefixValue,
     DEBUG_LOG_PER_SEC, ROCEV2_UDP_PORT,
 };
 use zerocopy::FromBytes as _;
@@ -75,8 +75,8 @@ impl Monitor {
                 trie.insert(&Key::new(*len, *addr), i as PrefixValue + 1, 0).unwrap();
             }
         }
-        // FLOWS is per CPU and a test run executes on the caller's CPU: keep the test on one CPU
-        // so `flow` finds the counters in one place (tests of several CPUs re-pin with `on_cpu`).
+        // STATS is per CPU and a test run executes on the caller's CPU: keep the test on one CPU
+        // (tests of several CPUs re-pin with `on_cpu`).
         // SAFETY: sched_getcpu has no preconditions.
         let cpu = unsafe { libc::sched_getcpu() }.max(0) as usize;
         testrun::pin_current_thread(cpu).expect("pin the test thread to its CPU");
@@ -126,54 +126,25 @@ impl Monitor {
     }
 
     fn flow_keys(&self) -> Vec<FlowKey> {
-        let m: PerCpuHashMap<&MapData, FlowKey, FlowStats> =
-            PerCpuHashMap::try_from(self.ebpf.map(maps::FLOWS).unwrap()).unwrap();
+        let m: HashMap<&MapData, FlowKey, FlowStats> = HashMap::try_from(self.ebpf.map(maps::FLOWS).unwrap()).unwrap();
         m.keys().map(Result::unwrap).collect()
     }
 
-    /// The flow's stats on every CPU (index = CPU).
-    fn flow_per_cpu(&self, key: &FlowKey) -> Vec<FlowStats> {
-        let m: PerCpuHashMap<&MapData, FlowKey, FlowStats> =
-            PerCpuHashMap::try_from(self.ebpf.map(maps::FLOWS).unwrap()).unwrap();
-        let values = m.get(key, 0).unwrap_or_else(|e| panic!("flow {key:?} not in FLOWS: {e}"));
-        for s in values.iter() {
-            // The former per-CPU tracking fields are no longer written.
-            assert_eq!(
-                (s.tcp_seq_end_state, s.tcp_last_ack_state, s.roce_next_psn_state, s.roce_dest_qp_state, s.state_flags),
-                (0, 0, 0, 0, 0),
-                "per-CPU tracking fields written"
-            );
-        }
-        values.iter().copied().collect()
-    }
-
-    /// The flow's stats from the one CPU that saw it (the test thread is pinned).
+    /// The flow's entry in `FLOWS` (shared by all CPUs): counters, open burst, tracking words.
     fn flow(&self, key: &FlowKey) -> FlowStats {
-        let values = self.flow_per_cpu(key);
-        let seen: Vec<&FlowStats> = values.iter().filter(|s| s.packets > 0).collect();
-        assert_eq!(seen.len(), 1, "flow counted on {} CPUs despite pinning", seen.len());
-        *seen[0]
+        let m: HashMap<&MapData, FlowKey, FlowStats> = HashMap::try_from(self.ebpf.map(maps::FLOWS).unwrap()).unwrap();
+        m.get(key, 0).unwrap_or_else(|e| panic!("flow {key:?} not in FLOWS: {e}"))
     }
 
-    /// The flow's shared state (`FLOW_STATE`).
-    fn state(&self, key: &FlowKey) -> FlowState {
-        self.try_state(key).unwrap_or_else(|| panic!("flow {key:?} not in FLOW_STATE"))
-    }
-
-    fn try_state(&self, key: &FlowKey) -> Option<FlowState> {
-        let m: HashMap<&MapData, FlowKey, FlowState> =
-            HashMap::try_from(self.ebpf.map(maps::FLOW_STATE).unwrap()).unwrap();
-        m.get(key, 0).ok()
-    }
-
-    fn burst(&self, key: &FlowKey) -> Option<BurstState> {
-        self.try_state(key).map(|st| st.burst)
-    }
-
-    fn burst_count(&self) -> usize {
-        let m: HashMap<&MapData, FlowKey, FlowState> =
-            HashMap::try_from(self.ebpf.map(maps::FLOW_STATE).unwrap()).unwrap();
-        m.keys().count()
+    /// The flow's open burst, as a `BURST_END` event would report it if it ended now.
+    fn burst(&self, key: &FlowKey) -> BurstState {
+        let s = self.flow(key);
+        BurstState {
+            start_ns: s.burst_start_ns,
+            last_ns: s.last_seen_ns,
+            bytes: s.bytes - s.burst_start_bytes,
+            packets: s.packets - s.burst_start_packets,
+        }
     }
 
     fn events(&mut self) -> Vec<Event> {
@@ -278,7 +249,7 @@ fn rocev2_psn_gaps_out_of_order_naks_and_cnps() {
     assert_eq!(s.roce_psn_gap_packets, 4);
     assert_eq!(s.roce_psn_out_of_order, 1);
     assert_eq!((s.roce_naks, s.roce_cnps), (0, 0));
-    assert_eq!(track::psn(m.state(&rkey(A, B, 50000)).roce_psn), Some((21, 0x11)));
+    assert_eq!(track::psn(m.flow(&rkey(A, B, 50000)).roce_psn), Some((21, 0x11)));
     assert!(s.first_seen_ns > 0 && s.first_seen_ns <= s.last_seen_ns);
 
     // The responder's direction: ACK, NAK (PSN sequence error), RNR NAK (not a NAK), CNP.
@@ -329,7 +300,7 @@ fn rocev2_psn_wraps_at_2_pow_24_and_resets_on_new_qp() {
     assert_eq!(s.packets, 9);
     assert_eq!(s.roce_psn_out_of_order, 1);
     assert_eq!((s.roce_psn_gap_events, s.roce_psn_gap_packets), (2, 4));
-    assert_eq!(track::psn(m.state(&rkey(A, B, 50000)).roce_psn), Some((3, 9)));
+    assert_eq!(track::psn(m.flow(&rkey(A, B, 50000)).roce_psn), Some((3, 9)));
 }
 
 #[test]
@@ -359,7 +330,7 @@ fn tcp_retransmissions_acks_flags_and_ce() {
     assert_eq!(s.tcp_retrans, 2);
     assert_eq!(s.tcp_fin, 1);
     assert_eq!(s.tcp_pure_acks, 0, "FIN is not a pure ACK");
-    let st = m.state(&key4(A, B, 40000, NCCL_PORT, wire::IPPROTO_TCP, flow_kind::TCP));
+    let st = m.flow(&key4(A, B, 40000, NCCL_PORT, wire::IPPROTO_TCP, flow_kind::TCP));
     assert_eq!(track::tcp(st.tcp_seq_end), Some(1400));
     assert_eq!(track::tcp(st.tcp_last_ack), None, "no pure ACK in this direction");
 
@@ -383,7 +354,7 @@ fn tcp_retransmissions_acks_flags_and_ce() {
     assert_eq!(r.tcp_dup_acks, 2);
     assert_eq!((r.tcp_ece, r.tcp_cwr, r.tcp_rst, r.tcp_syn, r.tcp_fin), (1, 1, 1, 1, 0));
     assert_eq!(r.tcp_retrans, 0);
-    let st = m.state(&key4(B, A, NCCL_PORT, 40000, wire::IPPROTO_TCP, flow_kind::TCP));
+    let st = m.flow(&key4(B, A, NCCL_PORT, 40000, wire::IPPROTO_TCP, flow_kind::TCP));
     assert_eq!((track::tcp(st.tcp_seq_end), track::tcp(st.tcp_last_ack)), (None, Some(1400)));
     assert_stats(&m, &[(stats::SEEN, 14), (stats::MATCHED, 14)]);
 }
@@ -403,7 +374,7 @@ fn tcp_sequence_comparison_wraps_at_2_pow_32() {
     m.run(&data(0xffff_ffa0, 0x10)); // before the wrap: behind
     let s = m.flow(&key);
     assert_eq!(s.tcp_retrans, 1);
-    assert_eq!(track::tcp(m.state(&key).tcp_seq_end), Some(0x90));
+    assert_eq!(track::tcp(m.flow(&key).tcp_seq_end), Some(0x90));
 }
 
 #[test]
@@ -425,7 +396,7 @@ fn tcp_options_and_gso_super_packets() {
     assert_eq!(s.payload_bytes, 300 + 3000);
     assert_eq!(s.bytes, l3(&f) + l3(&gso) + 2 * 40);
     assert_eq!(s.tcp_retrans, 0);
-    assert_eq!(track::tcp(m.state(&key).tcp_seq_end), Some(3301));
+    assert_eq!(track::tcp(m.flow(&key).tcp_seq_end), Some(3301));
 
     // Retransmissions inside GSO super-packets count the wire segments below the highest end
     // (3301), as the sender's RetransSegs does: [1301, 4301) overlaps 2 segments of old data and
@@ -433,7 +404,7 @@ fn tcp_options_and_gso_super_packets() {
     let gso_ctx = SkbContext { gso_segs: 3, gso_size: 1000, ..SkbContext::ingress() };
     m.run_n(&frames::tcp4(A, B, 40002, NCCL_PORT, 1301, 1, wire::TCP_ACK, 0, &[1; 3000]), &gso_ctx, 1);
     assert_eq!(m.flow(&key).tcp_retrans, 2);
-    assert_eq!(track::tcp(m.state(&key).tcp_seq_end), Some(4301));
+    assert_eq!(track::tcp(m.flow(&key).tcp_seq_end), Some(4301));
     m.run_n(&gso, &gso_ctx, 1);
     assert_eq!(m.flow(&key).tcp_retrans, 2 + 3);
     // A partial overlap rounds up: [4001, 5001) has 300 old bytes in its first segment of 500.
@@ -441,7 +412,7 @@ fn tcp_options_and_gso_super_packets() {
     m.run_n(&frames::tcp4(A, B, 40002, NCCL_PORT, 4001, 1, wire::TCP_ACK, 0, &[1; 1000]), &half, 1);
     let s = m.flow(&key);
     assert_eq!((s.tcp_retrans, s.packets), (2 + 3 + 1, 1 + 3 + 3 + 3 + 2));
-    assert_eq!(track::tcp(m.state(&key).tcp_seq_end), Some(5001));
+    assert_eq!(track::tcp(m.flow(&key).tcp_seq_end), Some(5001));
 }
 
 /// The detections compare against state shared by all CPUs: a retransmission, duplicate ACK or
@@ -474,26 +445,23 @@ fn detections_see_packets_handled_by_other_cpus() {
     m.run(&data(1250)); // starts below the end (1300) CPU 1 raised; ends at 1350
     m.run(&write(14)); // in order after CPU 1's 13: no gap
 
-    let tcp = m.flow_per_cpu(&key4(A, B, 40003, NCCL_PORT, wire::IPPROTO_TCP, flow_kind::TCP));
-    assert_eq!((tcp[0].packets, tcp[0].tcp_retrans), (3, 1));
-    assert_eq!((tcp[1].packets, tcp[1].tcp_retrans), (2, 1));
-    assert!(tcp[2..].iter().all(|s| *s == FlowStats::default()));
-    let acks = m.flow_per_cpu(&key4(B, A, NCCL_PORT, 40003, wire::IPPROTO_TCP, flow_kind::TCP));
-    assert_eq!((acks[0].tcp_pure_acks, acks[0].tcp_dup_acks), (1, 0));
-    assert_eq!((acks[1].tcp_pure_acks, acks[1].tcp_dup_acks), (1, 1));
-    let roce = m.flow_per_cpu(&rkey(A, B, 50000));
+    // One shared entry per flow, counting all CPUs' packets: CPU 0's 3 data segments and CPU 1's
+    // 2, one retransmission seen on each CPU.
+    let tcp_key = key4(A, B, 40003, NCCL_PORT, wire::IPPROTO_TCP, flow_kind::TCP);
+    let tcp = m.flow(&tcp_key);
+    assert_eq!((tcp.packets, tcp.tcp_retrans), (5, 2));
+    let acks = m.flow(&key4(B, A, NCCL_PORT, 40003, wire::IPPROTO_TCP, flow_kind::TCP));
+    assert_eq!((acks.packets, acks.tcp_pure_acks, acks.tcp_dup_acks), (2, 2, 1));
+    let roce = m.flow(&rkey(A, B, 50000));
     let psn = |s: &FlowStats| (s.packets, s.roce_psn_gap_events, s.roce_psn_gap_packets, s.roce_psn_out_of_order);
-    assert_eq!(psn(&roce[0]), (3, 0, 0, 0));
-    assert_eq!(psn(&roce[1]), (2, 1, 1, 1));
+    assert_eq!(psn(&roce), (5, 1, 1, 1));
 
-    // One shared entry per flow, holding the state of all CPUs' packets (bursts included).
-    let st = m.state(&key4(A, B, 40003, NCCL_PORT, wire::IPPROTO_TCP, flow_kind::TCP));
-    assert_eq!(track::tcp(st.tcp_seq_end), Some(1350));
-    assert_eq!(st.burst.packets, 5, "one burst across CPUs");
-    let st = m.state(&rkey(A, B, 50000));
-    assert_eq!(track::psn(st.roce_psn), Some((15, 0x11)));
-    assert_eq!(st.burst.packets, 5);
-    assert_eq!(m.burst_count(), 3);
+    // The tracking state and the open burst of all CPUs' packets.
+    assert_eq!(track::tcp(tcp.tcp_seq_end), Some(1350));
+    assert_eq!(m.burst(&tcp_key).packets, 5, "one burst across CPUs");
+    assert_eq!(track::psn(roce.roce_psn), Some((15, 0x11)));
+    assert_eq!(m.burst(&rkey(A, B, 50000)).packets, 5);
+    assert_eq!(m.flow_keys().len(), 3);
 }
 
 #[test]
@@ -518,7 +486,6 @@ fn unmatched_packets_leave_no_flow_state() {
     m.run(&frames::tcp4(A, B, 40000, NCCL_PORT, 1, 1, wire::TCP_ACK, 0, &[0; 10]));
     m.run(&frames::udp4(A, B, 40000, NCCL_PORT, &[0; 10]));
     assert!(m.flow_keys().is_empty());
-    assert_eq!(m.burst_count(), 0);
     assert_stats(&m, &[(stats::SEEN, 2), (stats::PARSED, 2), (stats::MATCHED, 0)]);
     m.run(&write(5));
     assert_stats(&m, &[(stats::SEEN, 3), (stats::PARSED, 3), (stats::MATCHED, 1)]);
@@ -781,7 +748,7 @@ fn bursts_end_after_the_idle_gap_and_reach_the_ring_buffer() {
     let key = rkey(A, B, 50000);
     // One syscall, five runs: microseconds apart, one burst.
     m.run_n(&f, &SkbContext::ingress(), 5);
-    let first = m.burst(&key).expect("burst state");
+    let first = m.burst(&key);
     assert_eq!((first.packets, first.bytes), (5, 5 * l3(&f)));
     assert!(first.start_ns <= first.last_ns && first.last_ns - first.start_ns < GAP_NS);
     let ev = m.events();
@@ -789,6 +756,7 @@ fn bursts_end_after_the_idle_gap_and_reach_the_ring_buffer() {
     assert_eq!(ev[0].kind, event_kind::FLOW_START);
     assert_eq!(ev[0].key, key);
     assert_eq!(ev[0].burst.start_ns, m.flow(&key).first_seen_ns);
+    assert_eq!(first.start_ns, m.flow(&key).first_seen_ns, "the first packet starts the first burst");
 
     thread::sleep(Duration::from_nanos(GAP_NS) + Duration::from_millis(100));
     m.run(&f);
@@ -797,13 +765,13 @@ fn bursts_end_after_the_idle_gap_and_reach_the_ring_buffer() {
     assert_eq!(ev[0].kind, event_kind::BURST_END);
     assert_eq!(ev[0].key, key);
     assert_eq!(ev[0].burst, first, "the event carries the burst that ended");
-    let second = m.burst(&key).unwrap();
+    let second = m.burst(&key);
     assert_eq!((second.packets, second.bytes), (1, l3(&f)));
     assert!(second.start_ns >= first.last_ns + GAP_NS);
     // More packets right away extend the new burst without an event.
     m.run_n(&f, &SkbContext::ingress(), 2);
     assert!(m.events().is_empty());
-    assert_eq!(m.burst(&key).unwrap().packets, 3);
+    assert_eq!(m.burst(&key).packets, 3);
     assert_eq!(m.flow(&key).packets, 8);
     assert_stats(&m, &[(stats::EVENTS, 2), (stats::RINGBUF_FULL, 0)]);
 }
@@ -819,7 +787,7 @@ fn burst_events_are_off_unless_configured() {
     m.run(&f);
     assert!(m.events().is_empty());
     // The burst still restarted.
-    assert_eq!(m.burst(&rkey(A, B, 50000)).unwrap().packets, 1);
+    assert_eq!(m.burst(&rkey(A, B, 50000)).packets, 1);
     assert_stats(&m, &[(stats::EVENTS, 0)]);
 }
 
@@ -1056,11 +1024,11 @@ fn fuzzed_frames_are_all_counted_and_pass_untouched() {
         assert_eq!(d(stats::MAP_FULL), 0, "{}: FLOWS is emptied between batches", frame());
         // Every matched frame is in FLOWS (one packet each: no GSO context here).
         let keys = m.flow_keys();
-        let packets: u64 = keys.iter().map(|k| m.flow_per_cpu(k).iter().map(|s| s.packets).sum::<u64>()).sum();
+        let packets: u64 = keys.iter().map(|k| m.flow(k).packets).sum();
         assert_eq!(packets, d(stats::MATCHED), "{}: packets in FLOWS vs MATCHED", frame());
         matched_total += d(stats::MATCHED);
-        let mut flows: PerCpuHashMap<&mut MapData, FlowKey, FlowStats> =
-            PerCpuHashMap::try_from(m.ebpf.map_mut(maps::FLOWS).unwrap()).unwrap();
+        let mut flows: HashMap<&mut MapData, FlowKey, FlowStats> =
+            HashMap::try_from(m.ebpf.map_mut(maps::FLOWS).unwrap()).unwrap();
         for k in &keys {
             flows.remove(k).unwrap();
         }

@@ -115,7 +115,7 @@ fn within_1pct(got: u64, want: u64) -> bool {
 }
 
 /// Pins the calling thread to CPU 0, so the sender's packets reach the monitor in the order they
-/// were sent (the PSN state in the kernel is shared by all CPUs; see `FlowState` docs).
+/// were sent (the PSN state in the kernel is shared by all CPUs; see `FlowStats` docs).
 fn pin_to_cpu0() {
     let mut set = nix::sched::CpuSet::new();
     set.set(0).unwrap();

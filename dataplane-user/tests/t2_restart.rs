@@ -22,7 +22,7 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{Array, Map, MapData, PerCpuArray, PerCpuHashMap};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 use dataplane_common::{direction, flow_kind, ipv4_mapped, maps, stats, Config, FlowKey, FlowStats};
 use support::wait_for;
 use testbed::{RoceSink, RoceSpec, Star, StarConfig};
@@ -171,13 +171,13 @@ fn ready(star: &Star, what: &str) -> Counts {
 /// kernel (no agent involved), and the pinned `STATS[MATCHED]`.
 fn kernel_counts(pin_dir: &Path) -> (u64, u64) {
     let data = MapData::from_pin(pin_dir.join(maps::FLOWS)).expect("FLOWS is pinned");
-    let flows: PerCpuHashMap<MapData, FlowKey, FlowStats> = PerCpuHashMap::try_from(Map::from_map_data(data).unwrap()).unwrap();
+    let flows: HashMap<MapData, FlowKey, FlowStats> = HashMap::try_from(Map::from_map_data(data).unwrap()).unwrap();
     let dst = ipv4_mapped([10, 77, 0, 2]);
     let packets = flows
         .iter()
         .filter_map(Result::ok)
         .filter(|(k, _)| k.kind == flow_kind::ROCEV2 && k.direction == direction::EGRESS && k.dst_addr == dst)
-        .map(|(_, v)| v.iter().map(|s| s.packets).sum::<u64>())
+        .map(|(_, v)| v.packets)
         .sum();
     let data = MapData::from_pin(pin_dir.join(maps::STATS)).expect("STATS is pinned");
     let st: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::from_map_data(data).unwrap()).unwrap();
@@ -373,7 +373,7 @@ fn pins_of_another_layout_are_refused_and_left_alone() {
         }
         eprintln!("refused: {}", err.lines().last().unwrap_or_default());
     };
-    // Another capacity: FLOWS and FLOW_STATE differ in the kernel's map info.
+    // Another capacity: FLOWS differs in the kernel's map info.
     let default = scratch.config("default.toml", "persist = true");
     refused(&default, &["FLOWS", "entries 4096", "entries 16384", "ringside detach --iface IF --pin-dir", scratch.pin_dir.to_str().unwrap()]);
     // An older layout version in the pinned CONFIG (same sizes: only the version tells).

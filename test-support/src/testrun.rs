@@ -121,9 +121,9 @@ pub fn run(
 }
 
 /// Pins the calling thread to one CPU. Test runs execute on the caller's CPU, so pinning decides
-/// which CPU's copy of the per-CPU maps (`FLOWS`, `STATS`) a run counts in: a test stays on one CPU
-/// to find a flow's counters in one place, or moves between CPUs on purpose to check that the
-/// shared tracking state (`FLOW_STATE`) sees packets handled by another CPU.
+/// which CPU's copy of the per-CPU map `STATS` a run counts in: a test stays on one CPU to find
+/// its outcome counts in one place, or moves between CPUs on purpose to check that the shared flow
+/// entry (`FLOWS`: counters and tracking state) sees packets handled by another CPU.
 pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
     // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET only write inside it; pid 0 = this thread.
     unsafe {

@@ -491,7 +491,7 @@ mod tests {
             }
         }
         t.apply(&PollSnapshot { mono_ns: 0, ..Default::default() });
-        t.apply(&PollSnapshot { mono_ns: 1000 * MS, flows: flows.into_iter().map(|(k, v)| (k, vec![v])).collect(), ..Default::default() });
+        t.apply(&PollSnapshot { mono_ns: 1000 * MS, flows, ..Default::default() });
         let w = t.take_window().unwrap();
         let jw = &jobs("").windows(&w, |i| format!("p{i}"))[0];
         // The window carries the directed connections; the detectors attribute them.
@@ -518,7 +518,7 @@ mod tests {
         // the job's 4 -> 1 arrives clean through the uplink.
         let mut t = FlowTable::new(TableSettings::default());
         t.enable_windows();
-        let lossy = |k: FlowKey| (k, vec![FlowStats { tcp_retrans: 60, ..stats(10_000, 15_000_000, 1, 900 * MS) }]);
+        let lossy = |k: FlowKey| (k, FlowStats { tcp_retrans: 60, ..stats(10_000, 15_000_000, 1, 900 * MS) });
         let at = |k: FlowKey, ifindex: u32| FlowKey { ifindex, ..k };
         let job = key(1, 3, 29500, direction::INGRESS, flow_kind::TCP);
         let mut flows = vec![lossy(at(job, 1)), lossy(FlowKey { direction: direction::EGRESS, ..at(job, 9) })];
@@ -528,8 +528,8 @@ mod tests {
             flows.push(lossy(FlowKey { direction: direction::EGRESS, ..at(cross, 9) }));
         }
         let back = key(4, 1, 29500, direction::INGRESS, flow_kind::TCP);
-        flows.push((at(back, 9), vec![stats(10_000, 15_000_000, 1, 900 * MS)]));
-        flows.push((FlowKey { direction: direction::EGRESS, ..at(back, 1) }, vec![stats(10_000, 15_000_000, 1, 900 * MS)]));
+        flows.push((at(back, 9), stats(10_000, 15_000_000, 1, 900 * MS)));
+        flows.push((FlowKey { direction: direction::EGRESS, ..at(back, 1) }, stats(10_000, 15_000_000, 1, 900 * MS)));
         t.apply(&PollSnapshot { mono_ns: 0, ..Default::default() });
         t.apply(&PollSnapshot { mono_ns: 1000 * MS, flows, ..Default::default() });
         let w = t.take_window().unwrap();
@@ -560,7 +560,7 @@ mod tests {
         let inb = key(2, 1, 29500, direction::INGRESS, flow_kind::TCP);
         let other = key(1, 3, 29500, direction::EGRESS, flow_kind::TCP);
         let base = FlowStats { tcp_retrans: 1, tcp_pure_acks: 2, ..stats(10, 10_000, 1, MS) };
-        t.apply(&PollSnapshot { mono_ns: 1000 * MS, flows: vec![(out, vec![base]), (inb, vec![stats(5, 300, 1, MS)])], ..Default::default() });
+        t.apply(&PollSnapshot { mono_ns: 1000 * MS, flows: vec![(out, base), (inb, stats(5, 300, 1, MS))], ..Default::default() });
         // One poll spans no time: no window yet. The window starts at that poll, and a flow new to
         // the table counts its whole totals as growth (the kernel map starts empty at attach).
         assert!(t.take_window().is_none());
@@ -569,16 +569,16 @@ mod tests {
         t.apply(&PollSnapshot {
             mono_ns: 1500 * MS,
             flows: vec![
-                (out, vec![FlowStats { tcp_retrans: 4, tcp_pure_acks: 2, ..stats(110, 160_000, 1, 1499 * MS) }]),
-                (inb, vec![FlowStats { tcp_pure_acks: 50, ..stats(55, 3_300, 1, 1499 * MS) }]),
-                (other, vec![stats(7, 7_000, 1200 * MS, 1499 * MS)]),
+                (out, FlowStats { tcp_retrans: 4, tcp_pure_acks: 2, ..stats(110, 160_000, 1, 1499 * MS) }),
+                (inb, FlowStats { tcp_pure_acks: 50, ..stats(55, 3_300, 1, 1499 * MS) }),
+                (other, stats(7, 7_000, 1200 * MS, 1499 * MS)),
             ],
             events: vec![burst(out, 1100 * MS, 1110 * MS, 100_000), burst(inb, 1100 * MS, 1111 * MS, 2_000)],
             ..Default::default()
         });
         t.apply(&PollSnapshot {
             mono_ns: 2000 * MS,
-            flows: vec![(out, vec![FlowStats { tcp_retrans: 4, tcp_pure_acks: 2, ..stats(120, 170_000, 1, 1999 * MS) }])],
+            flows: vec![(out, FlowStats { tcp_retrans: 4, tcp_pure_acks: 2, ..stats(120, 170_000, 1, 1999 * MS) })],
             events: vec![burst(out, 1600 * MS, 1605 * MS, 10_000)],
             ..Default::default()
         });
@@ -602,7 +602,7 @@ mod tests {
 
         // The next window starts where this one ended, empty.
         let same = FlowStats { tcp_retrans: 4, tcp_pure_acks: 2, ..stats(120, 170_000, 1, 1999 * MS) };
-        t.apply(&PollSnapshot { mono_ns: 3000 * MS, flows: vec![(out, vec![same])], ..Default::default() });
+        t.apply(&PollSnapshot { mono_ns: 3000 * MS, flows: vec![(out, same)], ..Default::default() });
         let w2 = t.take_window().unwrap();
         assert_eq!(w2.start_ns, Some(2000 * MS));
         assert!(w2.bursts.is_empty());
