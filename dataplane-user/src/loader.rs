@@ -138,7 +138,7 @@ pub fn check_btf() -> Result<(), LoaderError> {
 }
 
 /// Lifts RLIMIT_MEMLOCK to unlimited. Kernels before 5.11 charge BPF maps to it, and the usual
-/// default (64 KiB to 8 MiB) is short of the per-CPU `FLOWS` map alone; 5.11+ charge the memory
+/// default (64 KiB to 8 MiB) is short of the `FLOWS` map alone (312 bytes × `kernel_max_flows`); 5.11+ charge the memory
 /// cgroup instead. aya does not raise it itself. Best effort: a refusal is logged and the load then reports what the kernel said.
 pub fn raise_memlock() {
     let unlimited = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
