@@ -29,7 +29,7 @@ use crate::{
     hint_board::{HintBoard, JobUpdate},
     jobs::{self, JobSet, SharedCatalog},
     rdma_counters::{self, RdmaPortReader, RdmaSnapshot},
-    policy::{baseline_hint, JobContext, JobPolicies, PhaseParams, PlanChoice, PolicyConfig, VerdictSummary},
+    policy::{baseline_hint, JobContext, FIRST_VERSION, JobPolicies, PhaseParams, PlanChoice, PolicyConfig, VerdictSummary},
 };
 use ringside_client::{Constraints, Hint};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -122,7 +122,8 @@ pub struct EventsSnapshot {
 
 /// What the analysis stage owns: the detectors, the event log, each planned job's policy and the
 /// hint it last published. Per window it reads the catalog's job set once and publishes once
-/// (events, hints, insights); it never reads a hint back from the board.
+/// (events, hints, insights); it reads a hint back from the board only once per job, the
+/// baseline the catalog published when it onboarded the job (its first version).
 pub struct Analysis {
     settings: DetectSettings,
     detectors: DetectorSet,
@@ -264,7 +265,14 @@ impl Analysis {
                 gradient_bytes: spec.and_then(|s| s.gradient_bytes),
             };
             let verdicts = VerdictSummary::of_job(&jw.job, self.detectors.open_verdicts());
-            let latest = self.published.entry(jw.job.clone()).or_insert_with(|| baseline_hint(&jw.job, 0));
+            // A job's first window: start from the hint the catalog published when it onboarded
+            // the job, whose version may be a restart's ([`crate::policy::restart_first_version`])
+            // rather than 1, so the next change goes above it. Read once per job, not per window.
+            let board = &self.board;
+            let latest = self
+                .published
+                .entry(jw.job.clone())
+                .or_insert_with(|| board.latest(&jw.job).unwrap_or_else(|| baseline_hint(&jw.job, FIRST_VERSION, 0)));
             let Some(policy) = self.policies.policy(&jw.job, || PlanChoice::from_hint(latest)) else { continue };
             let now = clock.unix_ms(jw.window_end_ns);
             let out = policy.observe(jw, verdicts, &ctx, now);
@@ -461,6 +469,37 @@ mod tests {
         assert!(st.poll(&second(t0 + 5000 * MS, 5, 5, None)));
         assert!(st.analysis.policies.is_empty(), "forgotten with the job");
         assert!(st.analysis.published.is_empty(), "forgotten with the job");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Issue 11: a job restored at a restart starts at the restart's version, and the policy
+    /// continues from it (renewals keep it, a change would be +1) instead of from 1, which every
+    /// tenant that followed the job before the restart would ignore.
+    #[test]
+    fn a_restored_job_keeps_its_restart_version() {
+        let dir = tempdir("detect-restored-version");
+        let f = ConfigFile::parse(&format!("state_dir = \"{}\"\n", dir.display()), Path::new("t.toml")).unwrap();
+        let settings = DetectSettings::from_file(&f);
+        let mut st = Stages::new(&settings);
+        // The previous run registered the job (version 1 there) and saved it in state_dir.
+        let reg = crate::jobs::catalog::tests::registration("a", &["10.77.0.0/24"]);
+        let mut previous = JobCatalog::default().with_state_dir(dir.clone());
+        let job = previous.onboard(&reg, 0, None, &HintBoard::default()).unwrap().0;
+        let restart_ms = 50_000;
+        {
+            let mut catalog = jobs::lock(&st.catalog);
+            *catalog = JobCatalog::default().with_state_dir(dir.clone());
+            assert_eq!(catalog.restore(restart_ms, None, &st.board), 1);
+        }
+        let t0 = 100_000 * MS;
+        assert!(!st.poll(&second(t0, 0, 5, None)));
+        for sec in 1..=4u64 {
+            assert!(st.poll(&second(t0 + sec * 1000 * MS, sec, 5, None)));
+        }
+        assert_eq!(st.analysis.published.get(&job).map(|h| h.version), Some(restart_ms), "the policy starts from the board's baseline");
+        let versions: Vec<u64> = st.board.history(&job).iter().map(|h| h.version).collect();
+        assert_eq!(versions, vec![restart_ms], "healthy: renewals of the restart version, never back to 1");
+        assert_eq!(st.board.latest(&job).map(|h| h.version), Some(restart_ms));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

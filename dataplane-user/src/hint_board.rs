@@ -148,7 +148,7 @@ mod tests {
     use super::*;
 
     fn hint(job: &str, version: u64, expires_at: u64) -> Hint {
-        Hint { version, expires_at, ..crate::policy::baseline_hint(job, 0) }
+        Hint { version, expires_at, ..crate::policy::baseline_hint(job, version, 0) }
     }
 
     #[test]

@@ -596,7 +596,7 @@ mod tests {
         let data = first.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
         assert_eq!(serde_json::from_str::<Hint>(data).unwrap().version, 1);
 
-        let mut next = crate::policy::baseline_hint(&a.id, 0);
+        let mut next = crate::policy::baseline_hint(&a.id, 1, 0);
         next.version = 2;
         next.compression = ringside_client::Codec::Int8;
         state.hints.publish(next).unwrap();
@@ -625,7 +625,7 @@ mod tests {
     async fn config_jobs_are_readable_by_the_operator_only() {
         let state = sample_state();
         state.hints.ensure_job("cfg-job");
-        state.hints.publish(crate::policy::baseline_hint("cfg-job", 0)).unwrap();
+        state.hints.publish(crate::policy::baseline_hint("cfg-job", 1, 0)).unwrap();
         let a = register(&state, REG_A).await;
         let (st, _, body) = get(state.clone(), "/v1/jobs/cfg-job/hints").await;
         assert_eq!(st, StatusCode::OK, "{body}");

@@ -37,7 +37,7 @@ use crate::{
     config::{MemberSpec, PortSpec, PrefixSpec},
     hint_board::HintBoard,
     match_map::{self, MatchMapError},
-    policy::baseline_hint,
+    policy::{baseline_hint, restart_first_version, FIRST_VERSION},
 };
 
 /// Most registered jobs (each costs a hint channel, a job window per detection window and trie
@@ -208,12 +208,14 @@ impl JobCatalog {
     }
 
     /// Onboards the config-file jobs: each gets a hint-board channel and the baseline plan, like a
-    /// registered job, so the policy plans them and the operator reads their hints.
+    /// registered job, so the policy plans them and the operator reads their hints. Called at
+    /// start, with the start time: a previous run may have published hints for the same names, so
+    /// their versions start at [`restart_first_version`], above that run's.
     pub fn onboard_config_jobs(&self, board: &HintBoard, now_unix_ms: u64) {
         for spec in &self.config_jobs {
             board.ensure_job(&spec.name);
             if board.latest(&spec.name).is_none() {
-                if let Err(e) = board.publish(baseline_hint(&spec.name, now_unix_ms)) {
+                if let Err(e) = board.publish(baseline_hint(&spec.name, restart_first_version(now_unix_ms), now_unix_ms)) {
                     tracing::warn!("{e}");
                 }
             }
@@ -232,14 +234,21 @@ impl JobCatalog {
         board: &HintBoard,
     ) -> Result<(String, String), RegisterError> {
         let (id, token) = self.register(reg, now_unix_ms)?;
-        self.onboard_registered(&id, now_unix_ms, pin_dir, board)?;
+        self.onboard_registered(&id, FIRST_VERSION, now_unix_ms, pin_dir, board)?;
         self.persist(now_unix_ms);
         Ok((id, token))
     }
 
-    /// The kernel and hint-board half of onboarding an already registered job `id`; a kernel
-    /// failure unregisters it.
-    fn onboard_registered(&mut self, id: &str, now_unix_ms: u64, pin_dir: Option<&Path>, board: &HintBoard) -> Result<(), RegisterError> {
+    /// The kernel and hint-board half of onboarding an already registered job `id`, whose baseline
+    /// hint gets `first_version`; a kernel failure unregisters it.
+    fn onboard_registered(
+        &mut self,
+        id: &str,
+        first_version: u64,
+        now_unix_ms: u64,
+        pin_dir: Option<&Path>,
+        board: &HintBoard,
+    ) -> Result<(), RegisterError> {
         let id = id.to_owned();
         let keys = self.prefix_keys(&id);
         match pin_dir {
@@ -259,7 +268,7 @@ impl JobCatalog {
             None => tracing::info!(job = %id, "job registered while no eBPF program is loaded: its prefixes are not written to the kernel"),
         }
         board.ensure_job(&id);
-        if let Err(e) = board.publish(baseline_hint(&id, now_unix_ms)) {
+        if let Err(e) = board.publish(baseline_hint(&id, first_version, now_unix_ms)) {
             tracing::warn!("{e}");
         }
         Ok(())
@@ -271,7 +280,10 @@ impl JobCatalog {
     /// naming it: its name is a config-file `[[job]]`'s (the config file wins) or another
     /// restored job's, its id is taken, it no longer validates, its token hash is malformed, the
     /// cap is reached, or the kernel refused its prefixes. A bad file is moved aside (see
-    /// [`super::state`]). Returns how many jobs were restored. Call once, before serving.
+    /// [`super::state`]). Each restored job's hint versions start at [`restart_first_version`]
+    /// of `now_unix_ms` (the start time), above every version the previous run published, so a
+    /// tenant that followed the job before the restart takes its next plan. Returns how many jobs
+    /// were restored. Call once, before serving.
     pub fn restore(&mut self, now_unix_ms: u64, pin_dir: Option<&Path>, board: &HintBoard) -> usize {
         let Some(dir) = self.state_dir.clone() else { return 0 };
         let file = state::jobs_path(&dir);
@@ -339,7 +351,7 @@ impl JobCatalog {
         let spec = JobSpec { name: job.id.clone(), ..valid.spec };
         self.jobs.insert(job.id.clone(), RegisteredJob { view, spec, token });
         self.order.push(job.id.clone());
-        self.onboard_registered(&job.id, now_unix_ms, pin_dir, board).map_err(|e| e.to_string())
+        self.onboard_registered(&job.id, restart_first_version(now_unix_ms), now_unix_ms, pin_dir, board).map_err(|e| e.to_string())
     }
 
     /// What the jobs file holds: every registered job, in registration order.
@@ -667,12 +679,20 @@ pub(crate) mod tests {
         assert!(second.is_tenant_of(&a, &TokenHash::of(&ta)) && second.is_tenant_of(&b, &TokenHash::of(&tb)));
         assert!(!second.is_tenant_of(&a, &TokenHash::of(&tb)), "a token opens its own job only");
         assert!(!second.is_tenant_of(&a, &TokenHash::of("rst_wrong")));
-        // Onboarded like new registrations: a hint channel and the baseline plan.
-        assert_eq!(board2.latest(&a).map(|h| h.job), Some(a.clone()));
+        // Onboarded like new registrations: a hint channel and the baseline plan, but at a version
+        // above the previous run's (which published 1 for each, then plan changes: say 40).
+        assert_eq!(board.latest(&a).map(|h| h.version), Some(FIRST_VERSION), "a new registration starts at 1");
+        let restored = board2.latest(&a).unwrap();
+        assert_eq!((restored.job.as_str(), restored.version), (a.as_str(), restart_first_version(9_000)));
+        assert!(restored.version > FIRST_VERSION + 40);
+        assert_eq!(board2.latest(&b).map(|h| h.version), Some(9_000));
         assert!(board2.latest(&c).is_none());
         assert_eq!(second.file_counters, JobsFileCounters::default());
-        // New registrations append to the restored ones and keep names unique.
+        // New registrations append to the restored ones and keep names unique; a new job's
+        // versions start at 1 (no tenant followed it before).
         assert!(matches!(second.register(&registration("a", &["10.0.0.1"]), 0), Err(RegisterError::NameTaken { .. })));
+        let (d, _) = second.onboard(&registration("d", &["10.80.0.1"]), 9_500, None, &board2).unwrap();
+        assert_eq!(board2.latest(&d).map(|h| h.version), Some(FIRST_VERSION));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 pub use config::PolicyConfig;
 pub use cost::PlanChoice;
-pub use baseline::baseline_hint;
+pub use baseline::{baseline_hint, restart_first_version, FIRST_VERSION};
 pub use insight::{JobInsight, PeerHealth};
 pub use job_policy::{JobContext, JobPolicy};
 pub use observe::{PhaseParams, VerdictSummary};
