@@ -1,6 +1,7 @@
 //! T2: what survives an agent restart. Registered jobs (ids, names, tenant-token hashes) live in
 //! `<state_dir>/jobs.json`, written at registration and removal, so they come back after a clean
-//! stop (SIGTERM) and after a crash (SIGKILL), and the tenant's old token still opens its job.
+//! stop (SIGTERM) and after a crash (SIGKILL), and the tenant's old token still opens its job;
+//! a restored job's hint version is above every version the previous run served (issue 11).
 //!
 //! Needs root and an agent built with its eBPF object (`cargo xtask build`, or
 //! `RINGSIDE_EBPF_OBJECT=... cargo test -p dataplane-user --test t2_state -- --ignored`). Without
@@ -176,6 +177,10 @@ fn registered_jobs_and_tokens_survive_sigterm_and_sigkill() {
     assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
     assert!(text.contains(&a.id) && !text.contains(&a.tenant_token[4..]), "{text}");
     let operator = run.operator_token();
+    // Hint versions (issue 11): a new registration starts at 1; a follower that applied it
+    // ignores any later hint whose version is not above it, so a restart must not go back.
+    let a_version_run1 = run.tenant_hint(&a.id, &a.tenant_token).unwrap().version;
+    assert_eq!(a_version_run1, 1, "a newly registered job's first hint");
     run.stop();
 
     // --- second run after SIGTERM: A is back, kernel prefixes included; its old token works ---
@@ -185,18 +190,25 @@ fn registered_jobs_and_tokens_survive_sigterm_and_sigkill() {
     assert!(trie_holds_16(&run.pin_dir, 10, 97), "the restored job's prefix is back in MATCH_PREFIXES");
     let hint = run.tenant_hint(&a.id, &a.tenant_token).expect("the tenant's token from before the restart");
     assert_eq!(hint.job, a.id);
+    assert!(hint.version > a_version_run1, "after SIGTERM the restored job's version {} is not above {a_version_run1} from before", hint.version);
+    let a_version_run2 = hint.version;
     let e = run.tenant_hint(&a.id, "rst_0000000000000000000000000000000000000000000000000000000000000000").unwrap_err();
     assert_eq!(e.status(), Some(401), "a wrong token is refused: {e}");
     // Register B, then crash: B was written at registration, not at exit.
     let b = run.register("t2-state-b", &["10.77.0.3", "10.96.0.0/16"]);
+    let b_version_run2 = run.tenant_hint(&b.id, &b.tenant_token).unwrap().version;
+    assert_eq!(b_version_run2, 1, "registered after a restart: still a new job's first hint");
     run.kill();
 
     // --- third run after SIGKILL: A and B, in registration order, both tokens work ---
     run.start();
     assert_eq!(ids(&run.jobs()), vec![(a.id.clone(), "t2-state-a".to_owned()), (b.id.clone(), "t2-state-b".to_owned())]);
     assert!(trie_holds_16(&run.pin_dir, 10, 97) && trie_holds_16(&run.pin_dir, 10, 96));
-    assert_eq!(run.tenant_hint(&a.id, &a.tenant_token).unwrap().job, a.id);
-    assert_eq!(run.tenant_hint(&b.id, &b.tenant_token).unwrap().job, b.id);
+    let (hint_a, hint_b) = (run.tenant_hint(&a.id, &a.tenant_token).unwrap(), run.tenant_hint(&b.id, &b.tenant_token).unwrap());
+    assert_eq!((hint_a.job.as_str(), hint_b.job.as_str()), (a.id.as_str(), b.id.as_str()));
+    // After a crash too, each restored job's version is above the last run's.
+    assert!(hint_a.version > a_version_run2, "after SIGKILL A's version {} is not above {a_version_run2}", hint_a.version);
+    assert!(hint_b.version > b_version_run2, "after SIGKILL B's version {} is not above {b_version_run2}", hint_b.version);
     let e = run.tenant_hint(&a.id, &b.tenant_token).unwrap_err();
     assert_eq!(e.status(), Some(403), "B's token does not open A: {e}");
     // DELETE A: gone from the file at once, and still gone after a crash.

@@ -337,7 +337,9 @@ pub struct JobView {
 pub struct Hint {
     /// The job id.
     pub job: String,
-    /// Increases by one with every plan change (the first hint is 1); SSE event ids carry it.
+    /// Increases by one with every plan change; SSE event ids carry it. A newly registered job's
+    /// first hint is 1; after an agent restart a job's baseline hint comes back at the restart
+    /// time in unix ms, above every earlier version, so "newer than the last applied" still holds.
     pub version: u64,
     /// Training step from which to apply the plan. 0 = "at your next step": ringside does not see
     /// the job's step counter; the job picks the step and applies it on all ranks at once.
