@@ -49,7 +49,7 @@ use crate::fault::FaultRecord;
 use crate::link::{Endpoint, Link, Side, BRIDGE, HOST_IFACE};
 use crate::netns::{unique_prefix, Netns};
 use crate::rig::Rig;
-use crate::star::{host_addr, host_addr6, MAX_HOSTS};
+use crate::star::{host_addr, host_addr6, l2_switch, MAX_HOSTS};
 use crate::tuning::{self, BacklogGuard};
 
 /// The IPU's port cabled to its host.
@@ -184,17 +184,7 @@ impl IpuStar {
         }
         let prefix = unique_prefix();
         let backlog = if cfg.raise_backlog { Some(BacklogGuard::acquire()?) } else { None };
-        let switch = Netns::create(format!("{prefix}-sw"))?;
-        switch.handle().sysctl_write("net/ipv6/conf/default/disable_ipv6", "1")?;
-        switch.handle().sysctl_write("net/ipv6/conf/all/disable_ipv6", "1")?;
-        cmd::ip_batch(
-            Some(switch.name()),
-            &format!(
-                "link set lo up\n\
-                 link add {BRIDGE} type bridge stp_state 0 mcast_snooping 0 forward_delay 0\n\
-                 link set {BRIDGE} up\n"
-            ),
-        )?;
+        let switch = l2_switch(format!("{prefix}-sw"))?;
         let mut hosts = Vec::with_capacity(cfg.hosts);
         let mut root_script = String::new();
         for i in 0..cfg.hosts {

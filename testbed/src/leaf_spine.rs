@@ -145,13 +145,7 @@ impl LeafSpine {
         let mut ls = LeafSpine { hosts: Vec::new(), leaves: Vec::new(), spine, prefix: prefix.clone(), faults: Arc::new(Mutex::new(Vec::new())), _backlog: backlog };
         let mut root_script = String::new();
         for l in 0..cfg.leaves {
-            let ns = Netns::create(format!("{prefix}-leaf{l}"))?;
-            ns.handle().sysctl_write("net/ipv6/conf/default/disable_ipv6", "1")?;
-            ns.handle().sysctl_write("net/ipv6/conf/all/disable_ipv6", "1")?;
-            cmd::ip_batch(
-                Some(ns.name()),
-                &format!("link set lo up\nlink add {BRIDGE} type bridge stp_state 0 mcast_snooping 0 forward_delay 0\nlink set {BRIDGE} up\n"),
-            )?;
+            let ns = crate::star::l2_switch(format!("{prefix}-leaf{l}"))?;
             root_script.push_str(&format!(
                 "link add name {LEAF_UPLINK} netns {} mtu {mtu} type veth peer name l{l} netns {} mtu {mtu}\n",
                 ns.name(),

@@ -93,6 +93,24 @@ pub fn host_addr6(i: usize) -> Ipv6Addr {
     Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, (i + 1) as u16)
 }
 
+/// A namespace named `name` holding one bridge (`BRIDGE`, no STP, no multicast snooping, no
+/// forwarding delay) and no IPv6 on its ports: a pure L2 switch that sends nothing of its own.
+/// The star's and the IPU star's switch and the leaf-spine's leaves are each one of these.
+pub(crate) fn l2_switch(name: String) -> Result<Netns> {
+    let switch = Netns::create(name)?;
+    switch.handle().sysctl_write("net/ipv6/conf/default/disable_ipv6", "1")?;
+    switch.handle().sysctl_write("net/ipv6/conf/all/disable_ipv6", "1")?;
+    cmd::ip_batch(
+        Some(switch.name()),
+        &format!(
+            "link set lo up\n\
+             link add {BRIDGE} type bridge stp_state 0 mcast_snooping 0 forward_delay 0\n\
+             link set {BRIDGE} up\n"
+        ),
+    )?;
+    Ok(switch)
+}
+
 impl Star {
     pub fn new(cfg: StarConfig) -> Result<Star> {
         cmd::require_root()?;
@@ -101,18 +119,7 @@ impl Star {
         }
         let prefix = unique_prefix();
         let backlog = if cfg.raise_backlog { Some(BacklogGuard::acquire()?) } else { None };
-        let switch = Netns::create(format!("{prefix}-sw"))?;
-        // The switch is pure L2: no IPv6 on its ports, so it sends nothing of its own.
-        switch.handle().sysctl_write("net/ipv6/conf/default/disable_ipv6", "1")?;
-        switch.handle().sysctl_write("net/ipv6/conf/all/disable_ipv6", "1")?;
-        cmd::ip_batch(
-            Some(switch.name()),
-            &format!(
-                "link set lo up\n\
-                 link add {BRIDGE} type bridge stp_state 0 mcast_snooping 0 forward_delay 0\n\
-                 link set {BRIDGE} up\n"
-            ),
-        )?;
+        let switch = l2_switch(format!("{prefix}-sw"))?;
 
         let mut hosts = Vec::with_capacity(cfg.hosts);
         let mut root_script = String::new();
