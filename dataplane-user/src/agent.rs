@@ -13,11 +13,12 @@ use crate::{
     analysis::{self, Analysis, DetectSettings},
     clock,
     collector::{self, CollectError, Collector, KernelMaps},
-    config::{self, AttachMode, ConfigError, ConfigFile, MatchSettings},
+    config::{self, AttachMode, ConfigError, ConfigFile, MatchSettings, MirrorFile},
     flow_table::TableSettings,
     hint_board::HintBoard,
     jobs::{JobCatalog, JobSet, SharedCatalog, TokenHash},
     loader::{AttachRequest, Attachment, LoaderError},
+    mirror::{self, FlowMatch, MirrorError, MirrorSettings},
     view::{AgentView, AttachInfo},
 };
 use dataplane_common::maps;
@@ -74,6 +75,10 @@ pub struct AgentArgs {
     /// RUST_LOG=info,ringside::ebpf=debug [default: off].
     #[arg(long)]
     pub ebpf_debug_log: bool,
+    /// Also read frames mirrored to this interface (RoCE the host kernel never sees; a switch or
+    /// DPU mirrors it there); overrides `[mirror] interface`.
+    #[arg(long, value_name = "IF")]
+    pub mirror_iface: Option<String>,
 }
 
 /// Fully resolved agent settings.
@@ -99,6 +104,8 @@ pub struct AgentSettings {
     pub ebpf_debug_log: bool,
     /// `kernel_max_flows`: capacity of the kernel map `FLOWS`.
     pub kernel_max_flows: u32,
+    /// `[mirror]` / `--mirror-iface`: the mirrored-frame ingest, if any.
+    pub mirror: Option<MirrorSettings>,
 }
 
 /// Where the operator tokens come from: an API setting, resolved from `[api] operator_tokens_file`
@@ -159,6 +166,15 @@ impl AgentSettings {
             },
             ebpf_debug_log: args.ebpf_debug_log || file.ebpf_debug_log.unwrap_or(false),
             kernel_max_flows: file.kernel_max_flows.unwrap_or(config::DEFAULT_MAX_FLOWS as u32),
+            mirror: match (&args.mirror_iface, file.mirror.as_ref()) {
+                (Some(i), f) => {
+                    crate::bounds::interface_name(i).map_err(|message| ConfigError::Setting { key: "--mirror-iface", message })?;
+                    let with_iface = MirrorFile { interface: Some(i.clone()), ..f.cloned().unwrap_or_default() };
+                    with_iface.settings()
+                }
+                (None, Some(f)) => f.settings(),
+                (None, None) => None,
+            },
         })
     }
 }
@@ -174,6 +190,8 @@ pub enum AgentError {
     Collect(#[from] CollectError),
     #[error(transparent)]
     Tokens(#[from] TokenFileError),
+    #[error(transparent)]
+    Mirror(#[from] MirrorError),
     #[error("cannot listen on {addr}: address already in use; stop whatever uses it (`ss -ltnp | grep {port}`) or pass another --listen")]
     ListenInUse { addr: SocketAddr, port: u16 },
     #[error("cannot listen on {addr}: {source}; pass another --listen")]
@@ -219,8 +237,23 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
         attachment.take_map(maps::EVENTS)?,
     )?;
 
+    let stop = Arc::new(AtomicBool::new(false));
+    // The mirror after the kernel: a failure here drops `attachment`, which detaches.
+    let mirror = match &settings.mirror {
+        Some(m) => {
+            let matching = FlowMatch::new(kernel_config, settings.matching.prefix_keys());
+            Some(mirror::start(m, matching, &settings.interfaces, stop.clone())?)
+        }
+        None => None,
+    };
+    let (mirror_feed, mirror_thread) = mirror.unzip();
+
     // The pipeline: collector -> (window queue) -> analysis -> hint board and snapshots <- API.
-    let attach = AttachInfo::attached(attachment.interfaces().to_vec(), attachment.pin_dir().to_owned(), settings.poll_interval);
+    let mut attach = AttachInfo::attached(attachment.interfaces().to_vec(), attachment.pin_dir().to_owned(), settings.poll_interval);
+    if let Some(feed) = &mirror_feed {
+        // Mirrored flows carry the mirror port's index: label them with its name.
+        attach.ifnames.insert(feed.ifindex(), feed.interface().to_owned());
+    }
     let hints = HintBoard::default();
     let mut catalog = JobCatalog::new(operators, settings.matching.prefix_keys())
         .with_config_jobs(&settings.jobs)
@@ -247,16 +280,18 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
     if !settings.detect.enabled {
         tracing::info!("detection is off ([detect] enabled = false): no verdicts, and the RDMA port counters ([rdma]) are not read");
     }
-    let view = AgentView::new(attach, snapshots, events, catalog, hints);
+    let view = AgentView::new(attach, snapshots, events, catalog, hints).with_mirror(mirror_feed.clone());
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let collector = collector::spawn(kernel_maps, collector, settings.poll_interval, stop.clone());
+    let collector = collector::spawn(kernel_maps, collector, settings.poll_interval, stop.clone(), mirror_feed);
     let detector = windows.map(|rx| analysis::spawn(detection, rx, stop.clone()));
     tracing::info!(listen = %local, interfaces = ?settings.interfaces, pin_dir = %settings.pin_dir.display(), "ringside agent running");
 
     let served = serve(listener, view);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = collector.join();
+    if let Some(m) = mirror_thread {
+        let _ = m.join();
+    }
     if let Some(d) = detector {
         let _ = d.join();
     }

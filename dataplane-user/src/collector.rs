@@ -381,8 +381,15 @@ pub fn decode_event(bytes: &[u8]) -> Option<Event> {
 }
 
 /// Runs the poll loop on a thread until `stop` is set. Returns the thread's handle; the window
-/// queue's sender is dropped with the collector when the thread ends.
-pub fn spawn(mut maps: KernelMaps, mut collector: Collector, interval: Duration, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
+/// queue's sender is dropped with the collector when the thread ends. `mirror`: flows counted
+/// from mirrored frames (`crate::mirror`), added to every poll as if the kernel held them.
+pub fn spawn(
+    mut maps: KernelMaps,
+    mut collector: Collector,
+    interval: Duration,
+    stop: Arc<AtomicBool>,
+    mirror: Option<crate::mirror::MirrorFeed>,
+) -> thread::JoinHandle<()> {
     thread::Builder::new()
         .name("ringside-collector".into())
         .spawn(move || {
@@ -390,9 +397,15 @@ pub fn spawn(mut maps: KernelMaps, mut collector: Collector, interval: Duration,
             while !stop.load(Ordering::Relaxed) {
                 let started = Instant::now();
                 match maps.snapshot() {
-                    Ok(snap) => {
+                    Ok(mut snap) => {
+                        if let Some(m) = &mirror {
+                            m.merge_into(&mut snap);
+                        }
                         let forget = collector.fold(&snap);
                         let deleted = if forget.is_empty() { 0 } else { maps.forget(&forget) };
+                        if let (Some(m), false) = (&mirror, forget.is_empty()) {
+                            m.forget(&forget);
+                        }
                         let took = started.elapsed();
                         collector.poll_done(took);
                         if collector.polls() == 1 {

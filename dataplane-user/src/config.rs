@@ -95,6 +95,38 @@ pub struct ConfigFile {
     pub api: Option<ApiFile>,
     /// RDMA port counters (`[rdma]`).
     pub rdma: Option<RdmaFile>,
+    /// Mirrored-frame ingest (`[mirror]`): flows the host kernel never sees.
+    pub mirror: Option<MirrorFile>,
+}
+
+/// The `[mirror]` section: read frames a switch or DPU mirrors to an interface of the agent's
+/// namespace (`crate::mirror`), for RoCE that hardware carries past the host kernel.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MirrorFile {
+    /// The interface the mirrored frames arrive on (required; not one of `interfaces`).
+    pub interface: Option<String>,
+    /// Prefixes of the watched hosts: a mirrored frame from an address inside one is `egress`,
+    /// any other `ingress` (so the peer label is the remote end). Default none: all `ingress`.
+    pub local_prefixes: Option<Vec<PrefixSpec>>,
+    /// Flows tracked from the mirror, default 16384.
+    pub max_flows: Option<usize>,
+    /// Blocks of the receive ring, default 16.
+    pub ring_blocks: Option<u32>,
+    /// Size of one ring block in KiB (a power of two, 4..=4096), default 256.
+    pub ring_block_kib: Option<u32>,
+}
+
+impl MirrorFile {
+    /// The resolved settings, `None` without an interface (validation refuses that).
+    pub fn settings(&self) -> Option<crate::mirror::MirrorSettings> {
+        let mut s = crate::mirror::MirrorSettings::new(self.interface.clone()?);
+        s.local_prefixes = self.local_prefixes.iter().flatten().map(|p| p.to_key()).collect();
+        s.max_flows = self.max_flows.unwrap_or(s.max_flows);
+        s.ring_blocks = self.ring_blocks.unwrap_or(s.ring_blocks);
+        s.ring_block_kib = self.ring_block_kib.unwrap_or(s.ring_block_kib);
+        Some(s)
+    }
 }
 
 /// The `[rdma]` section: the NIC's own port counters, for RoCE the host kernel never sees
@@ -491,6 +523,28 @@ impl ConfigFile {
             if !root.is_absolute() {
                 let m = format!("`{}` must be an absolute directory, such as \"{}\"", root.display(), crate::rdma_counters::DEFAULT_COUNTERS_ROOT);
                 return Err(BadValue::at(&[Seg::Key("rdma"), Seg::Key("counters_root")], m));
+            }
+        }
+        if let Some(m) = &self.mirror {
+            let at = |key: &'static str, m: String| BadValue::at(&[Seg::Key("mirror"), Seg::Key(key)], m);
+            match m.interface.as_deref() {
+                None => return Err(at("interface", "is required in [mirror]: name the interface the mirrored frames arrive on (remove the section to read no mirror)".to_owned())),
+                Some(i) if interface_name(i).is_err() => return Err(at("interface", interface_name(i).unwrap_err())),
+                Some(i) if self.interfaces.as_ref().is_some_and(|l| l.iter().any(|x| x == i)) => {
+                    return Err(at("interface", format!("`{i}` is also in `interfaces`: its frames would be counted twice; give the mirror port its own interface")));
+                }
+                Some(_) => {}
+            }
+            nonzero(m.max_flows.map(|v| v as u64)).map_err(|e| at("max_flows", e))?;
+            if let Some(b) = m.ring_blocks {
+                if !(1..=1024).contains(&b) {
+                    return Err(at("ring_blocks", format!("{b} (must be 1..=1024)")));
+                }
+            }
+            if let Some(k) = m.ring_block_kib {
+                if !(4..=4096).contains(&k) || !k.is_power_of_two() {
+                    return Err(at("ring_block_kib", format!("{k} (must be a power of two from 4 to 4096)")));
+                }
             }
         }
         if let Some(tokens) = self.api.as_ref().and_then(|a| a.operator_tokens_file.as_ref()) {

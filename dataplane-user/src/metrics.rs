@@ -108,6 +108,20 @@ metric!(DETECT_WINDOWS_DROPPED, "ringside_detect_windows_dropped", Counter,
 metric!(DETECT_STATE_FILE_ERRORS, "ringside_detect_state_file_errors", Counter,
     "Problems with the events state file in state_dir, by operation: load (unreadable or corrupt at start: the agent started fresh) or save (open events may not survive a restart)");
 
+// --- mirrored-frame ingest (mirror.rs; only with [mirror]) ---
+metric!(MIRROR_FRAMES, "ringside_mirror_frames", Counter,
+    "Frames read from the mirror port, by result: seen (all), parsed (down to TCP/UDP/RoCEv2), matched (counted in a flow), malformed, unsupported (skipped by design), unreadable (headers beyond the snap length)");
+metric!(MIRROR_RING_DROPS, "ringside_mirror_ring_drops", Counter,
+    "Mirrored frames the kernel dropped because the receive ring was full ([mirror] ring_blocks x ring_block_kib too small, or the agent starved of CPU)");
+metric!(MIRROR_FLOWS, "ringside_mirror_flows", Gauge,
+    "Flows tracked from the mirror port");
+metric!(MIRROR_TABLE_FULL, "ringside_mirror_table_full", Counter,
+    "Matched mirrored frames of new flows not tracked because [mirror] max_flows flows were held");
+metric!(MIRROR_EVENTS_DROPPED, "ringside_mirror_events_dropped", Counter,
+    "Burst-end and flow-start events of mirrored flows dropped because too many waited for the collector");
+metric!(MIRROR_TIMESTAMP_FALLBACKS, "ringside_mirror_timestamp_fallbacks", Counter,
+    "Mirrored frames whose socket timestamp was more than 10 s from the clock; their receive time was used instead");
+
 // --- RDMA port counters (rdma_counters.rs; growth since the agent first read the port) ---
 metric!(RDMA_PORT_BYTES, "ringside_rdma_port_bytes", Counter,
     "Bytes an RDMA port sent (egress) or received (ingress), from its port_xmit_data / port_rcv_data counters, including RoCE the host kernel never sees");
@@ -214,6 +228,7 @@ pub const ALL: &[&Metric] = &[
     &AGENT_EVENTS, &AGENT_POLLS, &AGENT_POLL_ERRORS, &AGENT_POLL_DURATION, &AGENT_LAST_POLL,
     &AGENT_FLOWS_EVICTED, &AGENT_INTERFACES_ATTACHED,
     &VERDICTS_OPEN, &VERDICTS, &DETECT_WINDOWS, &DETECT_INPUT_ERRORS, &DETECT_WINDOWS_DROPPED, &DETECT_STATE_FILE_ERRORS,
+    &MIRROR_FRAMES, &MIRROR_RING_DROPS, &MIRROR_FLOWS, &MIRROR_TABLE_FULL, &MIRROR_EVENTS_DROPPED, &MIRROR_TIMESTAMP_FALLBACKS,
     &RDMA_PORT_BYTES, &RDMA_PORT_PACKETS, &RDMA_PORT_CNPS, &RDMA_PORT_ECN_MARKED_PACKETS, &RDMA_PORT_LOSS_SIGNALS,
     &RDMA_PORT_ERRORS, &RDMA_PORT_READ_PROBLEMS, &RDMA_PORT_POLLS, &RDMA_PORTS_READ,
     &API_JOBS_REGISTERED, &API_JOBS_FILE_ERRORS, &API_HINT_STREAMS,
@@ -382,6 +397,9 @@ fn families(view: &AgentView) -> Vec<Family> {
             (vec![("operation", "save".to_owned())], Value::Counter(ev.counters.state_write_errors)),
         ],
     });
+    if let Some(m) = &view.mirror {
+        out.extend(mirror_families(&m.status()));
+    }
     if let Some(r) = &events.rdma {
         out.extend(rdma_families(r));
     }
@@ -399,6 +417,33 @@ fn families(view: &AgentView) -> Vec<Family> {
     });
     out.push(single(&API_HINT_STREAMS, Value::Count(view.hint_streams.load(std::sync::atomic::Ordering::Relaxed) as u64)));
     out
+}
+
+/// The mirror ingest's counters (absent without `[mirror]`). Label: `interface` (one), `result`
+/// (a fixed set).
+fn mirror_families(m: &crate::mirror::MirrorStatus) -> Vec<Family> {
+    let c = &m.counters;
+    let i = || vec![("interface", m.interface.clone())];
+    let one = |metric, v| Family { metric, series: vec![(i(), v)] };
+    let results = [
+        ("seen", c.seen),
+        ("parsed", c.parsed),
+        ("matched", c.matched),
+        ("malformed", c.malformed),
+        ("unsupported", c.unsupported),
+        ("unreadable", c.unreadable),
+    ];
+    vec![
+        Family {
+            metric: &MIRROR_FRAMES,
+            series: results.iter().map(|(r, v)| (vec![("interface", m.interface.clone()), ("result", (*r).to_owned())], Value::Counter(*v))).collect(),
+        },
+        one(&MIRROR_RING_DROPS, Value::Counter(c.ring_drops)),
+        one(&MIRROR_FLOWS, Value::Count(m.flows as u64)),
+        one(&MIRROR_TABLE_FULL, Value::Counter(c.table_full)),
+        one(&MIRROR_EVENTS_DROPPED, Value::Counter(c.events_dropped)),
+        one(&MIRROR_TIMESTAMP_FALLBACKS, Value::Counter(c.timestamp_fallbacks)),
+    ]
 }
 
 /// The RDMA port counters (absent with `[rdma] enabled = false`). Labels: `device` and `port`
@@ -661,7 +706,13 @@ pub(crate) mod tests {
         let rdma = Some(reader.snapshot().clone());
         let events = tokio::sync::watch::channel(Arc::new(EventsSnapshot { log: sample_events(), jobs: Vec::new(), rdma })).1;
         let catalog = JobCatalog::new(vec![crate::jobs::TokenHash::of(TEST_OPERATOR_TOKEN)], Vec::new());
-        AgentView::new(attach, snapshots, events, Arc::new(Mutex::new(catalog)), HintBoard::default())
+        // A mirror port that read one RoCE frame and one ARP frame.
+        let mut table = crate::mirror::MirrorTable::new(9, &crate::mirror::MirrorSettings::new("mir0".into()), crate::mirror::FlowMatch::default());
+        let frame = ringside_test_support::frames::rocev2_4([10, 77, 0, 1], [10, 77, 0, 3], 49152, 0x0a, 1, 1, &[], &[0; 32]);
+        table.ingest(&frame, frame.len(), 1_000_000_000);
+        table.ingest(&[0xff; 60], 60, 1_000_000_000);
+        let mirror = crate::mirror::MirrorFeed::new("mir0".into(), table);
+        AgentView::new(attach, snapshots, events, Arc::new(Mutex::new(catalog)), HintBoard::default()).with_mirror(Some(mirror))
     }
 
     #[test]
@@ -672,6 +723,11 @@ pub(crate) mod tests {
             "ringside_dataplane_packets_total{result=\"matched\"} 80",
             "ringside_dataplane_packets_total{result=\"malformed\"} 1",
             "ringside_dataplane_ringbuf_full_total 2",
+            "ringside_mirror_frames_total{interface=\"mir0\",result=\"seen\"} 2",
+            "ringside_mirror_frames_total{interface=\"mir0\",result=\"matched\"} 1",
+            "ringside_mirror_frames_total{interface=\"mir0\",result=\"unsupported\"} 1",
+            "ringside_mirror_flows{interface=\"mir0\"} 1",
+            "ringside_mirror_ring_drops_total{interface=\"mir0\"} 0",
             "ringside_flows_tracked{interface=\"eth0\"} 2",
             "ringside_peer_bytes_total{interface=\"eth0\",direction=\"egress\",kind=\"tcp\",peer=\"10.77.0.2\"} 15000",
             "ringside_peer_tcp_retransmissions_total{interface=\"eth0\",direction=\"egress\",kind=\"tcp\",peer=\"10.77.0.2\"} 3",

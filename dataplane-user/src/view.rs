@@ -64,6 +64,8 @@ pub struct AgentView {
     pub hints: HintBoard,
     /// Open `/v1/jobs/{id}/hints/stream` responses (each holds a guard that decrements it).
     pub hint_streams: Arc<AtomicUsize>,
+    /// The mirrored-frame ingest, when `[mirror]` is set (its counters for `/metrics`).
+    pub mirror: Option<crate::mirror::MirrorFeed>,
 }
 
 impl AgentView {
@@ -74,7 +76,13 @@ impl AgentView {
         catalog: SharedCatalog,
         hints: HintBoard,
     ) -> Self {
-        AgentView { attach: Arc::new(attach), collector, events, catalog, hints, hint_streams: Arc::new(AtomicUsize::new(0)) }
+        AgentView { attach: Arc::new(attach), collector, events, catalog, hints, hint_streams: Arc::new(AtomicUsize::new(0)), mirror: None }
+    }
+
+    /// The same view with the mirror ingest's handle.
+    pub fn with_mirror(mut self, mirror: Option<crate::mirror::MirrorFeed>) -> Self {
+        self.mirror = mirror;
+        self
     }
 
     /// The collector's latest snapshot.

@@ -28,6 +28,7 @@ pub mod ipu;
 pub mod job;
 pub mod leaf_spine;
 pub mod link;
+pub mod mirror;
 pub mod mpi;
 pub mod netns;
 pub mod rig;
@@ -48,6 +49,7 @@ pub use fault::{
 };
 pub use mpi::{spawn_mpi, MpiAlgorithm, MpiConfig, MpiLaunch};
 pub use ipu::{IpuHost, IpuStar, IpuStarConfig, WireReport, IPU_FABRIC_PORT, IPU_HOST_PORT};
+pub use mirror::MirrorPort;
 pub use leaf_spine::{LeafSpine, LeafSpineConfig, LeafSpineHost};
 pub use rig::{Link, Rig};
 pub use clean::{clean, CleanReport};
