@@ -4,11 +4,13 @@
 //!
 //! ```text
 //!   switch namespace                               watcher namespace (e.g. the agent's host)
-//!   p<i> ── clsact ingress ─┐ matchall
+//!   p<i> ── clsact ingress ─┐ u32 (every frame)
 //!        └─ clsact egress ──┴ mirred egress mirror ─▶ mir<i> ──veth── <iface> (no address)
 //! ```
 //!
-//! `tc filter add dev p<i> ingress|egress matchall action mirred egress mirror dev mir<i>`: the
+//! `tc filter add dev p<i> ingress|egress protocol all u32 match u32 0 0 action mirred egress
+//! mirror dev mir<i>` (a u32 filter matching every frame: the CI kernels have no `matchall`
+//! classifier, `CONFIG_NET_CLS_MATCHALL` is off; on a switch `matchall` is the usual spelling): the
 //! original frame goes on untouched, a clone leaves through `mir<i>`. Frames from host i enter
 //! the switch at `p<i>`'s ingress and frames to it leave at its egress, so the copy holds both
 //! directions of host i's traffic, once each. The watcher's end has no address and no IPv6, so its
@@ -72,7 +74,10 @@ impl MirrorPort {
         for hook in ["ingress", "egress"] {
             tc(
                 &m.switch,
-                &["filter", "add", "dev", &m.port, hook, "pref", FILTER_PREF, "matchall", "action", "mirred", "egress", "mirror", "dev", &m.switch_end],
+                &[
+                    "filter", "add", "dev", &m.port, hook, "pref", FILTER_PREF, "protocol", "all", "u32", "match", "u32", "0", "0", "action", "mirred",
+                    "egress", "mirror", "dev", &m.switch_end,
+                ],
             )?;
         }
         tracing::info!(port = %m.port, to = %format!("{}/{}", m.watcher.name(), m.iface), "switch port mirrored");
