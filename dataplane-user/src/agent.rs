@@ -400,6 +400,19 @@ mod tests {
         let file_on = ConfigFile::parse("ebpf_debug_log = true\n", Path::new("t.toml")).unwrap();
         assert!(AgentSettings::resolve(&file_on, &AgentArgs::default()).unwrap().ebpf_debug_log);
 
+        assert_eq!(d.mirror, None, "no mirror unless asked for");
+        let mirror_file = ConfigFile::parse("[mirror]\ninterface = \"mir0\"\nmax_flows = 7\n", Path::new("t.toml")).unwrap();
+        let m = AgentSettings::resolve(&mirror_file, &AgentArgs::default()).unwrap().mirror.unwrap();
+        assert_eq!((m.interface.as_str(), m.max_flows), ("mir0", 7));
+        // --mirror-iface names the interface and keeps the file's other [mirror] keys.
+        let flag = AgentArgs { mirror_iface: Some("span1".into()), ..Default::default() };
+        let m = AgentSettings::resolve(&mirror_file, &flag).unwrap().mirror.unwrap();
+        assert_eq!((m.interface.as_str(), m.max_flows), ("span1", 7));
+        let m = AgentSettings::resolve(&ConfigFile::default(), &flag).unwrap().mirror.unwrap();
+        assert_eq!(m, crate::mirror::MirrorSettings::new("span1".into()));
+        let bad_flag = AgentArgs { mirror_iface: Some("a/b".into()), ..Default::default() };
+        assert!(AgentSettings::resolve(&ConfigFile::default(), &bad_flag).unwrap_err().to_string().contains("--mirror-iface"));
+
         let bad = AgentArgs { poll_interval_ms: Some(0), ..Default::default() };
         assert!(AgentSettings::resolve(&ConfigFile::default(), &bad).unwrap_err().to_string().contains("--poll-interval-ms"));
     }

@@ -859,6 +859,34 @@ mod tests {
         assert!(!jobs[0].members[0].0.contains("10.78.0.9".parse().unwrap()));
         assert_eq!(jobs[0].members[1].0.len, 128);
         assert!(f.detect.unwrap().gray.is_some() && f.policy.is_some());
+        let mirror = f.mirror.as_ref().unwrap().settings().unwrap();
+        assert_eq!((mirror.interface.as_str(), mirror.local_prefixes.len()), ("mirror0", 1));
+        assert_eq!((mirror.max_flows, mirror.ring_blocks, mirror.ring_block_kib), (16384, 16, 256));
+        assert_eq!(mirror, crate::mirror::MirrorSettings { local_prefixes: mirror.local_prefixes.clone(), ..crate::mirror::MirrorSettings::new("mirror0".into()) });
+    }
+
+    #[test]
+    fn mirror_errors_name_line_and_key() {
+        // The section without its interface: the header's line.
+        let msg = parse("# ringside\n[mirror]\nmax_flows = 10\n").unwrap_err().to_string();
+        assert!(msg.contains("line 2") && msg.contains("`mirror.interface`") && msg.contains("required"), "{msg}");
+        for (line, key) in [
+            ("max_flows = 0", "mirror.max_flows"),
+            ("ring_blocks = 0", "mirror.ring_blocks"),
+            ("ring_blocks = 2000", "mirror.ring_blocks"),
+            ("ring_block_kib = 96", "mirror.ring_block_kib"),
+            ("ring_block_kib = 8192", "mirror.ring_block_kib"),
+            ("local_prefixes = [\"10.0.0.0/33\"]", "mirror.local_prefixes"),
+        ] {
+            let text = format!("# ringside\n[mirror]\ninterface = \"m0\"\n{line}\n");
+            let msg = parse(&text).unwrap_err().to_string();
+            assert!(msg.contains("line 4") && msg.contains(&format!("`{key}`")), "{text}=> {msg}");
+        }
+        let msg = parse("interfaces = [\"m0\"]\n[mirror]\ninterface = \"m0\"\n").unwrap_err().to_string();
+        assert!(msg.contains("line 3") && msg.contains("counted twice"), "{msg}");
+        let ok = parse("[mirror]\ninterface = \"m0\"\nring_blocks = 4\nring_block_kib = 64\nmax_flows = 9\n").unwrap();
+        let s = ok.mirror.unwrap().settings().unwrap();
+        assert_eq!((s.ring_blocks, s.ring_block_kib, s.max_flows, s.local_prefixes.len()), (4, 64, 9, 0));
     }
 
     #[test]
@@ -1023,6 +1051,9 @@ mod tests {
             ("rdma", "counters_root = 1", "rdma.counters_root"),
             ("rdma", "enabled = \"yes\"", "rdma.enabled"),
             ("rdma", "poll_ms = 100", "rdma.poll_ms"),
+            ("mirror", "interface = \"a/b\"", "mirror.interface"),
+            ("mirror", "interface = 4", "mirror.interface"),
+            ("mirror", "iface = \"m0\"", "mirror.iface"),
         ];
         for (section, line, key) in cases {
             let (text, want_line) = if section.is_empty() {

@@ -54,8 +54,19 @@ fn summary(path: &std::path::Path, s: &AgentSettings, kernel_prefixes: u32) -> S
         Some(root) => format!("read under {} every window", root.display()),
         None => "off".to_owned(),
     };
+    let mirror = match &s.mirror {
+        Some(m) => format!(
+            "read from {} ({} local prefix(es), at most {} flows, ring {} x {} KiB)",
+            m.interface,
+            m.local_prefixes.len(),
+            m.max_flows,
+            m.ring_blocks,
+            m.ring_block_kib
+        ),
+        None => "off".to_owned(),
+    };
     format!(
-        "OK {}\n  interfaces: {interfaces}\n  listen: {}\n  attach: {}, pins in {}\n  state dir: {}\n  match: tcp ports {}, udp ports {} (RoCEv2 always), {prefixes}\n  jobs: {jobs}\n  detection: {detect}\n  rdma port counters: {rdma}\n  operator tokens: {tokens}\n",
+        "OK {}\n  interfaces: {interfaces}\n  listen: {}\n  attach: {}, pins in {}\n  state dir: {}\n  match: tcp ports {}, udp ports {} (RoCEv2 always), {prefixes}\n  jobs: {jobs}\n  detection: {detect}\n  rdma port counters: {rdma}\n  mirrored frames: {mirror}\n  operator tokens: {tokens}\n",
         path.display(),
         s.listen,
         if s.persist { format!("{} (persistent)", s.attach) } else { s.attach.to_string() },
@@ -89,6 +100,9 @@ mod tests {
         assert!(out.starts_with("OK ") && out.contains("interfaces: eth0") && out.contains("tcp ports 29500-29510"), "{out}");
         assert!(out.contains("1 prefix(es)") && out.contains("jobs: train") && out.contains("listen: 127.0.0.1:9464"), "{out}");
         assert!(out.contains("rdma port counters: read under /sys/class/infiniband every window"), "{out}");
+        assert!(out.contains("mirrored frames: off"), "{out}");
+        let mirrored = check_text("check-mirror", "[mirror]\ninterface = \"mir0\"\nlocal_prefixes = [\"10.77.0.1/32\"]\n").unwrap();
+        assert!(mirrored.contains("mirrored frames: read from mir0 (1 local prefix(es), at most 16384 flows, ring 16 x 256 KiB)"), "{mirrored}");
         let example = check(&CheckConfigArgs { file: concat!(env!("CARGO_MANIFEST_DIR"), "/ringside.example.toml").into() }).unwrap();
         assert!(example.starts_with("OK "), "{example}");
     }
