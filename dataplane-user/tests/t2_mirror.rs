@@ -217,3 +217,77 @@ fn a_missing_mirror_interface_is_named_and_nothing_stays_attached() {
     assert!(!qdiscs.contains("clsact"), "clsact left behind: {qdiscs}");
     assert!(!agent.pin_dir.exists(), "pins left in {}", agent.pin_dir.display());
 }
+
+/// `rx_packets` of `iface` in host0's namespace (frames the veth delivered to the stack).
+fn rx_packets(star: &Star, iface: &str) -> u64 {
+    let out = star.hosts[0].ns.command("ip").args(["-s", "-j", "link", "show", iface]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("ip -s -j link show {iface}: {e}"));
+    v[0]["stats64"]["rx"]["packets"].as_u64().unwrap_or_else(|| panic!("no rx packets in {v}"))
+}
+
+/// An unpaced flood into a deliberately small ring (2 blocks of 4 KiB, about 60 frames; override
+/// with RINGSIDE_MIRROR_RING="BLOCKSxKIB" to measure another size): every frame the mirror port
+/// received is either counted or counted as a ring drop, and the flows still equal the TC path
+/// minus exactly those drops. Prints the rate the ingest kept up with.
+#[test]
+#[ignore = "needs root and the eBPF object (T2): run with cargo xtask test"]
+fn a_flood_beyond_the_ring_is_counted_as_ring_drops() {
+    preconditions();
+    let (blocks, kib) = std::env::var("RINGSIDE_MIRROR_RING")
+        .ok()
+        .and_then(|v| v.split_once('x').map(|(b, k)| (b.parse::<u32>().unwrap(), k.parse::<u32>().unwrap())))
+        .unwrap_or((2, 4));
+    let star = Star::new(StarConfig { hosts: 2, ..Default::default() }).unwrap();
+    let _mirror = MirrorPort::on_star(&star, 0, &star.hosts[0].ns.handle(), "mir0").unwrap();
+    let config = format!("[mirror]\ninterface = \"mir0\"\nlocal_prefixes = [\"10.77.0.1/32\"]\nring_blocks = {blocks}\nring_block_kib = {kib}\n");
+    let mut agent = Agent::start(&star, "flood", &config, &[], false);
+    let seen_series = "ringside_mirror_frames_total{interface=\"mir0\",result=\"seen\"}";
+    let drops_series = "ringside_mirror_ring_drops_total{interface=\"mir0\"}";
+    let h1: IpAddr = star.hosts[1].addr.into();
+    star.hosts[0].ns.run(|| {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.send_to(b"arp", SocketAddr::new(h1, 9)).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    let quiet = |what: &str| {
+        // Two equal reads 500 ms apart: nothing in flight (the socket statistics are read every
+        // 100 ms by the ingest thread).
+        let mut last = None;
+        wait_for(Duration::from_secs(20), Duration::from_millis(500), what, || {
+            let t = get_metrics(&star)?;
+            let now = (metric(&t, seen_series)?, metric(&t, drops_series)?, rx_packets(&star, "mir0"));
+            let stable = last == Some(now);
+            last = Some(now);
+            stable.then_some((now, t))
+        })
+    };
+    let ((seen0, drops0, rx0), _) = quiet("the mirror to be quiet before the flood");
+    let spec = RoceSpec { to: SocketAddr::new(h1, testbed::ROCEV2_UDP_PORT), src_port: 49153, packets: 100_000, payload_len: 64, pps: None, ..Default::default() };
+    let report = star.hosts[0].ns.run(|| {
+        pin_to_cpu0();
+        testbed::roce_send(&spec)
+    })
+    .unwrap();
+    let ((seen1, drops1, rx1), text) = quiet("the mirror to be quiet after the flood");
+    let (seen, drops, rx) = (seen1 - seen0, drops1 - drops0, rx1 - rx0);
+    eprintln!(
+        "flood: sent {} frames in {:.0} ms ({:.0}/s); mirror port received {rx}, ingest counted {seen}, ring dropped {drops} (ring {blocks} x {kib} KiB)",
+        report.packets_sent,
+        report.duration_ms,
+        report.packets_sent as f64 / (report.duration_ms / 1e3)
+    );
+    assert_eq!(seen + drops, rx, "every frame the mirror port received is counted or counted as dropped");
+    if (blocks, kib) == (2, 4) {
+        assert!(drops > 0, "a 8 KiB ring cannot hold an unpaced flood of {} frames", report.packets_sent);
+    }
+    let tc = "{interface=\"eth0\",direction=\"egress\",kind=\"rocev2\",peer=\"10.77.0.2\"}";
+    let mir = "{interface=\"mir0\",direction=\"egress\",kind=\"rocev2\",peer=\"10.77.0.2\"}";
+    let tc_packets = metric(&text, &format!("ringside_peer_packets_total{tc}")).unwrap();
+    let mir_packets = metric(&text, &format!("ringside_peer_packets_total{mir}")).unwrap_or(0);
+    eprintln!("flood: TC path counted {tc_packets}, mirror path {mir_packets}");
+    assert_eq!(tc_packets, report.packets_sent, "the TC path counts every frame sent");
+    // The mirror's flow lacks the frames the ring dropped (and any the veth backlog dropped
+    // before the mirror port delivered them); it never counts more than the TC path.
+    assert!(mir_packets <= tc_packets, "{mir_packets} > {tc_packets}");
+    assert!(agent.stop(), "agent did not exit cleanly on SIGTERM");
+}
