@@ -130,8 +130,8 @@ pub struct MirrorCounters {
     pub ring_drops: u64,
 }
 
-/// The match rule of the kernel's `CONFIG` (see `dataplane_common::Config`), over the agent's
-/// `[match]` port ranges and prefixes.
+/// The match rule of the kernel's `CONFIG` (see `dataplane_common::Config`): its port ranges, and
+/// when its `n_prefixes` is not 0 the agent's `[match]` prefixes (the kernel's `MATCH_PREFIXES`).
 #[derive(Debug, Clone, Default)]
 pub struct FlowMatch {
     config: Option<Config>,
@@ -149,7 +149,9 @@ impl FlowMatch {
         }
         let Some(cfg) = &self.config else { return false };
         let n_ranges = cfg.n_port_ranges as usize;
-        if n_ranges == 0 && self.prefixes.is_empty() {
+        // As in the kernel, `n_prefixes` (not the list) decides whether prefixes are looked at.
+        let n_prefixes = cfg.n_prefixes;
+        if n_ranges == 0 && n_prefixes == 0 {
             return false;
         }
         let k = &p.key;
@@ -161,7 +163,7 @@ impl FlowMatch {
         {
             return false;
         }
-        self.prefixes.is_empty() || in_prefixes(&self.prefixes, &k.src_addr) || in_prefixes(&self.prefixes, &k.dst_addr)
+        n_prefixes == 0 || in_prefixes(&self.prefixes, &k.src_addr) || in_prefixes(&self.prefixes, &k.dst_addr)
     }
 
     fn burst_gap_ns(&self) -> u64 {
@@ -379,6 +381,11 @@ impl MirrorTable {
     pub fn get(&self, key: &FlowKey) -> Option<&FlowStats> {
         self.flows.get(key)
     }
+
+    /// Every flow and its record (what `merge_into` hands the collector).
+    pub fn flows(&self) -> impl Iterator<Item = (FlowKey, FlowStats)> + '_ {
+        self.flows.iter().map(|(k, v)| (*k, *v))
+    }
 }
 
 fn push_event(events: &mut Vec<Event>, c: &mut MirrorCounters, kind: u32, key: FlowKey, burst: BurstState) {
@@ -489,13 +496,15 @@ fn ingest_loop(ring: &mut PacketRing, feed: &MirrorFeed, blocks: u32, stop: &Ato
     let tolerance = TIMESTAMP_TOLERANCE.as_nanos() as i128;
     let mut last_stats = Instant::now();
     let mut warned_clock = false;
+    let mut wait_errors = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        match ring.wait(Duration::from_millis(50)) {
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!("waiting on the mirror ring failed: {e}");
-                thread::sleep(Duration::from_millis(50));
+        if let Err(e) = ring.wait(Duration::from_millis(50)) {
+            // Logged the first time and then every 1000th, not every 50 ms.
+            if wait_errors % 1000 == 0 {
+                tracing::warn!(errors = wait_errors + 1, "waiting on the mirror ring failed: {e}");
             }
+            wait_errors += 1;
+            thread::sleep(Duration::from_millis(50));
         }
         // Drain the ready blocks, at most one ring's worth per wake-up so the stop flag and the
         // socket statistics are looked at even under a flood. The table's lock is held for one

@@ -167,7 +167,7 @@ fn tcp_rules_and_the_match_rule() {
     assert_eq!((bare.counters.parsed, bare.counters.matched), (2, 1));
     // Prefixes: a flow with neither end in them is not matched.
     let prefixes = vec!["10.99.0.0/16".parse::<crate::config::PrefixSpec>().unwrap().to_key()];
-    let mut p = MirrorTable::new(42, &settings(), FlowMatch::new(cfg, prefixes));
+    let mut p = MirrorTable::new(42, &settings(), FlowMatch::new(Config { n_prefixes: 1, ..cfg }, prefixes));
     let f = tcp(1, 0, wire::TCP_SYN, 0);
     p.ingest(&f, f.len(), MS);
     assert_eq!(p.counters.matched, 0);
