@@ -165,7 +165,7 @@ enum Outcome {
 #[test]
 #[ignore = "needs root (T1): run with cargo xtask test"]
 fn mirror_parser_and_accounting_match_the_classifier_frame_by_frame() {
-    let total: u64 = std::env::var("RINGSIDE_PARITY_FRAMES").ok().and_then(|v| v.parse().ok()).unwrap_or(40_000);
+    let total: u64 = std::env::var("RINGSIDE_PARITY_FRAMES").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
     let seed: u64 = std::env::var("RINGSIDE_PARITY_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x0011_2233_4455);
     eprintln!("comparing {total} frames, RINGSIDE_PARITY_SEED={seed}");
     let mut config = Config::default();
