@@ -130,7 +130,7 @@ fn mutate(f: &mut Vec<u8>, r: &mut impl FnMut() -> u64) {
             f.extend((0..n).map(|_| r() as u8));
         }
         5 if f.len() >= wire::ETH_HLEN => {
-            let tpid = if r() % 2 == 0 { wire::ETH_P_8021Q } else { 0x88a8 };
+            let tpid = if r().is_multiple_of(2) { wire::ETH_P_8021Q } else { 0x88a8 };
             let mut tag = tpid.to_be_bytes().to_vec();
             tag.extend((r() as u16 & 0x0fff).to_be_bytes());
             f.splice(12..12, tag);
@@ -168,10 +168,9 @@ fn mirror_parser_and_accounting_match_the_classifier_frame_by_frame() {
     let total: u64 = std::env::var("RINGSIDE_PARITY_FRAMES").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
     let seed: u64 = std::env::var("RINGSIDE_PARITY_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x0011_2233_4455);
     eprintln!("comparing {total} frames, RINGSIDE_PARITY_SEED={seed}");
-    let mut config = Config::default();
-    config.n_port_ranges = 1;
-    config.port_ranges[0] = PortRange { lo: NCCL_PORT, hi: NCCL_PORT + 10, protocol: 0, _pad: [0; 3] };
-    config.n_prefixes = 1;
+    let mut port_ranges = Config::default().port_ranges;
+    port_ranges[0] = PortRange { lo: NCCL_PORT, hi: NCCL_PORT + 10, protocol: 0, _pad: [0; 3] };
+    let config = Config { n_port_ranges: 1, n_prefixes: 1, port_ranges, ..Config::default() };
     let prefixes = vec![PrefixKey { prefix_len: 96 + 8, addr: ipv4_mapped([10, 0, 0, 0]) }];
     let mut ebpf = load(config, &prefixes);
     let seeds = seeds();

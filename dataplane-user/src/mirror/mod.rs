@@ -500,7 +500,7 @@ fn ingest_loop(ring: &mut PacketRing, feed: &MirrorFeed, blocks: u32, stop: &Ato
     while !stop.load(Ordering::Relaxed) {
         if let Err(e) = ring.wait(Duration::from_millis(50)) {
             // Logged the first time and then every 1000th, not every 50 ms.
-            if wait_errors % 1000 == 0 {
+            if wait_errors.is_multiple_of(1000) {
                 tracing::warn!(errors = wait_errors + 1, "waiting on the mirror ring failed: {e}");
             }
             wait_errors += 1;
