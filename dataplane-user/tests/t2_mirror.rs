@@ -225,7 +225,7 @@ fn rx_packets(star: &Star, iface: &str) -> u64 {
     v[0]["stats64"]["rx"]["packets"].as_u64().unwrap_or_else(|| panic!("no rx packets in {v}"))
 }
 
-/// An unpaced flood into a deliberately small ring (2 blocks of 4 KiB, about 60 frames; override
+/// An unpaced flood into a deliberately small ring (2 blocks of 4 KiB, about 40 of these 122-byte frames; override
 /// with RINGSIDE_MIRROR_RING="BLOCKSxKIB" to measure another size): every frame the mirror port
 /// received is either counted or counted as a ring drop, and the flows still equal the TC path
 /// minus exactly those drops. Prints the rate the ingest kept up with.

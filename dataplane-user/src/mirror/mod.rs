@@ -54,8 +54,10 @@ use ring::{PacketRing, RingGeometry, RingStep};
 
 /// Default cap on flows the mirror tracks.
 pub const DEFAULT_MAX_FLOWS: usize = 16_384;
-/// Default ring: 16 blocks of 256 KiB (4 MiB). With the 256-byte snap length a block holds about
-/// 850 frames, so the ring absorbs ~13 600 frames while the ingest thread is not scheduled.
+/// Default ring: 16 blocks of 256 KiB (4 MiB). A frame of 256 bytes or more takes 352 bytes of a
+/// block (the 48-byte `tpacket3_hdr` and a `sockaddr_ll` before the MAC header at offset 82, the
+/// whole aligned to 16: net/packet/af_packet.c, tpacket_rcv), so a block holds 744 of them and the
+/// ring about 11 900 while the ingest thread is not scheduled.
 pub const DEFAULT_RING_BLOCKS: u32 = 16;
 pub const DEFAULT_RING_BLOCK_KIB: u32 = 256;
 /// Bytes of each frame kept: the longest header chain the classifier reads is 106 bytes
