@@ -48,6 +48,15 @@ pub enum CollectiveError {
     #[error("invalid argument {name}: {reason}")]
     InvalidArgument { name: &'static str, reason: String },
 
+    #[error("--transport rdma needs a build with the `rdma` cargo feature (`cargo xtask setup`, then `cargo build --release -p ipu-firmware --features rdma`); or use --transport tcp")]
+    RdmaNotBuilt,
+
+    #[error("no RDMA device ({reason}); use --transport auto to fall back to TCP, or --transport tcp")]
+    NoRdmaDevice { reason: String },
+
+    #[error("RDMA {what} failed: {source}; check the device with `ibv_devinfo` and the memlock limit (`ulimit -l`)")]
+    RdmaSetup { what: &'static str, source: Arc<std::io::Error> },
+
     #[error("communicator is unusable after an earlier failure: {cause}")]
     Poisoned { cause: Box<CollectiveError> },
 }

@@ -13,6 +13,7 @@
 use crate::codec::{Bf16, CodecKind};
 use crate::engine::{Communicator, CommunicatorConfig};
 use crate::error::{CollectiveError, Result};
+use crate::mesh::{MeshOptions, MeshTransport, TransportKind};
 use crate::plan::{AppliedHint, Dtype, Plan, PlanSource};
 use crate::transport::{TcpOptions, TcpTransport, Transport};
 use rand::{Rng, SeedableRng};
@@ -169,6 +170,10 @@ pub struct JobReport {
     /// Rank 0 following hints: every hint handed to the plan schedule (absent otherwise).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hints: Vec<AppliedHint>,
+    /// The transport the mesh actually ran on (`tcp` or `rdma`; `--transport auto` resolves to
+    /// one of them). Absent for runs on a transport handed in by the caller.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transport: Option<TransportKind>,
 }
 
 impl JobReport {
@@ -288,7 +293,7 @@ pub fn run_job<T: Transport>(cfg: &JobConfig, transport: T, plan_source: Option<
         bytes_sent_total: steps.iter().map(|s| s.bytes_sent).sum(),
         all_verified: cfg.verify.then(|| steps.iter().all(|s| s.verified == Some(true))),
     };
-    Ok(JobReport { config: cfg.clone(), steps, summary, error, hints: Vec::new() })
+    Ok(JobReport { config: cfg.clone(), steps, summary, error, hints: Vec::new(), transport: None })
 }
 
 /// Runs one rank as its own process would: binds its `peers` entry's port on all addresses, builds
@@ -297,6 +302,27 @@ pub fn run_rank(cfg: &JobConfig, plan_source: Option<Box<dyn PlanSource>>) -> Re
     let options = TcpOptions { channels: cfg.max_channels, timeout: Duration::from_millis(cfg.timeout_ms) };
     let t = TcpTransport::bind_and_connect(cfg.rank, &cfg.peers, options)?;
     run_job(cfg, t, plan_source)
+}
+
+/// [`run_rank`] on the transport `--transport` asks for (see [`crate::mesh`] for the fallback
+/// rule); the report names the transport actually used.
+pub fn run_rank_on(
+    cfg: &JobConfig,
+    transport: TransportKind,
+    rdma_device: Option<String>,
+    plan_source: Option<Box<dyn PlanSource>>,
+) -> Result<JobReport> {
+    let options = MeshOptions {
+        transport,
+        tcp: TcpOptions { channels: cfg.max_channels, timeout: Duration::from_millis(cfg.timeout_ms) },
+        rdma_device,
+    };
+    let t = MeshTransport::bind_and_connect(cfg.rank, &cfg.peers, &options)?;
+    let used = t.kind();
+    tracing::info!(transport = %used, requested = %transport, "collective mesh up");
+    let mut report = run_job(cfg, t, plan_source)?;
+    report.transport = Some(used);
+    Ok(report)
 }
 
 /// Binds `world` loopback listeners on ephemeral ports.
@@ -313,6 +339,27 @@ where
     R: Send + 'static,
     F: Fn(usize, TcpTransport) -> Result<R> + Send + Sync + 'static,
 {
+    run_ranks_in_process_with(world, move |l, rank, addrs| TcpTransport::connect(l, rank, addrs, options), body)
+}
+
+/// [`run_ranks_in_process`] on the transport `options.transport` resolves to (every rank thread
+/// resolves it; the fallback warning is logged once per process).
+pub fn run_mesh_ranks_in_process<R, F>(world: usize, options: MeshOptions, body: F) -> Vec<Result<R>>
+where
+    R: Send + 'static,
+    F: Fn(usize, MeshTransport) -> Result<R> + Send + Sync + 'static,
+{
+    run_ranks_in_process_with(world, move |l, rank, addrs| MeshTransport::connect(l, rank, addrs, &options), body)
+}
+
+/// Runs `body(rank, connect(listener, rank, addrs))` on `world` threads over loopback listeners.
+fn run_ranks_in_process_with<T, R, C, F>(world: usize, connect: C, body: F) -> Vec<Result<R>>
+where
+    T: Transport,
+    R: Send + 'static,
+    C: Fn(TcpListener, usize, &[SocketAddr]) -> Result<T> + Send + Sync + 'static,
+    F: Fn(usize, T) -> Result<R> + Send + Sync + 'static,
+{
     let (listeners, addrs) = match loopback_listeners(world) {
         Ok(x) => x,
         Err(e) => {
@@ -321,14 +368,15 @@ where
         }
     };
     let body = Arc::new(body);
+    let connect = Arc::new(connect);
     let handles: Vec<_> = listeners
         .into_iter()
         .enumerate()
         .map(|(rank, l)| {
-            let (addrs, body) = (addrs.clone(), body.clone());
+            let (addrs, body, connect) = (addrs.clone(), body.clone(), connect.clone());
             std::thread::Builder::new()
                 .name(format!("rank{rank}"))
-                .spawn(move || body(rank, TcpTransport::connect(l, rank, &addrs, options)?))
+                .spawn(move || body(rank, connect(l, rank, &addrs)?))
                 .expect("spawn rank thread")
         })
         .collect();

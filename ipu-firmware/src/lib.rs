@@ -5,6 +5,8 @@
 //! - [`codec`]: per-chunk wire compression (none, fp16, bf16, int8, top-k) and error feedback.
 //! - [`plan`]: [`Plan`], the [`PlanSource`] hook, and the control header rank 0 sends per collective.
 //! - [`transport`]: the [`Transport`] trait and the TCP mesh ([`TcpTransport`]).
+//! - `rdma` (cargo feature `rdma`): the RDMA mesh on `ibverbs` (`RdmaTransport`).
+//! - [`mesh`]: `--transport tcp|rdma|auto`: [`TransportKind`], [`MeshTransport`] and the TCP fallback.
 //! - [`engine`]: [`Communicator`]: ring / tree / recursive halving-doubling allreduce, reduce-scatter,
 //!   allgather, broadcast.
 //! - [`hints`]: ringside's hints as a [`PlanSource`] ([`HintFollower`]): the closed loop.
@@ -18,7 +20,10 @@ pub mod engine;
 pub mod error;
 pub mod hints;
 pub mod job;
+pub mod mesh;
 pub mod plan;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod transport;
 pub mod wire;
 
@@ -27,4 +32,7 @@ pub use engine::{allreduce_busbw, segment, Communicator, CommunicatorConfig, OpR
 pub use error::CollectiveError;
 pub use hints::{plan_from_hint, HintFollower};
 pub use plan::{AppliedHint, Algorithm, Compression, Dtype, Plan, PlanSource, ScriptedPlans};
+pub use mesh::{MeshOptions, MeshTransport, TransportKind};
+#[cfg(feature = "rdma")]
+pub use rdma::{RdmaOptions, RdmaTransport};
 pub use transport::{TcpOptions, TcpTransport, Transport};

@@ -52,6 +52,15 @@ const DEB_PACKAGES: &[(&str, &str)] = &[
     ("libc6-dev", "C headers (dlfcn.h, stdio.h) for that harness"),
     ("prometheus", "promtool for the rule tests (T0) and a real Prometheus server for t2_prometheus (T2)"),
     ("curl", "HTTP requests into the testbed's namespaces in the T2 tests"),
+    // ipu-firmware's `rdma` feature (built and tested in T0): ibverbs-sys configures its vendored
+    // rdma-core with cmake (which needs libnl and pkg-config), generates bindings with bindgen
+    // (libclang), and links the system libibverbs.
+    ("libibverbs-dev", "libibverbs to link ipu-firmware's `rdma` feature against (Debian's rdma-core)"),
+    ("cmake", "ibverbs-sys configures its vendored rdma-core to generate the verbs bindings"),
+    ("libclang-dev", "bindgen (in ibverbs-sys's build) parses verbs.h with libclang"),
+    ("libnl-3-dev", "rdma-core's cmake configuration requires libnl-3"),
+    ("libnl-route-3-dev", "rdma-core's cmake configuration requires libnl-route-3"),
+    ("pkg-config", "rdma-core's cmake finds libnl through pkg-config"),
 ];
 
 /// Debian packages whose installation enables a system service that the project does not use:

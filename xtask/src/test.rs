@@ -6,7 +6,9 @@
 //!   torch, pytest); then the Prometheus rules (`deploy/prometheus`): `promtool check rules` on
 //!   every rule file and `promtool test rules` on every unit-test file; then the aarch64 build
 //!   (`cargo xtask dist --target aarch64-unknown-linux-gnu --check`: the binaries and three crates'
-//!   unit tests under qemu-user); no root, no kernel.
+//!   unit tests under qemu-user); then ipu-firmware with the `rdma` feature (built against Debian's
+//!   rdma-core, its unit tests and `tests/transport_choice.rs`, which runs the real device probe
+//!   and checks the TCP fallback); no root, no kernel.
 //! - T1 in-kernel: `tests/t1_*.rs`, the real eBPF program run with BPF_PROG_TEST_RUN on crafted frames.
 //! - T1 kernels: the same T1 binaries on other kernels (Debian's 6.1 and 6.12, or the `--kernel`
 //!   list), each booted under QEMU ([`kernel`]); one summary line per kernel.
@@ -34,6 +36,9 @@ const PY_TESTS: &str = "ringside-client/python/tests";
 
 /// The Prometheus rules (`*.rules.yml`) and their promtool unit tests (`tests/*.yml`).
 const PROMETHEUS_RULES: &str = "deploy/prometheus";
+
+/// ipu-firmware's cargo feature for the RDMA transport (off in the workspace build).
+const RDMA_FEATURE: &str = "rdma";
 
 /// promtool, from Debian's `prometheus` package (`cargo xtask setup` installs it).
 const PROMTOOL: &str = "promtool";
@@ -161,6 +166,19 @@ pub fn run(tiers: &[Tier], no_setup: bool, kernels: &[String]) -> Result<()> {
                     counts.failures.push(format!("cargo xtask dist --target {} --check", crate::dist::AARCH64));
                 }
             }
+            // The RDMA transport is behind a feature the workspace build leaves off: build it
+            // here against Debian's rdma-core so it cannot rot, and run the device probe and the
+            // fallback on this machine (issue 12). The device-only paths cannot run here
+            // (docs/testing.md).
+            println!("\n==> T0 RDMA feature (cargo test -p ipu-firmware --features {RDMA_FEATURE} --lib --test transport_choice)");
+            let (rdma_ok, rdma_counts) = run_counting(
+                cargo()
+                    .args(["test", "--no-fail-fast", "-p", "ipu-firmware", "--features", RDMA_FEATURE])
+                    .args(["--lib", "--test", "transport_choice"]),
+                Counts::add_line,
+            )?;
+            ok &= rdma_ok;
+            counts.add(&rdma_counts);
         }
         // A tier that ran nothing proves nothing (e.g. root-only tests that lost their #[ignore]
         // marker run in T0 and leave T1 empty): that is a failure, not a pass.

@@ -6,9 +6,12 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ipu_firmware::codec::{CodecKind, DecodeMode};
-use ipu_firmware::job::{parse_size, run_ranks_in_process};
+use ipu_firmware::job::{parse_size, run_mesh_ranks_in_process};
 use ipu_firmware::plan::Compression;
-use ipu_firmware::{allreduce_busbw, Algorithm, Communicator, CommunicatorConfig, Plan, ScriptedPlans, TcpOptions};
+use ipu_firmware::{
+    allreduce_busbw, Algorithm, Communicator, CommunicatorConfig, MeshOptions, Plan, ScriptedPlans, TcpOptions,
+    TransportKind,
+};
 use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug)]
@@ -63,6 +66,13 @@ struct BusbwArgs {
     /// Approximate bytes reduced per (algorithm, size) cell; bounds iterations.
     #[arg(long, default_value = "256MiB", value_parser = parse_size)]
     budget: usize,
+    /// Transport between the rank threads: tcp, rdma (needs the `rdma` feature and a device) or
+    /// auto (RDMA if a device is usable, else TCP with a warning).
+    #[arg(long, value_enum, default_value_t = TransportKind::Tcp)]
+    transport: TransportKind,
+    /// RDMA device for --transport rdma|auto; default: the first one whose port 1 is active.
+    #[arg(long)]
+    rdma_device: Option<String>,
 }
 
 fn bench_codecs(a: &CodecArgs) {
@@ -131,7 +141,13 @@ fn bench_busbw(a: &BusbwArgs) -> anyhow::Result<()> {
     let world = a.world;
     let timeout = Duration::from_secs(60);
     let cells2 = cells.clone();
-    let results = run_ranks_in_process(world, TcpOptions { channels: a.channels, timeout }, move |rank, t| {
+    let options = MeshOptions {
+        transport: a.transport,
+        tcp: TcpOptions { channels: a.channels, timeout },
+        rdma_device: a.rdma_device.clone(),
+    };
+    let results = run_mesh_ranks_in_process(world, options, move |rank, t| {
+        let used = t.kind();
         let mut c = Communicator::new(t, CommunicatorConfig { initial_plan: plans[0], timeout })?;
         if rank == 0 {
             c.set_plan_source(Box::new(ScriptedPlans(plans.clone())));
@@ -149,11 +165,11 @@ fn bench_busbw(a: &BusbwArgs) -> anyhow::Result<()> {
             out.push(t0.elapsed().as_secs_f64() / k as f64);
         }
         c.close();
-        Ok(out)
+        Ok((used, out))
     });
-    let times = results.into_iter().next().context("no rank 0")?.context("rank 0 failed")?;
+    let (used, times) = results.into_iter().next().context("no rank 0")?.context("rank 0 failed")?;
     println!(
-        "loopback allreduce, {world} ranks as threads on this machine, chunk {} KiB, {} channel(s), compression {}:",
+        "loopback allreduce, {world} ranks as threads on this machine, transport {used}, chunk {} KiB, {} channel(s), compression {}:",
         a.chunk_bytes >> 10,
         a.channels,
         a.compression

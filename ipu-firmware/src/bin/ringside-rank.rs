@@ -4,10 +4,10 @@
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use ipu_firmware::job::{parse_size, run_rank, ComputeMode, JobConfig};
+use ipu_firmware::job::{parse_size, run_rank_on, ComputeMode, JobConfig};
 use ipu_firmware::plan::{Compression, Dtype, Plan, ScriptedPlans};
 use ipu_firmware::hints::AppliedHints;
-use ipu_firmware::{Algorithm, CodecKind, HintFollower, PlanSource};
+use ipu_firmware::{Algorithm, CodecKind, HintFollower, PlanSource, TransportKind};
 use ringside_client::{ClientConfig, JobClient};
 use std::time::Duration;
 use std::net::SocketAddr;
@@ -54,7 +54,7 @@ struct Args {
     /// Chunk (frame and pipeline unit) size in bytes.
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
     chunk_bytes: usize,
-    /// Parallel TCP connections per peer pair.
+    /// Parallel connections per peer pair (TCP connections, or RDMA queue pairs).
     #[arg(long, default_value_t = 1)]
     channels: u8,
     /// Connections per peer pair to open at setup (so a plan change may raise --channels up to it);
@@ -88,6 +88,16 @@ struct Args {
     /// so the token does not appear in `ps`.
     #[arg(long, env = "RINGSIDE_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Transport between the ranks: `tcp`; `rdma` (needs a build with the `rdma` feature and an
+    /// RDMA device, an error otherwise); or `auto` (RDMA if a device is usable, else TCP with one
+    /// warning "no RDMA device (...); falling back to TCP"). Every rank of a job must end up on
+    /// the same transport, so use `auto` only when all hosts are alike.
+    #[arg(long, value_enum, default_value_t = TransportKind::Tcp)]
+    transport: TransportKind,
+    /// RDMA device for --transport rdma|auto, as `ibv_devices` names it; default: the first one
+    /// whose port 1 is active.
+    #[arg(long)]
+    rdma_device: Option<String>,
     /// Where to write the JSON report.
     #[arg(long)]
     out: PathBuf,
@@ -156,7 +166,8 @@ fn main() -> anyhow::Result<()> {
         timeout_ms: a.timeout_ms,
         verify: a.verify,
     };
-    let mut report = run_rank(&cfg, source).context("setting up the collective mesh")?;
+    let mut report =
+        run_rank_on(&cfg, a.transport, a.rdma_device.clone(), source).context("setting up the collective mesh")?;
     if let Some(applied) = &applied_hints {
         report.record_hints(&applied.snapshot());
     }

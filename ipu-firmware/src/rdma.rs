@@ -1,0 +1,1519 @@
+//! The RDMA transport ([`RdmaTransport`], cargo feature `rdma`): the engine's [`Transport`] over
+//! reliable-connected (RC) queue pairs on the `ibverbs` crate, with two-sided SEND/RECV into a
+//! fixed pool of registered buffers.
+//!
+//! ## Setup
+//! 1. Open the device ([`probe`] runs the same steps without keeping anything): the named device,
+//!    or the first one in `ibv_get_device_list` whose port 1 is ACTIVE (the `ibverbs` crate
+//!    queries port 1 only). Pick a GID: the configured index, else the first RoCE v2 entry with an
+//!    IPv4-mapped address, else the first RoCE v2 entry, else entry 0; no GID table means LID
+//!    routing (InfiniBand without GRH).
+//! 2. On a dedicated progress thread: one protection domain, one send and one receive completion
+//!    queue, one registered send region (`send_slots × slot_bytes`), one registered receive region
+//!    (`recv_slots × slot_bytes` per connection) and one RC queue pair per (peer, channel).
+//! 3. Bootstrap over TCP at the same addresses the TCP transport uses (rank j dials every rank
+//!    i < j, `channels` times, and retries until the timeout while ranks start): each side sends a
+//!    [`BootstrapRecord`] (world, rank, channel, QP number, PSN, LID, GID, slot size, receive
+//!    slots) and checks the other's. Then each QP goes INIT → RTR → RTS against the peer's
+//!    record, every receive buffer is posted, and both sides exchange one `READY` byte, so no
+//!    SEND reaches a QP that is not yet ready to receive. No rkey is exchanged: SEND/RECV needs
+//!    none, and the QPs are created with local-write access only, so a peer cannot read or write
+//!    this rank's memory even though `ibverbs` registers regions with remote access bits.
+//! 4. The bootstrap sockets stay open as a liveness signal: EOF from a peer that has not said
+//!    goodbye (its process died) fails the mesh within [`LIVENESS_GRACE`], without waiting for the
+//!    RC retry timeout of a send that may never be posted.
+//!
+//! ## Data path and invariants
+//! - A frame (the engine's `HEADER_LEN` header + payload) travels as one or more messages of at
+//!   most `slot_bytes`; each message starts with an 8-byte [`Prefix`] (kind, and the absolute
+//!   count of the peer's messages this rank has consumed: the credit return). RC delivers messages
+//!   of one QP reliably and in order, so the receiver reassembles by the length in the frame
+//!   header, which is validated ([`FrameHeader::parse`]) before a byte is kept.
+//! - Registered memory is bounded and allocated once: nothing is registered on the data path.
+//!   `send` copies the frame into free send slots (one copy, like the TCP transport's socket
+//!   write) on the progress thread; a slot is reused only after its send completion.
+//! - Flow control is credit based: a sender keeps at most `peer recv_slots − 2` data messages
+//!   unconsumed by the peer; the receiver reposts a buffer as soon as it copied the message out
+//!   (independently of the engine) and returns credits in every message, or in a credit-only
+//!   message once half its receive buffers were consumed since the last return. Credit-only
+//!   messages bypass the window (so credits can always flow) and the QPs retry RNR NAKs without
+//!   limit (`rnr_retry = 7`), so a message that finds no posted buffer waits for one instead of
+//!   failing the QP: receive buffers are always reposted, so that wait is short.
+//! - `seq` is assigned on send and checked on receive per (peer, channel), as in TCP.
+//! - Failures (an error work completion, a failed post, garbage, a peer's EOF) are recorded once
+//!   and returned by every later or pending call within [`POLL_SLICE`]. Every wait has a
+//!   deadline: setup within the timeout, each `recv` within its timeout, close's flush and goodbye
+//!   wait within the timeout.
+//! - Closing mirrors TCP: a goodbye frame per connection, flush, wait for each peer's goodbye,
+//!   then the progress thread stops and the verbs objects are destroyed in dependency order (QPs,
+//!   memory regions, CQs, PD, device context: the reverse of their declaration in
+//!   [`progress_main`]). [`RdmaTransport::abort`] shuts the bootstrap sockets at once.
+//!
+//! ## What runs where
+//! The machines that build and test ringside have no RDMA device and no Soft-RoCE, so CI builds
+//! this module against Debian's rdma-core, runs its pure parts (bootstrap record, prefix, GID
+//! choice) and the device probe, and checks that `auto` falls back to TCP. Queue-pair setup and
+//! the data path need a device and are not exercised there (docs/testing.md).
+//!
+//! ## Unsafe
+//! Only the two posting calls: `ibverbs` marks `post_send`/`post_receive` unsafe because the
+//! device reads/writes the posted range after the call returns. Each call site says why the range
+//! is not touched (or freed) until its completion is polled.
+
+use crate::error::{CollectiveError, Result};
+use crate::transport::{BufferPool, InFrame, TcpOptions, Transport, POLL_SLICE};
+use crate::wire::{header_checksum, FrameHeader, FrameKind, HEADER_LEN, MAGIC as FRAME_MAGIC};
+use ibverbs::{ibv_qp_type, CompletionQueue, Context, MemoryRegion, QueuePair, QueuePairEndpoint};
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use zerocopy::little_endian::{U16, U32};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+/// How long a peer's bootstrap socket may be at EOF before its goodbye arrives: the goodbye's
+/// completion and the socket close race (the peer closes once its goodbye was acknowledged).
+pub const LIVENESS_GRACE: Duration = Duration::from_millis(200);
+
+/// How often the progress thread checks the bootstrap sockets.
+const LIVENESS_EVERY: Duration = Duration::from_millis(20);
+
+/// Setup options of an [`RdmaTransport`].
+#[derive(Clone, Debug)]
+pub struct RdmaOptions {
+    /// QPs per peer pair (plans may use 1..=channels).
+    pub channels: u8,
+    /// Bound on setup, on each wait for a frame, and on close.
+    pub timeout: Duration,
+    /// Device name as `ibv_devices` prints it; `None` takes the first device that opens.
+    pub device: Option<String>,
+    /// GID table index; `None` chooses one (see the module docs).
+    pub gid_index: Option<u32>,
+    /// Size of one registered buffer, i.e. the largest message (prefix included).
+    pub slot_bytes: usize,
+    /// Receive buffers posted per connection.
+    pub recv_slots: usize,
+    /// Send buffers shared by all connections of the rank.
+    pub send_slots: usize,
+}
+
+impl RdmaOptions {
+    /// Registered memory per rank: `(send_slots + connections × recv_slots) × slot_bytes`; with
+    /// these defaults 8 MiB plus 2 MiB per connection.
+    pub const DEFAULT_SLOT_BYTES: usize = 128 << 10;
+    pub const DEFAULT_RECV_SLOTS: usize = 16;
+    pub const DEFAULT_SEND_SLOTS: usize = 64;
+
+    pub fn from_tcp(o: TcpOptions) -> Self {
+        Self {
+            channels: o.channels,
+            timeout: o.timeout,
+            device: None,
+            gid_index: None,
+            slot_bytes: Self::DEFAULT_SLOT_BYTES,
+            recv_slots: Self::DEFAULT_RECV_SLOTS,
+            send_slots: Self::DEFAULT_SEND_SLOTS,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |name, reason: &str| Err(CollectiveError::InvalidArgument { name, reason: reason.into() });
+        if self.channels == 0 {
+            return bad("channels", "must be at least 1");
+        }
+        // The first message of a frame must hold the whole frame header.
+        if self.slot_bytes < Prefix::LEN + HEADER_LEN || self.slot_bytes > u32::MAX as usize {
+            return bad("slot_bytes", "must hold an 8-byte prefix and a 40-byte frame header, and fit in u32");
+        }
+        // Two receive buffers are headroom for credit-only messages (see the module docs).
+        if self.recv_slots < 4 || self.recv_slots > 4096 {
+            return bad("recv_slots", "must be in 4..=4096");
+        }
+        if self.send_slots == 0 || self.send_slots > 1 << 16 {
+            return bad("send_slots", "must be in 1..=65536");
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pure parts: bootstrap record, message prefix, GID choice.
+
+/// `b"RSRD"` read as a little-endian u32: an RDMA bootstrap record (the TCP transport's frames
+/// start with [`FRAME_MAGIC`], `b"RSG1"`).
+pub const BOOTSTRAP_MAGIC: u32 = u32::from_le_bytes(*b"RSRD");
+/// Bootstrap record version; bump on any incompatible change of the record or the data path.
+pub const BOOTSTRAP_VERSION: u8 = 1;
+/// The byte each side sends once its QP is ready to receive.
+const READY: u8 = 0x52;
+
+/// What one side tells the other about one (peer, channel) connection, as it is on the wire.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned)]
+#[repr(C)]
+pub struct WireBootstrap {
+    pub magic: U32,
+    pub version: u8,
+    pub channel: u8,
+    /// Bit 0: `gid` is valid (global routing).
+    pub flags: u8,
+    pub reserved0: u8,
+    pub world: U32,
+    pub rank: U32,
+    pub channels: U32,
+    pub qp_num: U32,
+    pub psn: U32,
+    pub lid: U16,
+    pub reserved1: U16,
+    pub gid: [u8; 16],
+    pub slot_bytes: U32,
+    pub recv_slots: U32,
+    pub reserved2: U32,
+    /// FNV-1a ([`header_checksum`]) over every byte before it.
+    pub checksum: U32,
+}
+
+const _: () = assert!(std::mem::size_of::<WireBootstrap>() == BootstrapRecord::LEN);
+const BOOTSTRAP_CHECKSUM_AT: usize = std::mem::offset_of!(WireBootstrap, checksum);
+
+/// One side's description of one connection: who it is, which mesh it expects, and how to reach
+/// its queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BootstrapRecord {
+    pub world: u32,
+    pub rank: u32,
+    pub channels: u32,
+    pub channel: u8,
+    pub qp_num: u32,
+    /// The first packet sequence number of the sender's send queue (its peer's receive PSN).
+    pub psn: u32,
+    pub lid: u16,
+    pub gid: Option<[u8; 16]>,
+    pub slot_bytes: u32,
+    pub recv_slots: u32,
+}
+
+/// Why bootstrap bytes are not a record this build accepts.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BootstrapError {
+    #[error("the peer speaks the TCP transport (its first bytes are a TCP hello); every rank of a job needs the same --transport, and `auto` picked RDMA here: use --transport tcp on every rank, or give every host an RDMA device")]
+    PeerUsesTcp,
+    #[error("bad bootstrap magic {got:#010x} (expected {BOOTSTRAP_MAGIC:#010x}); the peer is not a ringside RDMA rank")]
+    BadMagic { got: u32 },
+    #[error("bootstrap version {got} (this build speaks {BOOTSTRAP_VERSION}); run the same ringside build on every rank")]
+    UnsupportedVersion { got: u8 },
+    #[error("bootstrap checksum {got:#010x} does not match computed {computed:#010x}")]
+    Checksum { got: u32, computed: u32 },
+    #[error("truncated bootstrap record: {got} of {} bytes", BootstrapRecord::LEN)]
+    Truncated { got: usize },
+}
+
+impl BootstrapRecord {
+    pub const LEN: usize = 64;
+
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut w = WireBootstrap {
+            magic: BOOTSTRAP_MAGIC.into(),
+            version: BOOTSTRAP_VERSION,
+            channel: self.channel,
+            flags: u8::from(self.gid.is_some()),
+            reserved0: 0,
+            world: self.world.into(),
+            rank: self.rank.into(),
+            channels: self.channels.into(),
+            qp_num: self.qp_num.into(),
+            psn: self.psn.into(),
+            lid: self.lid.into(),
+            reserved1: 0.into(),
+            gid: self.gid.unwrap_or_default(),
+            slot_bytes: self.slot_bytes.into(),
+            recv_slots: self.recv_slots.into(),
+            reserved2: 0.into(),
+            checksum: 0.into(),
+        };
+        w.checksum = header_checksum(&w.as_bytes()[..BOOTSTRAP_CHECKSUM_AT]).into();
+        zerocopy::transmute!(w)
+    }
+
+    pub fn parse(b: &[u8]) -> std::result::Result<Self, BootstrapError> {
+        let (w, _) = WireBootstrap::ref_from_prefix(b).map_err(|_| BootstrapError::Truncated { got: b.len() })?;
+        let magic = w.magic.get();
+        if magic == FRAME_MAGIC {
+            return Err(BootstrapError::PeerUsesTcp);
+        }
+        if magic != BOOTSTRAP_MAGIC {
+            return Err(BootstrapError::BadMagic { got: magic });
+        }
+        if w.version != BOOTSTRAP_VERSION {
+            return Err(BootstrapError::UnsupportedVersion { got: w.version });
+        }
+        let (got, computed) = (w.checksum.get(), header_checksum(&w.as_bytes()[..BOOTSTRAP_CHECKSUM_AT]));
+        if got != computed {
+            return Err(BootstrapError::Checksum { got, computed });
+        }
+        Ok(Self {
+            world: w.world.get(),
+            rank: w.rank.get(),
+            channels: w.channels.get(),
+            channel: w.channel,
+            qp_num: w.qp_num.get(),
+            psn: w.psn.get(),
+            lid: w.lid.get(),
+            gid: (w.flags & 1 != 0).then_some(w.gid),
+            slot_bytes: w.slot_bytes.get(),
+            recv_slots: w.recv_slots.get(),
+        })
+    }
+
+    /// Checks a peer's record against what this side expects; the reason says what differs.
+    fn check(&self, expect_rank: usize, expect_channel: usize, mine: &BootstrapRecord) -> std::result::Result<(), String> {
+        if self.world != mine.world || self.channels != mine.channels {
+            return Err(format!(
+                "peer expects world {} with {} channels, this rank has world {} with {}",
+                self.world, self.channels, mine.world, mine.channels
+            ));
+        }
+        if self.rank as usize != expect_rank || usize::from(self.channel) != expect_channel {
+            return Err(format!(
+                "answered as rank {} channel {}; expected rank {expect_rank} channel {expect_channel}",
+                self.rank, self.channel
+            ));
+        }
+        if self.gid.is_some() != mine.gid.is_some() {
+            return Err("one side routes by GID (RoCE or IB with GRH), the other by LID only; use the same kind of device on every rank".into());
+        }
+        if (self.slot_bytes as usize) < Prefix::LEN + HEADER_LEN || self.recv_slots < 4 {
+            return Err(format!("peer's buffers are unusable: {} slots of {} bytes", self.recv_slots, self.slot_bytes));
+        }
+        // `ibverbs` 0.9 starts every send queue at PSN 0 and every receive queue expects 0 (it
+        // has no way to set them per peer after the QP is built); a peer starting elsewhere would
+        // have every packet dropped as out of sequence.
+        if self.psn != mine.psn {
+            return Err(format!("peer's first packet sequence number is {}, this rank expects {}", self.psn, mine.psn));
+        }
+        Ok(())
+    }
+}
+
+/// The 8 bytes in front of every RDMA message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Prefix {
+    kind: MessageKind,
+    /// How many of the receiver's messages the sender has consumed so far (wrapping): the
+    /// receiver's credit return.
+    consumed: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum MessageKind {
+    /// A piece of a frame.
+    Fragment = 1,
+    /// Only the credit return.
+    Credit = 2,
+}
+
+impl Prefix {
+    const LEN: usize = 8;
+
+    fn write(&self, out: &mut [u8]) {
+        out[0] = self.kind as u8;
+        out[1..4].fill(0);
+        out[4..8].copy_from_slice(&self.consumed.to_le_bytes());
+    }
+
+    fn parse(b: &[u8]) -> Option<Self> {
+        let kind = match *b.first()? {
+            1 => MessageKind::Fragment,
+            2 => MessageKind::Credit,
+            _ => return None,
+        };
+        let consumed = u32::from_le_bytes(b.get(4..8)?.try_into().ok()?);
+        Some(Self { kind, consumed })
+    }
+}
+
+/// One entry of a device's GID table, as far as choosing one goes.
+#[derive(Clone, Copy, Debug)]
+struct GidChoice {
+    /// Position in `Context::gid_table()` (must equal `index` for `ibverbs` to accept it).
+    position: usize,
+    index: u32,
+    roce_v2: bool,
+    ipv4_mapped: bool,
+}
+
+/// Picks the GID table position to use: the configured index if present in the table, else the
+/// first RoCE v2 IPv4-mapped entry, else the first RoCE v2 entry, else the first entry.
+/// `Ok(None)`: the table is empty (LID routing).
+fn choose_gid(table: &[GidChoice], configured: Option<u32>) -> std::result::Result<Option<usize>, String> {
+    // `ibverbs` indexes its (compacted) table by the GID index: only entries where the two agree
+    // are usable.
+    let usable = || table.iter().filter(|g| g.position == g.index as usize);
+    if let Some(want) = configured {
+        return usable()
+            .find(|g| g.index == want)
+            .map(|g| Some(g.position))
+            .ok_or_else(|| format!("GID index {want} is not in the device's GID table (see `show_gids` or /sys/class/infiniband/*/ports/1/gids)"));
+    }
+    Ok(usable()
+        .find(|g| g.roce_v2 && g.ipv4_mapped)
+        .or_else(|| usable().find(|g| g.roce_v2))
+        .or_else(|| usable().next())
+        .map(|g| g.position))
+}
+
+fn is_ipv4_mapped(gid: &[u8; 16]) -> bool {
+    gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff
+}
+
+fn gid_bytes(g: &ibverbs::Gid) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&g.subnet_prefix().to_be_bytes());
+    b[8..].copy_from_slice(&g.interface_id().to_be_bytes());
+    b
+}
+
+fn gid_from_bytes(raw: [u8; 16]) -> ibverbs::Gid {
+    // Writing a union field is safe; `Gid: From<ibv_gid>` copies the 16 bytes.
+    ibverbs::Gid::from(ibverbs_sys::ibv_gid { raw })
+}
+
+fn wc_status_name(status: u32) -> &'static str {
+    use ibverbs_sys::ibv_wc_status::*;
+    match status {
+        IBV_WC_LOC_LEN_ERR => "local length error",
+        IBV_WC_LOC_QP_OP_ERR => "local QP operation error",
+        IBV_WC_LOC_PROT_ERR => "local protection error",
+        IBV_WC_WR_FLUSH_ERR => "work request flushed (QP in error state)",
+        IBV_WC_REM_INV_REQ_ERR => "remote invalid request",
+        IBV_WC_REM_ACCESS_ERR => "remote access error",
+        IBV_WC_REM_OP_ERR => "remote operation error",
+        IBV_WC_RETRY_EXC_ERR => "transport retry count exceeded (peer gone or unreachable)",
+        IBV_WC_RNR_RETRY_EXC_ERR => "RNR retry count exceeded",
+        IBV_WC_FATAL_ERR => "fatal error",
+        IBV_WC_GENERAL_ERR => "general error",
+        _ => "error",
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device.
+
+/// Opens the device to use: `name`, or the first in the list that opens (port 1 ACTIVE or
+/// ARMED). The error is the reason there is none, for "no RDMA device (<reason>)".
+fn open_device(name: Option<&str>) -> std::result::Result<(Context, String), String> {
+    let list = ibverbs::devices().map_err(|e| format!("ibv_get_device_list failed: {e}"))?;
+    if list.is_empty() {
+        return Err("ibv_get_device_list found none".into());
+    }
+    let names: Vec<String> = list
+        .iter()
+        .map(|d| d.name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "?".into()))
+        .collect();
+    let mut failures = Vec::new();
+    for (i, dev) in list.iter().enumerate() {
+        if name.is_some_and(|n| n != names[i]) {
+            continue;
+        }
+        match dev.open() {
+            Ok(ctx) => return Ok((ctx, names[i].clone())),
+            Err(e) => failures.push(format!("{}: {e}", names[i])),
+        }
+    }
+    match name {
+        Some(n) if !names.iter().any(|x| x == n) => Err(format!("no device named {n} among {}", names.join(", "))),
+        _ => Err(format!("no device opened with port 1 active ({})", failures.join("; "))),
+    }
+}
+
+/// The name of the device an [`RdmaTransport`] would use, or why there is none (the device list
+/// is empty, the named device is missing, or no device opens with port 1 active).
+pub fn probe(device: Option<&str>) -> std::result::Result<String, String> {
+    open_device(device).map(|(_ctx, name)| name)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine's side.
+
+enum Inbound {
+    Frame(InFrame),
+    Goodbye,
+    Failed(CollectiveError),
+}
+
+enum Command {
+    Send { conn: usize, frame: Vec<u8> },
+    /// Reply once every queued frame is sent and acknowledged (or the mesh failed).
+    Flush(Sender<()>),
+    /// Stop after close: both sides said goodbye.
+    Stop,
+    /// Stop now and shut the bootstrap sockets so peers notice.
+    Abort,
+}
+
+#[derive(Default)]
+struct Shared {
+    failure: Mutex<Option<CollectiveError>>,
+    /// Set when this rank is closing: errors after that are not peer failures.
+    closing: AtomicBool,
+}
+
+impl Shared {
+    fn fail(&self, e: CollectiveError) {
+        if self.closing.load(Ordering::Acquire) {
+            return;
+        }
+        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        if f.is_none() {
+            tracing::debug!(error = %e, "rdma transport failure");
+            *f = Some(e);
+        }
+    }
+    fn failure(&self) -> Option<CollectiveError> {
+        self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+struct EngineConn {
+    rx: Receiver<Inbound>,
+    send_seq: u32,
+    recv_seq: u32,
+    peer_said_goodbye: bool,
+}
+
+/// A full mesh of RC queue pairs among the ranks of one job (see the module docs).
+pub struct RdmaTransport {
+    rank: usize,
+    world: usize,
+    channels: usize,
+    timeout: Duration,
+    device: String,
+    /// Indexed by [`conn_index`].
+    conns: Vec<EngineConn>,
+    cmd: Sender<Command>,
+    shared: Arc<Shared>,
+    pool: Arc<BufferPool>,
+    progress: Option<JoinHandle<()>>,
+    bytes_sent: u64,
+    finished: bool,
+}
+
+/// Connections are numbered peer-major, skipping this rank.
+fn conn_index(rank: usize, channels: usize, peer: usize, channel: usize) -> usize {
+    let slot = if peer < rank { peer } else { peer - 1 };
+    slot * channels + channel
+}
+
+fn conn_peer(rank: usize, channels: usize, idx: usize) -> (usize, usize) {
+    let slot = idx / channels;
+    (if slot < rank { slot } else { slot + 1 }, idx % channels)
+}
+
+fn remaining(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+impl RdmaTransport {
+    /// Binds `0.0.0.0:<port of peers[rank]>` for the bootstrap and builds the mesh.
+    pub fn bind_and_connect(rank: usize, peers: &[SocketAddr], options: RdmaOptions) -> Result<Self> {
+        let own = *peers.get(rank).ok_or_else(|| CollectiveError::InvalidArgument {
+            name: "rank",
+            reason: format!("rank {rank} is outside a world of {}", peers.len()),
+        })?;
+        let bind: SocketAddr = match own {
+            SocketAddr::V4(a) => (std::net::Ipv4Addr::UNSPECIFIED, a.port()).into(),
+            SocketAddr::V6(a) => (std::net::Ipv6Addr::UNSPECIFIED, a.port()).into(),
+        };
+        let listener =
+            TcpListener::bind(bind).map_err(|e| CollectiveError::Listen { addr: bind, source: Arc::new(e) })?;
+        Self::connect(listener, rank, peers, options)
+    }
+
+    /// Opens the device and builds the mesh, bootstrapping through `listener` (this rank's
+    /// `peers` entry) and the other ranks' `peers` entries.
+    pub fn connect(listener: TcpListener, rank: usize, peers: &[SocketAddr], options: RdmaOptions) -> Result<Self> {
+        let world = peers.len();
+        if rank >= world {
+            return Err(CollectiveError::InvalidArgument {
+                name: "rank",
+                reason: format!("rank {rank} is outside a world of {world}"),
+            });
+        }
+        options.validate()?;
+        let (ctx, device) =
+            open_device(options.device.as_deref()).map_err(|reason| CollectiveError::NoRdmaDevice { reason })?;
+        let k = usize::from(options.channels);
+        let n_conns = (world - 1) * k;
+        let shared = Arc::new(Shared::default());
+        let pool = Arc::new(BufferPool::default());
+        let (cmd_tx, cmd_rx) = mpsc::channel();
+        let (setup_tx, setup_rx) = mpsc::channel();
+        let mut inbound_tx = Vec::with_capacity(n_conns);
+        let mut conns = Vec::with_capacity(n_conns);
+        for _ in 0..n_conns {
+            let (tx, rx) = mpsc::channel();
+            inbound_tx.push(tx);
+            conns.push(EngineConn { rx, send_seq: 1, recv_seq: 1, peer_said_goodbye: false });
+        }
+        let job = ProgressJob {
+            rank,
+            world,
+            peers: peers.to_vec(),
+            options: options.clone(),
+            listener,
+            inbound: inbound_tx,
+            commands: cmd_rx,
+            shared: shared.clone(),
+            pool: pool.clone(),
+            setup: setup_tx,
+        };
+        let progress = std::thread::Builder::new()
+            .name(format!("rdma-r{rank}"))
+            .spawn(move || progress_main(ctx, job))
+            .map_err(|e| CollectiveError::RdmaSetup { what: "starting the progress thread", source: Arc::new(e) })?;
+        // The thread bounds its own setup by the timeout; the margin only covers a thread that
+        // died without answering (its sender is then dropped and this returns at once).
+        let outcome = match setup_rx.recv_timeout(options.timeout + Duration::from_secs(5)) {
+            Ok(r) => r,
+            Err(_) => Err(CollectiveError::RdmaSetup {
+                what: "mesh setup",
+                source: Arc::new(std::io::Error::other("the progress thread ended without reporting")),
+            }),
+        };
+        if let Err(e) = outcome {
+            let _ = cmd_tx.send(Command::Abort);
+            let _ = progress.join();
+            return Err(e);
+        }
+        tracing::info!(%device, rank, world, channels = k, "RDMA mesh up");
+        Ok(Self {
+            rank,
+            world,
+            channels: k,
+            timeout: options.timeout,
+            device,
+            conns,
+            cmd: cmd_tx,
+            shared,
+            pool,
+            progress: Some(progress),
+            bytes_sent: 0,
+            finished: false,
+        })
+    }
+
+    /// The device in use.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    fn index(&self, peer: usize, channel: usize) -> Result<usize> {
+        if peer >= self.world || peer == self.rank || channel >= self.channels {
+            return Err(CollectiveError::InvalidArgument {
+                name: "peer/channel",
+                reason: format!(
+                    "no connection to rank {peer} channel {channel} (rank {} of world {}, {} channels)",
+                    self.rank, self.world, self.channels
+                ),
+            });
+        }
+        Ok(conn_index(self.rank, self.channels, peer, channel))
+    }
+
+    fn stop(&mut self, command: Command) {
+        let _ = self.cmd.send(command);
+        if let Some(p) = self.progress.take() {
+            let _ = p.join();
+        }
+    }
+}
+
+impl Transport for RdmaTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.world
+    }
+    fn channels(&self) -> usize {
+        self.channels
+    }
+
+    fn send(&mut self, peer: usize, channel: usize, mut header: FrameHeader, mut frame: Vec<u8>) -> Result<()> {
+        if let Some(e) = self.shared.failure() {
+            return Err(e);
+        }
+        let idx = self.index(peer, channel)?;
+        let len = frame.len();
+        let c = &mut self.conns[idx];
+        header.seq = c.send_seq;
+        header.channel = channel as u8;
+        header.payload_len = (len - HEADER_LEN) as u32;
+        header.write(&mut frame[..HEADER_LEN]);
+        c.send_seq = c.send_seq.wrapping_add(1);
+        if self.cmd.send(Command::Send { conn: idx, frame }).is_err() {
+            return Err(self.shared.failure().unwrap_or(CollectiveError::PeerDisconnected { peer, channel }));
+        }
+        self.bytes_sent += len as u64;
+        Ok(())
+    }
+
+    fn frame_buffer(&mut self, payload_capacity: usize) -> Vec<u8> {
+        let mut v = self.pool.take(HEADER_LEN + payload_capacity);
+        v.truncate(HEADER_LEN);
+        if v.len() < HEADER_LEN {
+            v.resize(HEADER_LEN, 0);
+        }
+        v
+    }
+
+    fn recycle(&mut self, frame: Vec<u8>) {
+        self.pool.put(frame);
+    }
+
+    fn recv(&mut self, peer: usize, channel: usize, timeout: Duration, op: u64) -> Result<InFrame> {
+        let deadline = Instant::now() + timeout;
+        let idx = self.index(peer, channel)?;
+        let shared = self.shared.clone();
+        let c = &mut self.conns[idx];
+        loop {
+            if let Some(e) = shared.failure() {
+                return Err(e);
+            }
+            if c.peer_said_goodbye {
+                return Err(CollectiveError::PeerClosed { peer, channel, op });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CollectiveError::Timeout { peer, channel, op, waited_ms: timeout.as_millis() as u64 });
+            }
+            match c.rx.recv_timeout((deadline - now).min(POLL_SLICE)) {
+                Ok(Inbound::Frame(f)) => {
+                    if f.header.seq != c.recv_seq {
+                        let e = CollectiveError::UnexpectedFrame {
+                            peer,
+                            channel,
+                            field: "seq",
+                            expected: u64::from(c.recv_seq),
+                            got: u64::from(f.header.seq),
+                        };
+                        shared.fail(e.clone());
+                        return Err(e);
+                    }
+                    c.recv_seq = c.recv_seq.wrapping_add(1);
+                    return Ok(f);
+                }
+                Ok(Inbound::Goodbye) => c.peer_said_goodbye = true,
+                Ok(Inbound::Failed(e)) => return Err(e),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(shared.failure().unwrap_or(CollectiveError::PeerDisconnected { peer, channel }))
+                }
+            }
+        }
+    }
+
+    fn bytes_sent(&self) -> u64 {
+        self.bytes_sent
+    }
+
+    fn close(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let deadline = Instant::now() + self.timeout;
+        for idx in 0..self.conns.len() {
+            let (_, channel) = conn_peer(self.rank, self.channels, idx);
+            let mut h = FrameHeader::new(FrameKind::Goodbye);
+            h.seq = self.conns[idx].send_seq;
+            h.channel = channel as u8;
+            let _ = self.cmd.send(Command::Send { conn: idx, frame: h.to_bytes().to_vec() });
+        }
+        // Flush: every frame, goodbyes included, acknowledged by the peers' devices.
+        let (tx, rx) = mpsc::channel();
+        if self.cmd.send(Command::Flush(tx)).is_ok() {
+            let _ = rx.recv_timeout(remaining(deadline));
+        }
+        // Wait for each peer's goodbye (or a failure), so that this rank's QPs outlive every
+        // message a peer still sends to them.
+        for c in &mut self.conns {
+            while !c.peer_said_goodbye && Instant::now() < deadline && self.shared.failure().is_none() {
+                match c.rx.recv_timeout(remaining(deadline).min(POLL_SLICE)) {
+                    Ok(Inbound::Goodbye) => c.peer_said_goodbye = true,
+                    Ok(Inbound::Frame(f)) => tracing::warn!(op = f.header.op, "unconsumed frame at close"),
+                    Ok(Inbound::Failed(_)) | Err(RecvTimeoutError::Disconnected) => break,
+                    Err(RecvTimeoutError::Timeout) => {}
+                }
+            }
+        }
+        self.shared.closing.store(true, Ordering::Release);
+        self.stop(Command::Stop);
+    }
+
+    fn abort(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.shared.closing.store(true, Ordering::Release);
+        self.stop(Command::Abort);
+    }
+}
+
+impl Drop for RdmaTransport {
+    fn drop(&mut self) {
+        if self.shared.failure().is_some() {
+            self.abort();
+        } else {
+            self.close();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The progress thread: owns every verbs object (they borrow each other, so they live on this
+// thread's stack in dependency order) and runs the data path.
+
+struct ProgressJob {
+    rank: usize,
+    world: usize,
+    peers: Vec<SocketAddr>,
+    options: RdmaOptions,
+    listener: TcpListener,
+    inbound: Vec<Sender<Inbound>>,
+    commands: Receiver<Command>,
+    shared: Arc<Shared>,
+    pool: Arc<BufferPool>,
+    setup: Sender<Result<()>>,
+}
+
+/// `wr_id` of a credit-only send: this bit plus the connection index. Data sends use the send
+/// slot index.
+const CREDIT_WR: u64 = 1 << 63;
+
+/// Per-connection state of the data path.
+struct Link<'q> {
+    peer: usize,
+    channel: usize,
+    /// This side's QP number: send completions name their QP by it.
+    qp_num: u32,
+    qp: QueuePair<'q>,
+    socket: TcpStream,
+    inbound: Sender<Inbound>,
+    /// Frames waiting to be fragmented, and how much of the first one is already posted.
+    out: VecDeque<Vec<u8>>,
+    out_off: usize,
+    /// Frame bytes per message: the smaller slot of the two sides, less the prefix.
+    frag_bytes: usize,
+    /// Data messages that may be unconsumed by the peer at once.
+    window: u32,
+    /// Messages posted to the peer, and how many of them the peer has consumed (wrapping).
+    sent: u32,
+    peer_consumed: u32,
+    /// Peer messages consumed here, and the count last sent back.
+    consumed: u32,
+    advertised: u32,
+    credit_threshold: u32,
+    credit_in_flight: bool,
+    /// The frame being reassembled and its total length.
+    partial: Option<(Vec<u8>, usize)>,
+    peer_said_goodbye: bool,
+    eof_since: Option<Instant>,
+}
+
+fn setup_err(what: &'static str) -> impl Fn(std::io::Error) -> CollectiveError {
+    move |e| CollectiveError::RdmaSetup { what, source: Arc::new(e) }
+}
+
+fn progress_main(ctx: Context, job: ProgressJob) {
+    let setup = job.setup.clone();
+    // Declaration order is destruction order reversed: QPs (in `links`) go before the memory
+    // regions, which go before the CQs and the PD; `ctx` (a parameter) is dropped last. `ibverbs`
+    // panics if a PD or CQ is destroyed while still in use, so this order is load-bearing.
+    let o = &job.options;
+    let k = usize::from(o.channels);
+    let n_conns = (job.world - 1) * k;
+    let outcome = (|| -> Result<()> {
+        let pd = ctx.alloc_pd().map_err(setup_err("allocating a protection domain"))?;
+        let send_cq = ctx
+            .create_cq((o.send_slots + n_conns) as i32, 0)
+            .map_err(setup_err("creating the send completion queue"))?;
+        let recv_cq =
+            ctx.create_cq((n_conns * o.recv_slots) as i32, 1).map_err(setup_err("creating the receive completion queue"))?;
+        let mut send_mr: MemoryRegion<u8> =
+            pd.allocate(o.send_slots * o.slot_bytes).map_err(setup_err("registering the send buffers"))?;
+        let mut recv_mr: MemoryRegion<u8> =
+            pd.allocate(n_conns.max(1) * o.recv_slots * o.slot_bytes).map_err(setup_err("registering the receive buffers"))?;
+        let mut credit_mr: MemoryRegion<u8> =
+            pd.allocate(n_conns.max(1) * Prefix::LEN).map_err(setup_err("registering the credit buffers"))?;
+
+        let gids: Vec<GidChoice> = ctx
+            .gid_table()
+            .iter()
+            .enumerate()
+            .map(|(position, g)| GidChoice {
+                position,
+                index: g.gid_index,
+                roce_v2: g.gid_type == ibverbs_sys::IBV_GID_TYPE_ROCE_V2,
+                ipv4_mapped: is_ipv4_mapped(&gid_bytes(&g.gid)),
+            })
+            .collect();
+        let gid_pos = choose_gid(&gids, o.gid_index).map_err(|reason| CollectiveError::NoRdmaDevice { reason })?;
+        let local_gid = gid_pos.map(|p| gid_bytes(&ctx.gid_table()[p].gid));
+
+        // One RC QP per connection. Send queue: the data window plus one credit-only message;
+        // receive queue: every receive buffer of the connection.
+        let mut prepared = Vec::with_capacity(n_conns);
+        for _ in 0..n_conns {
+            let mut b = pd.create_qp(&send_cq, &recv_cq, ibv_qp_type::IBV_QPT_RC);
+            b.set_max_send_wr(o.recv_slots as u32 + 2)
+                .set_max_recv_wr(o.recv_slots as u32)
+                // 4.096 µs × 2^14 ≈ 67 ms per try, 7 tries: a dead peer fails a send in ~0.5 s.
+                .set_timeout(14)
+                .set_retry_count(7)
+                // 7 = retry RNR NAKs without limit (see the module docs); 12 = 0.64 ms between.
+                .set_rnr_retry(7)
+                .set_min_rnr_timer(12);
+            if let Some(p) = gid_pos {
+                b.set_gid_index(p as u32);
+            }
+            prepared.push(Some(b.build().map_err(setup_err("creating a queue pair"))?));
+        }
+
+        let mine = |peer: usize, ch: usize, prepared: &[Option<ibverbs::PreparedQueuePair<'_>>]| {
+            let ep = prepared[conn_index(job.rank, k, peer, ch)].as_ref().expect("prepared").endpoint();
+            BootstrapRecord {
+                world: job.world as u32,
+                rank: job.rank as u32,
+                channels: u32::from(o.channels),
+                channel: ch as u8,
+                qp_num: ep.num,
+                // `ibverbs` starts every send queue at PSN 0 (its handshake sets sq_psn = 0).
+                psn: 0,
+                lid: ep.lid,
+                gid: local_gid,
+                slot_bytes: o.slot_bytes as u32,
+                recv_slots: o.recv_slots as u32,
+            }
+        };
+        let deadline = Instant::now() + o.timeout;
+        let mut streams: Vec<Option<(TcpStream, BootstrapRecord)>> = (0..n_conns).map(|_| None).collect();
+        for (peer, &addr) in job.peers.iter().enumerate().take(job.rank) {
+            for ch in 0..k {
+                let me = mine(peer, ch, &prepared);
+                streams[conn_index(job.rank, k, peer, ch)] = Some(dial(peer, ch, addr, &me, deadline, o.timeout)?);
+            }
+        }
+        accept_all(&job, k, deadline, &mut streams, |peer, ch| mine(peer, ch, &prepared))?;
+
+        // Every record is in: bring each QP up against its peer, post its receives, and tell the
+        // peer it may send.
+        let mut links = Vec::with_capacity(n_conns);
+        for (idx, entry) in streams.into_iter().enumerate() {
+            let (peer, ch) = conn_peer(job.rank, k, idx);
+            let (socket, theirs) = entry.expect("every connection was set up");
+            let remote = QueuePairEndpoint { num: theirs.qp_num, lid: theirs.lid, gid: theirs.gid.map(gid_from_bytes) };
+            let pqp = prepared[idx].take().expect("prepared once");
+            let qp_num = pqp.endpoint().num;
+            // The receive PSN is the builder's default 0, which `check` matched against the
+            // peer's first send PSN.
+            let qp = pqp.handshake(remote).map_err(|e| CollectiveError::Io { peer, channel: ch, source: Arc::new(e) })?;
+            let peer_slot = (theirs.slot_bytes as usize).min(o.slot_bytes);
+            // Both sides compute the same window and threshold from the smaller receive pool, so
+            // a sender's window is always at least twice the receiver's credit threshold.
+            let window = theirs.recv_slots.min(o.recv_slots as u32) - 2;
+            links.push(Link {
+                peer,
+                channel: ch,
+                qp_num,
+                qp,
+                socket,
+                inbound: job.inbound[idx].clone(),
+                out: VecDeque::new(),
+                out_off: 0,
+                frag_bytes: peer_slot - Prefix::LEN,
+                window,
+                sent: 0,
+                peer_consumed: 0,
+                consumed: 0,
+                advertised: 0,
+                credit_threshold: (window / 2).max(1),
+                credit_in_flight: false,
+                partial: None,
+                peer_said_goodbye: false,
+                eof_since: None,
+            });
+        }
+        for (idx, l) in links.iter_mut().enumerate() {
+            for s in 0..o.recv_slots {
+                post_recv(l, &mut recv_mr, o, idx, s)?;
+            }
+        }
+        for l in links.iter_mut() {
+            let (peer, channel) = (l.peer, l.channel);
+            let io = |e| CollectiveError::Io { peer, channel, source: Arc::new(e) };
+            l.socket.write_all(&[READY]).map_err(io)?;
+        }
+        for l in links.iter_mut() {
+            let (peer, channel) = (l.peer, l.channel);
+            l.socket.set_read_timeout(Some(remaining(deadline).max(Duration::from_millis(1)))).map_err(|e| CollectiveError::Io { peer, channel, source: Arc::new(e) })?;
+            let mut b = [0u8; 1];
+            match l.socket.read_exact(&mut b) {
+                Ok(()) if b[0] == READY => {}
+                Ok(()) => return Err(CollectiveError::Handshake { addr: job.peers[peer], reason: format!("expected READY, got byte {:#04x}", b[0]) }),
+                Err(e) => return Err(CollectiveError::Io { peer, channel, source: Arc::new(e) }),
+            }
+            l.socket.set_nonblocking(true).map_err(|e| CollectiveError::Io { peer, channel, source: Arc::new(e) })?;
+        }
+        let _ = setup.send(Ok(()));
+        run_data_path(&job, &mut links, &send_cq, &recv_cq, &mut send_mr, &mut recv_mr, &mut credit_mr);
+        for l in &links {
+            let _ = l.socket.shutdown(Shutdown::Both);
+        }
+        Ok(())
+    })();
+    if let Err(e) = outcome {
+        // Only reached before setup answered (the data path records its failures itself).
+        let _ = setup.send(Err(e));
+    }
+}
+
+fn dial(
+    peer: usize,
+    ch: usize,
+    addr: SocketAddr,
+    me: &BootstrapRecord,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(TcpStream, BootstrapRecord)> {
+    let mut last_error = String::from("no attempt made");
+    let mut backoff = Duration::from_millis(10);
+    while Instant::now() < deadline {
+        let attempt = (|| -> std::result::Result<(TcpStream, BootstrapRecord), String> {
+            let mut s = TcpStream::connect_timeout(&addr, remaining(deadline).clamp(Duration::from_millis(1), Duration::from_secs(2)))
+                .map_err(|e| e.to_string())?;
+            s.set_nodelay(true).map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(remaining(deadline).max(Duration::from_millis(1)))).map_err(|e| e.to_string())?;
+            s.write_all(&me.encode()).map_err(|e| e.to_string())?;
+            let mut b = [0u8; BootstrapRecord::LEN];
+            s.read_exact(&mut b).map_err(|e| format!("reading the bootstrap record: {e}"))?;
+            let theirs = BootstrapRecord::parse(&b).map_err(|e| e.to_string())?;
+            theirs.check(peer, ch, me)?;
+            Ok((s, theirs))
+        })();
+        match attempt {
+            Ok(x) => return Ok(x),
+            // A TCP rank answers with a TCP hello: retrying cannot help.
+            Err(e) if e == BootstrapError::PeerUsesTcp.to_string() => {
+                return Err(CollectiveError::Handshake { addr, reason: e });
+            }
+            Err(e) => last_error = e,
+        }
+        std::thread::sleep(backoff.min(remaining(deadline)));
+        backoff = (backoff * 2).min(Duration::from_millis(200));
+    }
+    Err(CollectiveError::ConnectTimeout { peer, addr, waited_ms: timeout.as_millis() as u64, last_error })
+}
+
+fn accept_all(
+    job: &ProgressJob,
+    k: usize,
+    deadline: Instant,
+    streams: &mut [Option<(TcpStream, BootstrapRecord)>],
+    mine: impl Fn(usize, usize) -> BootstrapRecord,
+) -> Result<()> {
+    let expected = (job.world - job.rank - 1) * k;
+    let mut connected = 0;
+    job.listener.set_nonblocking(true).map_err(|e| CollectiveError::io(job.rank, 0, e))?;
+    while connected < expected {
+        if Instant::now() >= deadline {
+            return Err(CollectiveError::AcceptTimeout { connected, expected, waited_ms: job.options.timeout.as_millis() as u64 });
+        }
+        let (mut s, addr) = match job.listener.accept() {
+            Ok(x) => x,
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            Err(e) => return Err(CollectiveError::io(job.rank, 0, e)),
+        };
+        let setup = (|| -> std::result::Result<(usize, usize, BootstrapRecord), String> {
+            s.set_nonblocking(false).map_err(|e| e.to_string())?;
+            s.set_nodelay(true).map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(remaining(deadline).max(Duration::from_millis(1)))).map_err(|e| e.to_string())?;
+            let mut b = [0u8; BootstrapRecord::LEN];
+            s.read_exact(&mut b).map_err(|e| format!("reading the bootstrap record: {e}"))?;
+            let theirs = BootstrapRecord::parse(&b).map_err(|e| e.to_string())?;
+            let (peer, ch) = (theirs.rank as usize, usize::from(theirs.channel));
+            if peer <= job.rank || peer >= job.world || ch >= k {
+                return Err(format!("unexpected caller rank {peer} channel {ch}"));
+            }
+            let me = mine(peer, ch);
+            theirs.check(peer, ch, &me)?;
+            if streams[conn_index(job.rank, k, peer, ch)].is_some() {
+                return Err(format!("duplicate connection from rank {peer} channel {ch}"));
+            }
+            s.write_all(&me.encode()).map_err(|e| e.to_string())?;
+            Ok((peer, ch, theirs))
+        })();
+        match setup {
+            Ok((peer, ch, theirs)) => {
+                streams[conn_index(job.rank, k, peer, ch)] = Some((s, theirs));
+                connected += 1;
+            }
+            // A stranger (port scan, stale rank of another job) must not break setup.
+            Err(reason) => tracing::warn!(%addr, %reason, "rejected inbound RDMA bootstrap connection"),
+        }
+    }
+    Ok(())
+}
+
+fn post_recv(l: &mut Link<'_>, recv_mr: &mut MemoryRegion<u8>, o: &RdmaOptions, idx: usize, slot: usize) -> Result<()> {
+    let wr = (idx * o.recv_slots + slot) as u64;
+    let base = wr as usize * o.slot_bytes;
+    // SAFETY: receive slot `wr` is owned by this posted request until its completion is polled
+    // (`handle_recv` reads it and then reposts it through here); nothing else reads or writes
+    // `recv_mr[base..base + slot_bytes]`, and `recv_mr` outlives every QP (declared before them
+    // in `progress_main`), so the device never writes into freed memory.
+    unsafe { l.qp.post_receive(recv_mr, base..base + o.slot_bytes, wr) }
+        .map_err(|e| CollectiveError::Io { peer: l.peer, channel: l.channel, source: Arc::new(e) })
+}
+
+/// The data path until Stop or Abort. Failures are recorded in `job.shared` and sent to the
+/// engine; the loop keeps running (and stops posting) until the engine stops it.
+fn run_data_path(
+    job: &ProgressJob,
+    links: &mut [Link<'_>],
+    send_cq: &CompletionQueue<'_>,
+    recv_cq: &CompletionQueue<'_>,
+    send_mr: &mut MemoryRegion<u8>,
+    recv_mr: &mut MemoryRegion<u8>,
+    credit_mr: &mut MemoryRegion<u8>,
+) {
+    let o = &job.options;
+    let mut free_send: Vec<usize> = (0..o.send_slots).rev().collect();
+    let mut wcs = vec![ibverbs::ibv_wc::default(); 64];
+    let mut flush_waiters: Vec<Sender<()>> = Vec::new();
+    let mut last_liveness = Instant::now();
+    let mut idle_rounds = 0u32;
+    let mut failed = false;
+    let fail = |links: &mut [Link<'_>], e: CollectiveError| {
+        job.shared.fail(e.clone());
+        for l in links.iter() {
+            let _ = l.inbound.send(Inbound::Failed(e.clone()));
+        }
+    };
+    loop {
+        let mut work = false;
+        // 1. Commands from the engine.
+        loop {
+            match job.commands.try_recv() {
+                Ok(Command::Send { conn, frame }) => {
+                    work = true;
+                    links[conn].out.push_back(frame);
+                }
+                Ok(Command::Flush(reply)) => flush_waiters.push(reply),
+                Ok(Command::Stop) => return,
+                Ok(Command::Abort) | Err(TryRecvError::Disconnected) => {
+                    for l in links.iter() {
+                        let _ = l.socket.shutdown(Shutdown::Both);
+                    }
+                    return;
+                }
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        // 2. Receive completions: copy out, repost, deliver.
+        match recv_cq.poll(&mut wcs) {
+            Ok(done) => {
+                for wc in done.iter() {
+                    work = true;
+                    let wr = wc.wr_id() as usize;
+                    let (idx, slot) = (wr / o.recv_slots, wr % o.recv_slots);
+                    if let Some((status, vendor)) = wc.error() {
+                        if !failed && !job.shared.closing.load(Ordering::Acquire) {
+                            let l = &links[idx];
+                            let e = CollectiveError::Io {
+                                peer: l.peer,
+                                channel: l.channel,
+                                source: Arc::new(std::io::Error::other(format!(
+                                    "receive completion: {} (status {status}, vendor error {vendor:#x})",
+                                    wc_status_name(status)
+                                ))),
+                            };
+                            failed = true;
+                            fail(links, e);
+                        }
+                        continue;
+                    }
+                    let base = wr * o.slot_bytes;
+                    let msg = &recv_mr[base..base + wc.len().min(o.slot_bytes)];
+                    if let Err(e) = handle_message(&mut links[idx], msg, &job.pool) {
+                        if !failed {
+                            failed = true;
+                            fail(links, e);
+                        }
+                        continue;
+                    }
+                    links[idx].consumed = links[idx].consumed.wrapping_add(1);
+                    if !failed {
+                        if let Err(e) = post_recv(&mut links[idx], recv_mr, o, idx, slot) {
+                            failed = true;
+                            fail(links, e);
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                if !failed {
+                    failed = true;
+                    fail(links, CollectiveError::RdmaSetup { what: "polling the receive completion queue", source: Arc::new(e) });
+                }
+            }
+        }
+        // 3. Send completions: free slots.
+        match send_cq.poll(&mut wcs) {
+            Ok(done) => {
+                for wc in done.iter() {
+                    work = true;
+                    let wr = wc.wr_id();
+                    if wr & CREDIT_WR != 0 {
+                        links[(wr & !CREDIT_WR) as usize].credit_in_flight = false;
+                    } else {
+                        free_send.push(wr as usize);
+                    }
+                    if let Some((status, vendor)) = wc.error() {
+                        if !failed && !job.shared.closing.load(Ordering::Acquire) {
+                            let e = CollectiveError::Io {
+                                peer: usize::MAX,
+                                channel: 0,
+                                source: Arc::new(std::io::Error::other(format!(
+                                    "send completion: {} (status {status}, vendor error {vendor:#x})",
+                                    wc_status_name(status)
+                                ))),
+                            };
+                            // Name the peer when the QP number tells it.
+                            let e = match links.iter().find(|l| l.qp_num == wc.qp_num) {
+                                Some(l) => match e {
+                                    CollectiveError::Io { source, .. } => CollectiveError::Io { peer: l.peer, channel: l.channel, source },
+                                    other => other,
+                                },
+                                None => e,
+                            };
+                            failed = true;
+                            fail(links, e);
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                if !failed {
+                    failed = true;
+                    fail(links, CollectiveError::RdmaSetup { what: "polling the send completion queue", source: Arc::new(e) });
+                }
+            }
+        }
+        // 4. Post fragments within each window, then credit-only messages where needed.
+        if !failed {
+            for (idx, l) in links.iter_mut().enumerate() {
+                while !l.out.is_empty() && l.sent.wrapping_sub(l.peer_consumed) < l.window {
+                    let Some(slot) = free_send.pop() else { break };
+                    work = true;
+                    if let Err(e) = post_fragment(l, send_mr, o.slot_bytes, slot, &job.pool) {
+                        free_send.push(slot);
+                        failed = true;
+                        job.shared.fail(e.clone());
+                        let _ = l.inbound.send(Inbound::Failed(e));
+                        break;
+                    }
+                }
+                if failed {
+                    break;
+                }
+                let owed = l.consumed.wrapping_sub(l.advertised);
+                if owed >= l.credit_threshold && !l.credit_in_flight && !l.peer_said_goodbye {
+                    work = true;
+                    if let Err(e) = post_credit(l, credit_mr, idx) {
+                        failed = true;
+                        job.shared.fail(e.clone());
+                        let _ = l.inbound.send(Inbound::Failed(e));
+                        break;
+                    }
+                }
+            }
+        }
+        // 5. Flush waiters: every queued frame posted and every data send completed.
+        if !flush_waiters.is_empty()
+            && (failed || (links.iter().all(|l| l.out.is_empty()) && free_send.len() == o.send_slots))
+        {
+            for w in flush_waiters.drain(..) {
+                let _ = w.send(());
+            }
+        }
+        // 6. Liveness of the peers through their bootstrap sockets.
+        if last_liveness.elapsed() >= LIVENESS_EVERY {
+            last_liveness = Instant::now();
+            if !failed {
+                if let Some(e) = check_liveness(links) {
+                    failed = true;
+                    fail(links, e);
+                }
+            }
+        }
+        // 7. Back off when idle: spin briefly (latency), then yield, then sleep up to 1 ms (a
+        // 2-core machine cannot afford a spinning thread per rank; with no completion channel in
+        // `ibverbs` 0.9 this is the only way to wait).
+        if work {
+            idle_rounds = 0;
+        } else {
+            idle_rounds = idle_rounds.saturating_add(1);
+            if idle_rounds < 64 {
+                std::hint::spin_loop();
+            } else if idle_rounds < 256 {
+                std::thread::yield_now();
+            } else {
+                let exp = (idle_rounds - 256).min(5);
+                std::thread::sleep(Duration::from_micros(32 << exp));
+            }
+        }
+    }
+}
+
+/// Copies the next fragment of `l`'s first queued frame into send slot `slot` and posts it.
+fn post_fragment(l: &mut Link<'_>, send_mr: &mut MemoryRegion<u8>, slot_bytes: usize, slot: usize, pool: &BufferPool) -> Result<()> {
+    let frame = l.out.front().expect("caller checked");
+    let n = (frame.len() - l.out_off).min(l.frag_bytes);
+    let base = slot * slot_bytes;
+    Prefix { kind: MessageKind::Fragment, consumed: l.consumed }.write(&mut send_mr[base..base + Prefix::LEN]);
+    send_mr[base + Prefix::LEN..base + Prefix::LEN + n].copy_from_slice(&frame[l.out_off..l.out_off + n]);
+    // SAFETY: send slot `slot` was taken from the free list and returns to it only when its send
+    // completion is polled, so the device reads `send_mr[base..base + PREFIX + n]` while nothing
+    // writes it; `send_mr` outlives every QP (declared before them in `progress_main`).
+    unsafe { l.qp.post_send(send_mr, base..base + Prefix::LEN + n, slot as u64) }
+        .map_err(|e| CollectiveError::Io { peer: l.peer, channel: l.channel, source: Arc::new(e) })?;
+    l.sent = l.sent.wrapping_add(1);
+    l.advertised = l.consumed;
+    l.out_off += n;
+    if l.out_off == frame.len() {
+        let done = l.out.pop_front().expect("front exists");
+        pool.put(done);
+        l.out_off = 0;
+    }
+    Ok(())
+}
+
+fn post_credit(l: &mut Link<'_>, credit_mr: &mut MemoryRegion<u8>, idx: usize) -> Result<()> {
+    let base = idx * Prefix::LEN;
+    Prefix { kind: MessageKind::Credit, consumed: l.consumed }.write(&mut credit_mr[base..base + Prefix::LEN]);
+    // SAFETY: connection `idx`'s credit buffer is written only while `credit_in_flight` is false
+    // and that flag stays set until this send's completion is polled; `credit_mr` outlives every
+    // QP (declared before them in `progress_main`).
+    unsafe { l.qp.post_send(credit_mr, base..base + Prefix::LEN, CREDIT_WR | idx as u64) }
+        .map_err(|e| CollectiveError::Io { peer: l.peer, channel: l.channel, source: Arc::new(e) })?;
+    l.credit_in_flight = true;
+    l.sent = l.sent.wrapping_add(1);
+    l.advertised = l.consumed;
+    Ok(())
+}
+
+/// Handles one received message of `l`: credit return, then reassembly of frame bytes.
+fn handle_message(l: &mut Link<'_>, msg: &[u8], pool: &BufferPool) -> Result<()> {
+    let garbage = |what: &'static str| CollectiveError::BadFrame {
+        peer: l.peer,
+        channel: l.channel,
+        error: crate::wire::FrameError::MalformedPayload { what },
+    };
+    let prefix = Prefix::parse(msg).ok_or_else(|| garbage("RDMA message without a valid prefix"))?;
+    l.peer_consumed = prefix.consumed;
+    if prefix.kind == MessageKind::Credit {
+        return Ok(());
+    }
+    let bytes = &msg[Prefix::LEN..];
+    if l.partial.is_none() {
+        if bytes.len() < HEADER_LEN {
+            return Err(garbage("first RDMA fragment shorter than a frame header"));
+        }
+        let header = FrameHeader::parse(&bytes[..HEADER_LEN])
+            .map_err(|error| CollectiveError::BadFrame { peer: l.peer, channel: l.channel, error })?;
+        let total = HEADER_LEN + header.payload_len as usize;
+        let mut v = pool.take(total);
+        v.clear();
+        l.partial = Some((v, total));
+    }
+    let (buf, total) = l.partial.as_mut().expect("set above");
+    if buf.len() + bytes.len() > *total {
+        return Err(garbage("RDMA fragments longer than the frame header says"));
+    }
+    buf.extend_from_slice(bytes);
+    if buf.len() < *total {
+        return Ok(());
+    }
+    let (frame, _) = l.partial.take().expect("set above");
+    let header = FrameHeader::parse(&frame[..HEADER_LEN]).expect("parsed when the frame started");
+    let inbound = if header.kind == FrameKind::Goodbye {
+        l.peer_said_goodbye = true;
+        pool.put(frame);
+        Inbound::Goodbye
+    } else {
+        Inbound::Frame(InFrame { header, frame })
+    };
+    // The engine dropped its side only when the transport is going away: nothing to deliver to.
+    let _ = l.inbound.send(inbound);
+    Ok(())
+}
+
+/// A peer whose bootstrap socket is at EOF (or broken) for longer than [`LIVENESS_GRACE`]
+/// without having said goodbye is gone.
+fn check_liveness(links: &mut [Link<'_>]) -> Option<CollectiveError> {
+    for l in links.iter_mut() {
+        if l.peer_said_goodbye {
+            continue;
+        }
+        if l.eof_since.is_none() {
+            let mut b = [0u8; 16];
+            match l.socket.read(&mut b) {
+                Ok(0) => l.eof_since = Some(Instant::now()),
+                Ok(_) => {
+                    return Some(CollectiveError::BadFrame {
+                        peer: l.peer,
+                        channel: l.channel,
+                        error: crate::wire::FrameError::MalformedPayload { what: "bytes on the RDMA bootstrap socket after setup" },
+                    })
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => l.eof_since = Some(Instant::now()),
+            }
+        }
+        if l.eof_since.is_some_and(|t| t.elapsed() >= LIVENESS_GRACE) {
+            return Some(CollectiveError::PeerDisconnected { peer: l.peer, channel: l.channel });
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> BootstrapRecord {
+        BootstrapRecord {
+            world: 4,
+            rank: 2,
+            channels: 2,
+            channel: 1,
+            qp_num: 0x00ab_cdef,
+            psn: 0,
+            lid: 7,
+            gid: Some([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 3]),
+            slot_bytes: 128 << 10,
+            recv_slots: 16,
+        }
+    }
+
+    #[test]
+    fn bootstrap_record_round_trips_and_rejects_garbage() {
+        let r = record();
+        let b = r.encode();
+        assert_eq!(BootstrapRecord::parse(&b), Ok(r));
+        let no_gid = BootstrapRecord { gid: None, ..r };
+        assert_eq!(BootstrapRecord::parse(&no_gid.encode()), Ok(no_gid));
+        let mut bad = b;
+        bad[20] ^= 1; // qp_num
+        assert!(matches!(BootstrapRecord::parse(&bad), Err(BootstrapError::Checksum { .. })));
+        assert!(matches!(BootstrapRecord::parse(&b[..63]), Err(BootstrapError::Truncated { got: 63 })));
+        let mut v = b;
+        v[4] = 9;
+        assert!(matches!(BootstrapRecord::parse(&v), Err(BootstrapError::UnsupportedVersion { got: 9 })));
+    }
+
+    #[test]
+    fn a_tcp_hello_is_named_as_such() {
+        // What a TCP-transport rank sends first when it dials an RDMA rank.
+        let mut hello = crate::wire::Hello { world: 4, rank: 3, channels: 1 }.frame(0);
+        hello.resize(BootstrapRecord::LEN, 0);
+        let e = BootstrapRecord::parse(&hello).unwrap_err();
+        assert_eq!(e, BootstrapError::PeerUsesTcp);
+        assert!(e.to_string().contains("--transport"), "{e}");
+        let e = BootstrapRecord::parse(&[0x47; 64]).unwrap_err();
+        assert!(matches!(e, BootstrapError::BadMagic { .. }));
+    }
+
+    #[test]
+    fn records_are_checked_against_the_expected_peer() {
+        let mine = BootstrapRecord { rank: 1, ..record() };
+        let theirs = record();
+        assert!(theirs.check(2, 1, &mine).is_ok());
+        assert!(theirs.check(3, 1, &mine).unwrap_err().contains("expected rank 3"));
+        assert!(theirs.check(2, 0, &mine).unwrap_err().contains("channel"));
+        let other_world = BootstrapRecord { world: 8, ..theirs };
+        assert!(other_world.check(2, 1, &mine).unwrap_err().contains("world 8"));
+        let lid_only = BootstrapRecord { gid: None, ..theirs };
+        assert!(lid_only.check(2, 1, &mine).unwrap_err().contains("LID"));
+        let tiny = BootstrapRecord { slot_bytes: 16, ..theirs };
+        assert!(tiny.check(2, 1, &mine).is_err());
+    }
+
+    #[test]
+    fn prefix_round_trips() {
+        let mut b = [0u8; 8];
+        let p = Prefix { kind: MessageKind::Credit, consumed: 0xdead_beef };
+        p.write(&mut b);
+        assert_eq!(Prefix::parse(&b), Some(p));
+        assert_eq!(Prefix::parse(&b[..7]), None);
+        b[0] = 3;
+        assert_eq!(Prefix::parse(&b), None);
+    }
+
+    #[test]
+    fn gid_choice_prefers_roce_v2_ipv4() {
+        let g = |position, index, roce_v2, ipv4_mapped| GidChoice { position, index, roce_v2, ipv4_mapped };
+        // IB / RoCE v1 at 0, RoCE v2 link-local at 1, RoCE v2 IPv4 at 3 (index 2 missing, so
+        // positions and indices disagree from there on and entry 3 is unusable).
+        let table = [g(0, 0, false, false), g(1, 1, true, false), g(2, 3, true, true)];
+        assert_eq!(choose_gid(&table, None), Ok(Some(1)));
+        let table2 = [g(0, 0, false, false), g(1, 1, true, false), g(2, 2, true, true)];
+        assert_eq!(choose_gid(&table2, None), Ok(Some(2)));
+        assert_eq!(choose_gid(&table2, Some(0)), Ok(Some(0)));
+        assert!(choose_gid(&table, Some(3)).unwrap_err().contains("GID index 3"));
+        assert_eq!(choose_gid(&[g(0, 0, false, false)], None), Ok(Some(0)));
+        assert_eq!(choose_gid(&[], None), Ok(None));
+        assert!(is_ipv4_mapped(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1]));
+        assert!(!is_ipv4_mapped(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1]));
+    }
+
+    #[test]
+    fn gid_bytes_round_trip_through_ibverbs() {
+        let raw = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+        assert_eq!(gid_bytes(&gid_from_bytes(raw)), raw);
+    }
+
+    #[test]
+    fn connections_are_numbered_without_self() {
+        for rank in 0..4 {
+            let mut seen = Vec::new();
+            for peer in (0..4).filter(|&p| p != rank) {
+                for ch in 0..2 {
+                    let i = conn_index(rank, 2, peer, ch);
+                    assert_eq!(conn_peer(rank, 2, i), (peer, ch));
+                    seen.push(i);
+                }
+            }
+            seen.sort();
+            assert_eq!(seen, (0..6).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn options_reject_unusable_buffers() {
+        let o = RdmaOptions::from_tcp(TcpOptions::default());
+        assert!(o.validate().is_ok());
+        assert!(RdmaOptions { slot_bytes: 47, ..o.clone() }.validate().is_err());
+        assert!(RdmaOptions { recv_slots: 3, ..o.clone() }.validate().is_err());
+        assert!(RdmaOptions { channels: 0, ..o }.validate().is_err());
+    }
+}
