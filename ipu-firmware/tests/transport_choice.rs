@@ -31,11 +31,8 @@ fn expected_auto() -> TransportKind {
     if kernel.is_empty() {
         // The probe must agree with the kernel: no device means no device, and says why.
         match &probed {
-            Err(CollectiveError::NoRdmaDevice { reason }) => {
-                assert!(cfg!(feature = "rdma"), "NoRdmaDevice from a build without the rdma feature");
-                assert!(!reason.is_empty());
-            }
-            Err(CollectiveError::RdmaNotBuilt) => assert!(!cfg!(feature = "rdma"), "the rdma feature is on but the probe says it is not built"),
+            Err(CollectiveError::NoRdmaDevice { reason }) if cfg!(feature = "rdma") => assert!(!reason.is_empty()),
+            Err(CollectiveError::RdmaNotBuilt) if cfg!(not(feature = "rdma")) => {}
             other => panic!("the kernel lists no RDMA device but the probe answered {other:?}"),
         }
         return TransportKind::Tcp;
@@ -55,9 +52,12 @@ fn input(rank: usize, n: usize) -> Vec<f32> {
     (0..n).map(|i| ((i * 7 + rank * 13) % 17) as f32 - 8.0).collect()
 }
 
+/// The transport a rank ran on, and its allreduce results.
+type RankOutcome = (TransportKind, Vec<Vec<f32>>);
+
 /// Runs `world` ranks on `transport`, two allreduces each (one small, one spanning many
 /// chunks), and returns per rank the transport used and the results.
-fn allreduce_on(transport: TransportKind, world: usize, n: usize) -> Vec<Result<(TransportKind, Vec<Vec<f32>>), CollectiveError>> {
+fn allreduce_on(transport: TransportKind, world: usize, n: usize) -> Vec<Result<RankOutcome, CollectiveError>> {
     let options = MeshOptions { transport, tcp: TcpOptions { channels: 2, timeout: TIMEOUT }, rdma_device: None };
     run_mesh_ranks_in_process(world, options, move |rank, t| {
         let used = t.kind();
