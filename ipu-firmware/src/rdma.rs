@@ -941,7 +941,8 @@ fn progress_main(ctx: Context, job: ProgressJob) {
             .create_cq((o.send_slots + n_conns) as i32, 0)
             .map_err(setup_err("creating the send completion queue"))?;
         let recv_cq =
-            ctx.create_cq((n_conns * o.recv_slots) as i32, 1).map_err(setup_err("creating the receive completion queue"))?;
+            // At least one entry: a world of one rank has no connection but CQs cannot be empty.
+            ctx.create_cq((n_conns * o.recv_slots).max(1) as i32, 1).map_err(setup_err("creating the receive completion queue"))?;
         let mut send_mr: MemoryRegion<u8> =
             pd.allocate(o.send_slots * o.slot_bytes).map_err(setup_err("registering the send buffers"))?;
         let mut recv_mr: MemoryRegion<u8> =
@@ -1088,17 +1089,17 @@ fn dial(
             s.set_read_timeout(Some(remaining(deadline).max(Duration::from_millis(1)))).map_err(|e| e.to_string())?;
             s.write_all(&me.encode()).map_err(|e| e.to_string())?;
             let mut b = [0u8; BootstrapRecord::LEN];
-            s.read_exact(&mut b).map_err(|e| format!("reading the bootstrap record: {e}"))?;
+            s.read_exact(&mut b).map_err(|e| match e.kind() {
+                // A rank on the TCP transport rejects the record as garbage and hangs up.
+                ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset => "the peer closed the connection after this rank's RDMA bootstrap record (is it on the TCP transport? every rank needs the same --transport)".to_string(),
+                _ => format!("reading the bootstrap record: {e}"),
+            })?;
             let theirs = BootstrapRecord::parse(&b).map_err(|e| e.to_string())?;
             theirs.check(peer, ch, me)?;
             Ok((s, theirs))
         })();
         match attempt {
             Ok(x) => return Ok(x),
-            // A TCP rank answers with a TCP hello: retrying cannot help.
-            Err(e) if e == BootstrapError::PeerUsesTcp.to_string() => {
-                return Err(CollectiveError::Handshake { addr, reason: e });
-            }
             Err(e) => last_error = e,
         }
         std::thread::sleep(backoff.min(remaining(deadline)));
@@ -1129,12 +1130,20 @@ fn accept_all(
             }
             Err(e) => return Err(CollectiveError::io(job.rank, 0, e)),
         };
+        let mut speaks_tcp = false;
         let setup = (|| -> std::result::Result<(usize, usize, BootstrapRecord), String> {
             s.set_nonblocking(false).map_err(|e| e.to_string())?;
             s.set_nodelay(true).map_err(|e| e.to_string())?;
             s.set_read_timeout(Some(remaining(deadline).max(Duration::from_millis(1)))).map_err(|e| e.to_string())?;
             let mut b = [0u8; BootstrapRecord::LEN];
-            s.read_exact(&mut b).map_err(|e| format!("reading the bootstrap record: {e}"))?;
+            // A TCP hello frame is 52 bytes: read its header first so that a TCP rank is
+            // recognised instead of waiting for 64 bytes it will never send.
+            s.read_exact(&mut b[..HEADER_LEN]).map_err(|e| format!("reading the bootstrap record: {e}"))?;
+            if b[..4] == FRAME_MAGIC.to_le_bytes() {
+                speaks_tcp = true;
+                return Err(BootstrapError::PeerUsesTcp.to_string());
+            }
+            s.read_exact(&mut b[HEADER_LEN..]).map_err(|e| format!("reading the bootstrap record: {e}"))?;
             let theirs = BootstrapRecord::parse(&b).map_err(|e| e.to_string())?;
             let (peer, ch) = (theirs.rank as usize, usize::from(theirs.channel));
             if peer <= job.rank || peer >= job.world || ch >= k {
@@ -1153,6 +1162,9 @@ fn accept_all(
                 streams[conn_index(job.rank, k, peer, ch)] = Some((s, theirs));
                 connected += 1;
             }
+            // A ringside rank on the TCP transport: this job's ranks disagree on the transport,
+            // and waiting cannot fix that.
+            Err(reason) if speaks_tcp => return Err(CollectiveError::Handshake { addr, reason }),
             // A stranger (port scan, stale rank of another job) must not break setup.
             Err(reason) => tracing::warn!(%addr, %reason, "rejected inbound RDMA bootstrap connection"),
         }
@@ -1742,6 +1754,106 @@ mod tests {
         assert!(!c.may_send_data(), "6 unconsumed across the wrap");
         c.on_receive(u32::MAX);
         assert!(c.may_send_data());
+    }
+
+    fn bootstrap_job(rank: usize, world: usize, listener: TcpListener, peers: Vec<SocketAddr>, timeout: Duration) -> ProgressJob {
+        let (_cmd_tx, commands) = mpsc::channel();
+        let (setup, _setup_rx) = mpsc::channel();
+        ProgressJob {
+            rank,
+            world,
+            peers,
+            options: RdmaOptions { timeout, ..RdmaOptions::from_tcp(TcpOptions::default()) },
+            listener,
+            inbound: Vec::new(),
+            commands,
+            shared: Arc::new(Shared::default()),
+            pool: Arc::new(BufferPool::default()),
+            setup,
+        }
+    }
+
+    fn record_of(rank: usize, world: usize, channel: usize, qp_num: u32) -> BootstrapRecord {
+        BootstrapRecord {
+            world: world as u32,
+            rank: rank as u32,
+            channels: 1,
+            channel: channel as u8,
+            qp_num,
+            psn: 0,
+            lid: 0,
+            gid: Some([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1 + rank as u8]),
+            slot_bytes: RdmaOptions::DEFAULT_SLOT_BYTES as u32,
+            recv_slots: RdmaOptions::DEFAULT_RECV_SLOTS as u32,
+        }
+    }
+
+    /// The bootstrap exchange over loopback, with made-up QP numbers (no device needed for it):
+    /// rank 1 dials rank 0, each side ends up with the other's record, and the connection stays
+    /// open for the READY byte.
+    #[test]
+    fn bootstrap_exchanges_records_over_loopback() {
+        let l0 = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peers = vec![l0.local_addr().unwrap(), "127.0.0.1:9".parse().unwrap()];
+        let timeout = Duration::from_secs(10);
+        let job0 = bootstrap_job(0, 2, l0, peers.clone(), timeout);
+        let acceptor = std::thread::spawn(move || {
+            let mut streams: Vec<Option<(TcpStream, BootstrapRecord)>> = vec![None];
+            accept_all(&job0, 1, Instant::now() + timeout, &mut streams, |peer, ch| {
+                assert_eq!((peer, ch), (1, 0));
+                record_of(0, 2, ch, 0x100)
+            })
+            .map(|()| streams.pop().unwrap().unwrap())
+        });
+        let me = record_of(1, 2, 0, 0x201);
+        let (mut s1, theirs) = dial(0, 0, peers[0], &me, Instant::now() + timeout, timeout).expect("dial");
+        assert_eq!(theirs, record_of(0, 2, 0, 0x100));
+        let (mut s0, got) = acceptor.join().unwrap().expect("accept");
+        assert_eq!(got, me);
+        s0.write_all(&[READY]).unwrap();
+        let mut b = [0u8; 1];
+        s1.read_exact(&mut b).unwrap();
+        assert_eq!(b[0], READY);
+    }
+
+    /// A rank on the TCP transport dialing an RDMA rank: the RDMA side fails at once, naming the
+    /// mismatch, instead of waiting out its timeout.
+    #[test]
+    fn a_tcp_rank_dialing_is_a_handshake_error_at_once() {
+        let l0 = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l0.local_addr().unwrap();
+        let timeout = Duration::from_secs(20);
+        let job0 = bootstrap_job(0, 2, l0, vec![addr, "127.0.0.1:9".parse().unwrap()], timeout);
+        let started = Instant::now();
+        let acceptor = std::thread::spawn(move || {
+            let mut streams: Vec<Option<(TcpStream, BootstrapRecord)>> = vec![None];
+            accept_all(&job0, 1, Instant::now() + timeout, &mut streams, |_, ch| record_of(0, 2, ch, 1))
+        });
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(&crate::wire::Hello { world: 2, rank: 1, channels: 1 }.frame(0)).unwrap();
+        let e = acceptor.join().unwrap().unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+        assert!(matches!(e, CollectiveError::Handshake { .. }), "{e:?}");
+        assert!(e.to_string().contains("TCP transport"), "{e}");
+    }
+
+    /// An RDMA rank dialing a rank on the TCP transport: the TCP side hangs up on the record, and
+    /// the timeout error says what that probably means.
+    #[test]
+    fn dialing_a_tcp_rank_times_out_naming_the_likely_cause() {
+        let l0 = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l0.local_addr().unwrap();
+        let peers = vec![addr, "127.0.0.1:9".parse().unwrap()];
+        let tcp_rank = std::thread::spawn(move || {
+            crate::transport::TcpTransport::connect(l0, 0, &peers, TcpOptions { channels: 1, timeout: Duration::from_secs(3) })
+                .map(|_| ())
+        });
+        let me = record_of(1, 2, 0, 7);
+        let e = dial(0, 0, addr, &me, Instant::now() + Duration::from_secs(2), Duration::from_secs(2)).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, CollectiveError::ConnectTimeout { .. }), "{e:?}");
+        assert!(msg.contains("TCP transport"), "{msg}");
+        assert!(tcp_rank.join().unwrap().is_err(), "the TCP rank cannot have completed its mesh");
     }
 
     #[test]
