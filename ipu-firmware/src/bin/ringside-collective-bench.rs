@@ -201,6 +201,11 @@ fn human(b: usize) -> String {
 }
 
 fn main() -> anyhow::Result<()> {
+    // On stderr, so that `--transport auto`'s fallback warning shows without mixing into the tables.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
     let args = Args::parse();
     match args.what {
         What::Codecs(c) => bench_codecs(&c),
