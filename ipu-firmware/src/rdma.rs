@@ -25,20 +25,24 @@
 //!
 //! ## Data path and invariants
 //! - A frame (the engine's `HEADER_LEN` header + payload) travels as one or more messages of at
-//!   most `slot_bytes`; each message starts with an 8-byte [`Prefix`] (kind, and the absolute
+//!   most `slot_bytes`; each message starts with an 8-byte `Prefix` (kind, and the absolute
 //!   count of the peer's messages this rank has consumed: the credit return). RC delivers messages
 //!   of one QP reliably and in order, so the receiver reassembles by the length in the frame
 //!   header, which is validated ([`FrameHeader::parse`]) before a byte is kept.
 //! - Registered memory is bounded and allocated once: nothing is registered on the data path.
 //!   `send` copies the frame into free send slots (one copy, like the TCP transport's socket
 //!   write) on the progress thread; a slot is reused only after its send completion.
-//! - Flow control is credit based: a sender keeps at most `peer recv_slots − 2` data messages
-//!   unconsumed by the peer; the receiver reposts a buffer as soon as it copied the message out
-//!   (independently of the engine) and returns credits in every message, or in a credit-only
-//!   message once half its receive buffers were consumed since the last return. Credit-only
-//!   messages bypass the window (so credits can always flow) and the QPs retry RNR NAKs without
-//!   limit (`rnr_retry = 7`), so a message that finds no posted buffer waits for one instead of
-//!   failing the QP: receive buffers are always reposted, so that wait is short.
+//! - Flow control is credit based (`Credits`): a sender keeps at most `window = min(own, peer
+//!   recv_slots) − 2` data messages unconsumed by the peer; the receiver reposts a buffer as soon
+//!   as it copied the message out (independently of the engine) and returns credits in every
+//!   message, or in a credit-only message once `window / 2` were consumed since the last return
+//!   (at most one credit-only message in flight per connection). Credit-only messages bypass the
+//!   window, so credits can always flow; window + 1 in-flight credit message stays below the
+//!   receive pool, so a message always finds a posted buffer (the two-end simulation in the tests
+//!   checks this). The QPs also retry RNR NAKs without limit (`rnr_retry = 7`) as a safety net: a
+//!   message that found no buffer would wait for one instead of failing the QP.
+//! - Frames received but not yet taken by the engine queue up unbounded, as in the TCP transport;
+//!   the collectives' lock-step exchange bounds them in practice.
 //! - `seq` is assigned on send and checked on receive per (peer, channel), as in TCP.
 //! - Failures (an error work completion, a failed post, garbage, a peer's EOF) are recorded once
 //!   and returned by every later or pending call within [`POLL_SLICE`]. Every wait has a
@@ -47,7 +51,7 @@
 //! - Closing mirrors TCP: a goodbye frame per connection, flush, wait for each peer's goodbye,
 //!   then the progress thread stops and the verbs objects are destroyed in dependency order (QPs,
 //!   memory regions, CQs, PD, device context: the reverse of their declaration in
-//!   [`progress_main`]). [`RdmaTransport::abort`] shuts the bootstrap sockets at once.
+//!   `progress_main`). [`RdmaTransport::abort`] shuts the bootstrap sockets at once.
 //!
 //! ## What runs where
 //! The machines that build and test ringside have no RDMA device and no Soft-RoCE, so CI builds
