@@ -21,7 +21,7 @@
 //!   mode the provider applies it); that the followed plan helps is `t2_adapt`'s job.
 //!
 //! Needs root, an agent built with both eBPF objects (`cargo xtask build` puts `ipuwire` next to
-//! `flowmon`) and, for the second test, the rank binary. Without them it FAILS with the reason.
+//! `flowmon`) and, for the detection and hint tests, the rank binary. Without them it FAILS with the reason.
 mod support;
 
 use std::{
