@@ -90,6 +90,14 @@ pub const RATE_SAMPLES: usize = 20;
 /// [`RATE_SAMPLES`] polls of `/v1/flows`, summing its ingress flows on that port (each flow's
 /// rate is over the agent's last 100 ms poll, so this is close to the job's in-phase rate).
 pub fn job_send_rate_mbit(agent: &Agent, port: &str, stop: &AtomicBool) -> Result<f64> {
+    send_rate_mbit(agent, port, "ingress", stop)
+}
+
+/// As [`job_send_rate_mbit`], for a vantage where the host's own traffic leaves through `iface`
+/// in `direction`: `ingress` on a switch port (the host sends into the switch), `egress` on an
+/// IPU's fabric port (the IPU sends its host's traffic out to the fabric).
+pub fn send_rate_mbit(agent: &Agent, iface: &str, direction: &str, stop: &AtomicBool) -> Result<f64> {
+    let port = iface;
     let mut samples = Vec::new();
     for _ in 0..RATE_SAMPLES {
         let body = agent.get("/v1/flows?limit=1000")?;
@@ -98,7 +106,7 @@ pub fn job_send_rate_mbit(agent: &Agent, port: &str, stop: &AtomicBool) -> Resul
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|f| f["interface"] == port && f["direction"] == "ingress")
+            .filter(|f| f["interface"] == port && f["direction"] == direction)
             .filter_map(|f| f["rates"]["bytes_per_second"].as_f64())
             .sum();
         samples.push(rate * 8.0 / 1e6);

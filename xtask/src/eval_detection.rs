@@ -11,6 +11,12 @@
 //! traffic (4 TCP streams, port not in the job's match) from the faulted leaf's spare host to the
 //! other leaf's spare host.
 //!
+//! IPU vantage (`--vantage ipu`, issue 12): the star becomes a `testbed::IpuStar` (each host
+//! behind its own IPU namespace running the eBPF redirect forwarder) and an agent runs in every
+//! IPU on its `fabric` port, seeing only its own host's traffic; faults go on the IPUs' fabric
+//! cables (`h<i>`); the agents' events are merged before scoring ([`merge_ipu_events`]). The
+//! leaf-spine has no IPUs, so `uplink-congestion` runs at the switch vantage only.
+//!
 //! One run: rig up → agent(s) ready → job starts → healthy warm-up (+ 0–2 s jitter) → fault
 //! injected (its start is the testbed's record) → fault held → fault cleared (end recorded) →
 //! cool-down → `GET /v1/events?state=all` → everything torn down (RAII, also on Ctrl-C).
@@ -37,11 +43,14 @@ use std::{
 use anyhow::{bail, Context, Result};
 use ringside_stats::quantile;
 use serde_json::{json, Value};
-use testbed::{ByteSize, CrossTrafficSpec, FaultRecord, FlapSpec, JobConfig, LeafSpine, LeafSpineConfig, MpiAlgorithm, MpiConfig, Rig, RunningJob, Star, StarConfig, TorchConfig};
+use testbed::{
+    ByteSize, CrossTrafficSpec, FaultRecord, FlapSpec, IpuStar, IpuStarConfig, JobConfig, LeafSpine, LeafSpineConfig, MpiAlgorithm, MpiConfig, Rig, RunningJob, Star,
+    StarConfig, TorchConfig, IPU_FABRIC_PORT,
+};
 
 use crate::{
     agent::{Agent, AgentSpec},
-    eval::{job_send_rate_mbit, loadavg, machine, measure_capacity, now_ms, pick, release_binaries, sleep_checked, RATE_SAMPLES},
+    eval::{loadavg, machine, measure_capacity, now_ms, pick, release_binaries, send_rate_mbit, sleep_checked, RATE_SAMPLES},
     util::workspace_root,
 };
 
@@ -71,6 +80,14 @@ pub struct Opts {
     /// each), `openmpi-ALGORITHM` (one algorithm only), `torch` (PyTorch DDP over gloo).
     #[arg(long = "source", value_name = "SOURCE")]
     pub sources: Vec<String>,
+    /// Where the agents watch from (repeatable; default `switch`): `switch` (one agent in the
+    /// star's switch namespace on every bridge port), `ipu` (an `IpuStar`: one agent in every
+    /// host's IPU namespace on its `fabric` port, each seeing only its own host's traffic; their
+    /// events are merged for scoring). Several vantages run interleaved, scenario by scenario,
+    /// so they share the machine's load. `uplink-congestion` has no IPU rig and runs only at the
+    /// switch vantage.
+    #[arg(long = "vantage", value_name = "VANTAGE")]
+    pub vantages: Vec<String>,
     /// Seed of the target and injection-time choices.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -207,6 +224,33 @@ impl Source {
     }
 }
 
+/// Where the agents watch the traffic from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Vantage {
+    /// One agent in the switch namespace on every bridge port: it sees every host's traffic.
+    Switch,
+    /// One agent in each host's IPU namespace on its `fabric` port (`testbed::IpuStar`): each
+    /// sees only its own host's traffic; the agents' events are merged ([`merge_ipu_events`]).
+    Ipu,
+}
+
+impl Vantage {
+    const ALL: [Vantage; 2] = [Vantage::Switch, Vantage::Ipu];
+
+    fn name(self) -> &'static str {
+        match self {
+            Vantage::Switch => "switch",
+            Vantage::Ipu => "ipu",
+        }
+    }
+
+    /// Whether scenario `sc` has a rig at this vantage: the IPU star has no shared uplink, and
+    /// the leaf-spine has no IPUs.
+    fn runs(self, sc: Scenario) -> bool {
+        !(self == Vantage::Ipu && sc == Scenario::UplinkCongestion)
+    }
+}
+
 /// Phase lengths of one run.
 #[derive(Clone, Copy, Debug)]
 struct Phases {
@@ -236,6 +280,10 @@ impl Rng {
 enum Place {
     /// Host access link: (the agent that sees it, host address, bridge port name).
     HostLink { agent: usize, addr: String, port: String },
+    /// IPU `host`'s fabric cable, at the IPU vantage: named by an event whose merged named host
+    /// ([`merge_ipu_events`]: a peer's address, or the own host of an IPU whose link-scoped event
+    /// it is) is the faulted host's address.
+    IpuLink { addr: String },
     /// Leaf uplink: the faulted leaf's agent and the uplink's interface name there.
     Uplink { agent: usize, iface: String },
     /// A straggler rank's host.
@@ -247,6 +295,7 @@ enum Place {
 struct RunResult {
     scenario: Scenario,
     source: Source,
+    vantage: Vantage,
     /// The OpenMPI algorithm of this run, if any.
     algorithm: Option<MpiAlgorithm>,
     repeat: u32,
@@ -256,8 +305,11 @@ struct RunResult {
     fault: Option<FaultRecord>,
     /// Every record of the rig's fault log (including setup conditions like the uplink cap).
     fault_log: Vec<FaultRecord>,
-    /// (agent index, event JSON).
+    /// (agent index, event JSON): what is scored. At the IPU vantage, the merged events of all
+    /// IPU agents ([`merge_ipu_events`]; the agent index is the first agent that raised it).
     events: Vec<(usize, Value)>,
+    /// At the IPU vantage, every agent's own events before the merge (empty otherwise).
+    raw_events: Vec<(usize, Value)>,
     /// Healthy observation: [from, to) unix ms.
     healthy_from_ms: u64,
     healthy_to_ms: u64,
@@ -281,6 +333,7 @@ pub fn run(opts: Opts) -> Result<()> {
     } else {
         pick(&Source::all(), &opts.sources, |s| s.name())?
     };
+    let vantages = if opts.vantages.is_empty() { vec![Vantage::Switch] } else { pick(&Vantage::ALL, &opts.vantages, |v| v.name().to_string())? };
 
     let (ringside, rank_bin) = release_binaries(opts.no_build)?;
     let out_dir = opts.out_dir.clone().unwrap_or_else(|| workspace_root().join("target/eval"));
@@ -296,35 +349,56 @@ pub fn run(opts: Opts) -> Result<()> {
     let cap_mbit = (capacity_mbit / 4.0).round().max(10.0) as u64;
     println!("    {capacity_mbit:.0} Mbit/s → rate caps at 1/4: {cap_mbit} Mbit/s");
 
-    let mut rng = Rng(opts.seed);
+    // One generator per vantage, all seeded alike, so every vantage draws the same targets and
+    // injection times for the same run (a switch-only evaluation draws exactly what it did
+    // before vantages existed).
+    let mut rngs: Vec<Rng> = vantages.iter().map(|_| Rng(opts.seed)).collect();
     let mut results = Vec::new();
-    let total = sources.len() as u32 * scenarios.len() as u32 * repeats;
+    let runs_per_rep: u32 = scenarios.iter().map(|&sc| vantages.iter().filter(|v| v.runs(sc)).count() as u32).sum();
+    let total = sources.len() as u32 * runs_per_rep * repeats;
     let mut n = 0;
     for &src in &sources {
         for (si, &sc) in scenarios.iter().enumerate() {
             for rep in 0..repeats {
-                n += 1;
-                if stop.load(Ordering::SeqCst) {
-                    bail!("interrupted; the testbed is torn down");
-                }
-                let algorithm = src.mpi_algorithm(si, rep);
-                let alg = algorithm.map(|a| format!(", {}", a.name())).unwrap_or_default();
-                println!("\n==> [{n}/{total}] {} {} #{rep}{alg} ({:.0} s elapsed)", src.name(), sc.name(), started.elapsed().as_secs_f64());
-                let ctx = RunCtx { source: src, algorithm, ringside: &ringside, rank_bin: &rank_bin, phases, cap_mbit, logs: &logs, stop };
-                let r = run_one(&ctx, sc, rep, &mut rng);
-                if let Some(e) = &r.error {
-                    println!("    run failed: {e}");
-                } else {
-                    let net = r.events.iter().filter(|(_, e)| is_network(e)).count();
-                    let strag = r.events.iter().filter(|(_, e)| kind(e) == "straggler").count();
-                    println!("    target {}: {} events ({net} network, {strag} straggler)", r.target, r.events.len());
-                    for (a, e) in &r.events {
-                        println!("      agent{a} {}", brief(e, r.fault.as_ref()));
+                // The vantages of one run follow each other, so they see the same machine load.
+                for (vi, &vantage) in vantages.iter().enumerate() {
+                    let rng = &mut rngs[vi];
+                    if !vantage.runs(sc) {
+                        // What `run_leaf_spine` draws (a leaf, a jitter): burnt so that this
+                        // vantage's later runs keep the other vantages' targets.
+                        rng.below(2);
+                        rng.below(2000);
+                        continue;
                     }
-                }
-                results.push(r);
-                if stop.load(Ordering::SeqCst) {
-                    bail!("interrupted; the testbed is torn down");
+                    n += 1;
+                    if stop.load(Ordering::SeqCst) {
+                        bail!("interrupted; the testbed is torn down");
+                    }
+                    let algorithm = src.mpi_algorithm(si, rep);
+                    let alg = algorithm.map(|a| format!(", {}", a.name())).unwrap_or_default();
+                    println!(
+                        "\n==> [{n}/{total}] {} {} #{rep}{alg} at the {} vantage ({:.0} s elapsed)",
+                        src.name(),
+                        sc.name(),
+                        vantage.name(),
+                        started.elapsed().as_secs_f64()
+                    );
+                    let ctx = RunCtx { source: src, vantage, algorithm, ringside: &ringside, rank_bin: &rank_bin, phases, cap_mbit, logs: &logs, stop };
+                    let r = run_one(&ctx, sc, rep, rng);
+                    if let Some(e) = &r.error {
+                        println!("    run failed: {e}");
+                    } else {
+                        let net = r.events.iter().filter(|(_, e)| is_network(e)).count();
+                        let strag = r.events.iter().filter(|(_, e)| kind(e) == "straggler").count();
+                        println!("    target {}: {} events ({net} network, {strag} straggler)", r.target, r.events.len());
+                        for (a, e) in &r.events {
+                            println!("      {} {}", agents_of(*a, e), brief(e, r.fault.as_ref()));
+                        }
+                    }
+                    results.push(r);
+                    if stop.load(Ordering::SeqCst) {
+                        bail!("interrupted; the testbed is torn down");
+                    }
                 }
             }
         }
@@ -334,16 +408,23 @@ pub fn run(opts: Opts) -> Result<()> {
 
     let mut per_source = Vec::new();
     for &src in &sources {
-        let runs: Vec<&RunResult> = results.iter().filter(|r| r.source == src).collect();
-        let rep = SourceReport::of(src, &scenarios, &runs);
-        println!("\n## {} ({})\n\n{}", src.name(), src.describe(), rep.table);
-        if !rep.by_algorithm.is_empty() {
-            println!("{}", rep.by_algorithm);
+        for &vantage in &vantages {
+            let runs: Vec<&RunResult> = results.iter().filter(|r| r.source == src && r.vantage == vantage).collect();
+            let mine: Vec<Scenario> = scenarios.iter().copied().filter(|&sc| vantage.runs(sc)).collect();
+            let rep = SourceReport::of(src, vantage, &mine, &runs);
+            println!("\n## {} at the {} vantage ({})\n\n{}", src.name(), vantage.name(), src.describe(), rep.table);
+            if !rep.by_algorithm.is_empty() {
+                println!("{}", rep.by_algorithm);
+            }
+            for (name, value, ok) in &rep.targets {
+                println!("  {:<64} {:<28} {}", name, value, if *ok == Some(true) { "met" } else if *ok == Some(false) { "NOT MET" } else { "not measured" });
+            }
+            per_source.push(rep);
         }
-        for (name, value, ok) in &rep.targets {
-            println!("  {:<64} {:<28} {}", name, value, if *ok == Some(true) { "met" } else if *ok == Some(false) { "NOT MET" } else { "not measured" });
-        }
-        per_source.push(rep);
+    }
+    let comparison = vantage_comparison(&per_source);
+    if !comparison.is_empty() {
+        println!("\n## Vantages side by side\n\n{comparison}");
     }
 
     let machine = machine();
@@ -357,6 +438,7 @@ pub fn run(opts: Opts) -> Result<()> {
         "phases_s": {"warmup": phases.warmup.as_secs(), "fault": phases.fault.as_secs(), "cooldown": phases.cooldown.as_secs(), "healthy": phases.healthy.as_secs()},
         "repeats": repeats,
         "seed": opts.seed,
+        "vantages": vantages.iter().map(|v| v.name()).collect::<Vec<_>>(),
         "link_capacity_mbit": capacity_mbit,
         "rate_cap_mbit": cap_mbit,
         "grace_ms": GRACE_MS,
@@ -367,15 +449,15 @@ pub fn run(opts: Opts) -> Result<()> {
     std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
     println!("\nwrote {}", json_path.display());
     for rep in &per_source {
-        let png_path = out_dir.join(format!("detection-{}.png", rep.source.name()));
+        let png_path = out_dir.join(format!("detection-{}{}.png", rep.source.name(), rep.vantage_suffix()));
         match plot(&rep.summaries, &png_path) {
             Ok(()) => println!("wrote {}", png_path.display()),
             Err(e) => println!("no plot: {e:#}"),
         }
     }
-    let md = render_markdown(&command, &machine, &load_before, &load_after, elapsed, phases, repeats, capacity_mbit, cap_mbit, &per_source, &results);
+    let md = render_markdown(&command, &machine, &load_before, &load_after, elapsed, phases, repeats, capacity_mbit, cap_mbit, &per_source, &comparison, &results);
     std::fs::write(out_dir.join("detection.md"), &md)?;
-    let full = opts.scenarios.is_empty() && opts.sources.is_empty() && !opts.quick;
+    let full = opts.scenarios.is_empty() && opts.sources.is_empty() && opts.vantages.is_empty() && !opts.quick;
     if full || opts.write_docs {
         let doc = workspace_root().join("docs/eval-detection.md");
         std::fs::write(&doc, &md)?;
@@ -394,6 +476,7 @@ fn secs(s: u64) -> Duration {
 
 struct RunCtx<'a> {
     source: Source,
+    vantage: Vantage,
     /// The OpenMPI algorithm of this run (OpenMPI sources only).
     algorithm: Option<MpiAlgorithm>,
     ringside: &'a Path,
@@ -489,6 +572,7 @@ fn run_one(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng) -> RunResult {
     let mut r = RunResult {
         scenario: sc,
         source: ctx.source,
+        vantage: ctx.vantage,
         algorithm: ctx.algorithm,
         repeat: rep,
         target: String::new(),
@@ -496,6 +580,7 @@ fn run_one(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng) -> RunResult {
         fault: None,
         fault_log: Vec::new(),
         events: Vec::new(),
+        raw_events: Vec::new(),
         healthy_from_ms: 0,
         healthy_to_ms: 0,
         windows: Vec::new(),
@@ -509,28 +594,118 @@ fn run_one(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng) -> RunResult {
     r
 }
 
+/// What the IPU vantage's agents add to the star's configuration. Each IPU sees two peers of a
+/// ring (its host's successor and predecessor), so the gray-failure detector must compare a peer
+/// with one other (`min_peers = 2`, as the operator guide prescribes for IPU mode); everything
+/// else stays the star's defaults, so the two vantages differ only in where they watch from.
+const IPU_DETECT_CONFIG: &str = "[detect.gray]\nmin_peers = 2\n";
+
+/// The star of one run at its vantage: the switch's star, or the IPU star (host ↔ IPU ↔ switch).
+enum StarRig {
+    Switch(Star),
+    Ipu(IpuStar),
+}
+
+impl StarRig {
+    fn rig(&self) -> &dyn Rig {
+        match self {
+            StarRig::Switch(s) => s,
+            StarRig::Ipu(s) => s,
+        }
+    }
+
+    fn addr(&self, host: usize) -> std::net::Ipv4Addr {
+        match self {
+            StarRig::Switch(s) => s.hosts[host].addr,
+            StarRig::Ipu(s) => s.hosts[host].addr,
+        }
+    }
+
+    /// The faulted place of a fault on link `h<host>` (the star's host link; the IPU star's IPU
+    /// fabric cable, see `testbed::ipu`).
+    fn place(&self, host: usize) -> Place {
+        match self {
+            StarRig::Switch(s) => Place::HostLink { agent: 0, addr: s.hosts[host].addr.to_string(), port: s.hosts[host].switch_port.clone() },
+            StarRig::Ipu(s) => Place::IpuLink { addr: s.hosts[host].addr.to_string() },
+        }
+    }
+
+    fn describe_link(&self, host: usize) -> String {
+        match self {
+            StarRig::Switch(s) => format!("h{host} ({}, port {})", s.hosts[host].addr, s.hosts[host].switch_port),
+            StarRig::Ipu(s) => format!("h{host} ({}, IPU {host}'s fabric cable)", s.hosts[host].addr),
+        }
+    }
+
+    /// The rate at which `host` sends, from the agent that sees its own link: the switch port's
+    /// ingress, or its IPU's fabric port's egress.
+    fn send_rate_mbit(&self, agents: &[Agent], host: usize, stop: &AtomicBool) -> Result<f64> {
+        match self {
+            StarRig::Switch(s) => send_rate_mbit(&agents[0], &s.hosts[host].switch_port, "ingress", stop),
+            StarRig::Ipu(_) => send_rate_mbit(&agents[host], IPU_FABRIC_PORT, "egress", stop),
+        }
+    }
+}
+
+/// Builds the star of `ctx`'s vantage and starts its agents (one in the switch, or one per IPU),
+/// ready. The agents come second in the tuple so that a caller's `let` drops them first.
+fn star_and_agents(ctx: &RunCtx, tag: &str) -> Result<(StarRig, Vec<Agent>)> {
+    let config = agent_config(ctx.source, "10.77.0.0/24", &["10.77.0.0/24".to_string()]);
+    let mut agents = Vec::new();
+    let star = match ctx.vantage {
+        Vantage::Switch => {
+            let star = Star::new(StarConfig { hosts: STAR_HOSTS, offloads: false, ..Default::default() })?;
+            agents.push(Agent::start(
+                &star.switch,
+                &AgentSpec {
+                    bin: ctx.ringside,
+                    ifaces: star.hosts.iter().map(|h| h.switch_port.clone()).collect(),
+                    listen: AGENT_LISTEN.into(),
+                    config_toml: config,
+                    tag: format!("eval-{tag}"),
+                    log: Some(ctx.logs.join(format!("{tag}-agent.log"))),
+                },
+            )?);
+            StarRig::Switch(star)
+        }
+        Vantage::Ipu => {
+            let star = IpuStar::new(IpuStarConfig { hosts: STAR_HOSTS, offloads: false, ringside_bin: ctx.ringside.to_path_buf(), ..Default::default() })?;
+            // Each agent listens on the same address in its own IPU namespace.
+            for (i, h) in star.hosts.iter().enumerate() {
+                agents.push(Agent::start(
+                    &h.ipu,
+                    &AgentSpec {
+                        bin: ctx.ringside,
+                        ifaces: vec![IPU_FABRIC_PORT.into()],
+                        listen: AGENT_LISTEN.into(),
+                        config_toml: format!("{config}{IPU_DETECT_CONFIG}"),
+                        tag: format!("eval-{tag}-ipu{i}"),
+                        log: Some(ctx.logs.join(format!("{tag}-ipu{i}-agent.log"))),
+                    },
+                )?);
+            }
+            StarRig::Ipu(star)
+        }
+    };
+    for a in &mut agents {
+        a.wait_ready(Duration::from_secs(30))?;
+    }
+    Ok((star, agents))
+}
+
 fn run_star(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng, r: &mut RunResult) -> Result<()> {
-    let tag = format!("{}-{}-{rep}", ctx.source.name(), sc.name());
-    let star = Star::new(StarConfig { hosts: STAR_HOSTS, offloads: false, ..Default::default() })?;
-    let mut agent = Agent::start(
-        &star.switch,
-        &AgentSpec {
-            bin: ctx.ringside,
-            ifaces: star.hosts.iter().map(|h| h.switch_port.clone()).collect(),
-            listen: AGENT_LISTEN.into(),
-            config_toml: agent_config(ctx.source, "10.77.0.0/24", &["10.77.0.0/24".to_string()]),
-            tag: format!("eval-{tag}"),
-            log: Some(ctx.logs.join(format!("{tag}-agent.log"))),
-        },
-    )?;
-    agent.wait_ready(Duration::from_secs(30))?;
+    let tag = match ctx.vantage {
+        Vantage::Switch => format!("{}-{}-{rep}", ctx.source.name(), sc.name()),
+        Vantage::Ipu => format!("{}-ipu-{}-{rep}", ctx.source.name(), sc.name()),
+    };
+    let (star, mut agents) = star_and_agents(ctx, &tag)?;
     let target = rng.below(STAR_HOSTS as u64) as usize;
     let jitter = Duration::from_millis(rng.below(2000));
-    let host = &star.hosts[target];
+    let addr = star.addr(target);
     let straggler = (sc == Scenario::Straggler).then_some((target, STRAGGLER_EXTRA_MS));
     let p = ctx.phases;
     let run_len = if sc == Scenario::Healthy { p.healthy } else { p.warmup + jitter + p.fault } + p.cooldown;
-    let job = spawn_workload(ctx, &star, STAR_HOSTS, None, straggler, ctx.logs.join(format!("{tag}-job")), run_len)?;
+    let job = spawn_workload(ctx, star.rig(), STAR_HOSTS, None, straggler, ctx.logs.join(format!("{tag}-job")), run_len)?;
     let job_start = now_ms();
     r.healthy_from_ms = job_start;
     let stop = ctx.stop;
@@ -543,21 +718,21 @@ fn run_star(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng, r: &mut RunResu
             r.healthy_to_ms = now_ms();
         }
         Scenario::Straggler => {
-            r.target = format!("rank {target} on h{target} ({})", host.addr);
-            r.place = Place::Host { addr: host.addr.to_string() };
+            r.target = format!("rank {target} on h{target} ({addr})");
+            r.place = Place::Host { addr: addr.to_string() };
             r.healthy_to_ms = job_start; // active from the job's start: no healthy time
             if !sleep_checked(p.warmup + jitter + p.fault, stop) {
                 bail!("interrupted");
             }
             // The straggler's record ends when the job does; score it up to now.
-            let mut f = star.faults().into_iter().find(|f| matches!(f.kind, testbed::FaultKind::Straggler { .. })).context("no straggler record")?;
+            let mut f = star.rig().faults().into_iter().find(|f| matches!(f.kind, testbed::FaultKind::Straggler { .. })).context("no straggler record")?;
             f.ended_unix_ms = Some(now_ms());
             r.fault = Some(f);
         }
         _ => {
             let link = format!("h{target}");
-            r.target = format!("{link} ({}, port {})", host.addr, host.switch_port);
-            r.place = Place::HostLink { agent: 0, addr: host.addr.to_string(), port: host.switch_port.clone() };
+            r.target = star.describe_link(target);
+            r.place = star.place(target);
             // The rate cap is relative to what the job sends on the link (sampled in the last
             // RATE_SAMPLES × 100 ms of the warm-up), not to the raw veth capacity: the CPU-bound
             // job runs far below the latter, where a cap barely touches it.
@@ -566,7 +741,7 @@ fn run_star(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng, r: &mut RunResu
                 bail!("interrupted");
             }
             let cap_mbit = if sc == Scenario::RateCapQuarter {
-                let rate = job_send_rate_mbit(&agent, &host.switch_port, stop)?;
+                let rate = star.send_rate_mbit(&agents, target, stop)?;
                 let cap = (rate / 4.0).round().max(10.0) as u64;
                 r.target = format!("{} capped to {cap} Mbit/s = 1/4 of the {rate:.0} Mbit/s it sent at", r.target);
                 cap
@@ -577,9 +752,9 @@ fn run_star(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng, r: &mut RunResu
             r.healthy_to_ms = now_ms();
             // The guard clears the fault when dropped (also on an early return).
             let guard: Box<dyn std::any::Any> = match sc {
-                Scenario::Loss(pct) => Box::new(star.link_loss(&link, pct)?),
-                Scenario::RateCapQuarter => Box::new(star.link_rate_cap(&link, cap_mbit)?),
-                Scenario::Flap => Box::new(star.link_flap(&link, FlapSpec::periodic(Duration::from_millis(400), Duration::from_secs(3)))?),
+                Scenario::Loss(pct) => Box::new(star.rig().link_loss(&link, pct)?),
+                Scenario::RateCapQuarter => Box::new(star.rig().link_rate_cap(&link, cap_mbit)?),
+                Scenario::Flap => Box::new(star.rig().link_flap(&link, FlapSpec::periodic(Duration::from_millis(400), Duration::from_secs(3)))?),
                 _ => unreachable!(),
             };
             let held = sleep_checked(p.fault, stop);
@@ -587,15 +762,19 @@ fn run_star(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng, r: &mut RunResu
             if !held {
                 bail!("interrupted");
             }
-            r.fault = star.faults().into_iter().last();
+            r.fault = star.rig().faults().into_iter().last();
         }
     }
     if !sleep_checked(p.cooldown, stop) {
         bail!("interrupted");
     }
-    let mut agents = [agent];
     collect(&mut agents, r)?;
-    r.fault_log = star.faults();
+    if let StarRig::Ipu(s) = &star {
+        let own: Vec<String> = s.hosts.iter().map(|h| h.addr.to_string()).collect();
+        r.raw_events = std::mem::take(&mut r.events);
+        r.events = merge_ipu_events(&r.raw_events, &own);
+    }
+    r.fault_log = star.rig().faults();
     r.job = job_summary(job, &ctx.logs.join(format!("{tag}-job")), job_start, r.fault.as_ref());
     drop(agents);
     Ok(())
@@ -724,6 +903,14 @@ fn job_summary(job: testbed::RunningJob, out: &Path, job_start_ms: u64, fault: O
            "steps_before_fault": pre.len(), "steps_during_fault": during.len()})
 }
 
+/// "a2", or for a merged IPU event every agent that raised it: "ipu0+ipu2".
+fn agents_of(agent: usize, e: &Value) -> String {
+    match e["ipu_agents"].as_array() {
+        Some(a) => a.iter().map(|x| format!("ipu{}", x.as_u64().unwrap_or(0))).collect::<Vec<_>>().join("+"),
+        None => format!("a{agent}"),
+    }
+}
+
 fn kind(e: &Value) -> &str {
     e["kind"].as_str().unwrap_or("")
 }
@@ -767,12 +954,67 @@ fn matches_fault(e: &Value, f: &FaultRecord, straggler: bool) -> bool {
     ok_kind && raised(e) >= f.started_unix_ms && raised(e) <= end
 }
 
+/// The IPU vantage's verdicts as one fabric-wide list, the way an operator reading every IPU's
+/// `/v1/events` would count them:
+/// 1. union of every IPU agent's events;
+/// 2. each names a host (`ipu_named_host`): a peer-scoped event its peer; a link-scoped event
+///    the agent's own host (the agent watches one port, its IPU's fabric cable, so a verdict on
+///    that link is about the path of the host behind it); other scopes name nothing across agents
+///    and are kept per agent;
+/// 3. dedup: events of the same kind naming the same host whose lifetimes overlap (from
+///    `raised_unix_ms` to `ended_unix_ms`, or to the end of the run while open) are one event,
+///    raised when the first was, ended when the last ended, with every agent that raised one in
+///    `ipu_agents`. Two ring neighbours of a lossy host both naming it are one detection.
+///
+/// Localization is then judged on the host a merged event names (`Place::IpuLink`).
+fn merge_ipu_events(raw: &[(usize, Value)], own_hosts: &[String]) -> Vec<(usize, Value)> {
+    let named = |a: usize, e: &Value| -> String {
+        let s = &e["scope"];
+        match s["type"].as_str() {
+            Some("peer") => s["peer"].as_str().unwrap_or("?").to_string(),
+            Some("link") => own_hosts.get(a).cloned().unwrap_or_else(|| format!("ipu{a}")),
+            _ => format!("ipu{a} {}", scope_str(e)),
+        }
+    };
+    let mut items: Vec<(usize, &Value)> = raw.iter().map(|(a, e)| (*a, e)).collect();
+    items.sort_by_key(|(a, e)| (raised(e), *a));
+    let mut out: Vec<(usize, Value)> = Vec::new();
+    for (a, e) in items {
+        let host = named(a, e);
+        let end = e["ended_unix_ms"].as_u64();
+        let same = out.iter_mut().find(|(_, m)| {
+            kind(m) == kind(e) && m["ipu_named_host"] == host.as_str() && m["ended_unix_ms"].as_u64().is_none_or(|end| raised(e) <= end)
+        });
+        match same {
+            Some((_, m)) => {
+                m["ended_unix_ms"] = match (m["ended_unix_ms"].as_u64(), end) {
+                    (Some(x), Some(y)) => json!(x.max(y)),
+                    _ => Value::Null,
+                };
+                if let Some(agents) = m["ipu_agents"].as_array_mut() {
+                    if !agents.contains(&json!(a)) {
+                        agents.push(json!(a));
+                    }
+                }
+            }
+            None => {
+                let mut m = e.clone();
+                m["ipu_named_host"] = json!(host);
+                m["ipu_agents"] = json!([a]);
+                out.push((a, m));
+            }
+        }
+    }
+    out
+}
+
 fn names_place(agent: usize, e: &Value, place: &Place) -> bool {
     let s = &e["scope"];
     let (ty, peer, link) = (s["type"].as_str().unwrap_or(""), s["peer"].as_str().unwrap_or(""), s["link"].as_str().unwrap_or(""));
     match place {
         Place::HostLink { agent: a, addr, port } => agent == *a && (peer == addr || (ty == "link" && link == port)),
         Place::Uplink { agent: a, iface } => agent == *a && ty == "link" && link == iface,
+        Place::IpuLink { addr } => e["ipu_named_host"] == addr.as_str(),
         Place::Host { addr } => peer == addr,
         Place::None => false,
     }
@@ -903,6 +1145,7 @@ fn summarize(sc: Scenario, results: &[&RunResult]) -> Summary {
 /// Everything reported for one traffic source.
 struct SourceReport {
     source: Source,
+    vantage: Vantage,
     summaries: Vec<Summary>,
     overall: Summary,
     table: String,
@@ -912,7 +1155,7 @@ struct SourceReport {
 }
 
 impl SourceReport {
-    fn of(source: Source, scenarios: &[Scenario], runs: &[&RunResult]) -> SourceReport {
+    fn of(source: Source, vantage: Vantage, scenarios: &[Scenario], runs: &[&RunResult]) -> SourceReport {
         let summaries: Vec<Summary> = scenarios.iter().map(|&sc| summarize(sc, runs)).collect();
         let total = overall(&summaries);
         let table = render_table(&summaries);
@@ -946,12 +1189,29 @@ impl SourceReport {
                 );
             }
         }
-        SourceReport { source, summaries, overall: total, table, by_algorithm, targets }
+        SourceReport { source, vantage, summaries, overall: total, table, by_algorithm, targets }
+    }
+
+    /// "" at the switch vantage (the report's names before vantages existed), "-ipu" otherwise.
+    fn vantage_suffix(&self) -> String {
+        match self.vantage {
+            Vantage::Switch => String::new(),
+            v => format!("-{}", v.name()),
+        }
+    }
+
+    /// "rank" at the switch vantage, "rank, IPU vantage" otherwise.
+    fn title(&self) -> String {
+        match self.vantage {
+            Vantage::Switch => self.source.name(),
+            Vantage::Ipu => format!("{}, IPU vantage", self.source.name()),
+        }
     }
 
     fn to_json(&self) -> Value {
         json!({
             "source": self.source.name(),
+            "vantage": self.vantage.name(),
             "description": self.source.describe(),
             "scenarios": self.summaries.iter().map(Summary::to_json).collect::<Vec<_>>(),
             "overall": self.overall.to_json(),
@@ -984,6 +1244,99 @@ fn overall(sums: &[Summary]) -> Summary {
         }
     }
     o
+}
+
+/// The vantages of each source side by side, one row per scenario: detected/faults, median
+/// latency, precision and localization (faults) per vantage, then the overall row. Empty when
+/// only one vantage ran.
+fn vantage_comparison(reports: &[SourceReport]) -> String {
+    let vantages: Vec<Vantage> = Vantage::ALL.into_iter().filter(|v| reports.iter().any(|r| r.vantage == *v)).collect();
+    if vantages.len() < 2 {
+        return String::new();
+    }
+    let mut t = String::new();
+    let mut sources: Vec<Source> = Vec::new();
+    for r in reports {
+        if !sources.contains(&r.source) {
+            sources.push(r.source);
+        }
+    }
+    for src in sources {
+        let mine: Vec<&SourceReport> = vantages.iter().filter_map(|v| reports.iter().find(|r| r.source == src && r.vantage == *v)).collect();
+        let _ = writeln!(t, "#### {}\n", src.name());
+        let mut head = "| scenario |".to_string();
+        let mut rule = "|---|".to_string();
+        for r in &mine {
+            let v = r.vantage.name();
+            let _ = write!(head, " {v}: detected | {v}: latency median s | {v}: precision | {v}: localization | {v}: events |");
+            rule.push_str("---|---|---|---|---|");
+        }
+        let _ = writeln!(t, "{head}\n{rule}");
+        let mut names: Vec<String> = Vec::new();
+        for r in &mine {
+            for s in &r.summaries {
+                if !names.contains(&s.name) {
+                    names.push(s.name.clone());
+                }
+            }
+        }
+        let cell = |s: Option<&Summary>| -> String {
+            match s {
+                None => " n/a (no rig) | - | - | - | - |".into(),
+                Some(s) => {
+                    let det = if s.faults > 0 { format!("{}/{}", s.detected, s.faults) } else { "-".into() };
+                    let failed = if s.failed_runs > 0 { format!(" ({} runs failed)", s.failed_runs) } else { String::new() };
+                    let ev = if s.network_fault { s.network_events.to_string() } else { format!("{} (network {}, straggler {})", s.events_any, s.network_events, s.straggler_events) };
+                    format!(
+                        " {det}{failed} | {} | {} | {} | {ev} |",
+                        secs_opt(quantile(&s.latencies_ms, 0.5)),
+                        f2(s.precision()),
+                        f2(s.localization())
+                    )
+                }
+            }
+        };
+        for name in &names {
+            let mut row = format!("| {name} |");
+            for r in &mine {
+                row.push_str(&cell(r.summaries.iter().find(|s| &s.name == name)));
+            }
+            let _ = writeln!(t, "{row}");
+        }
+        let mut row = "| **all network faults** |".to_string();
+        for r in &mine {
+            let o = &r.overall;
+            let net: usize = r.summaries.iter().filter(|s| s.network_fault).map(|s| s.network_events).sum();
+            let p = (net > 0).then(|| o.matched_network_events as f64 / net as f64);
+            let _ = write!(
+                row,
+                " {}/{} | {} | {} | {} | {net} |",
+                o.detected,
+                o.faults,
+                secs_opt(quantile(&o.latencies_ms, 0.5)),
+                f2(p),
+                f2(o.localization())
+            );
+        }
+        let _ = writeln!(t, "{row}\n");
+        let _ = writeln!(t, "| target |{} \n|---|{}", mine.iter().map(|r| format!(" {} |", r.vantage.name())).collect::<String>(), "---|".repeat(mine.len()));
+        let goals: Vec<String> = mine[0].targets.iter().map(|(n, _, _)| n.clone()).collect();
+        for g in goals {
+            let mut row = format!("| {g} |");
+            for r in &mine {
+                let c = match r.targets.iter().find(|(n, _, _)| *n == g) {
+                    Some((_, v, Some(true))) => format!("met ({v})"),
+                    Some((_, v, Some(false))) => format!("**NOT MET** ({v})"),
+                    Some((_, v, None)) => format!("not measured ({v})"),
+                    None => "-".into(),
+                };
+                let _ = write!(row, " {} |", c.replace('|', "/"));
+            }
+            let _ = writeln!(t, "{row}");
+        }
+        let _ = writeln!(t);
+    }
+    t
 }
 
 fn f2(v: Option<f64>) -> String {
@@ -1089,11 +1442,12 @@ fn targets(sums: &[Summary], o: &Summary) -> Vec<Target> {
 
 fn run_json(r: &RunResult) -> Value {
     json!({
-        "source": r.source.name(), "mpi_algorithm": r.algorithm.map(MpiAlgorithm::name),
+        "source": r.source.name(), "vantage": r.vantage.name(), "mpi_algorithm": r.algorithm.map(MpiAlgorithm::name),
         "scenario": r.scenario.name(), "repeat": r.repeat, "target": r.target, "error": r.error,
         "fault": r.fault, "fault_log": r.fault_log, "healthy_from_unix_ms": r.healthy_from_ms, "healthy_to_unix_ms": r.healthy_to_ms,
         "windows": r.windows,
         "events": r.events.iter().map(|(a, e)| json!({"agent": a, "event": e, "matches_fault": r.fault.as_ref().is_some_and(|f| matches_fault(e, f, r.scenario == Scenario::Straggler)), "names_place": names_place(*a, e, &r.place)})).collect::<Vec<_>>(),
+        "raw_events": r.raw_events.iter().map(|(a, e)| json!({"agent": a, "event": e})).collect::<Vec<_>>(),
         "job": r.job,
     })
 }
@@ -1110,6 +1464,9 @@ fn command_line(o: &Opts) -> String {
     }
     for s in &o.scenarios {
         let _ = write!(c, " --scenario {s}");
+    }
+    for v in &o.vantages {
+        let _ = write!(c, " --vantage {v}");
     }
     if o.seed != 1 {
         let _ = write!(c, " --seed {}", o.seed);
@@ -1134,6 +1491,7 @@ fn render_markdown(
     capacity: f64,
     cap: u64,
     per_source: &[SourceReport],
+    comparison: &str,
     results: &[RunResult],
 ) -> String {
     let mut m = String::new();
@@ -1166,6 +1524,19 @@ fn render_markdown(
          - Targets (host, link, rank) and the injection time are drawn from a seeded generator (`--seed`); nftables' random drop itself is not seedable.\n\
          - The compute straggler ({STRAGGLER_EXTRA_MS} ms extra per step) is a job parameter: it is active from the job's start, so its runs have no healthy warm-up.\n"
     );
+    if per_source.iter().any(|r| r.vantage == Vantage::Ipu) {
+        let _ = writeln!(
+            m,
+            "- IPU vantage (`--vantage ipu`): `testbed::IpuStar`, the same 6 hosts and addresses, each host cabled to its own IPU namespace \
+             (`ringside ipu-wire`, the eBPF redirect forwarder) and the IPU to the switch's bridge; one release agent in **every** IPU namespace, \
+             attached to its `fabric` port only, so each sees its own host's traffic and nothing else; the same configuration as the switch's agent \
+             plus `[detect.gray] min_peers = 2` (an IPU sees two peers of a ring; the operator guide's IPU setting). Faults go on link `h<i>`, \
+             IPU i's fabric cable (loss at the switch port, rate cap on both ends, flap of the switch port), as on the star's host links; the rate \
+             cap is 1/4 of what the faulted host sent (its IPU's `fabric` egress). Same seed, same targets and injection times as the switch vantage \
+             (one generator per vantage); the vantages of a run follow each other, so they share the machine's load. `uplink-congestion` \
+             has no IPU rig (the leaf-spine has no IPUs) and runs only at the switch vantage.\n"
+        );
+    }
     let _ = writeln!(m, "## Scoring\n");
     let _ = writeln!(
         m,
@@ -1180,15 +1551,27 @@ fn render_markdown(
          - False alarms: network events raised while the job was healthy (whole healthy runs, every warm-up), per hour of that time.\n",
         GRACE_MS / 1000
     );
+    if per_source.iter().any(|r| r.vantage == Vantage::Ipu) {
+        let _ = writeln!(
+            m,
+            "- IPU vantage: the six agents' events are merged before scoring, as an operator reading every IPU would count them: \
+             the union of all events; each names a host (a peer-scoped event its peer, a link-scoped event the agent's own host, since the \
+             agent's one port is its host's fabric cable); events of the same kind naming the same host whose lifetimes (raised → ended, or \
+             still open) overlap are one event, raised when the first was, listing every agent (`ipu_agents` in the JSON; `raw_events` keeps \
+             each agent's own). Localization is judged on the named host: the faulted host's address is correct, a healthy host is not. \
+             Two neighbours both naming a lossy host count once; a neighbour named by the faulted host's own IPU (which sees every peer \
+             lossy) counts as a wrong event.\n"
+        );
+    }
     let _ = writeln!(m, "## Results per traffic source\n");
     for rep in per_source {
-        let _ = writeln!(m, "### {}\n\n{}.\n", rep.source.name(), rep.source.describe());
+        let _ = writeln!(m, "### {}\n\n{}.\n", rep.title(), rep.source.describe());
         m.push_str(&rep.table);
         if !rep.by_algorithm.is_empty() {
             let _ = writeln!(m, "\nBy OpenMPI algorithm (run i of each scenario uses the i-th algorithm, shifted by the scenario's index):\n");
             m.push_str(&rep.by_algorithm);
         }
-        let _ = writeln!(m, "\nTargets ({}):\n", rep.source.name());
+        let _ = writeln!(m, "\nTargets ({}):\n", rep.title());
         let _ = writeln!(m, "| target | measured | status |\n|---|---|---|");
         for (n, v, ok) in &rep.targets {
             let st = match ok {
@@ -1199,6 +1582,9 @@ fn render_markdown(
             let _ = writeln!(m, "| {n} | {v} | {st} |");
         }
         let _ = writeln!(m);
+    }
+    if !comparison.is_empty() {
+        let _ = writeln!(m, "## Vantages side by side\n\nThe same scenarios, seed and machine load at each vantage (runs interleaved). \"events\": network events (healthy and straggler rows: events of any kind).\n\n{comparison}");
     }
     let _ = writeln!(m, "\nAnchor: Minder (ByteDance) reports 3.6 s mean reaction with precision 0.904.\n");
     let _ = writeln!(m, "## Caveats of the harness\n");
@@ -1224,9 +1610,12 @@ fn render_markdown(
         } else if r.events.is_empty() {
             "none".into()
         } else {
-            r.events.iter().map(|(a, e)| format!("a{a}: {}", brief(e, r.fault.as_ref()))).collect::<Vec<_>>().join("<br>")
+            r.events.iter().map(|(a, e)| format!("{}: {}", agents_of(*a, e), brief(e, r.fault.as_ref()))).collect::<Vec<_>>().join("<br>")
         };
-        let src = r.source.name() + &r.algorithm.map(|a| format!(" ({})", a.name())).unwrap_or_default();
+        let mut src = r.source.name() + &r.algorithm.map(|a| format!(" ({})", a.name())).unwrap_or_default();
+        if r.vantage != Vantage::Switch {
+            src = format!("{src} @{}", r.vantage.name());
+        }
         let _ = writeln!(m, "| {src} | {} | {} | {} | {} |", r.scenario.name(), r.repeat, r.target, ev.replace('|', "/"));
     }
     m
@@ -1331,4 +1720,78 @@ fn plot(sums: &[Summary], path: &Path) -> Result<()> {
     c.configure_series_labels().position(SeriesLabelPosition::UpperRight).background_style(WHITE.mix(0.8)).border_style(BLACK).label_font(("sans-serif", 12)).draw()?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(kind: &str, scope: Value, raised: u64, ended: Option<u64>) -> Value {
+        json!({"kind": kind, "scope": scope, "raised_unix_ms": raised, "ended_unix_ms": ended, "severity": "critical"})
+    }
+
+    fn peer(addr: &str) -> Value {
+        json!({"type": "peer", "peer": addr, "link": "fabric"})
+    }
+
+    fn hosts() -> Vec<String> {
+        (1..=6).map(|i| format!("10.77.0.{i}")).collect()
+    }
+
+    #[test]
+    fn two_neighbours_naming_one_host_merge_into_one_event() {
+        // IPUs 0 and 2 (host 1's ring neighbours) both name host 1 (10.77.0.2), overlapping.
+        let raw = vec![(2, ev("gray_failure", peer("10.77.0.2"), 1_500, None)), (0, ev("gray_failure", peer("10.77.0.2"), 1_000, Some(2_000)))];
+        let m = merge_ipu_events(&raw, &hosts());
+        assert_eq!(m.len(), 1, "{m:?}");
+        let (a, e) = &m[0];
+        assert_eq!((*a, raised(e)), (0, 1_000), "the first raise wins");
+        assert_eq!(e["ipu_agents"], json!([0, 2]));
+        assert!(e["ended_unix_ms"].is_null(), "one of them is still open: so is the merged event");
+        assert!(names_place(*a, e, &Place::IpuLink { addr: "10.77.0.2".into() }));
+        assert!(!names_place(*a, e, &Place::IpuLink { addr: "10.77.0.3".into() }));
+    }
+
+    #[test]
+    fn events_apart_in_time_or_kind_or_host_stay_apart() {
+        let raw = vec![
+            (0, ev("gray_failure", peer("10.77.0.2"), 1_000, Some(2_000))),
+            // Raised after the first ended: a second detection.
+            (2, ev("gray_failure", peer("10.77.0.2"), 2_500, Some(3_000))),
+            (2, ev("congestion", peer("10.77.0.2"), 1_100, None)),
+            (1, ev("gray_failure", peer("10.77.0.3"), 1_200, None)),
+        ];
+        let m = merge_ipu_events(&raw, &hosts());
+        assert_eq!(m.len(), 4, "{m:?}");
+    }
+
+    #[test]
+    fn a_link_scoped_event_names_the_ipus_own_host() {
+        // IPU 3's verdict on its own fabric cable is about host 3 (10.77.0.4); a neighbour naming
+        // host 3 at the same time is the same detection.
+        let raw = vec![
+            (3, ev("congestion", json!({"type": "link", "link": "fabric"}), 1_000, None)),
+            (4, ev("congestion", peer("10.77.0.4"), 1_200, None)),
+        ];
+        let m = merge_ipu_events(&raw, &hosts());
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert_eq!(m[0].1["ipu_named_host"], "10.77.0.4");
+        assert!(names_place(m[0].0, &m[0].1, &Place::IpuLink { addr: "10.77.0.4".into() }));
+    }
+
+    #[test]
+    fn the_faulted_ipu_blaming_its_peers_is_wrong() {
+        // Host 1's own IPU sees both its ring peers lossy and names them: neither is host 1.
+        let raw = vec![(1, ev("gray_failure", peer("10.77.0.1"), 1_000, None)), (1, ev("gray_failure", peer("10.77.0.3"), 1_000, None))];
+        let m = merge_ipu_events(&raw, &hosts());
+        assert_eq!(m.len(), 2);
+        assert!(m.iter().all(|(a, e)| !names_place(*a, e, &Place::IpuLink { addr: "10.77.0.2".into() })));
+    }
+
+    #[test]
+    fn a_vantage_without_a_rig_for_a_scenario_skips_it() {
+        assert!(Vantage::Switch.runs(Scenario::UplinkCongestion));
+        assert!(!Vantage::Ipu.runs(Scenario::UplinkCongestion));
+        assert!(ALL.iter().filter(|&&sc| sc != Scenario::UplinkCongestion).all(|&sc| Vantage::Ipu.runs(sc)));
+    }
 }
