@@ -40,6 +40,8 @@ use crate::{loader, object, privileges};
 pub const PROGRAM: &str = "ipuwire";
 /// `[host ifindex, fabric ifindex]`.
 pub const PORTS_MAP: &str = "IPU_PORTS";
+/// The fabric port's MAC (one u64, see [`mac_to_u64`]): frames for it are delivered locally.
+pub const LOCAL_MAC_MAP: &str = "IPU_LOCAL_MAC";
 /// Per-CPU frame counters, indexed as [`WireStats`]'s fields.
 pub const STATS_MAP: &str = "IPU_STATS";
 /// The forwarder's clsact priority: last, after any flow monitor (see the module docs).
@@ -50,6 +52,22 @@ const STAT_TO_HOST: u32 = 1;
 const STAT_UNCONFIGURED: u32 = 2;
 const STAT_FOREIGN_PORT: u32 = 3;
 const STAT_REDIRECT_FAILED: u32 = 4;
+const STAT_TO_LOCAL: u32 = 5;
+
+/// `IPU_LOCAL_MAC`'s encoding: the MAC's bytes 0..6 of a little-endian u64.
+pub fn mac_to_u64(mac: [u8; 6]) -> u64 {
+    u64::from_le_bytes([mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], 0, 0])
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff` (as in /sys/class/net/IFACE/address).
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.trim().split(':');
+    for b in &mut mac {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
 
 /// The forwarder's counters, summed over CPUs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -64,6 +82,10 @@ pub struct WireStats {
     pub foreign_port: u64,
     /// Frames dropped because `bpf_redirect` refused.
     pub redirect_failed: u64,
+    /// Frames from the fabric port for the fabric port's own MAC, passed to the IPU's stack
+    /// (managed collectives: the IPU's fabric address).
+    #[serde(default)]
+    pub to_local: u64,
 }
 
 /// Errors setting up the forwarder. Each says what to do.
@@ -81,6 +103,8 @@ pub enum WireError {
     Load(#[source] EbpfError),
     #[error("the ipuwire object has no {what} `{name}`; rebuild it with `cargo xtask build`")]
     MissingItem { what: &'static str, name: &'static str },
+    #[error("cannot read the MAC of `{iface}` from /sys/class/net/{iface}/address; is /sys mounted for this network namespace (`ip netns exec` remounts it)?")]
+    Mac { iface: String },
     #[error("the kernel rejected program `ipuwire`: {0}; the verifier log is in the error chain (RUST_LOG=debug)")]
     Program(#[source] ProgramError),
     #[error("cannot write or read map `{name}`: {source}")]
@@ -119,6 +143,13 @@ impl IpuWire {
             // Written before the attach, so the program never sees a half-set map in service.
             ports.set(0, host, 0).map_err(|source| WireError::Map { name: PORTS_MAP, source })?;
             ports.set(1, fabric, 0).map_err(|source| WireError::Map { name: PORTS_MAP, source })?;
+            // The fabric port's own MAC: frames for it reach this namespace's stack (where a
+            // managed collective service listens on the IPU's fabric address) instead of the host.
+            let path = format!("/sys/class/net/{fabric_port}/address");
+            let mac = std::fs::read_to_string(&path).ok().and_then(|s| parse_mac(&s)).ok_or(WireError::Mac { iface: fabric_port.to_owned() })?;
+            let map = wire.ebpf.map_mut(LOCAL_MAC_MAP).ok_or(WireError::MissingItem { what: "map", name: LOCAL_MAC_MAP })?;
+            let mut local: Array<_, u64> = Array::try_from(map).map_err(|source| WireError::Map { name: LOCAL_MAC_MAP, source })?;
+            local.set(0, mac_to_u64(mac), 0).map_err(|source| WireError::Map { name: LOCAL_MAC_MAP, source })?;
         }
         let prog: &mut SchedClassifier = wire
             .ebpf
@@ -187,6 +218,7 @@ pub fn wire_stats(ebpf: &Ebpf) -> Result<WireStats, WireError> {
         unconfigured: sum(STAT_UNCONFIGURED)?,
         foreign_port: sum(STAT_FOREIGN_PORT)?,
         redirect_failed: sum(STAT_REDIRECT_FAILED)?,
+        to_local: sum(STAT_TO_LOCAL)?,
     })
 }
 
@@ -206,5 +238,14 @@ mod tests {
     fn same_port_twice_is_refused_before_anything_is_loaded() {
         let e = IpuWire::attach("eth0", "eth0").err().expect("refused").to_string();
         assert!(e.contains("two different interfaces"), "{e}");
+    }
+
+    #[test]
+    fn macs_parse_and_encode_as_the_program_reads_them() {
+        assert_eq!(parse_mac("02:77:00:0a:ff:01\n"), Some([2, 0x77, 0, 0x0a, 0xff, 1]));
+        assert_eq!(parse_mac("02:77:00:0a:ff"), None);
+        assert_eq!(parse_mac("02:77:00:0a:ff:01:02"), None);
+        assert_eq!(parse_mac("zz:77:00:0a:ff:01"), None);
+        assert_eq!(mac_to_u64([1, 2, 3, 4, 5, 6]), 0x0605_0403_0201);
     }
 }

@@ -48,6 +48,10 @@ pub enum CollectiveError {
     #[error("invalid argument {name}: {reason}")]
     InvalidArgument { name: &'static str, reason: String },
 
+    /// Managed mode (`ringside-rank --managed`): the call to this host's IPU service failed.
+    #[error(transparent)]
+    Managed(#[from] crate::managed::ManagedError),
+
     #[error("communicator is unusable after an earlier failure: {cause}")]
     Poisoned { cause: Box<CollectiveError> },
 }
