@@ -59,14 +59,35 @@ pub fn mac_to_u64(mac: [u8; 6]) -> u64 {
     u64::from_le_bytes([mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], 0, 0])
 }
 
-/// Parses `aa:bb:cc:dd:ee:ff` (as in /sys/class/net/IFACE/address).
-pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let mut mac = [0u8; 6];
-    let mut parts = s.trim().split(':');
-    for b in &mut mac {
-        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+/// The hardware address of `iface` in the caller's network namespace, asked of the kernel with
+/// `SIOCGIFHWADDR` on a socket (sockets belong to the namespace they are created in; reading
+/// /sys/class/net would show the namespace /sys was mounted for, which after a bare `setns` is
+/// not this one).
+pub fn interface_mac(iface: &str) -> std::io::Result<[u8; 6]> {
+    // SAFETY: plain syscalls on a socket this function owns and closes; `req` is a zeroed ifreq
+    // whose name is NUL-terminated (checked length), as SIOCGIFHWADDR expects.
+    unsafe {
+        let mut req: libc::ifreq = std::mem::zeroed();
+        let name = iface.as_bytes();
+        if name.is_empty() || name.len() >= req.ifr_name.len() {
+            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+        }
+        for (d, s) in req.ifr_name.iter_mut().zip(name) {
+            *d = *s as libc::c_char;
+        }
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let rc = libc::ioctl(fd, libc::SIOCGIFHWADDR as _, &mut req);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if rc < 0 {
+            return Err(err);
+        }
+        let sa = req.ifr_ifru.ifru_hwaddr;
+        Ok(std::array::from_fn(|i| sa.sa_data[i] as u8))
     }
-    parts.next().is_none().then_some(mac)
 }
 
 /// The forwarder's counters, summed over CPUs.
@@ -103,8 +124,8 @@ pub enum WireError {
     Load(#[source] EbpfError),
     #[error("the ipuwire object has no {what} `{name}`; rebuild it with `cargo xtask build`")]
     MissingItem { what: &'static str, name: &'static str },
-    #[error("cannot read the MAC of `{iface}` from /sys/class/net/{iface}/address; is /sys mounted for this network namespace (`ip netns exec` remounts it)?")]
-    Mac { iface: String },
+    #[error("cannot read the MAC of `{iface}` (SIOCGIFHWADDR): {source}; is it an Ethernet interface of this network namespace?")]
+    Mac { iface: String, source: std::io::Error },
     #[error("the kernel rejected program `ipuwire`: {0}; the verifier log is in the error chain (RUST_LOG=debug)")]
     Program(#[source] ProgramError),
     #[error("cannot write or read map `{name}`: {source}")]
@@ -145,8 +166,7 @@ impl IpuWire {
             ports.set(1, fabric, 0).map_err(|source| WireError::Map { name: PORTS_MAP, source })?;
             // The fabric port's own MAC: frames for it reach this namespace's stack (where a
             // managed collective service listens on the IPU's fabric address) instead of the host.
-            let path = format!("/sys/class/net/{fabric_port}/address");
-            let mac = std::fs::read_to_string(&path).ok().and_then(|s| parse_mac(&s)).ok_or(WireError::Mac { iface: fabric_port.to_owned() })?;
+            let mac = interface_mac(fabric_port).map_err(|source| WireError::Mac { iface: fabric_port.to_owned(), source })?;
             let map = wire.ebpf.map_mut(LOCAL_MAC_MAP).ok_or(WireError::MissingItem { what: "map", name: LOCAL_MAC_MAP })?;
             let mut local: Array<_, u64> = Array::try_from(map).map_err(|source| WireError::Map { name: LOCAL_MAC_MAP, source })?;
             local.set(0, mac_to_u64(mac), 0).map_err(|source| WireError::Map { name: LOCAL_MAC_MAP, source })?;
@@ -241,11 +261,14 @@ mod tests {
     }
 
     #[test]
-    fn macs_parse_and_encode_as_the_program_reads_them() {
-        assert_eq!(parse_mac("02:77:00:0a:ff:01\n"), Some([2, 0x77, 0, 0x0a, 0xff, 1]));
-        assert_eq!(parse_mac("02:77:00:0a:ff"), None);
-        assert_eq!(parse_mac("02:77:00:0a:ff:01:02"), None);
-        assert_eq!(parse_mac("zz:77:00:0a:ff:01"), None);
+    fn loopback_has_the_zero_mac_and_unknown_interfaces_fail() {
+        assert_eq!(interface_mac("lo").unwrap(), [0; 6]);
+        assert!(interface_mac("no-such-if0").is_err());
+        assert!(interface_mac("").is_err());
+    }
+
+    #[test]
+    fn macs_encode_as_the_program_reads_them() {
         assert_eq!(mac_to_u64([1, 2, 3, 4, 5, 6]), 0x0605_0403_0201);
     }
 }

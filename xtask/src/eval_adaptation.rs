@@ -498,6 +498,7 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut O
             let job = testbed::spawn_job(rig, &cfg)?;
             (created, job)
         }
+        Source::Managed => unreachable!("managed runs go through run_one_managed"),
         Source::Torch => {
             let train = Duration::from_secs(ctx.opts.warmup_s + ctx.opts.torch_fault_s);
             let mut cfg = TorchConfig {
@@ -571,7 +572,7 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut O
     drop(agent);
     waited.with_context(|| format!("the {tag} job failed (logs in {})", out.display()))?;
     match ctx.source {
-        Source::Rank => measure(&out.join("rank-0.json"), &mut r)?,
+        Source::Rank | Source::Managed => measure(&out.join("rank-0.json"), &mut r)?,
         Source::Torch => measure_torch(&out, &mut r)?,
     }
     Ok(r)
