@@ -1041,24 +1041,6 @@ fn plot(source: Source, rows: &[(Scenario, RunResult, RunResult)], path: &Path) 
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn plot_draws_every_scenario() {
-        let r = |c| RunResult { comm_mean: Some(c), ..Default::default() };
-        let rows: Vec<_> = ALL.iter().enumerate().map(|(i, &sc)| (sc, r(100.0 + i as f64), r(50.0))).collect();
-        let dir = std::env::temp_dir().join(format!("ringside-plot-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let png = dir.join("adaptation.png");
-        plot(Source::Rank, &rows, &png).unwrap();
-        let len = std::fs::metadata(&png).unwrap().len();
-        let _ = std::fs::remove_dir_all(&dir);
-        assert!(len > 10_000, "a {len}-byte PNG");
-    }
-}
-
 /// Managed mode's own target: at least the adaptive gain of tenant-side following (`rank`) in
 /// the same scenario and the same invocation.
 fn managed_vs_tenant(managed: &Rows, rank: &Rows) -> Vec<(String, String, String)> {
@@ -1228,4 +1210,22 @@ fn run_one_managed(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate
         versions.len()
     };
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plot_draws_every_scenario() {
+        let r = |c| RunResult { comm_mean: Some(c), ..Default::default() };
+        let rows: Vec<_> = ALL.iter().enumerate().map(|(i, &sc)| (sc, r(100.0 + i as f64), r(50.0))).collect();
+        let dir = std::env::temp_dir().join(format!("ringside-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let png = dir.join("adaptation.png");
+        plot(Source::Rank, &rows, &png).unwrap();
+        let len = std::fs::metadata(&png).unwrap().len();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(len > 10_000, "a {len}-byte PNG");
+    }
 }
