@@ -14,8 +14,16 @@
 //!   interface, `bpf_redirect` refused) is dropped with `TC_ACT_SHOT` and counted. A bump in the
 //!   wire without working firmware passes nothing, and the IPU namespace has no address to
 //!   deliver a frame to, so passing it up the IPU's stack would only hide the fault.
+//! - Local delivery (managed collectives): a frame that arrives on the fabric port addressed to
+//!   the fabric port's own MAC (`IPU_LOCAL_MAC`, written by the loader; 0 = none) is passed up
+//!   the IPU's own stack (`TC_ACT_OK`) instead of being forwarded: that is the IPU's fabric
+//!   address, where `ringside-ipu` services reach each other. Nothing else is delivered locally:
+//!   a frame from the host port is always forwarded (the tenant never reaches its IPU's stack
+//!   through the wire), and broadcasts (ARP) are forwarded as before (the IPUs' neighbours are
+//!   static). Before this, such a frame was forwarded to the host, which dropped it (not its MAC).
 //! - Every frame is counted exactly once in `IPU_STATS` (per-CPU, see the `stat` constants).
-//! - Bounded work: two array lookups, one counter update and the helper call, no loop.
+//! - Bounded work: three array lookups, one 6-byte load, one counter update and the helper call,
+//!   no loop.
 //!
 //! The map names, array layout and counter indices are repeated in dataplane-user's
 //! `ipuwire.rs` (the flow monitor's shared crate is left alone so the flow monitor's object does
@@ -24,7 +32,7 @@
 #![no_main]
 
 use aya_ebpf::{
-    bindings::{TC_ACT_REDIRECT, TC_ACT_SHOT},
+    bindings::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
     helpers::bpf_redirect,
     macros::{classifier, map},
     maps::{Array, PerCpuArray},
@@ -48,12 +56,19 @@ mod stat {
     pub const FOREIGN_PORT: u32 = 3;
     /// Dropped: `bpf_redirect` refused.
     pub const REDIRECT_FAILED: u32 = 4;
-    pub const COUNT: u32 = 5;
+    /// Arrived on the fabric port for the fabric port's own MAC: passed to the IPU's stack.
+    pub const TO_LOCAL: u32 = 5;
+    pub const COUNT: u32 = 6;
 }
 
 /// `[host ifindex, fabric ifindex]`; 0 means unset.
 #[map(name = "IPU_PORTS")]
 static IPU_PORTS: Array<u32> = Array::with_max_entries(2, 0);
+
+/// The fabric port's MAC, bytes 0..6 of a little-endian u64 (`u64::from_le_bytes([m0, .., m5,
+/// 0, 0])`); 0 = no local delivery.
+#[map(name = "IPU_LOCAL_MAC")]
+static IPU_LOCAL_MAC: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Frame counters, one copy per CPU (see `stat`).
 #[map(name = "IPU_STATS")]
@@ -82,6 +97,18 @@ pub fn ipuwire(ctx: TcContext) -> i32 {
     let (to, counter) = if arrived == host {
         (fabric, stat::TO_FABRIC)
     } else if arrived == fabric {
+        let local = IPU_LOCAL_MAC.get(0).copied().unwrap_or(0);
+        if local != 0 {
+            // The destination MAC is the frame's first 6 bytes; a frame too short to hold one
+            // is not for us and is forwarded as before.
+            if let Ok(dst) = ctx.load::<[u8; 6]>(0) {
+                let dst = u64::from_le_bytes([dst[0], dst[1], dst[2], dst[3], dst[4], dst[5], 0, 0]);
+                if dst == local {
+                    count(stat::TO_LOCAL);
+                    return TC_ACT_OK as i32;
+                }
+            }
+        }
         (host, stat::TO_HOST)
     } else {
         count(stat::FOREIGN_PORT);

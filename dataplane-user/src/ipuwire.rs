@@ -40,6 +40,8 @@ use crate::{loader, object, privileges};
 pub const PROGRAM: &str = "ipuwire";
 /// `[host ifindex, fabric ifindex]`.
 pub const PORTS_MAP: &str = "IPU_PORTS";
+/// The fabric port's MAC (one u64, see [`mac_to_u64`]): frames for it are delivered locally.
+pub const LOCAL_MAC_MAP: &str = "IPU_LOCAL_MAC";
 /// Per-CPU frame counters, indexed as [`WireStats`]'s fields.
 pub const STATS_MAP: &str = "IPU_STATS";
 /// The forwarder's clsact priority: last, after any flow monitor (see the module docs).
@@ -50,6 +52,43 @@ const STAT_TO_HOST: u32 = 1;
 const STAT_UNCONFIGURED: u32 = 2;
 const STAT_FOREIGN_PORT: u32 = 3;
 const STAT_REDIRECT_FAILED: u32 = 4;
+const STAT_TO_LOCAL: u32 = 5;
+
+/// `IPU_LOCAL_MAC`'s encoding: the MAC's bytes 0..6 of a little-endian u64.
+pub fn mac_to_u64(mac: [u8; 6]) -> u64 {
+    u64::from_le_bytes([mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], 0, 0])
+}
+
+/// The hardware address of `iface` in the caller's network namespace, asked of the kernel with
+/// `SIOCGIFHWADDR` on a socket (sockets belong to the namespace they are created in; reading
+/// /sys/class/net would show the namespace /sys was mounted for, which after a bare `setns` is
+/// not this one).
+pub fn interface_mac(iface: &str) -> std::io::Result<[u8; 6]> {
+    // SAFETY: plain syscalls on a socket this function owns and closes; `req` is a zeroed ifreq
+    // whose name is NUL-terminated (checked length), as SIOCGIFHWADDR expects.
+    unsafe {
+        let mut req: libc::ifreq = std::mem::zeroed();
+        let name = iface.as_bytes();
+        if name.is_empty() || name.len() >= req.ifr_name.len() {
+            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+        }
+        for (d, s) in req.ifr_name.iter_mut().zip(name) {
+            *d = *s as libc::c_char;
+        }
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let rc = libc::ioctl(fd, libc::SIOCGIFHWADDR as _, &mut req);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if rc < 0 {
+            return Err(err);
+        }
+        let sa = req.ifr_ifru.ifru_hwaddr;
+        Ok(std::array::from_fn(|i| sa.sa_data[i] as u8))
+    }
+}
 
 /// The forwarder's counters, summed over CPUs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -64,6 +103,10 @@ pub struct WireStats {
     pub foreign_port: u64,
     /// Frames dropped because `bpf_redirect` refused.
     pub redirect_failed: u64,
+    /// Frames from the fabric port for the fabric port's own MAC, passed to the IPU's stack
+    /// (managed collectives: the IPU's fabric address).
+    #[serde(default)]
+    pub to_local: u64,
 }
 
 /// Errors setting up the forwarder. Each says what to do.
@@ -81,6 +124,8 @@ pub enum WireError {
     Load(#[source] EbpfError),
     #[error("the ipuwire object has no {what} `{name}`; rebuild it with `cargo xtask build`")]
     MissingItem { what: &'static str, name: &'static str },
+    #[error("cannot read the MAC of `{iface}` (SIOCGIFHWADDR): {source}; is it an Ethernet interface of this network namespace?")]
+    Mac { iface: String, source: std::io::Error },
     #[error("the kernel rejected program `ipuwire`: {0}; the verifier log is in the error chain (RUST_LOG=debug)")]
     Program(#[source] ProgramError),
     #[error("cannot write or read map `{name}`: {source}")]
@@ -119,6 +164,12 @@ impl IpuWire {
             // Written before the attach, so the program never sees a half-set map in service.
             ports.set(0, host, 0).map_err(|source| WireError::Map { name: PORTS_MAP, source })?;
             ports.set(1, fabric, 0).map_err(|source| WireError::Map { name: PORTS_MAP, source })?;
+            // The fabric port's own MAC: frames for it reach this namespace's stack (where a
+            // managed collective service listens on the IPU's fabric address) instead of the host.
+            let mac = interface_mac(fabric_port).map_err(|source| WireError::Mac { iface: fabric_port.to_owned(), source })?;
+            let map = wire.ebpf.map_mut(LOCAL_MAC_MAP).ok_or(WireError::MissingItem { what: "map", name: LOCAL_MAC_MAP })?;
+            let mut local: Array<_, u64> = Array::try_from(map).map_err(|source| WireError::Map { name: LOCAL_MAC_MAP, source })?;
+            local.set(0, mac_to_u64(mac), 0).map_err(|source| WireError::Map { name: LOCAL_MAC_MAP, source })?;
         }
         let prog: &mut SchedClassifier = wire
             .ebpf
@@ -187,6 +238,7 @@ pub fn wire_stats(ebpf: &Ebpf) -> Result<WireStats, WireError> {
         unconfigured: sum(STAT_UNCONFIGURED)?,
         foreign_port: sum(STAT_FOREIGN_PORT)?,
         redirect_failed: sum(STAT_REDIRECT_FAILED)?,
+        to_local: sum(STAT_TO_LOCAL)?,
     })
 }
 
@@ -206,5 +258,17 @@ mod tests {
     fn same_port_twice_is_refused_before_anything_is_loaded() {
         let e = IpuWire::attach("eth0", "eth0").err().expect("refused").to_string();
         assert!(e.contains("two different interfaces"), "{e}");
+    }
+
+    #[test]
+    fn loopback_has_the_zero_mac_and_unknown_interfaces_fail() {
+        assert_eq!(interface_mac("lo").unwrap(), [0; 6]);
+        assert!(interface_mac("no-such-if0").is_err());
+        assert!(interface_mac("").is_err());
+    }
+
+    #[test]
+    fn macs_encode_as_the_program_reads_them() {
+        assert_eq!(mac_to_u64([1, 2, 3, 4, 5, 6]), 0x0605_0403_0201);
     }
 }

@@ -18,6 +18,7 @@ use ringside_test_support::{
 };
 
 /// include/uapi/linux/pkt_cls.h
+const TC_ACT_OK: u32 = 0;
 const TC_ACT_SHOT: u32 = 2;
 const TC_ACT_REDIRECT: u32 = 7;
 const ELSEWHERE: u32 = 999_999;
@@ -39,6 +40,12 @@ fn set_ports(ebpf: &mut Ebpf, host: u32, fabric: u32) {
     let mut ports: Array<_, u32> = Array::try_from(ebpf.map_mut(ipuwire::PORTS_MAP).expect("map IPU_PORTS")).unwrap();
     ports.set(0, host, 0).unwrap();
     ports.set(1, fabric, 0).unwrap();
+}
+
+/// Sets the fabric port's own MAC (as the loader does from /sys/class/net/FABRIC/address).
+fn set_local_mac(ebpf: &mut Ebpf, mac: [u8; 6]) {
+    let mut local: Array<_, u64> = Array::try_from(ebpf.map_mut(ipuwire::LOCAL_MAC_MAP).expect("map IPU_LOCAL_MAC")).unwrap();
+    local.set(0, ipuwire::mac_to_u64(mac), 0).unwrap();
 }
 
 /// Runs one frame on "ingress of loopback" and returns the verdict, checking the frame is unchanged.
@@ -84,4 +91,30 @@ fn a_third_interface_is_dropped_and_counted() {
     set_ports(&mut ebpf, ELSEWHERE, ELSEWHERE + 1);
     assert_eq!(run(&ebpf), TC_ACT_SHOT);
     assert_eq!(ipuwire::wire_stats(&ebpf).unwrap(), WireStats { foreign_port: 1, ..Default::default() });
+}
+
+#[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
+fn fabric_frame_for_the_ipus_own_mac_is_delivered_locally() {
+    let mut ebpf = load();
+    set_ports(&mut ebpf, ELSEWHERE, LOOPBACK_IFINDEX);
+    // tcp4's frames are addressed to MAC_B.
+    set_local_mac(&mut ebpf, frames::MAC_B);
+    assert_eq!(run(&ebpf), TC_ACT_OK, "a frame for the IPU's fabric MAC goes up the IPU's stack");
+    assert_eq!(ipuwire::wire_stats(&ebpf).unwrap(), WireStats { to_local: 1, ..Default::default() });
+    // Another MAC is forwarded to the host as before.
+    set_local_mac(&mut ebpf, frames::MAC_A);
+    assert_eq!(run(&ebpf), TC_ACT_REDIRECT);
+    assert_eq!(ipuwire::wire_stats(&ebpf).unwrap(), WireStats { to_local: 1, to_host: 1, ..Default::default() });
+}
+
+#[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
+fn host_frame_for_the_ipus_own_mac_is_still_forwarded() {
+    // The tenant never reaches its IPU's stack through the wire: only the fabric side delivers.
+    let mut ebpf = load();
+    set_ports(&mut ebpf, LOOPBACK_IFINDEX, ELSEWHERE);
+    set_local_mac(&mut ebpf, frames::MAC_B);
+    assert_eq!(run(&ebpf), TC_ACT_REDIRECT);
+    assert_eq!(ipuwire::wire_stats(&ebpf).unwrap(), WireStats { to_fabric: 1, ..Default::default() });
 }

@@ -57,6 +57,10 @@ pub enum CollectiveError {
     #[error("RDMA {what} failed: {source}; check the device with `ibv_devinfo` and the memlock limit (`ulimit -l`)")]
     RdmaSetup { what: &'static str, source: Arc<std::io::Error> },
 
+    /// Managed mode (`ringside-rank --managed`): the call to this host's IPU service failed.
+    #[error(transparent)]
+    Managed(#[from] crate::managed::ManagedError),
+
     #[error("communicator is unusable after an earlier failure: {cause}")]
     Poisoned { cause: Box<CollectiveError> },
 }

@@ -13,6 +13,7 @@
 use crate::codec::{Bf16, CodecKind};
 use crate::engine::{Communicator, CommunicatorConfig};
 use crate::error::{CollectiveError, Result};
+use crate::managed::ManagedClient;
 use crate::mesh::{MeshOptions, MeshTransport, TransportKind};
 use crate::plan::{AppliedHint, Dtype, Plan, PlanSource};
 use crate::transport::{TcpOptions, TcpTransport, Transport};
@@ -213,6 +214,13 @@ enum Gradients {
     Bf16(Vec<Bf16>),
 }
 
+/// What one step's allreduce reports back to the step loop.
+struct StepComm {
+    plan: Plan,
+    bytes_sent: u64,
+    hint_version: Option<u64>,
+}
+
 /// Runs the job on an established transport. Returns the report even when a step fails (with
 /// `error` set).
 pub fn run_job<T: Transport>(cfg: &JobConfig, transport: T, plan_source: Option<Box<dyn PlanSource>>) -> Result<JobReport> {
@@ -221,6 +229,38 @@ pub fn run_job<T: Transport>(cfg: &JobConfig, transport: T, plan_source: Option<
     if let Some(src) = plan_source {
         comm.set_plan_source(src);
     }
+    let report = run_steps(cfg, |step, grads| {
+        comm.begin_step(step);
+        let rep = match grads {
+            Gradients::F32(g) => comm.allreduce_f32(g)?,
+            Gradients::Bf16(g) => comm.allreduce_bf16(g)?,
+        };
+        Ok(StepComm { plan: rep.plan, bytes_sent: rep.bytes_sent, hint_version: None })
+    });
+    if report.error.is_none() {
+        comm.close();
+    } else {
+        comm.abort();
+    }
+    Ok(report)
+}
+
+/// Runs the job in managed mode: the same compute phase and report, but each step's buffer goes
+/// to this host's IPU service (`ringside-ipu`) over the host link, which runs the allreduce with
+/// the other ranks' services and applies ringside's plans itself. The rank follows no hints:
+/// each step's record carries the plan (and hint version) the service reports.
+pub fn run_job_managed(cfg: &JobConfig, client: &mut ManagedClient) -> JobReport {
+    run_steps(cfg, |step, grads| {
+        let rep = match grads {
+            Gradients::F32(g) => client.allreduce_f32(step, g)?,
+            Gradients::Bf16(g) => client.allreduce_bf16(step, g)?,
+        };
+        Ok(StepComm { plan: rep.plan, bytes_sent: rep.bytes_sent, hint_version: rep.hint_version })
+    })
+}
+
+/// The step loop shared by both modes: compute, `allreduce`, verify, record.
+fn run_steps(cfg: &JobConfig, mut allreduce: impl FnMut(u64, &mut Gradients) -> Result<StepComm>) -> JobReport {
     let n = cfg.elems();
     let mut grads = match cfg.dtype {
         Dtype::F32 => Gradients::F32(vec![0.0; n]),
@@ -240,11 +280,7 @@ pub fn run_job<T: Transport>(cfg: &JobConfig, transport: T, plan_source: Option<
         }
         compute_phase(cfg.compute_mode, t0 + compute);
         let t1 = Instant::now();
-        comm.begin_step(step);
-        let res = match &mut grads {
-            Gradients::F32(g) => comm.allreduce_f32(g),
-            Gradients::Bf16(g) => comm.allreduce_bf16(g),
-        };
+        let res = allreduce(step, &mut grads);
         let t2 = Instant::now();
         let rep = match res {
             Ok(r) => r,
@@ -276,13 +312,8 @@ pub fn run_job<T: Transport>(cfg: &JobConfig, transport: T, plan_source: Option<
             plan: rep.plan,
             bytes_sent: rep.bytes_sent,
             verified,
-            hint_version: None,
+            hint_version: rep.hint_version,
         });
-    }
-    if error.is_none() {
-        comm.close();
-    } else {
-        comm.abort();
     }
     let col = |f: fn(&StepRecord) -> f64| steps.iter().map(f).collect::<Vec<_>>();
     let summary = JobSummary {
@@ -293,7 +324,7 @@ pub fn run_job<T: Transport>(cfg: &JobConfig, transport: T, plan_source: Option<
         bytes_sent_total: steps.iter().map(|s| s.bytes_sent).sum(),
         all_verified: cfg.verify.then(|| steps.iter().all(|s| s.verified == Some(true))),
     };
-    Ok(JobReport { config: cfg.clone(), steps, summary, error, hints: Vec::new(), transport: None })
+    JobReport { config: cfg.clone(), steps, summary, error, hints: Vec::new(), transport: None }
 }
 
 /// Runs one rank as its own process would: binds its `peers` entry's port on all addresses, builds

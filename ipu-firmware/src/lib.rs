@@ -10,6 +10,8 @@
 //! - [`engine`]: [`Communicator`]: ring / tree / recursive halving-doubling allreduce, reduce-scatter,
 //!   allgather, broadcast.
 //! - [`hints`]: ringside's hints as a [`PlanSource`] ([`HintFollower`]): the closed loop.
+//! - [`managed`]: managed collectives: the host ↔ IPU protocol, the `ringside-ipu` service and
+//!   its tenant client.
 //! - [`job`]: the emulated training job behind the `ringside-rank` binary, runnable in-process.
 //!
 //! Invariants shared by all modules: every wait is bounded by a timeout; every frame is validated
@@ -21,6 +23,7 @@ pub mod error;
 pub mod hints;
 pub mod job;
 pub mod mesh;
+pub mod managed;
 pub mod plan;
 #[cfg(feature = "rdma")]
 pub mod rdma;

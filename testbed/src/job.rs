@@ -55,6 +55,10 @@ pub struct JobConfig {
     /// Host index of each rank (`hosts[r]` runs rank r); `None` = rank r on host r. Lets a job
     /// leave hosts free for cross traffic, e.g. ranks on hosts 0,1,3,4 of a 2×3 leaf-spine.
     pub hosts: Option<Vec<usize>>,
+    /// Managed mode (an [`crate::IpuStar`] after [`crate::managed::enable_managed`]): the port of
+    /// the `ringside-ipu` services; rank r runs with `--managed 10.78.<host>.1:PORT` (its IPU's
+    /// host-link address) and hands every allreduce to its service.
+    pub managed: Option<u16>,
 }
 
 impl Default for JobConfig {
@@ -74,6 +78,7 @@ impl Default for JobConfig {
             out_dir: None,
             extra_args: Vec::new(),
             hosts: None,
+            managed: None,
         }
     }
 }
@@ -183,6 +188,9 @@ pub fn spawn_job<R: Rig + ?Sized>(rig: &R, cfg: &JobConfig) -> Result<RunningJob
         }
         if cfg.verify {
             cmd.arg("--verify");
+        }
+        if let Some(port) = cfg.managed {
+            cmd.arg("--managed").arg(crate::managed::service_addr(host, port).to_string());
         }
         cmd.arg("--out").arg(&out).args(&cfg.extra_args);
         cmd.stdin(Stdio::null()).stdout(logf).stderr(logf2);

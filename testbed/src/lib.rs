@@ -7,6 +7,8 @@
 //!   shares an uplink per leaf.
 //! - [`IpuStar`]: a star with an IPU namespace (a two-port bump in the wire forwarding with the
 //!   `ipuwire` eBPF redirect, run by `ringside ipu-wire`) between each host and the switch.
+//! - [`managed`]: the host ↔ IPU links and IPU fabric addresses of managed collectives, and the
+//!   `ringside-ipu` services ([`managed::ManagedServices`]).
 //! - [`Rig`]: what all have in common (hosts, named links, fault log); faults on any link:
 //!   [`Rig::link_loss`] (nftables random drop), [`Rig::link_rate_cap`] (tc tbf),
 //!   [`Rig::link_flap`] (link down/up), [`Rig::cross_traffic`] (bulk TCP between two hosts);
@@ -28,6 +30,7 @@ pub mod ipu;
 pub mod job;
 pub mod leaf_spine;
 pub mod link;
+pub mod managed;
 pub mod mirror;
 pub mod mpi;
 pub mod netns;

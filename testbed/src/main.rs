@@ -820,6 +820,7 @@ fn cmd_job(a: JobArgs) -> anyhow::Result<()> {
         out_dir: a.out_dir,
         extra_args: a.rank_args,
         hosts: None,
+        managed: None,
     };
     // Find the binary before building a rig for it.
     let bin = testbed::job::find_rank_binary(cfg.rank_bin.as_deref())?;

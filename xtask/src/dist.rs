@@ -20,7 +20,8 @@ use crate::{
 };
 
 /// The binaries a distribution holds: (package, binary).
-pub const BINARIES: &[(&str, &str)] = &[("dataplane-user", "ringside"), ("ipu-firmware", "ringside-rank")];
+/// `ringside-ipu` is the managed collective service that runs on the DPU itself.
+pub const BINARIES: &[(&str, &str)] = &[("dataplane-user", "ringside"), ("ipu-firmware", "ringside-rank"), ("ipu-firmware", "ringside-ipu")];
 
 /// Crates whose unit tests `--check` runs on the target: the layouts shared with the kernel and
 /// the wire (`dataplane-common`'s compile-time and test-time layout checks), the statistics, and

@@ -1,6 +1,6 @@
 //! `cargo xtask eval adaptation`: does following ringside's hints pay?
 //!
-//! Two jobs (`--source`, repeatable; both by default):
+//! Three jobs (`--source`, repeatable; all by default):
 //! - `rank`: ringside's emulated job (4 ranks, ring allreduce, fixed step count); the adaptive run
 //!   is `ringside-rank --follow-hints` (rank 0 streams the hints, all ranks switch at the same step);
 //! - `torch`: a real PyTorch DDP job over gloo (`testbed::spawn_torch`, 4 ranks, an MLP with 8.4 MB
@@ -8,6 +8,12 @@
 //!   `allreduce_hook`, the adaptive one `ringside.torch.follow_hints` (the same broadcast-at-a-step
 //!   protocol). Its clock (warm-up, fault) starts when every rank trains: importing torch takes
 //!   seconds of CPU.
+//!
+//! - `managed` (issue 12): the emulated job in managed mode on an IPU star: each rank runs
+//!   `ringside-rank --managed` and its IPU's `ringside-ipu` runs the allreduce; the adaptive run's
+//!   rank-0 service follows the agent in IPU 0 (`--agent`, bounded by `--constraints`). Network
+//!   faults go on host 0's fabric cable (the local agent's); no uplink scenario. With `rank` in
+//!   the same invocation, a target line compares its gains with tenant-side following's.
 //!
 //! For each source and scenario the job runs twice on a fresh rig with the real agent: once with
 //! its static plan (no compression), once following the agent's hints. Same seed, same target, same
@@ -90,8 +96,8 @@ pub struct Opts {
     /// PyTorch job only: how long it trains after the warm-up (its fault lasts that long).
     #[arg(long, default_value_t = 40)]
     pub torch_fault_s: u64,
-    /// Job to evaluate (repeatable; default both): `rank` (ringside's emulated job) or `torch`
-    /// (PyTorch DDP over gloo).
+    /// Job to evaluate (repeatable; default all): `rank` (ringside's emulated job), `torch`
+    /// (PyTorch DDP over gloo) or `managed` (the emulated job through `ringside-ipu`).
     #[arg(long = "source", value_name = "SOURCE")]
     pub sources: Vec<String>,
     /// Write docs/eval-adaptation.md even for a --scenario or --source run (default: only for all
@@ -139,28 +145,32 @@ impl Scenario {
 enum Source {
     Rank,
     Torch,
+    /// The emulated job in managed mode (issue 12): `ringside-rank --managed` hands each step to
+    /// its IPU's `ringside-ipu`; the adaptive run's rank-0 service follows the agent in IPU 0.
+    Managed,
 }
 
-const SOURCES: [Source; 2] = [Source::Rank, Source::Torch];
+const SOURCES: [Source; 3] = [Source::Rank, Source::Torch, Source::Managed];
 
 impl Source {
     fn name(self) -> &'static str {
         match self {
             Source::Rank => "rank",
             Source::Torch => "torch",
+            Source::Managed => "managed",
         }
     }
     /// What the targets' ratio compares: communication time for the emulated job (issue 5), step
     /// time for PyTorch (issue 9: DDP overlaps its communication with backward).
     fn ratio_metric(self) -> &'static str {
         match self {
-            Source::Rank => "comm",
+            Source::Rank | Source::Managed => "comm",
             Source::Torch => "step",
         }
     }
     fn ratio(self, s: &RunResult, a: &RunResult) -> Option<f64> {
         match self {
-            Source::Rank => ratio(s.comm_mean, a.comm_mean),
+            Source::Rank | Source::Managed => ratio(s.comm_mean, a.comm_mean),
             Source::Torch => ratio(s.step_mean, a.step_mean),
         }
     }
@@ -185,6 +195,8 @@ struct Ctx<'a> {
     source: Source,
     ringside: &'a Path,
     rank_bin: &'a Path,
+    /// `ringside-ipu` (release), for the managed source.
+    ipu_bin: &'a Path,
     opts: &'a Opts,
     uplink_cap_mbit: u64,
     logs: &'a Path,
@@ -263,6 +275,15 @@ pub fn run(opts: Opts) -> Result<()> {
     let scenarios = pick(&ALL, &opts.scenarios, |s| s.name().to_string())?;
     let sources = pick(&SOURCES, &opts.sources, |s| s.name().to_string())?;
     let (ringside, rank_bin) = release_binaries(opts.no_build)?;
+    let ipu_bin = crate::build::bin_path("ringside-ipu", true);
+    if sources.contains(&Source::Managed) {
+        if !opts.no_build {
+            crate::util::sh(crate::util::cargo().args(["build", "--release", "-p", "ipu-firmware", "--bin", "ringside-ipu"]))?;
+        }
+        if !ipu_bin.is_file() {
+            bail!("{} is missing (run without --no-build)", ipu_bin.display());
+        }
+    }
     if sources.contains(&Source::Torch) && !crate::setup::venv_python().is_file() {
         bail!("the torch source needs the PyTorch venv of `cargo xtask setup` at {}", crate::setup::venv_python().display());
     }
@@ -280,9 +301,13 @@ pub fn run(opts: Opts) -> Result<()> {
 
     let mut per_source: Vec<(Source, Rows)> = Vec::new();
     for &source in &sources {
-        let ctx = Ctx { source, ringside: &ringside, rank_bin: &rank_bin, opts: &opts, uplink_cap_mbit, logs: &logs, stop };
+        let ctx = Ctx { source, ringside: &ringside, rank_bin: &rank_bin, ipu_bin: &ipu_bin, opts: &opts, uplink_cap_mbit, logs: &logs, stop };
         let mut rows = Vec::new();
         for (i, &sc) in scenarios.iter().enumerate() {
+            if source == Source::Managed && sc == Scenario::UplinkCongestion {
+                println!("\n==> managed / {}: skipped (the IPU star has no shared uplink; no leaf-spine with IPUs)", sc.name());
+                continue;
+            }
             // The faulted host: any rank's host, from the seed (the same for every source).
             let target = ((opts.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(i as u64) >> 33) % RANKS as u64) as usize;
             let order = if i % 2 == 0 { [Mode::Static, Mode::Adaptive] } else { [Mode::Adaptive, Mode::Static] };
@@ -312,9 +337,13 @@ pub fn run(opts: Opts) -> Result<()> {
     let load_after = loadavg();
 
     let mut reports = Vec::new();
+    let rank_rows = per_source.iter().find(|(s, _)| *s == Source::Rank).map(|(_, r)| r);
     for (source, rows) in &per_source {
         let table = render_table(*source, rows);
-        let verdicts = targets(*source, rows);
+        let mut verdicts = targets(*source, rows);
+        if let (Source::Managed, Some(rank_rows)) = (source, rank_rows) {
+            verdicts.extend(managed_vs_tenant(rows, rank_rows));
+        }
         println!("\n### {}\n\n{table}", source.name());
         for (what, measured, status) in &verdicts {
             println!("  {what:<64} {measured:<28} {status}");
@@ -405,6 +434,9 @@ fn torch_registration(name: String, members: Vec<String>, cfg: &TorchConfig) -> 
 /// One run. `send_rate` is the faulted host's sending rate (Mbit/s) the rate cap is sized from:
 /// measured by the first run of a scenario, reused by the second.
 fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut Option<f64>) -> Result<RunResult> {
+    if ctx.source == Source::Managed {
+        return run_one_managed(ctx, sc, mode, target, send_rate);
+    }
     let tag = format!("{}-{}-{}", ctx.source.name(), sc.name(), mode.name());
     let leaf_spine = sc == Scenario::UplinkCongestion;
     // The rig, the agent's namespace and interfaces, and the address the ranks reach it at.
@@ -466,6 +498,7 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut O
             let job = testbed::spawn_job(rig, &cfg)?;
             (created, job)
         }
+        Source::Managed => unreachable!("managed runs go through run_one_managed"),
         Source::Torch => {
             let train = Duration::from_secs(ctx.opts.warmup_s + ctx.opts.torch_fault_s);
             let mut cfg = TorchConfig {
@@ -539,7 +572,7 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut O
     drop(agent);
     waited.with_context(|| format!("the {tag} job failed (logs in {})", out.display()))?;
     match ctx.source {
-        Source::Rank => measure(&out.join("rank-0.json"), &mut r)?,
+        Source::Rank | Source::Managed => measure(&out.join("rank-0.json"), &mut r)?,
         Source::Torch => measure_torch(&out, &mut r)?,
     }
     Ok(r)
@@ -720,7 +753,7 @@ fn render_table(source: Source, rows: &[(Scenario, RunResult, RunResult)]) -> St
     t.push_str(if torch { "---:|" } else { "" });
     t.push_str("---|---:|\n");
     let (bold_comm, bold_step) = match source {
-        Source::Rank => ("**", ""),
+        Source::Rank | Source::Managed => ("**", ""),
         Source::Torch => ("", "**"),
     };
     for (sc, s, a) in rows {
@@ -887,6 +920,20 @@ fn render_markdown(
             TORCH_CODECS.join(", "),
         );
     }
+    if has(Source::Managed) {
+        let _ = writeln!(
+            m,
+            "- Job `managed` (issue 12): the same emulated job in managed mode: every rank runs `ringside-rank --managed <its IPU's \
+             host-link address>` (no hint flag, no agent address, no peers), and one `ringside-ipu` per IPU runs the allreduce with \
+             the other IPUs' services over the fabric. Rig: a {RANKS}-host IPU star (`testbed::IpuStar` + `testbed::managed`), the \
+             agent in IPU 0 on its fabric port (the local agent of rank 0's service; no agent elsewhere). Registered through \
+             `POST /v1/jobs` with members = the IPUs' fabric subnet 10.77.1.0/24, tcp port {MANAGED_FABRIC_PORT} (the services' \
+             mesh) and default constraints. Static runs start the services without `--agent`; adaptive runs give rank 0's service \
+             `--agent <job url> --constraints <the registered constraints>`, and it applies the hints inline. Network faults go on \
+             host 0's fabric cable `h0` (the cable the local agent watches), whatever the seed picks for the other sources; the \
+             uplink scenario is not run (no leaf-spine with IPUs)."
+        );
+    }
     let _ = writeln!(
         m,
         "- Rigs: a {RANKS}-host star with the agent on every switch port; for uplink congestion a 2×{LEAF_HOSTS} leaf-spine, ranks on h0, h1, \
@@ -905,6 +952,7 @@ fn render_markdown(
         let issue = match source {
             Source::Rank => "issue 5: communication time",
             Source::Torch => "issue 9: step time and training loss",
+            Source::Managed => "issue 12: communication time in managed mode, at least tenant-side following's gains",
         };
         let _ = writeln!(m, "### Targets ({issue})\n\n| target | measured | status |\n|---|---|---|");
         for (w, meas, st) in verdicts {
@@ -949,13 +997,14 @@ fn plot(source: Source, rows: &[(Scenario, RunResult, RunResult)], path: &Path) 
     let root = BitMapBackend::new(path, (900, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let value = |r: &RunResult| match source {
-        Source::Rank => r.comm_mean,
+        Source::Rank | Source::Managed => r.comm_mean,
         Source::Torch => r.step_mean,
     };
     let max = rows.iter().flat_map(|(_, s, a)| [value(s), value(a)]).flatten().fold(1.0f64, f64::max) * 1.15;
     let caption = match source {
         Source::Rank => "rank: mean communication time per step during the fault (ms)",
         Source::Torch => "torch (PyTorch DDP): mean step time during the fault (ms)",
+        Source::Managed => "managed (ringside-ipu): mean communication time per step during the fault (ms)",
     };
     let mut chart = ChartBuilder::on(&root)
         .caption(caption, ("sans-serif", 18))
@@ -990,6 +1039,177 @@ fn plot(source: Source, rows: &[(Scenario, RunResult, RunResult)], path: &Path) 
     chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.8)).draw()?;
     root.present()?;
     Ok(())
+}
+
+/// Managed mode's own target: at least the adaptive gain of tenant-side following (`rank`) in
+/// the same scenario and the same invocation.
+fn managed_vs_tenant(managed: &Rows, rank: &Rows) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for (sc, s, a) in managed {
+        let Some(want) = sc.target_ratio() else { continue };
+        let Some((_, rs, ra)) = rank.iter().find(|(x, _, _)| x == sc) else { continue };
+        let (m, t) = (ratio(s.comm_mean, a.comm_mean), ratio(rs.comm_mean, ra.comm_mean));
+        let measured = format!("managed {} vs tenant-side {}", m.map_or("-".into(), |x| format!("{x:.2}x")), t.map_or("-".into(), |x| format!("{x:.2}x")));
+        let status = match (m, t) {
+            (Some(m), Some(t)) if m >= t.min(want) => "met",
+            (Some(_), Some(_)) => "NOT MET",
+            _ => "not measured",
+        };
+        out.push((format!("{}: managed comm ratio >= tenant-side following's (or >= the {want}x target)", sc.name()), measured, status.to_string()));
+    }
+    out
+}
+
+/// The services' mesh port on the IPUs' fabric addresses (managed source).
+const MANAGED_FABRIC_PORT: u16 = 29600;
+/// The services' port on the host links (the ranks' `--managed`).
+const MANAGED_SERVICE_PORT: u16 = 29700;
+
+/// The rate (Mbit/s) IPU 0 sends into the fabric while the job runs: the 90th percentile of the
+/// agent's per-flow egress rates on its fabric port, sampled as [`job_send_rate_mbit`] does at a
+/// switch port (there the host's sending is the port's ingress; here it is the IPU's egress).
+fn ipu_send_rate_mbit(agent: &Agent, stop: &AtomicBool) -> Result<f64> {
+    let mut samples = Vec::new();
+    for _ in 0..RATE_SAMPLES {
+        let body = agent.get("/v1/flows?limit=1000")?;
+        let v: Value = serde_json::from_str(&body).context("/v1/flows is not JSON")?;
+        let rate: f64 = v["flows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f["interface"] == testbed::IPU_FABRIC_PORT && f["direction"] == "egress")
+            .filter_map(|f| f["rates"]["bytes_per_second"].as_f64())
+            .sum();
+        samples.push(rate * 8.0 / 1e6);
+        if !sleep_checked(Duration::from_millis(100), stop) {
+            bail!("interrupted");
+        }
+    }
+    let p90 = quantile(&samples, 0.9).unwrap_or(0.0);
+    if p90 <= 0.0 {
+        bail!("the agent in IPU 0 saw no traffic leave its fabric port during the warm-up: the services are not running");
+    }
+    Ok(p90)
+}
+
+/// One managed-mode run (see [`Source::Managed`] and the doc's description): an IPU star with the
+/// host links, the agent in IPU 0, the services, the ranks with `--managed`.
+fn run_one_managed(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut Option<f64>) -> Result<RunResult> {
+    use testbed::managed::{self, ManagedServices, ServiceConfig};
+    let tag = format!("{}-{}-{}", ctx.source.name(), sc.name(), mode.name());
+    if sc == Scenario::UplinkCongestion {
+        bail!("managed mode runs on the IPU star; the uplink scenario needs a leaf-spine, which has no IPUs");
+    }
+    let star = testbed::IpuStar::new(testbed::IpuStarConfig { hosts: RANKS, offloads: false, ringside_bin: ctx.ringside.to_path_buf(), ..Default::default() })?;
+    managed::enable_managed(&star)?;
+    let prefix = "10.77.1.0/24";
+    let mut agent = Agent::start(
+        star.ipu(0)?,
+        &AgentSpec {
+            bin: ctx.ringside,
+            ifaces: vec![testbed::IPU_FABRIC_PORT.into()],
+            listen: format!("127.0.0.1:{AGENT_PORT}"),
+            // IPU 0 sees two peers of the ring (as in t2_ipu): the gray detector's peer minimum
+            // is sized for that vantage.
+            config_toml: format!("{}[detect.gray]\nmin_peers = 2\n", agent_config(prefix)),
+            tag: format!("adapt-{tag}"),
+            log: Some(ctx.logs.join(format!("{tag}-agent.log"))),
+        },
+    )?;
+    agent.wait_ready(Duration::from_secs(30))?;
+    let registration = JobRegistration {
+        name: format!("eval-{tag}"),
+        members: vec![prefix.into()],
+        tcp_ports: vec![PortRange { lo: MANAGED_FABRIC_PORT, hi: MANAGED_FABRIC_PORT }],
+        udp_ports: Vec::new(),
+        gradient_bytes: Some(ctx.opts.size.0),
+        constraints: Constraints::default(),
+    };
+    let created = agent.register(&registration)?;
+    let out = ctx.logs.join(format!("{tag}-job"));
+    let constraints = ctx.logs.join(format!("{tag}-constraints.json"));
+    std::fs::write(&constraints, serde_json::to_string(&registration.constraints)?)?;
+    let adaptive = mode == Mode::Adaptive;
+    let services = ManagedServices::spawn(
+        &star,
+        &ServiceConfig {
+            ranks: RANKS,
+            fabric_port: MANAGED_FABRIC_PORT,
+            listen_port: MANAGED_SERVICE_PORT,
+            bin: Some(ctx.ipu_bin.to_path_buf()),
+            args: vec!["--max-channels".into(), "1".into()],
+            rank0_args: if adaptive {
+                vec!["--agent".into(), format!("http://127.0.0.1:{AGENT_PORT}/v1/jobs/{}", created.id), "--constraints".into(), constraints.display().to_string()]
+            } else {
+                Vec::new()
+            },
+            token: adaptive.then(|| created.tenant_token.clone()),
+            log_dir: out.join("ipu"),
+        },
+    )?;
+    // Network faults on host 0's cable: the only one the local agent (IPU 0's) watches.
+    let fault_host = if sc == Scenario::Straggler { target } else { 0 };
+    let cfg = JobConfig {
+        ranks: RANKS,
+        size: ctx.opts.size,
+        steps: ctx.opts.steps,
+        compute_ms: 50,
+        straggler: (sc == Scenario::Straggler).then_some((fault_host, STRAGGLER_EXTRA_MS)),
+        verify: true,
+        rank_bin: Some(ctx.rank_bin.to_path_buf()),
+        timeout: Duration::from_secs(600),
+        out_dir: Some(out.clone()),
+        managed: Some(MANAGED_SERVICE_PORT),
+        ..Default::default()
+    };
+    let job = testbed::spawn_job(&star, &cfg)?;
+    let mut r = RunResult::default();
+    let warmup = Duration::from_secs(ctx.opts.warmup_s);
+    let sampling = Duration::from_millis(100 * RATE_SAMPLES as u64);
+    if !sleep_checked(warmup.saturating_sub(sampling), ctx.stop) {
+        bail!("interrupted");
+    }
+    let mut _guards: Vec<Box<dyn std::any::Any>> = Vec::new();
+    match sc {
+        Scenario::Healthy | Scenario::Straggler => {
+            sleep_checked(sampling, ctx.stop);
+            r.target = if sc == Scenario::Straggler { format!("rank {fault_host} computes +{STRAGGLER_EXTRA_MS} ms per step") } else { "-".into() };
+        }
+        Scenario::Loss2 => {
+            sleep_checked(sampling, ctx.stop);
+            _guards.push(Box::new(star.link_loss("h0", 2.0)?));
+            r.target = "2 % loss both ways on h0 (IPU 0's fabric cable)".into();
+        }
+        Scenario::RateCapQuarter => {
+            let rate = match *send_rate {
+                Some(rate) => {
+                    sleep_checked(sampling, ctx.stop);
+                    rate
+                }
+                None => *send_rate.insert(ipu_send_rate_mbit(&agent, ctx.stop)?),
+            };
+            let cap = (rate / 4.0).round().max(10.0) as u64;
+            _guards.push(Box::new(star.link_rate_cap("h0", cap)?));
+            r.target = format!("h0 (IPU 0's fabric cable) capped to {cap} Mbit/s (1/4 of the {rate:.0} Mbit/s IPU 0 sent at)");
+        }
+        Scenario::UplinkCongestion => unreachable!("refused above"),
+    }
+    r.fault_start_ms = now_ms();
+    let waited = job.wait(Some(ctx.stop));
+    drop(_guards);
+    let _ = std::fs::write(ctx.logs.join(format!("{tag}-hint.json")), agent.get(&format!("/v1/jobs/{}/hints", created.id)).unwrap_or_default());
+    drop(services);
+    drop(agent);
+    waited.with_context(|| format!("the {tag} job failed (logs in {})", out.display()))?;
+    measure(&out.join("rank-0.json"), &mut r)?;
+    // The rank follows no hints: the services report the hint behind each step's plan.
+    r.hints = {
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(out.join("rank-0.json"))?)?;
+        let mut versions: Vec<u64> = v["steps"].as_array().into_iter().flatten().filter_map(|s| s["hint_version"].as_u64()).collect();
+        versions.dedup();
+        versions.len()
+    };
+    Ok(r)
 }
 
 #[cfg(test)]

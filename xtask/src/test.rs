@@ -134,8 +134,10 @@ pub fn run(tiers: &[Tier], no_setup: bool, kernels: &[String]) -> Result<()> {
             Tier::T2 => {
                 // The emulated training job's rank process, in release: a debug rank is
                 // compute-bound on its reductions, which would distort step timing in detection tests.
-                sh(cargo().args(["build", "--release", "-p", "ipu-firmware", "--bin", "ringside-rank"]))?;
+                // ringside-ipu: the managed collective service of t2_managed, also in release.
+                sh(cargo().args(["build", "--release", "-p", "ipu-firmware", "--bin", "ringside-rank", "--bin", "ringside-ipu"]))?;
                 cmd.env("RINGSIDE_RANK_BIN", build::bin_path("ringside-rank", true));
+                cmd.env("RINGSIDE_IPU_BIN", build::bin_path("ringside-ipu", true));
                 // Namespaced traffic tests share 2 cores; two at a time keeps them from starving.
                 cmd.args(["--workspace", "--exclude", "dataplane-ebpf", "--test", "t2_*", "--"])
                     .args(["--ignored", "--test-threads=2"]);

@@ -1,10 +1,12 @@
 //! `ringside-rank`: one rank of the emulated training job (compute phase + allreduce per step).
 //! Spawned once per network namespace by the testbed; writes a JSON report to `--out`. With
-//! `--follow-hints`, rank 0 applies ringside's hints for the job (see docs/tenant-guide.md).
+//! `--follow-hints`, rank 0 applies ringside's hints for the job (see docs/tenant-guide.md); with
+//! `--managed`, the host's IPU service (`ringside-ipu`) runs each step's allreduce and applies them.
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use ipu_firmware::job::{parse_size, run_rank_on, ComputeMode, JobConfig};
+use ipu_firmware::job::{parse_size, run_job_managed, run_rank_on, ComputeMode, JobConfig};
+use ipu_firmware::managed::ManagedClient;
 use ipu_firmware::plan::{Compression, Dtype, Plan, ScriptedPlans};
 use ipu_firmware::hints::AppliedHints;
 use ipu_firmware::{Algorithm, CodecKind, HintFollower, PlanSource, TransportKind};
@@ -98,6 +100,13 @@ struct Args {
     /// whose port 1 is active.
     #[arg(long)]
     rdma_device: Option<String>,
+    /// Managed mode: hand each step's buffer to this host's IPU service (`ringside-ipu`) at
+    /// IP:PORT (its address on the host link) instead of running the collective here. The service
+    /// runs it with the other ranks' services and applies ringside's plans itself; this rank
+    /// follows no hints and needs no --peers. The plan flags above are ignored (the service's own
+    /// flags set its initial plan); each step's record carries the plan the service used.
+    #[arg(long, value_name = "IP:PORT", conflicts_with_all = ["follow_hints", "plan_schedule"])]
+    managed: Option<SocketAddr>,
     /// Where to write the JSON report.
     #[arg(long)]
     out: PathBuf,
@@ -109,7 +118,7 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let a = Args::parse();
-    if a.peers.len() != a.world {
+    if a.managed.is_none() && a.peers.len() != a.world {
         bail!("--peers has {} entries but --world is {}", a.peers.len(), a.world);
     }
     if a.rank >= a.world {
@@ -166,8 +175,14 @@ fn main() -> anyhow::Result<()> {
         timeout_ms: a.timeout_ms,
         verify: a.verify,
     };
-    let mut report =
-        run_rank_on(&cfg, a.transport, a.rdma_device.clone(), source).context("setting up the collective mesh")?;
+    let mut report = match a.managed {
+        Some(addr) => {
+            let mut client = ManagedClient::connect(addr, Duration::from_millis(a.timeout_ms)).context("--managed")?;
+            run_job_managed(&cfg, &mut client)
+        }
+        None => run_rank_on(&cfg, a.transport, a.rdma_device.clone(), source)
+            .context("setting up the collective mesh")?,
+    };
     if let Some(applied) = &applied_hints {
         report.record_hints(&applied.snapshot());
     }

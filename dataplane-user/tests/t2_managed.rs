@@ -1,0 +1,307 @@
+//! T2: managed collectives (issue 12). A 4-host [`IpuStar`] with the host ↔ IPU links and the
+//! IPUs' fabric addresses ([`testbed::managed::enable_managed`]); one `ringside-ipu` per IPU, the
+//! real agent in IPU 0 on its fabric port; the job registered through the real API (members: the
+//! IPUs' fabric subnet, the services' mesh port); the emulated job (`ringside-rank --managed`,
+//! `--verify`) hands every step's buffer to its IPU and follows no hints itself. After a healthy
+//! warm-up, IPU 0's fabric cable (`h0`) is rate-capped until the job ends.
+//!
+//! `rate_cap_is_applied_by_the_ipu_services_without_the_tenant`:
+//! - every rank completed every step and verified every allreduce (the sums of the deterministic
+//!   inputs: exact for uncompressed steps, within the codec's bound for compressed ones), and
+//!   every rank ran the same plan at every step;
+//! - no plan change before the cap; after it, steps ran a compressed plan that came from a hint of
+//!   version ≥ 2 (the services report the hint behind each plan; the ranks had no hint flag and
+//!   no agent address), and the job ended compressed;
+//! - the plans never left the registered constraints (no top-k: not registered);
+//! - when at least 3 steps ran capped and uncompressed, the compressed steps' mean communication
+//!   time is at least 1.3× lower (a ratio within one run);
+//! - the tenant's namespace reaches its IPU's service on the host link, but not the agent's API.
+//!
+//! Needs root, the eBPF objects (`cargo xtask build`), `ringside-rank` and `ringside-ipu`
+//! (`RINGSIDE_RANK_BIN` / `RINGSIDE_IPU_BIN`, set by `cargo xtask test`, else
+//! target/{release,debug}). Without them it FAILS with the reason.
+mod support;
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::Child,
+    time::{Duration, Instant},
+};
+
+use dataplane_user::cli;
+use ringside_client::{Algorithm, Constraints, JobCreated, JobRegistration, OperatorClient, PortRange};
+use serde_json::Value;
+use support::wait_for;
+use testbed::managed::{self, ManagedServices, ServiceConfig};
+use testbed::{ByteSize, IpuStar, IpuStarConfig, JobConfig, Rig, IPU_FABRIC_PORT};
+
+const POLL: Duration = Duration::from_millis(200);
+const RANKS: usize = 4;
+const AGENT_PORT: u16 = 9491;
+/// The services' mesh port on the fabric.
+const FABRIC_PORT: u16 = 29600;
+/// The services' port on the host link (the ranks' `--managed`).
+const SERVICE_PORT: u16 = 29700;
+const GRADIENT_BYTES: u64 = 4 << 20;
+/// As t2_adapt: well under what the healthy job sends per link.
+const CAP_MBIT: u64 = 150;
+const WARMUP: Duration = Duration::from_secs(12);
+const STEPS: u32 = 300;
+
+fn binary(env: &str, name: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(env) {
+        let p = PathBuf::from(p);
+        assert!(p.is_file(), "{env}={} is not a file", p.display());
+        return p;
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    ["release", "debug"].iter().map(|p| target.join(p).join(name)).find(|p| p.is_file()).unwrap_or_else(|| {
+        panic!("t2_managed needs {name}, not found in {}/{{release,debug}}; run `cargo build --release -p ipu-firmware --bin {name}` (or set {env})", target.display())
+    })
+}
+
+fn preconditions() -> (PathBuf, PathBuf) {
+    if let Err(e) = testbed::require_root() {
+        panic!("t2_managed builds network namespaces and attaches eBPF programs, and needs root: {e}");
+    }
+    if let Err(e) = dataplane_user::object::flowmon_object() {
+        panic!("t2_managed runs the real agent: {e}");
+    }
+    if let Err(e) = dataplane_user::object::ipuwire_object() {
+        panic!("t2_managed runs the IPU forwarder (`ringside ipu-wire`): {e}");
+    }
+    (binary("RINGSIDE_RANK_BIN", "ringside-rank"), binary("RINGSIDE_IPU_BIN", "ringside-ipu"))
+}
+
+/// The agent in IPU 0 on its fabric port, API on 127.0.0.1 there; stopped and cleaned on drop.
+struct IpuAgent {
+    child: Option<Child>,
+    ns: testbed::NetnsHandle,
+    pin_dir: PathBuf,
+    config: PathBuf,
+    state_dir: PathBuf,
+}
+
+impl IpuAgent {
+    fn start(star: &IpuStar, body: &str) -> IpuAgent {
+        let id = std::process::id();
+        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/ringside-t2managed-{id}"));
+        let state_dir = std::env::temp_dir().join(format!("ringside-t2managed-state-{id}"));
+        let config = std::env::temp_dir().join(format!("ringside-t2managed-{id}.toml"));
+        let _ = std::fs::remove_dir_all(&state_dir);
+        std::fs::write(&config, format!("state_dir = \"{}\"\n{body}", state_dir.display())).unwrap();
+        let ns = star.ipu(0).unwrap().handle();
+        let mut cmd = ns.command(env!("CARGO_BIN_EXE_ringside"));
+        cmd.args(["agent", "--listen", &format!("127.0.0.1:{AGENT_PORT}"), "--iface", IPU_FABRIC_PORT, "--config"])
+            .arg(&config)
+            .arg("--pin-dir")
+            .arg(&pin_dir)
+            .env("RUST_LOG", std::env::var("RINGSIDE_AGENT_LOG").unwrap_or_else(|_| "info".into()));
+        let child = cmd.spawn().expect("spawning the ringside binary");
+        let agent = IpuAgent { child: Some(child), ns, pin_dir, config, state_dir };
+        wait_for(Duration::from_secs(15), POLL, "the agent in IPU 0 to become ready", || agent.operator(|c| c.status()).ok().filter(|s| s.ready));
+        agent
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{AGENT_PORT}")
+    }
+
+    fn operator<T: Send>(&self, f: impl FnOnce(&OperatorClient) -> Result<T, ringside_client::ClientError> + Send) -> Result<T, ringside_client::ClientError> {
+        let url = self.url();
+        let token = cli::resolve_token(None, &self.state_dir).unwrap_or_default();
+        self.ns.try_run(|| f(&OperatorClient::new(&url, &token)?)).expect("entering IPU 0's namespace")
+    }
+}
+
+impl Drop for IpuAgent {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            support::stop_child(&mut child, Duration::from_secs(10));
+        }
+        for name in dataplane_user::loader::PINNED_MAPS {
+            let _ = std::fs::remove_file(self.pin_dir.join(name));
+        }
+        let _ = std::fs::remove_dir(&self.pin_dir);
+        let _ = std::fs::remove_file(&self.config);
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
+}
+
+fn f(v: &Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or_else(|| panic!("step record without numeric {k}: {v}"))
+}
+
+fn codec(plan: &Value) -> &str {
+    plan["compression"]["codec"].as_str().unwrap_or_else(|| panic!("plan without a codec: {plan}"))
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+fn unix_ms() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as f64
+}
+
+/// Removes a file on drop.
+struct TempFile(PathBuf);
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+#[ignore = "needs root and the eBPF objects (T2): run with cargo xtask test"]
+fn rate_cap_is_applied_by_the_ipu_services_without_the_tenant() {
+    let (rank_bin, ipu_bin) = preconditions();
+    let t0 = Instant::now();
+    let star = IpuStar::new(IpuStarConfig { hosts: RANKS, offloads: false, ringside_bin: env!("CARGO_BIN_EXE_ringside").into(), ..Default::default() })
+        .expect("building the IPU star");
+    managed::enable_managed(&star).expect("host links and IPU fabric addresses");
+    let agent = IpuAgent::start(&star, "[match]\nprefixes = [\"10.77.1.0/24\"]\n");
+
+    // The job as its launcher registers it: the IPUs' fabric addresses and the services' port.
+    let constraints = Constraints {
+        algorithms: Algorithm::ALL.to_vec(),
+        codecs: ["none", "fp16", "bf16", "int8"].map(String::from).to_vec(),
+        max_channels: 1,
+        error_feedback: true,
+        ..Default::default()
+    };
+    let job = JobRegistration {
+        name: "t2-managed".into(),
+        members: vec!["10.77.1.0/24".into()],
+        tcp_ports: vec![PortRange { lo: FABRIC_PORT, hi: FABRIC_PORT }],
+        udp_ports: vec![],
+        gradient_bytes: Some(GRADIENT_BYTES),
+        constraints: constraints.clone(),
+    };
+    let created: JobCreated = agent.operator(|c| c.register(&job)).expect("POST /v1/jobs");
+    let constraints_file = TempFile(std::env::temp_dir().join(format!("ringside-t2managed-constraints-{}.json", std::process::id())));
+    std::fs::write(&constraints_file.0, serde_json::to_string(&constraints).unwrap()).unwrap();
+    let out_dir = std::env::temp_dir().join(format!("ringside-t2managed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let mut services = ManagedServices::spawn(
+        &star,
+        &ServiceConfig {
+            ranks: RANKS,
+            fabric_port: FABRIC_PORT,
+            listen_port: SERVICE_PORT,
+            bin: Some(ipu_bin),
+            args: vec!["--max-channels".into(), "1".into(), "--timeout-ms".into(), "30000".into()],
+            rank0_args: vec!["--agent".into(), format!("{}/v1/jobs/{}", agent.url(), created.id), "--constraints".into(), constraints_file.0.display().to_string()],
+            token: Some(created.tenant_token.clone()),
+            log_dir: out_dir.join("ipu"),
+        },
+    )
+    .expect("starting ringside-ipu in every IPU");
+
+    // Isolation: the tenant reaches its service on the host link, not the agent's API.
+    let svc = managed::service_addr(0, SERVICE_PORT);
+    wait_for(Duration::from_secs(30), POLL, "host 0 reaching its IPU's service", || {
+        star.hosts[0].ns.run(|| std::net::TcpStream::connect_timeout(&svc, Duration::from_secs(1)).ok()).map(drop)
+    });
+    let agent_via_link = SocketAddr::new(managed::ipu_link_addr(0).into(), AGENT_PORT);
+    let reach = star.hosts[0].ns.run(|| std::net::TcpStream::connect_timeout(&agent_via_link, Duration::from_secs(2)));
+    assert!(reach.is_err(), "the agent's API is reachable from the host namespace over the host link");
+
+    let cfg = JobConfig {
+        ranks: RANKS,
+        size: ByteSize(GRADIENT_BYTES),
+        steps: STEPS,
+        compute_ms: 50,
+        verify: true,
+        rank_bin: Some(rank_bin),
+        timeout: Duration::from_secs(120),
+        managed: Some(SERVICE_PORT),
+        out_dir: Some(out_dir.join("ranks")),
+        ..Default::default()
+    };
+    let running = testbed::spawn_job(&star, &cfg).expect("starting the managed job");
+    std::thread::sleep(WARMUP);
+    let cap_ms = unix_ms();
+    let _cap = star.link_rate_cap("h0", CAP_MBIT).expect("rate cap on IPU 0's fabric cable");
+    eprintln!("capped h0 at {CAP_MBIT} Mbit/s after {WARMUP:?} of the job");
+    let report = running.wait(None).expect("the managed job ran to the end");
+    eprintln!("job wall time {:.1} s; test so far {:.1} s; reports in {}", report.wall_ms / 1e3, t0.elapsed().as_secs_f64(), out_dir.display());
+    assert!(services.exited().is_empty(), "a service exited during the job: {:?} (logs {:?})", services.exited(), services.logs());
+    let log0 = std::fs::read_to_string(&services.logs()[0]).unwrap_or_default();
+    for l in log0.lines().filter(|l| l.contains("hint") || l.contains("refus")) {
+        eprintln!("ipu0: {l}");
+    }
+
+    let ranks: Vec<Value> = report.ranks.iter().map(|r| serde_json::from_str(&std::fs::read_to_string(&r.out).unwrap()).unwrap()).collect();
+    for (r, (summary, v)) in report.ranks.iter().zip(&ranks).enumerate() {
+        assert!(summary.error.is_none(), "rank {r} reported an error: {:?}", summary.error);
+        assert_eq!(v["steps"].as_array().map(Vec::len), Some(STEPS as usize), "rank {r} completed every step");
+        assert_eq!(summary.verified, Some(true), "rank {r}: an allreduce result did not verify (see {})", summary.out.display());
+        assert!(v.get("hints").is_none(), "rank {r} followed hints itself");
+    }
+    let steps0 = ranks[0]["steps"].as_array().unwrap();
+    for (r, v) in ranks.iter().enumerate().skip(1) {
+        for (i, (a, b)) in steps0.iter().zip(v["steps"].as_array().unwrap()).enumerate() {
+            assert_eq!(a["plan"], b["plan"], "step {i}: rank 0 and rank {r} ran different plans");
+        }
+    }
+    let start_ms = |s: &Value| f(s, "end_unix_ms") - f(s, "step_ms");
+    // What a plan does, without `step_from` (the baseline hint re-announces the initial plan from
+    // step 1: the same plan, not a change).
+    let what = |s: &Value| {
+        let p = &s["plan"];
+        (p["algorithm"].clone(), p["chunk_bytes"].clone(), p["channels"].clone(), p["compression"].clone())
+    };
+    let changes: Vec<(usize, &Value)> = (1..steps0.len()).filter(|&i| what(&steps0[i]) != what(&steps0[i - 1])).map(|i| (i, &steps0[i])).collect();
+    for (i, s) in &changes {
+        eprintln!("step {i}: plan {} {} ×{} (hint v{})", s["plan"]["algorithm"], codec(&s["plan"]), s["plan"]["channels"], s["hint_version"]);
+    }
+    let early: Vec<_> = changes.iter().filter(|(_, s)| f(s, "end_unix_ms") < cap_ms).collect();
+    assert!(early.is_empty(), "the plan changed on the healthy job, before the cap: {early:?}");
+    assert!(changes.len() <= 5, "the plan flapped: {} changes", changes.len());
+    for s in steps0 {
+        let p = &s["plan"];
+        assert!(["none", "fp16", "bf16", "int8"].contains(&codec(p)), "a plan outside the registered codecs ran: {p}");
+        assert_eq!(p["channels"], 1, "a plan above the registered max_channels ran: {p}");
+    }
+    let (switch, adapted) = changes
+        .iter()
+        .find(|(_, s)| codec(&s["plan"]) != "none")
+        .copied()
+        .unwrap_or_else(|| panic!("no compressed plan ran after the cap; plan changes: {changes:?}\nipu0 log:\n{log0}"));
+    assert!(adapted["hint_version"].as_u64() >= Some(2), "the compressed plan did not come from a hint of version ≥ 2: {adapted}");
+    assert_ne!(codec(&steps0.last().unwrap()["plan"]), "none", "the job ended uncompressed under the cap");
+
+    let compressed = |i: usize| codec(&steps0[i]["plan"]) != "none";
+    let comm = |v: &[&Value]| mean(&v.iter().map(|s| f(s, "comm_ms")).collect::<Vec<_>>());
+    // Skip the first steps (mesh and host-link setup: the first took ≈ 600 ms).
+    let healthy: Vec<&Value> = steps0.iter().skip(10).filter(|s| f(s, "end_unix_ms") < cap_ms).collect();
+    let capped: Vec<&Value> = (0..steps0.len()).filter(|&i| !compressed(i) && start_ms(&steps0[i]) >= cap_ms).map(|i| &steps0[i]).collect();
+    let after: Vec<&Value> = (2..steps0.len()).filter(|&i| compressed(i) && compressed(i - 1) && compressed(i - 2)).map(|i| &steps0[i]).collect();
+    let switch_s = (start_ms(&steps0[switch]) - cap_ms) / 1e3;
+    eprintln!(
+        "steps: {} healthy, {} capped uncompressed, {} compressed (switch at step {switch}, {switch_s:.1} s after the cap); mean comm ms: healthy {:.1}, capped {:.1}, compressed {:.1}",
+        healthy.len(),
+        capped.len(),
+        after.len(),
+        comm(&healthy),
+        comm(&capped),
+        comm(&after)
+    );
+    // ≈ 200 ms a healthy managed step on a loaded 2-vCPU machine: ≈ 50 steps in the warm-up.
+    assert!(healthy.len() >= 10, "only {} healthy steps before the cap", healthy.len());
+    assert!(after.len() >= 50, "only {} steps ran compressed", after.len());
+    if capped.len() >= 3 {
+        let gain = comm(&capped) / comm(&after);
+        eprintln!("RATIO managed comm recovered ×{gain:.2}");
+        assert!(gain >= 1.3, "the plan change did not recover comm time: capped {:.1} ms, after {:.1} ms (×{gain:.2})", comm(&capped), comm(&after));
+    } else {
+        // The switch came before three capped steps ended: no in-run reference (t2_adapt measures
+        // one on a static job; the managed comparison is `cargo xtask eval adaptation --source
+        // managed`). Said, not hidden.
+        eprintln!("NOTE only {} capped uncompressed steps: the comm-time recovery ratio is not asserted in this run", capped.len());
+    }
+    drop(services);
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
