@@ -444,8 +444,8 @@ impl TcpTransport {
 
         // Outbound: to every lower rank, k connections, retrying while the peer starts up.
         for (peer, &addr) in peers.iter().enumerate().take(rank) {
-            for ch in 0..k {
-                streams[peer][ch] = Some(Self::dial(peer, addr, ch, hello, deadline, options.timeout)?);
+            for (ch, slot) in streams[peer].iter_mut().enumerate() {
+                *slot = Some(Self::dial(peer, addr, ch, hello, deadline, options.timeout)?);
             }
         }
         // Inbound: from every higher rank.

@@ -238,11 +238,11 @@ pub fn run(mut o: Opts) -> Result<()> {
                 }
             }
             let mut mpi = Vec::new();
-            if mpi_ready.is_ok() {
+            if let Ok(mpi_bin) = &mpi_ready {
                 for (name, id) in testbed::MpiAlgorithm::ALL.map(|a| (a.name(), a.id())) {
                     check_stop(stop)?;
                     let t0 = Instant::now();
-                    let r = run_mpi(&star, &bench_dir, mpi_ready.as_ref().expect("checked"), &o, &size_list, id, stop);
+                    let r = run_mpi(&star, &bench_dir, mpi_bin, &o, &size_list, id, stop);
                     let took = t0.elapsed().as_secs_f64();
                     match &r {
                         Ok(cells) => {
