@@ -4,39 +4,35 @@
 //! ## Why std sockets and threads, not tokio
 //! A collective engine does little besides moving large buffers over a handful of long-lived
 //! connections (`(world − 1) × channels` per rank) and reducing them; it needs no per-request task
-//! scheduling. Blocking socket calls go straight to the kernel with one copy into a frame buffer and
-//! no reactor wake-ups, keep the hot loop synchronous and easy to bound (every wait has a deadline),
-//! and let the engine be called from plain threads (the emulated training job and tests run ranks as
-//! threads). No head-to-head tokio measurement was made (time box); the loopback numbers of
-//! `ringside-collective-bench busbw` are the baseline a tokio transport behind the same trait would
-//! have to beat.
+//! scheduling. Blocking `write_all`/`read_exact` on dedicated threads go straight to the kernel with one
+//! copy into a frame buffer and no reactor wake-ups, keep the hot loop synchronous and easy to bound
+//! (every wait has a deadline), and let the engine be called from plain threads (the emulated training
+//! job and tests run ranks as threads). No head-to-head tokio measurement was made (time box); the
+//! loopback numbers of `ringside-collective-bench busbw` are the baseline a tokio transport behind the
+//! same trait would have to beat. An RDMA transport will implement the same trait behind a cargo
+//! feature later.
 //!
 //! ## Structure and invariants
 //! - The mesh is complete: for every pair (i < j) rank j opens `channels` connections to rank i. Each
 //!   connection starts with a [`Hello`] in both directions (world, rank, channel count); mismatches
 //!   reject the connection. Setup retries connects until the timeout, so ranks may start in any order.
-//! - Receiving: `recv` reads the connection's socket itself, on the calling thread, in slices of at
-//!   most [`POLL_SLICE`] (the socket's read timeout), keeping a partly read frame across slices. There
-//!   is no reader thread: handing each frame from a reader thread to the engine cost a thread wake-up
-//!   per hop, a large part of a small message's time (issue 12). Frames of a connection nobody is
-//!   waiting on stay in the kernel's socket buffer.
-//! - Sending never waits for the peer to read: when the connection's writer thread is idle with
-//!   nothing queued, `send` first writes what the socket buffer takes right now from the calling
-//!   thread (`send(2)` with `MSG_DONTWAIT`, which never blocks); whatever the socket did not take,
-//!   and every frame behind a queued one, goes to that writer thread's unbounded queue (order is
-//!   preserved: only the engine's thread enqueues, and it writes directly only when the queue is
-//!   empty and the writer is not mid-write). So sends are buffered without bound, the condition under
-//!   which the engine's schedules (each correct with unbounded buffering) cannot deadlock even though
-//!   nobody drains a socket in the background; and the rest of a large frame drains on the writer
-//!   thread while the engine goes on reducing. Waking the writer for every frame, as before issue 12,
-//!   cost a thread wake-up per hop. The writer's socket writes time out after the configured timeout.
-//! - Any connection failure (EOF without [`FrameKind::Goodbye`], I/O error, garbage) seen by `recv`,
-//!   `send` or a writer thread is recorded once in state shared by all connections of the rank, and
-//!   every later `send`/`recv` and every pending `recv` (within [`POLL_SLICE`]) returns it; the
-//!   engine then aborts, closing every socket, so the failure reaches the peers that wait on this
-//!   rank. A stalled peer surfaces as [`CollectiveError::Timeout`] after at most the timeout.
+//! - Per connection, a reader thread always drains the socket and parses frames into an unbounded
+//!   queue (so reading the next chunk overlaps reducing the current one), and a writer thread drains
+//!   an unbounded queue of ready frames, so `send` never waits for the network and ring/tree
+//!   exchanges cannot deadlock on full socket buffers.
+//! - `send` of a frame of at most [`DIRECT_WRITE_MAX`] bytes on a connection whose writer is idle with
+//!   nothing queued first writes what the socket takes right now from the calling thread (`send(2)`
+//!   with `MSG_DONTWAIT`, which never blocks) and queues only the rest: waking the writer thread for
+//!   every frame was a large part of each hop at small messages (issue 12). Order is preserved: only
+//!   the engine's thread enqueues, and it writes directly only when the queue is empty and the writer
+//!   is not mid-write. Larger frames go to the writer, so a pipelined transfer keeps reducing while
+//!   its chunks are written. The writer's socket writes time out after the configured timeout.
+//! - Any connection failure (EOF without [`FrameKind::Goodbye`], I/O error, garbage) is recorded once
+//!   in state shared by all connections of the rank; every later or pending `send`/`recv` on any
+//!   connection returns it within [`POLL_SLICE`]. So a failure anywhere reaches every waiting call fast,
+//!   and a stalled peer surfaces as [`CollectiveError::Timeout`] after at most the timeout.
 //! - `seq` is assigned on send and checked on receive per directed (peer, channel) stream.
-//! - [`TcpTransport::close`] is graceful (goodbye, flush, read until the peer's goodbye up to the
+//! - [`TcpTransport::close`] is graceful (goodbye, flush, wait for the peer's goodbye up to the
 //!   timeout); [`TcpTransport::abort`] shuts every socket down at once so peers learn of the failure.
 
 use crate::error::{CollectiveError, Result};
@@ -46,12 +42,18 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How often a waiting `recv` re-checks the shared failure state.
 pub const POLL_SLICE: Duration = Duration::from_millis(20);
+
+/// Largest frame (header included) `send` writes from the calling thread when the connection's
+/// writer is idle. Above it the write is left to the writer thread so that the engine can go on
+/// reducing while the bytes drain (what pipelining at 1 MiB chunks needs).
+pub const DIRECT_WRITE_MAX: usize = 256 << 10;
 
 /// A received frame.
 #[derive(Debug)]
@@ -204,6 +206,7 @@ impl WriteQueue {
 enum Inbound {
     Frame(InFrame),
     Goodbye,
+    Failed(CollectiveError),
 }
 
 #[derive(Default)]
@@ -234,12 +237,9 @@ struct Connection {
     channel: usize,
     stream: TcpStream,
     out: Arc<WriteQueue>,
+    rx: Receiver<Inbound>,
     writer: Option<JoinHandle<()>>,
-    /// The next frame's header as far as it has been read.
-    header: [u8; HEADER_LEN],
-    header_got: usize,
-    /// The next frame once its header is complete, and how many of its bytes have been read.
-    body: Option<(FrameHeader, Vec<u8>, usize)>,
+    reader: Option<JoinHandle<()>>,
     send_seq: u32,
     recv_seq: u32,
     peer_said_goodbye: bool,
@@ -267,74 +267,63 @@ fn io_to_peer_error(peer: usize, channel: usize, e: std::io::Error) -> Collectiv
     }
 }
 
-/// A read that ended without data because the socket's read timeout expired.
-fn timed_out(e: &std::io::Error) -> bool {
-    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
-}
-
-impl Connection {
-    /// Reads towards the connection's next frame, waiting at most the socket's read timeout
-    /// ([`POLL_SLICE`]) for bytes: `Ok(None)` if the frame is not complete yet (what was read is
-    /// kept). Any error leaves the connection unusable (the stream cannot be resynchronised).
-    fn poll_frame(&mut self, pool: &BufferPool) -> Result<Option<Inbound>> {
-        let (peer, channel) = (self.peer, self.channel);
-        loop {
-            if let Some((_, frame, got)) = self.body.as_mut() {
-                if *got == frame.len() {
-                    let (header, frame, _) = self.body.take().expect("matched above");
-                    return Ok(Some(Inbound::Frame(InFrame { header, frame })));
-                }
-                match (&self.stream).read(&mut frame[*got..]) {
-                    Ok(0) => return Err(CollectiveError::PeerDisconnected { peer, channel }),
-                    Ok(n) => *got += n,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(e) if timed_out(&e) => return Ok(None),
-                    Err(e) => return Err(io_to_peer_error(peer, channel, e)),
-                }
-                continue;
-            }
-            if self.header_got == HEADER_LEN {
-                self.header_got = 0;
-                let header = FrameHeader::parse(&self.header)
-                    .map_err(|error| CollectiveError::BadFrame { peer, channel, error })?;
-                if header.kind == FrameKind::Goodbye {
-                    return Ok(Some(Inbound::Goodbye));
-                }
-                let total = HEADER_LEN + header.payload_len as usize;
-                let mut frame = pool.take(total);
-                // A recycled buffer keeps its old length: only bytes never initialised before get zeroed.
-                if frame.len() < total {
-                    frame.resize(total, 0);
-                } else {
-                    frame.truncate(total);
-                }
-                frame[..HEADER_LEN].copy_from_slice(&self.header);
-                self.body = Some((header, frame, HEADER_LEN));
-                continue;
-            }
-            match (&self.stream).read(&mut self.header[self.header_got..]) {
-                // EOF between frames without a goodbye is a crash as much as EOF inside one.
-                Ok(0) => return Err(CollectiveError::PeerDisconnected { peer, channel }),
-                Ok(n) => self.header_got += n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if timed_out(&e) => return Ok(None),
-                Err(e) => return Err(io_to_peer_error(peer, channel, e)),
-            }
+/// Reads exactly `buf.len()` bytes; `Ok(false)` on EOF before the first byte.
+fn read_full_or_eof(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        match s.read(&mut buf[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
+    Ok(true)
 }
 
-/// One `send(2)` with `MSG_DONTWAIT`: writes what the socket buffer takes now and never waits (the
-/// socket itself stays blocking for the writer thread). `WouldBlock` when it takes nothing.
-fn send_nonblocking(s: &TcpStream, buf: &[u8]) -> std::io::Result<usize> {
-    // SAFETY: the pointer and length come from a live slice that outlives the call, and the fd is
-    // owned by `s`, which is borrowed for the call. MSG_NOSIGNAL: a closed peer is an EPIPE error,
-    // not a SIGPIPE.
-    let n = unsafe { libc::send(s.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
+fn reader_loop(
+    mut s: TcpStream,
+    peer: usize,
+    channel: usize,
+    tx: Sender<Inbound>,
+    shared: Arc<SharedState>,
+    pool: Arc<BufferPool>,
+) {
+    let mut hdr = [0u8; HEADER_LEN];
+    let fail = |e: CollectiveError| {
+        shared.fail(e.clone());
+        let _ = tx.send(Inbound::Failed(e));
+    };
+    loop {
+        match read_full_or_eof(&mut s, &mut hdr) {
+            Ok(true) => {}
+            Ok(false) => return fail(CollectiveError::PeerDisconnected { peer, channel }),
+            Err(e) => return fail(io_to_peer_error(peer, channel, e)),
+        }
+        let header = match FrameHeader::parse(&hdr) {
+            Ok(h) => h,
+            Err(error) => return fail(CollectiveError::BadFrame { peer, channel, error }),
+        };
+        if header.kind == FrameKind::Goodbye {
+            let _ = tx.send(Inbound::Goodbye);
+            return;
+        }
+        let total = HEADER_LEN + header.payload_len as usize;
+        let mut frame = pool.take(total);
+        // A recycled buffer keeps its old length: only bytes never initialised before get zeroed.
+        if frame.len() < total {
+            frame.resize(total, 0);
+        } else {
+            frame.truncate(total);
+        }
+        frame[..HEADER_LEN].copy_from_slice(&hdr);
+        if let Err(e) = s.read_exact(&mut frame[HEADER_LEN..]) {
+            return fail(io_to_peer_error(peer, channel, e));
+        }
+        if tx.send(Inbound::Frame(InFrame { header, frame })).is_err() {
+            return; // transport dropped
+        }
     }
 }
 
@@ -349,6 +338,20 @@ fn write_error(s: &TcpStream, peer: usize, channel: usize, e: std::io::Error) ->
             waited_ms: s.write_timeout().ok().flatten().map_or(0, |d| d.as_millis() as u64),
         },
         _ => io_to_peer_error(peer, channel, e),
+    }
+}
+
+/// One `send(2)` with `MSG_DONTWAIT`: writes what the socket buffer takes now and never waits (the
+/// socket itself stays blocking for the writer thread). `WouldBlock` when it takes nothing.
+fn send_nonblocking(s: &TcpStream, buf: &[u8]) -> std::io::Result<usize> {
+    // SAFETY: the pointer and length come from a live slice that outlives the call, and the fd is
+    // owned by `s`, which is borrowed for the call. MSG_NOSIGNAL: a closed peer is an EPIPE error,
+    // not a SIGPIPE.
+    let n = unsafe { libc::send(s.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }
 
@@ -560,26 +563,31 @@ impl TcpTransport {
         timeout: Duration,
     ) -> Result<Connection> {
         let err = |e| CollectiveError::io(peer, channel, e);
-        // SO_RCVTIMEO and SO_SNDTIMEO belong to the socket, so they hold for the writer's clone too.
-        stream.set_read_timeout(Some(POLL_SLICE)).map_err(err)?;
+        stream.set_read_timeout(None).map_err(err)?;
         stream.set_write_timeout(Some(timeout)).map_err(err)?;
         let out = Arc::new(WriteQueue::default());
         let wq = out.clone();
+        let (rtx, rrx) = mpsc::channel::<Inbound>();
         let ws = stream.try_clone().map_err(err)?;
-        let (sw, pw) = (shared.clone(), pool.clone());
+        let rs = stream.try_clone().map_err(err)?;
+        let (sw, sr) = (shared.clone(), shared.clone());
+        let (pw, pr) = (pool.clone(), pool.clone());
         let writer = std::thread::Builder::new()
             .name(format!("tx-r{peer}c{channel}"))
             .spawn(move || writer_loop(ws, peer, channel, wq, sw, pw))
+            .map_err(err)?;
+        let reader = std::thread::Builder::new()
+            .name(format!("rx-r{peer}c{channel}"))
+            .spawn(move || reader_loop(rs, peer, channel, rtx, sr, pr))
             .map_err(err)?;
         Ok(Connection {
             peer,
             channel,
             stream,
             out,
+            rx: rrx,
             writer: Some(writer),
-            header: [0; HEADER_LEN],
-            header_got: 0,
-            body: None,
+            reader: Some(reader),
             send_seq: 1,
             recv_seq: 1,
             peer_said_goodbye: false,
@@ -608,6 +616,9 @@ impl TcpTransport {
             if let Some(w) = c.writer.take() {
                 let _ = w.join();
             }
+            if let Some(r) = c.reader.take() {
+                let _ = r.join();
+            }
         }
     }
 }
@@ -635,7 +646,7 @@ impl Transport for TcpTransport {
         header.write(&mut frame[..HEADER_LEN]);
         c.send_seq = c.send_seq.wrapping_add(1);
         let mut from = 0;
-        if c.out.idle() {
+        if len <= DIRECT_WRITE_MAX && c.out.idle() {
             // Only this thread enqueues, so the writer stays idle while we write.
             while from < len {
                 match send_nonblocking(&c.stream, &frame[from..]) {
@@ -674,7 +685,7 @@ impl Transport for TcpTransport {
 
     fn recv(&mut self, peer: usize, channel: usize, timeout: Duration, op: u64) -> Result<InFrame> {
         let deadline = Instant::now() + timeout;
-        let (shared, pool) = (self.shared.clone(), self.pool.clone());
+        let shared = self.shared.clone();
         let c = self.conn(peer, channel)?;
         loop {
             if let Some(e) = shared.failure() {
@@ -687,9 +698,8 @@ impl Transport for TcpTransport {
             if now >= deadline {
                 return Err(CollectiveError::Timeout { peer, channel, op, waited_ms: timeout.as_millis() as u64 });
             }
-            let got = c.poll_frame(&pool).inspect_err(|e| shared.fail(e.clone()))?;
-            match got {
-                Some(Inbound::Frame(f)) => {
+            match c.rx.recv_timeout((deadline - now).min(POLL_SLICE)) {
+                Ok(Inbound::Frame(f)) => {
                     if f.header.seq != c.recv_seq {
                         let e = CollectiveError::UnexpectedFrame {
                             peer,
@@ -704,8 +714,12 @@ impl Transport for TcpTransport {
                     c.recv_seq = c.recv_seq.wrapping_add(1);
                     return Ok(f);
                 }
-                Some(Inbound::Goodbye) => c.peer_said_goodbye = true,
-                None => {}
+                Ok(Inbound::Goodbye) => c.peer_said_goodbye = true,
+                Ok(Inbound::Failed(e)) => return Err(e),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(shared.failure().unwrap_or(CollectiveError::PeerDisconnected { peer, channel }))
+                }
             }
         }
     }
@@ -727,27 +741,25 @@ impl Transport for TcpTransport {
             c.out.push(h.to_bytes().to_vec(), 0);
             c.out.close();
         }
-        // Read until each peer's goodbye (or failure) so that no unread bytes make the kernel reset
-        // the connection while the peer may still be reading what we sent. Reading before joining
-        // the writers means a writer still flushing to a peer never waits on a peer that waits on us.
-        let deadline = Instant::now() + timeout;
-        let pool = self.pool.clone();
-        for c in self.all_conns() {
-            while !c.peer_said_goodbye && Instant::now() < deadline {
-                match c.poll_frame(&pool) {
-                    Ok(Some(Inbound::Goodbye)) => c.peer_said_goodbye = true,
-                    Ok(Some(Inbound::Frame(f))) => {
-                        tracing::warn!(peer = c.peer, channel = c.channel, op = f.header.op, "unconsumed frame at close")
-                    }
-                    Ok(None) => {}
-                    Err(_) => break,
-                }
-            }
-        }
         // Flush: writers exit once their queue is drained and closed.
         for c in self.all_conns() {
             if let Some(w) = c.writer.take() {
                 let _ = w.join();
+            }
+        }
+        // Wait for each peer's goodbye (or failure) so that no unread bytes make the kernel reset the
+        // connection while the peer may still be reading what we sent.
+        let deadline = Instant::now() + timeout;
+        for c in self.all_conns() {
+            while !c.peer_said_goodbye && Instant::now() < deadline {
+                match c.rx.recv_timeout(remaining(deadline).min(POLL_SLICE)) {
+                    Ok(Inbound::Goodbye) => c.peer_said_goodbye = true,
+                    Ok(Inbound::Frame(f)) => {
+                        tracing::warn!(peer = c.peer, channel = c.channel, op = f.header.op, "unconsumed frame at close")
+                    }
+                    Ok(Inbound::Failed(_)) | Err(RecvTimeoutError::Disconnected) => break,
+                    Err(RecvTimeoutError::Timeout) => {}
+                }
             }
         }
         self.shared.closing.store(true, Ordering::Release);
