@@ -24,7 +24,11 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 /// reduce-scatter then ring allgather, pipelined per chunk ([`crate::engine`]); tree a binary tree
 /// rooted at rank 0 (pipelined reduce to the root, then pipelined broadcast); rhd recursive halving
 /// then recursive doubling, where ranks beyond the largest power of two fold into a partner first and
-/// receive the result last.
+/// receive the result last. An rhd allreduce of at most
+/// [`crate::engine::RHD_DOUBLING_MAX_BYTES`] on the raw f32 wire runs as plain recursive doubling
+/// of the whole buffer (log2 p exchanges instead of 2·log2 p; see
+/// [`crate::engine::rhd_uses_doubling`]): the same on every rank, since it depends only on the plan and
+/// the element count.
 pub use ringside_client::Algorithm;
 
 /// The id of `a` in the control header.

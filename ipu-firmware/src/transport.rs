@@ -16,9 +16,17 @@
 //! - The mesh is complete: for every pair (i < j) rank j opens `channels` connections to rank i. Each
 //!   connection starts with a [`Hello`] in both directions (world, rank, channel count); mismatches
 //!   reject the connection. Setup retries connects until the timeout, so ranks may start in any order.
-//! - Per connection, a writer thread drains an unbounded queue of ready frames (so `send` never blocks
-//!   on the network and ring/tree exchanges cannot deadlock on full socket buffers) and a reader thread
-//!   parses frames into a queue. Socket writes time out after the configured timeout.
+//! - Per connection, a reader thread always drains the socket and parses frames into an unbounded
+//!   queue (so reading the next chunk overlaps reducing the current one), and a writer thread drains
+//!   an unbounded queue of ready frames, so `send` never waits for the network and ring/tree
+//!   exchanges cannot deadlock on full socket buffers.
+//! - `send` of a frame of at most [`DIRECT_WRITE_MAX`] bytes on a connection whose writer is idle with
+//!   nothing queued first writes what the socket takes right now from the calling thread (`send(2)`
+//!   with `MSG_DONTWAIT`, which never blocks) and queues only the rest: waking the writer thread for
+//!   every frame was a large part of each hop at small messages (issue 12). Order is preserved: only
+//!   the engine's thread enqueues, and it writes directly only when the queue is empty and the writer
+//!   is not mid-write. Larger frames go to the writer, so a pipelined transfer keeps reducing while
+//!   its chunks are written. The writer's socket writes time out after the configured timeout.
 //! - Any connection failure (EOF without [`FrameKind::Goodbye`], I/O error, garbage) is recorded once
 //!   in state shared by all connections of the rank; every later or pending `send`/`recv` on any
 //!   connection returns it within [`POLL_SLICE`]. So a failure anywhere reaches every waiting call fast,
@@ -32,13 +40,20 @@ use crate::wire::{FrameHeader, FrameKind, Hello, HEADER_LEN};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How often a waiting `recv` re-checks the shared failure state.
 pub const POLL_SLICE: Duration = Duration::from_millis(20);
+
+/// Largest frame (header included) `send` writes from the calling thread when the connection's
+/// writer is idle. Above it the write is left to the writer thread so that the engine can go on
+/// reducing while the bytes drain (what pipelining at 1 MiB chunks needs).
+pub const DIRECT_WRITE_MAX: usize = 256 << 10;
 
 /// A received frame.
 #[derive(Debug)]
@@ -139,6 +154,55 @@ impl Default for TcpOptions {
     }
 }
 
+/// Frames waiting for a connection's writer thread.
+#[derive(Default)]
+struct WriteQueue {
+    state: Mutex<WriteState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct WriteState {
+    /// Frames and the offset of their first unwritten byte (non-zero after a partial direct write).
+    frames: VecDeque<(Vec<u8>, usize)>,
+    /// The writer thread has popped a frame and is writing it.
+    writing: bool,
+    /// No more frames will be queued: the writer exits once the queue is empty.
+    closed: bool,
+    /// The writer thread has exited (after a write error or after `closed`).
+    exited: bool,
+}
+
+impl WriteQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WriteState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `frame[from..]`; false if the writer is gone.
+    fn push(&self, frame: Vec<u8>, from: usize) -> bool {
+        let mut st = self.lock();
+        if st.exited || st.closed {
+            return false;
+        }
+        st.frames.push_back((frame, from));
+        drop(st);
+        self.ready.notify_one();
+        true
+    }
+
+    /// Whether the caller may write a frame itself: nothing queued or being written.
+    fn idle(&self) -> bool {
+        let st = self.lock();
+        !st.writing && st.frames.is_empty() && !st.closed && !st.exited
+    }
+
+    /// Lets the writer drain what is queued and exit.
+    fn close(&self) {
+        self.lock().closed = true;
+        self.ready.notify_all();
+    }
+}
+
 enum Inbound {
     Frame(InFrame),
     Goodbye,
@@ -172,7 +236,7 @@ struct Connection {
     peer: usize,
     channel: usize,
     stream: TcpStream,
-    tx: Option<Sender<Vec<u8>>>,
+    out: Arc<WriteQueue>,
     rx: Receiver<Inbound>,
     writer: Option<JoinHandle<()>>,
     reader: Option<JoinHandle<()>>,
@@ -263,28 +327,69 @@ fn reader_loop(
     }
 }
 
+/// The error a failed socket write stands for (a write that hit the socket's write timeout is a
+/// stalled peer).
+fn write_error(s: &TcpStream, peer: usize, channel: usize, e: std::io::Error) -> CollectiveError {
+    match e.kind() {
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => CollectiveError::Timeout {
+            peer,
+            channel,
+            op: u64::MAX,
+            waited_ms: s.write_timeout().ok().flatten().map_or(0, |d| d.as_millis() as u64),
+        },
+        _ => io_to_peer_error(peer, channel, e),
+    }
+}
+
+/// One `send(2)` with `MSG_DONTWAIT`: writes what the socket buffer takes now and never waits (the
+/// socket itself stays blocking for the writer thread). `WouldBlock` when it takes nothing.
+fn send_nonblocking(s: &TcpStream, buf: &[u8]) -> std::io::Result<usize> {
+    // SAFETY: the pointer and length come from a live slice that outlives the call, and the fd is
+    // owned by `s`, which is borrowed for the call. MSG_NOSIGNAL: a closed peer is an EPIPE error,
+    // not a SIGPIPE.
+    let n = unsafe { libc::send(s.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
 fn writer_loop(
     mut s: TcpStream,
     peer: usize,
     channel: usize,
-    rx: Receiver<Vec<u8>>,
+    q: Arc<WriteQueue>,
     shared: Arc<SharedState>,
     pool: Arc<BufferPool>,
 ) {
-    for frame in rx {
-        if let Err(e) = s.write_all(&frame) {
-            let e = match e.kind() {
-                ErrorKind::WouldBlock | ErrorKind::TimedOut => CollectiveError::Timeout {
-                    peer,
-                    channel,
-                    op: u64::MAX,
-                    waited_ms: s.write_timeout().ok().flatten().map_or(0, |d| d.as_millis() as u64),
-                },
-                _ => io_to_peer_error(peer, channel, e),
-            };
-            shared.fail(e);
+    loop {
+        let frame = {
+            let mut st = q.lock();
+            loop {
+                if let Some(f) = st.frames.pop_front() {
+                    st.writing = true;
+                    break f;
+                }
+                if st.closed {
+                    st.exited = true;
+                    return;
+                }
+                st = q.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let (frame, from) = frame;
+        let written = s.write_all(&frame[from..]);
+        let mut st = q.lock();
+        st.writing = false;
+        if let Err(e) = written {
+            st.exited = true;
+            st.frames.clear();
+            drop(st);
+            shared.fail(write_error(&s, peer, channel, e));
             return;
         }
+        drop(st);
         pool.put(frame);
     }
 }
@@ -342,8 +447,8 @@ impl TcpTransport {
 
         // Outbound: to every lower rank, k connections, retrying while the peer starts up.
         for (peer, &addr) in peers.iter().enumerate().take(rank) {
-            for ch in 0..k {
-                streams[peer][ch] = Some(Self::dial(peer, addr, ch, hello, deadline, options.timeout)?);
+            for (ch, slot) in streams[peer].iter_mut().enumerate() {
+                *slot = Some(Self::dial(peer, addr, ch, hello, deadline, options.timeout)?);
             }
         }
         // Inbound: from every higher rank.
@@ -460,7 +565,8 @@ impl TcpTransport {
         let err = |e| CollectiveError::io(peer, channel, e);
         stream.set_read_timeout(None).map_err(err)?;
         stream.set_write_timeout(Some(timeout)).map_err(err)?;
-        let (wtx, wrx) = mpsc::channel::<Vec<u8>>();
+        let out = Arc::new(WriteQueue::default());
+        let wq = out.clone();
         let (rtx, rrx) = mpsc::channel::<Inbound>();
         let ws = stream.try_clone().map_err(err)?;
         let rs = stream.try_clone().map_err(err)?;
@@ -468,7 +574,7 @@ impl TcpTransport {
         let (pw, pr) = (pool.clone(), pool.clone());
         let writer = std::thread::Builder::new()
             .name(format!("tx-r{peer}c{channel}"))
-            .spawn(move || writer_loop(ws, peer, channel, wrx, sw, pw))
+            .spawn(move || writer_loop(ws, peer, channel, wq, sw, pw))
             .map_err(err)?;
         let reader = std::thread::Builder::new()
             .name(format!("rx-r{peer}c{channel}"))
@@ -478,7 +584,7 @@ impl TcpTransport {
             peer,
             channel,
             stream,
-            tx: Some(wtx),
+            out,
             rx: rrx,
             writer: Some(writer),
             reader: Some(reader),
@@ -506,7 +612,7 @@ impl TcpTransport {
 
     fn join_threads(&mut self) {
         for c in self.all_conns() {
-            c.tx = None;
+            c.out.close();
             if let Some(w) = c.writer.take() {
                 let _ = w.join();
             }
@@ -539,8 +645,25 @@ impl Transport for TcpTransport {
         header.payload_len = (len - HEADER_LEN) as u32;
         header.write(&mut frame[..HEADER_LEN]);
         c.send_seq = c.send_seq.wrapping_add(1);
-        let sent = c.tx.as_ref().map(|tx| tx.send(frame).is_ok()).unwrap_or(false);
-        if !sent {
+        let mut from = 0;
+        if len <= DIRECT_WRITE_MAX && c.out.idle() {
+            // Only this thread enqueues, so the writer stays idle while we write.
+            while from < len {
+                match send_nonblocking(&c.stream, &frame[from..]) {
+                    Ok(n) => from += n,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        let e = io_to_peer_error(peer, channel, e);
+                        self.shared.fail(e.clone());
+                        return Err(self.shared.failure().unwrap_or(e));
+                    }
+                }
+            }
+        }
+        if from == len {
+            self.pool.put(frame);
+        } else if !c.out.push(frame, from) {
             return Err(self.shared.failure().unwrap_or(CollectiveError::PeerDisconnected { peer, channel }));
         }
         self.bytes_sent += len as u64;
@@ -615,11 +738,10 @@ impl Transport for TcpTransport {
             let mut h = FrameHeader::new(FrameKind::Goodbye);
             h.seq = c.send_seq;
             h.channel = c.channel as u8;
-            if let Some(tx) = c.tx.take() {
-                let _ = tx.send(h.to_bytes().to_vec());
-            }
+            c.out.push(h.to_bytes().to_vec(), 0);
+            c.out.close();
         }
-        // Flush: writers exit once their queue is drained and the sender is gone.
+        // Flush: writers exit once their queue is drained and closed.
         for c in self.all_conns() {
             if let Some(w) = c.writer.take() {
                 let _ = w.join();

@@ -311,3 +311,80 @@ fn invalid_plan_from_source_is_ignored() {
         assert_eq!(b, vec![2.0; 10]);
     }
 }
+
+/// An rhd plan on the raw f32 wire (the only wire on which small rhd runs as recursive doubling).
+fn rhd_plan(chunk_bytes: u32, channels: u8) -> Plan {
+    Plan { step_from: 0, algorithm: Algorithm::Rhd, chunk_bytes, channels, compression: Compression::NONE }
+}
+
+/// Both rhd paths, on both sides of the doubling threshold, for every world size the matrix uses:
+/// exact sums, identical on every rank. Rank 1's wire bytes tell which path ran: recursive doubling
+/// sends the whole buffer log2(p) times, halving-doubling 2·(p−1)/p of it (world 4: 2 vs 1.5).
+#[test]
+fn rhd_doubling_and_halving_are_exact_around_the_threshold() {
+    use ipu_firmware::engine::RHD_DOUBLING_MAX_BYTES;
+    use ipu_firmware::wire::HEADER_LEN;
+    let at = RHD_DOUBLING_MAX_BYTES / 4;
+    for world in [2usize, 3, 4, 5, 8] {
+        for (n, chunk_bytes) in [(at, 1u32 << 20), (at, 40_000), (at + 1, 1 << 20), (at + 1, 40_000), (5, 1 << 20)] {
+            let res = run_ranks_in_process(world, opts(2), move |rank, t| {
+                let plan = rhd_plan(chunk_bytes, 2);
+                let mut comm = Communicator::new(t, CommunicatorConfig { initial_plan: plan, timeout: TIMEOUT })?;
+                let mut buf = input(rank, 11, n);
+                let rep = comm.allreduce_f32(&mut buf)?;
+                comm.close();
+                Ok((buf, rep.bytes_sent))
+            });
+            let res: Vec<_> = res.into_iter().map(|r| r.expect("rank failed")).collect();
+            let inputs: Vec<Vec<f32>> = (0..world).map(|r| input(r, 11, n)).collect();
+            let results: Vec<Vec<f32>> = res.iter().map(|r| r.0.clone()).collect();
+            check(world, &rhd_plan(chunk_bytes, 2), &inputs, &results);
+            if world == 4 {
+                let frames = n.div_ceil((chunk_bytes / 4) as usize);
+                let doubling = (2 * (4 * n + frames * HEADER_LEN)) as u64;
+                let sent = res[1].1;
+                if n <= at {
+                    assert_eq!(sent, doubling, "world 4, n {n}, chunk {chunk_bytes}: rank 1 did not run recursive doubling");
+                } else {
+                    assert!(sent < doubling * 4 / 5, "world 4, n {n}: rank 1 sent {sent} bytes, as if doubling ({doubling})");
+                }
+            }
+        }
+    }
+}
+
+/// Recursive doubling without the owner-encodes-once rule still ends bit-identical on every rank
+/// when the sums are inexact (the grouping of additions matters) and when different NaN payloads
+/// meet (which payload `a + b` keeps is unspecified; the engine canonicalises NaN sums).
+#[test]
+fn rhd_doubling_is_bit_identical_for_inexact_sums_and_nans() {
+    for world in [2usize, 3, 4, 5, 8] {
+        let n = 4099;
+        let make = move |rank: usize| -> Vec<f32> {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(77 + rank as u64);
+            let mut v: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0) * 10f32.powi(rng.gen_range(-6..7))).collect();
+            v[0] = f32::from_bits(0x7fc0_0000 | (rank as u32 + 1)); // a quiet NaN with a per-rank payload
+            v
+        };
+        let res = run_ranks_in_process(world, opts(1), move |rank, t| {
+            let mut comm = Communicator::new(t, CommunicatorConfig { initial_plan: rhd_plan(1 << 20, 1), timeout: TIMEOUT })?;
+            let mut buf = make(rank);
+            comm.allreduce_f32(&mut buf)?;
+            comm.close();
+            Ok(buf)
+        });
+        let res: Vec<Vec<f32>> = res.into_iter().map(|r| r.expect("rank failed")).collect();
+        assert!(res[0][0].is_nan(), "world {world}: NaN lost");
+        for r in 1..world {
+            let differ = (0..n).filter(|&i| res[r][i].to_bits() != res[0][i].to_bits()).count();
+            assert_eq!(differ, 0, "world {world}: rank {r} differs from rank 0 in {differ} elements");
+        }
+        let inputs: Vec<Vec<f32>> = (0..world).map(make).collect();
+        for i in 1..n {
+            let exact: f64 = inputs.iter().map(|x| f64::from(x[i])).sum();
+            let mag: f64 = inputs.iter().map(|x| f64::from(x[i].abs())).sum();
+            let got = f64::from(res[0][i]);
+            assert!((got - exact).abs() <= mag * world as f64 * 2f64.powi(-23), "world {world} elem {i}: {got} vs {exact}");
+        }
+    }
+}

@@ -271,3 +271,41 @@ fn silent_peer_times_out() {
     assert_eq!(buf, original());
     assert!(took >= Duration::from_millis(700) && took < Duration::from_millis(1500), "{took:?}");
 }
+
+/// A rank that dies between two small rhd allreduces (the recursive-doubling path, where each rank
+/// talks to only log2(p) partners) still fails every other rank fast, including ranks that never
+/// exchange data with it in that collective: the mesh is complete, so every rank sees its
+/// connections to the dead rank close.
+#[test]
+fn crashed_peer_fails_every_rank_quickly_in_recursive_doubling() {
+    let timeout = Duration::from_secs(10);
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(5));
+    let plan = Plan { algorithm: ipu_firmware::Algorithm::Rhd, ..Plan::default() };
+    let res = run_ranks_in_process(5, TcpOptions { channels: 1, timeout }, move |rank, t| {
+        let mut c = Communicator::new(t, CommunicatorConfig { initial_plan: plan, timeout })?;
+        let mut b = vec![1.0f32; 1000];
+        c.allreduce_f32(&mut b)?;
+        assert_eq!(b, vec![5.0; 1000]);
+        barrier.wait();
+        if rank == 3 {
+            c.abort();
+            return Ok(Duration::ZERO);
+        }
+        let start = Instant::now();
+        let mut b = vec![1.0f32; 1000];
+        match c.allreduce_f32(&mut b) {
+            Ok(_) => panic!("rank {rank}: allreduce succeeded without rank 3"),
+            Err(e) => {
+                assert!(
+                    matches!(e, CollectiveError::PeerDisconnected { .. } | CollectiveError::PeerClosed { .. }),
+                    "rank {rank}: {e}"
+                );
+                Ok(start.elapsed())
+            }
+        }
+    });
+    for (rank, r) in res.into_iter().enumerate() {
+        let waited = r.unwrap();
+        assert!(waited < Duration::from_secs(2), "rank {rank} took {waited:?}");
+    }
+}

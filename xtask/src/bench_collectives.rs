@@ -28,11 +28,19 @@ const ALGORITHMS: [&str; 3] = ["ring", "tree", "rhd"];
 const WORLD: usize = 4;
 
 /// Options of `cargo xtask bench collectives`.
-#[derive(clap::Args, Clone, Copy, Debug)]
+#[derive(clap::Args, Clone, Debug)]
 pub struct Opts {
-    /// Largest message size in MiB (sizes are 1 KiB · 4^k up to this).
+    /// Largest message size in MiB (sizes are 1 KiB · 4^k up to this). Ignored with --sizes.
     #[arg(long, default_value_t = 64)]
     pub max_mib: u64,
+    /// Measure only these message sizes (comma-separated, e.g. `64KiB,256KiB,1MiB`) instead of
+    /// 1 KiB · 4^k up to --max-mib.
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<ByteSize>,
+    /// The small-message check in about two minutes: sizes 64 KiB, 256 KiB and 1 MiB (unless --sizes
+    /// says otherwise), no 16 MiB variants, no codec bench.
+    #[arg(long)]
+    pub quick: bool,
     /// Bytes moved per (algorithm, size) cell, in MiB; bounds the step count (between --min-steps
     /// and --max-steps).
     #[arg(long, default_value_t = 512)]
@@ -124,7 +132,14 @@ fn check_stop(stop: &AtomicBool) -> Result<()> {
     Ok(())
 }
 
-pub fn run(o: Opts) -> Result<()> {
+pub fn run(mut o: Opts) -> Result<()> {
+    if o.quick {
+        if o.sizes.is_empty() {
+            o.sizes = [64u64 << 10, 256 << 10, 1 << 20].map(ByteSize).to_vec();
+        }
+        o.no_extras = true;
+        o.no_codecs = true;
+    }
     testbed::require_root().context("bench collectives runs network namespaces")?;
     let stop = testbed::signals::stop_flag();
     let started = Instant::now();
@@ -147,7 +162,17 @@ pub fn run(o: Opts) -> Result<()> {
     }
 
     let machine = machine_info();
-    let size_list = sizes(o.max_mib);
+    let size_list = if o.sizes.is_empty() {
+        sizes(o.max_mib)
+    } else {
+        let mut v: Vec<u64> = o.sizes.iter().map(|s| s.0).collect();
+        v.sort_unstable();
+        v.dedup();
+        if let Some(bad) = v.iter().find(|&&s| s < 4 || s % 4 != 0) {
+            bail!("--sizes: {bad} bytes is not a whole number of f32 elements; use a multiple of 4 bytes");
+        }
+        v
+    };
     let mut report = json!({
         "command": "cargo xtask bench collectives",
         "options": format!("{o:?}"),
@@ -213,11 +238,11 @@ pub fn run(o: Opts) -> Result<()> {
                 }
             }
             let mut mpi = Vec::new();
-            if mpi_ready.is_ok() {
+            if let Ok(mpi_bin) = &mpi_ready {
                 for (name, id) in testbed::MpiAlgorithm::ALL.map(|a| (a.name(), a.id())) {
                     check_stop(stop)?;
                     let t0 = Instant::now();
-                    let r = run_mpi(&star, &bench_dir, mpi_ready.as_ref().expect("checked"), &o, &size_list, id, stop);
+                    let r = run_mpi(&star, &bench_dir, mpi_bin, &o, &size_list, id, stop);
                     let took = t0.elapsed().as_secs_f64();
                     match &r {
                         Ok(cells) => {
@@ -318,26 +343,35 @@ pub fn run(o: Opts) -> Result<()> {
     });
     let fmt = |x: Option<f64>| x.map(|v| format!("{:.3}", v / 1e9)).unwrap_or_else(|| "—".into());
 
+    // ringside's fastest algorithm at a size (the engine's counterpart of "OpenMPI best").
+    let ringside_best = |size: u64| -> Option<(f64, &str)> {
+        ALGORITHMS.iter().filter_map(|&a| ring_at(a, size).map(|b| (b, a))).max_by(|a, b| a.0.total_cmp(&b.0))
+    };
     let mut table = String::new();
-    table.push_str("| size | ringside ring | ringside tree | ringside rhd | OpenMPI default | OpenMPI best (algorithm) | ring / OpenMPI best |\n");
-    table.push_str("|---:|---:|---:|---:|---:|---:|---:|\n");
+    table.push_str("| size | ringside ring | ringside tree | ringside rhd | OpenMPI default | OpenMPI best (algorithm) | ring / OpenMPI best | ringside best / OpenMPI best |\n");
+    table.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     let mut rows_json = Vec::new();
     for &size in &size_list {
         let best = mpi_best(size);
         let ring = ring_at("ring", size);
-        let ratio = match (ring, best) {
+        let ratio = |x: Option<f64>| match (x, best) {
             (Some(r), Some((b, _))) => format!("{:.2}", r / b),
             _ => "—".into(),
         };
+        let ours = ringside_best(size);
         table.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
             human(size),
             fmt(ring),
             fmt(ring_at("tree", size)),
             fmt(ring_at("rhd", size)),
             fmt(mpi_at("default", size)),
             best.map(|(b, n)| format!("{:.3} ({n})", b / 1e9)).unwrap_or_else(|| "—".into()),
-            ratio
+            ratio(ring),
+            match ours {
+                Some((_, a)) => format!("{} ({a})", ratio(ours.map(|o| o.0))),
+                None => "—".into(),
+            }
         ));
         rows_json.push(json!({
             "size": size,
@@ -347,8 +381,37 @@ pub fn run(o: Opts) -> Result<()> {
             "openmpi_default_gbs": mpi_at("default", size).map(|x| x / 1e9),
             "openmpi_best_gbs": best.map(|b| b.0 / 1e9),
             "openmpi_best_algorithm": best.map(|b| b.1),
+            "ringside_best_gbs": ours.map(|o| o.0 / 1e9),
+            "ringside_best_algorithm": ours.map(|o| o.1),
         }));
     }
+    // Issue 12's target: ringside's best algorithm >= OpenMPI's best at every size from 64 KiB to 64 MiB.
+    let small = {
+        let in_range: Vec<u64> = size_list.iter().copied().filter(|s| (64 << 10..=64 << 20).contains(s)).collect();
+        let mut misses = Vec::new();
+        let mut measured = 0;
+        for &size in &in_range {
+            if let (Some((r, a)), Some((b, n))) = (ringside_best(size), mpi_best(size)) {
+                measured += 1;
+                if r < b {
+                    misses.push(format!("{} {a} {:.3} vs {n} {:.3} ({:.2}x)", human(size), r / 1e9, b / 1e9, r / b));
+                }
+            }
+        }
+        let met = (measured > 0).then_some(misses.is_empty() && measured == in_range.len());
+        report["target_best_64k_64m"] = json!({ "sizes_in_range": in_range.len(), "measured": measured, "met": met, "misses": misses });
+        match met {
+            None => "Target (ringside's best ≥ OpenMPI's best at every size from 64 KiB to 64 MiB): UNDETERMINED — no size in range has both results.".to_string(),
+            Some(true) => format!("Target (ringside's best ≥ OpenMPI's best at every size from 64 KiB to 64 MiB): MET at all {measured} measured sizes."),
+            Some(false) => format!(
+                "Target (ringside's best ≥ OpenMPI's best at every size from 64 KiB to 64 MiB): NOT MET — {} of {} sizes measured{}{}.",
+                measured,
+                in_range.len(),
+                if misses.is_empty() { "" } else { "; below: " },
+                misses.join(", ")
+            ),
+        }
+    };
     let iperf_line = match (&iperf, iperf_gbs) {
         (Ok(_), Some((one, four))) => format!(
             "iperf3 point-to-point h0→h1 on the same star: {:.2} Gbit/s = {:.3} GB/s (1 stream), {:.2} Gbit/s = {:.3} GB/s (4 streams)",
@@ -411,6 +474,7 @@ pub fn run(o: Opts) -> Result<()> {
     println!("{iperf_line}");
     print!("{table}");
     println!("{target}");
+    println!("{small}");
     println!("{codec_target}");
     if let Ok((_, text)) = &codecs {
         println!("{text}");
@@ -419,7 +483,8 @@ pub fn run(o: Opts) -> Result<()> {
     let json_path = bench_dir.join("collectives.json");
     std::fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n")?;
     let md_path = root.join("docs/benchmarks-collectives.md");
-    let md = markdown(&o, &report, &report["machine"], &iperf_line, &table, &extras, &mpi_ready.as_ref().map(|_| ()).map_err(String::clone), &mpi, &codecs, &target, &codec_target);
+    let targets = format!("{target}**\n\n**{small}");
+    let md = markdown(&o, &report, &report["machine"], &iperf_line, &table, &extras, &mpi_ready.as_ref().map(|_| ()).map_err(String::clone), &mpi, &codecs, &targets, &codec_target);
     std::fs::write(&md_path, md)?;
     println!("wrote {} and {} in {:.0} s", json_path.display(), md_path.display(), started.elapsed().as_secs_f64());
     Ok(())

@@ -63,6 +63,9 @@ struct BusbwArgs {
     /// Wire compression for every run.
     #[arg(long, default_value = "none")]
     compression: CodecKind,
+    /// Algorithms to run (comma-separated; default all).
+    #[arg(long, value_delimiter = ',')]
+    algorithms: Vec<Algorithm>,
     /// Approximate bytes reduced per (algorithm, size) cell; bounds iterations.
     #[arg(long, default_value = "256MiB", value_parser = parse_size)]
     budget: usize,
@@ -123,8 +126,10 @@ fn bench_busbw(a: &BusbwArgs) -> anyhow::Result<()> {
         sizes.push(s);
         s *= a.factor.max(2);
     }
+    let algorithms: Vec<Algorithm> = if a.algorithms.is_empty() { Algorithm::ALL.to_vec() } else { a.algorithms.clone() };
+    let per_size = algorithms.clone();
     let cells: Vec<(Algorithm, usize)> =
-        sizes.iter().flat_map(|&s| Algorithm::ALL.into_iter().map(move |al| (al, s))).collect();
+        sizes.iter().flat_map(|&s| per_size.clone().into_iter().map(move |al| (al, s))).collect();
     let plans: Vec<Plan> = cells
         .iter()
         .enumerate()
@@ -175,14 +180,14 @@ fn bench_busbw(a: &BusbwArgs) -> anyhow::Result<()> {
         a.compression
     );
     print!("{:>10}", "size");
-    for al in Algorithm::ALL {
+    for al in &algorithms {
         print!(" {:>12} {:>11}", format!("{al} time_us"), "busbw GB/s");
     }
     println!();
     for (si, &size) in sizes.iter().enumerate() {
         print!("{:>10}", human(size));
-        for (ai, _) in Algorithm::ALL.iter().enumerate() {
-            let t = times[si * Algorithm::ALL.len() + ai];
+        for (ai, _) in algorithms.iter().enumerate() {
+            let t = times[si * algorithms.len() + ai];
             print!(" {:>12.1} {:>11.3}", t * 1e6, allreduce_busbw(size, world, t) / 1e9);
         }
         println!();
