@@ -40,7 +40,15 @@ use testbed::{ByteSize, IpuStar, IpuStarConfig, JobConfig, Rig, TcpSink, IPU_FAB
 const POLL: Duration = Duration::from_millis(200);
 const JOB_PORT: u16 = 29500;
 
-fn preconditions() {
+/// The tests of this file run one at a time: each runs a job through a 4-host IPU star, and
+/// the rate-cap test's cap is sized from a send rate measured while the test runs. Next to the
+/// other tests (cargo runs a file's tests in parallel) the CPU, not the cap, bounded the job and
+/// no hint came in 40 s (CI, 2026-11-24); alone it passed in 16 s.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Checks what every test needs and returns the guard that keeps the file's tests serial.
+fn preconditions() -> std::sync::MutexGuard<'static, ()> {
+    let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     if let Err(e) = testbed::require_root() {
         panic!("t2_ipu builds network namespaces and attaches eBPF programs, and needs root: {e}");
     }
@@ -50,6 +58,7 @@ fn preconditions() {
     if let Err(e) = dataplane_user::object::ipuwire_object() {
         panic!("t2_ipu runs the IPU forwarder (`ringside ipu-wire`): {e}");
     }
+    serial
 }
 
 fn ipu_star(hosts: usize) -> IpuStar {
@@ -135,7 +144,7 @@ fn names_peer(e: &dataplane_user::Event, addr: IpAddr) -> bool {
 #[test]
 #[ignore = "needs root and the eBPF objects (T2): run with cargo xtask test"]
 fn traffic_crosses_two_ipus_intact_and_ipu_agent_counts_it() {
-    preconditions();
+    let _serial = preconditions();
     let mut star = ipu_star(2);
     let body = format!("[match]\ntcp_ports = [{JOB_PORT}]\n");
     let agent = IpuAgent::start(&star, 0, "bytes", 9481, &body);
@@ -206,7 +215,7 @@ fn traffic_crosses_two_ipus_intact_and_ipu_agent_counts_it() {
 #[test]
 #[ignore = "needs root and the eBPF objects (T2): run with cargo xtask test"]
 fn loss_on_a_peer_ipu_link_is_a_gray_failure_from_ipu0() {
-    preconditions();
+    let _serial = preconditions();
     let rank_bin = rank_binary();
     let hosts = 6;
     let star = ipu_star(hosts);
@@ -256,7 +265,7 @@ fn loss_on_a_peer_ipu_link_is_a_gray_failure_from_ipu0() {
 #[test]
 #[ignore = "needs root and the eBPF objects (T2): run with cargo xtask test"]
 fn rate_cap_on_a_peer_changes_the_hint_read_in_ipu0() {
-    preconditions();
+    let _serial = preconditions();
     let rank_bin = rank_binary();
     let hosts = 4;
     let star = ipu_star(hosts);

@@ -581,6 +581,10 @@ fn close_gracefully(stream: &mut TcpStream) {
     }
 }
 
+/// How long a new tenant connection waits for the current session to end before it is refused
+/// as `Busy`.
+pub const BUSY_GRACE: Duration = Duration::from_millis(500);
+
 /// The service: accepts tenant connections on the host link and hands one at a time to the
 /// session thread that owns the runner. Returns when the listener fails or `stop` is set.
 pub fn serve<R: CollectiveRunner + Send + 'static>(listener: TcpListener, runner: R, world: usize, cfg: ServiceConfig, stats: Arc<ServiceStats>, stop: Arc<AtomicBool>) -> std::io::Result<()> {
@@ -608,6 +612,14 @@ pub fn serve<R: CollectiveRunner + Send + 'static>(listener: TcpListener, runner
         match listener.accept() {
             Ok((mut stream, peer)) => {
                 stream.set_nonblocking(false)?;
+                // A session that is ending (its tenant closed, the session thread has not yet
+                // seen EOF) must not make the next tenant fail: a rank that restarts, or a
+                // reachability probe accepted from the backlog just before the rank's own
+                // connection, ends within microseconds. Wait up to BUSY_GRACE before refusing.
+                let grace_end = std::time::Instant::now() + BUSY_GRACE;
+                while busy.load(Ordering::Acquire) && std::time::Instant::now() < grace_end {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 if busy.swap(true, Ordering::AcqRel) {
                     stats.count_error(ErrorCode::Busy);
                     tracing::warn!(%peer, "refusing a second tenant session");
@@ -856,6 +868,21 @@ mod tests {
         }
         assert_eq!((stats.errors(ErrorCode::Malformed), stats.errors(ErrorCode::TooLarge), stats.errors(ErrorCode::BadLength)), (1, 1, 1));
         assert_eq!(stats.requests.load(Ordering::Relaxed), 0, "no refused request counts as served");
+        stop.store(true, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn a_tenant_right_behind_a_closed_probe_is_served_not_refused() {
+        // CI saw this: a reachability probe and the rank's connection both waited in the backlog;
+        // the probe's session had not yet seen EOF when the rank's connection was accepted.
+        let (addr, stats, stop) = service(ServiceConfig { max_buffer: 1 << 20, tenant_timeout: Duration::from_secs(5) });
+        for _ in 0..20 {
+            drop(TcpStream::connect(addr).unwrap());
+            let mut c = ManagedClient::connect(addr, Duration::from_secs(5)).unwrap();
+            let mut v = vec![1.0f32; 10];
+            c.allreduce_f32(0, &mut v).unwrap();
+        }
+        assert_eq!(stats.errors(ErrorCode::Busy), 0);
         stop.store(true, Ordering::Relaxed);
     }
 
