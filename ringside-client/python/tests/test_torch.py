@@ -42,6 +42,21 @@ def test_codec_names_and_refusals():
         rt.use_codec(torch.nn.Linear(2, 2), "int8")
 
 
+def test_int8_packing_round_trips_any_shard_length():
+    # The int8 exchange sends each shard's values and float32 scales in one byte row; a shard of
+    # an odd block size puts the scales at an unaligned offset, which must still read back exactly.
+    from ringside.torch.codecs import _pack, _unpack
+
+    for shard, per_shard in [(768, 3), (9, 3), (7, 7), (1, 1)]:
+        q = torch.randint(-127, 128, (4, shard), dtype=torch.int8)
+        scale = torch.rand(4, per_shard) * 1e-3
+        rows = _pack(q, scale)
+        assert rows.dtype == torch.int8 and rows.shape == (4, shard + 4 * per_shard)
+        q2, s2 = _unpack(rows, shard, per_shard)
+        assert torch.equal(q2, q)
+        assert torch.equal(s2, scale)
+
+
 # -- codecs on 3 ranks ---------------------------------------------------------------------------------
 
 

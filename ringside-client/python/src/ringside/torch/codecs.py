@@ -95,6 +95,18 @@ def _done(t: torch.Tensor) -> torch.futures.Future:
     return fut
 
 
+def _pack(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Rows of int8 values (k, shard) and their float32 scales (k, per_shard) as one int8 tensor
+    (k, shard + 4 * per_shard): each row its values, then its scales' bytes."""
+    return torch.cat([q, scale.contiguous().view(torch.int8)], dim=1)
+
+
+def _unpack(rows: torch.Tensor, shard: int, per_shard: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of ``_pack``: (values (k, shard), scales (k, per_shard) as float32)."""
+    # A copy, not a view: a float32 view needs a 4-byte-aligned start, and `shard` need not be one.
+    return rows[:, :shard], rows[:, shard:].clone().view(torch.float32)
+
+
 class CompressionHook:
     """The state of the dispatching DDP comm hook: the current codec, error feedback, residuals.
 
@@ -186,25 +198,28 @@ class CompressionHook:
         blocks = padded.view(-1, b)
         q, scale = self._quantize(blocks)
         residual = padded - (q.to(torch.float32) * scale[:, None]).view(-1) if ef else None
-        # Exchange 1 (all-to-all): shard j of every rank goes to rank j.
-        q_in = torch.empty_like(q.view(-1))
-        s_in = torch.empty_like(scale)
-        dist.all_to_all_single(q_in, q.view(-1), group=pg)
-        dist.all_to_all_single(s_in, scale, group=pg)
         per_shard = shard // b
-        part = (q_in.view(w, per_shard, b).to(torch.float32) * s_in.view(w, per_shard, 1)).sum(dim=0)
+        # Exchange 1 (all-to-all): shard j of every rank, its int8 values and their scales packed
+        # into one byte row, goes to rank j. One collective, not one for values and one for scales:
+        # each collective is a round of messages, and on a lossy link every round risks a
+        # retransmission stall of its own.
+        row = _pack(q.view(w, shard), scale.view(w, per_shard))
+        row_in = torch.empty_like(row)
+        dist.all_to_all_single(row_in.view(-1), row.view(-1), group=pg)
+        q_in, s_in = _unpack(row_in, shard, per_shard)
+        part = (q_in.reshape(w, per_shard, b).to(torch.float32) * s_in.view(w, per_shard, 1)).sum(dim=0)
         q2, scale2 = self._quantize(part)
         if residual is not None:
             # The requantization error of the summed shard is nobody's input: its owner (this rank)
             # carries it, so the next step's sum makes up for it and no int8 error accumulates.
             me = dist.get_rank(pg)
             residual[me * shard : (me + 1) * shard] += (part - q2.to(torch.float32) * scale2[:, None]).view(-1)
-        # Exchange 2 (all-gather): every rank's summed shard to every rank.
-        q_all = torch.empty(w * shard, dtype=torch.int8, device=x.device)
-        s_all = torch.empty(w * per_shard, dtype=torch.float32, device=x.device)
-        dist.all_gather_into_tensor(q_all, q2.view(-1), group=pg)
-        dist.all_gather_into_tensor(s_all, scale2, group=pg)
-        total = (q_all.view(-1, b).to(torch.float32) * s_all[:, None]).view(-1)[:n]
+        # Exchange 2 (all-gather): every rank's summed shard (values and scales, packed) to every rank.
+        mine = _pack(q2.view(1, shard), scale2.view(1, per_shard))
+        rows = torch.empty(w, mine.shape[1], dtype=torch.int8, device=x.device)
+        dist.all_gather_into_tensor(rows.view(-1), mine.view(-1), group=pg)
+        q_all, s_all = _unpack(rows, shard, per_shard)
+        total = (q_all.reshape(-1, b).to(torch.float32) * s_all.reshape(-1)[:, None]).view(-1)[:n]
         return total.div_(w), (residual[:n].clone() if residual is not None else None)
 
     # -- top-k -----------------------------------------------------------------------------------
