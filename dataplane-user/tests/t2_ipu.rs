@@ -234,7 +234,7 @@ fn loss_on_a_peer_ipu_link_is_a_gray_failure_from_ipu0() {
         timeout: Duration::from_secs(150),
         ..Default::default()
     };
-    let _job = testbed::spawn_job(&star, &cfg).expect("starting the emulated job");
+    let job = testbed::spawn_job(&star, &cfg).expect("starting the emulated job");
     std::thread::sleep(Duration::from_secs(10));
     let healthy = agent.events();
     eprintln!("after 10 s of the job: {} windows, events:{}", healthy.windows, summary(&healthy));
@@ -276,6 +276,10 @@ fn rate_cap_on_a_peer_changes_the_hint_read_in_ipu0() {
     let job_url = format!("{}/v1/jobs/{}", agent.url(), created.id);
     // As the provider's side reads it: from inside the IPU, with the job's tenant token.
     let hint = || -> Hint { agent.ns.try_run(|| JobClient::new(&job_url, &created.tenant_token).and_then(|c| c.hint())).unwrap().expect("GET the job's hint") };
+    // What the agent's policy sees of the job (its /metrics), for a failure's message.
+    let job_metrics = || -> String {
+        agent.ns.try_run(|| JobClient::new(&job_url, &created.tenant_token).and_then(|c| c.metrics())).unwrap().unwrap_or_else(|e| format!("(GET metrics: {e})"))
+    };
     let baseline = hint();
     assert_eq!((baseline.version, baseline.compression.to_string().as_str()), (1, "none"), "the registered baseline hint: {baseline:?}");
 
@@ -289,7 +293,7 @@ fn rate_cap_on_a_peer_changes_the_hint_read_in_ipu0() {
         extra_args: vec!["--max-channels".into(), "1".into()],
         ..Default::default()
     };
-    let _job = testbed::spawn_job(&star, &cfg).expect("starting the emulated job");
+    let job = testbed::spawn_job(&star, &cfg).expect("starting the emulated job");
     // The policy needs a healthy baseline (`min_baseline_windows` 1 s windows), the detectors too.
     std::thread::sleep(Duration::from_secs(12));
     let healthy = hint();
@@ -309,7 +313,16 @@ fn rate_cap_on_a_peer_changes_the_hint_read_in_ipu0() {
         std::thread::sleep(POLL);
     }
     let events = agent.events();
-    let changed = changed.unwrap_or_else(|| panic!("no new hint within 40 s of capping h1 at {cap} Mbit/s; events:{}", summary(&events)));
+    let changed = changed.unwrap_or_else(|| {
+        let tails: String = (0..hosts)
+            .map(|r| {
+                let log = std::fs::read_to_string(job.out_dir().join(format!("rank-{r}.log"))).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                format!("\nrank {r} (last lines, newest first): {tail:?}")
+            })
+            .collect();
+        panic!("no new hint within 40 s of capping h1 at {cap} Mbit/s; events:{}\nthe job's metrics:\n{}{tails}", summary(&events), job_metrics())
+    });
     eprintln!(
         "hint v{} ({} {} ×{}) {:.1} s after the cap: {:?}\nevents:{}",
         changed.version,

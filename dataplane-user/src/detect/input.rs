@@ -168,6 +168,26 @@ pub struct JobWindow {
     /// job's recent blame as memory. Empty: the peers' `explained_by` are used as given.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conns: Vec<crate::attribution::DirectedConn>,
+    /// What this vantage's own host sent, when the agent sits at one host's end of the wire (its
+    /// NIC, or its IPU's fabric port): every data burst of the job leaving by an egress hook came
+    /// from one address. `None` on a switch, whose egress ports carry every host's data. The
+    /// straggler detector judges that host from it ([`crate::detect::DetectorSet::observe`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<LocalSends>,
+}
+
+/// The data bursts one host sent in a window, seen at its own end of the wire.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LocalSends {
+    /// The host's address (the source of every one of its flows' egress data).
+    pub addr: IpAddr,
+    /// The link (interface) they left by.
+    pub link: String,
+    /// Its data bursts that ended in the window (`to`: the receiving peer), in any order.
+    pub bursts: Vec<BurstSummary>,
+    /// Its small sends (ACKs, a protocol's go-ahead), as [`PeerWindow::pokes`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pokes: Vec<BurstSummary>,
 }
 
 /// A peer's communication phases in one window: its bursts merged across flows.

@@ -43,7 +43,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 pub use config::{CongestionConfig, DetectorConfig, GrayConfig, PersistenceConfig, StragglerConfig};
-pub use input::{BurstSummary, JobWindow, LinkWindow, PeerWindow};
+pub use input::{BurstSummary, JobWindow, LinkWindow, LocalSends, PeerWindow};
 pub use port::{PortWindow, PORT_JOB};
 pub(crate) use input::{merge_phases, Phase};
 pub use verdict::{

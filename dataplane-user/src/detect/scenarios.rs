@@ -620,6 +620,7 @@ fn root_job(seed: u64, straggler: Option<(usize, u64)>, n: usize) -> Vec<JobWind
                 .collect(),
             links: Vec::new(),
             conns: Vec::new(),
+            local: None,
         })
         .collect()
 }

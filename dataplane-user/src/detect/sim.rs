@@ -140,6 +140,7 @@ impl Scenario {
                 peers: Vec::new(),
                 links: Vec::new(),
                 conns: Vec::new(),
+                local: None,
             })
             .collect();
         // Bursts are reported in the window where they end; counters where the step started.
@@ -423,6 +424,7 @@ impl RingJob {
                     .collect(),
                 links: Vec::new(),
                 conns: Vec::new(),
+                local: None,
             })
             .collect()
     }

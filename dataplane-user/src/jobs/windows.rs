@@ -36,7 +36,7 @@ use dataplane_common::{direction, flow_kind, FlowKey};
 use crate::{
     attribution::{self, DirectedConn},
     config::{JobFile, PortSpec, PrefixSpec},
-    detect::{merge_phases, BurstSummary, DetectorConfig, JobWindow, LinkWindow, PeerWindow},
+    detect::{merge_phases, BurstSummary, DetectorConfig, JobWindow, LinkWindow, LocalSends, PeerWindow},
     flow_table::{BurstRecord, Counters, FlowEntry, WindowAccumulator, OTHER_PEER},
 };
 
@@ -150,6 +150,9 @@ impl JobSet {
         // Per job, its directed connections (for `attribution`), and their senders' data bursts.
         let mut conns: BTreeMap<&str, BTreeMap<ConnId, DirectedConn>> = BTreeMap::new();
         let mut conn_bursts: BTreeMap<&str, BTreeMap<ConnId, Vec<BurstSummary>>> = BTreeMap::new();
+        // Per job, the bursts leaving by an egress hook: this vantage's own host's sends when
+        // they all come from one address.
+        let mut egress: BTreeMap<&str, Vec<EgressBurst>> = BTreeMap::new();
         // Every matched flow, the job's or not, per interface direction (for `LinkWindow`s).
         let mut traffic = LinkTraffic::default();
         for (key, delta) in &w.deltas {
@@ -168,6 +171,12 @@ impl JobSet {
             traffic.add_burst(key, b, job);
             let acc = jobs.entry(job).or_default().entry(peer_ip(key)).or_default();
             acc.bytes_by_if.entry(key.ifindex).or_default();
+            if key.direction == direction::EGRESS {
+                let e = egress.entry(job).or_default();
+                if e.len() < MAX_LOCAL_BURSTS {
+                    e.push((addr_ip(key.src_addr), key.ifindex, is_data(b), summary(key, b)));
+                }
+            }
             if !sent_by_peer_with_data(key, b) {
                 if key.direction == direction::INGRESS && acc.pokes.len() < MAX_POKES_PER_PEER {
                     acc.pokes.push(summary(key, b));
@@ -188,9 +197,10 @@ impl JobSet {
             .map(|(job, peers)| {
                 let job_conns: Vec<DirectedConn> = conns.remove(job).unwrap_or_default().into_values().collect();
                 let (links, shared_links) = traffic.for_job(job, &ifname);
-                (job, peers, job_conns, links, shared_links)
+                let local = local_sends(egress.remove(job).unwrap_or_default(), &ifname);
+                (job, peers, job_conns, links, shared_links, local)
             })
-            .map(|(job, peers, job_conns, links, shared_links)| JobWindow {
+            .map(|(job, peers, job_conns, links, shared_links, local)| JobWindow {
                 job: job.to_owned(),
                 window_start_ns: start,
                 window_end_ns: w.end_ns,
@@ -212,9 +222,36 @@ impl JobSet {
                     .collect(),
                 links,
                 conns: job_conns,
+                local,
             })
             .collect()
     }
+}
+
+/// A burst leaving by an egress hook: (sender, interface, carried data, the burst).
+type EgressBurst = (IpAddr, u32, bool, BurstSummary);
+
+/// This vantage's own host's bursts, if every egress burst of the job came from one address (a
+/// host NIC, an IPU's fabric port); `None` when none carried data or several hosts sent (a
+/// switch's ports carry every host's traffic out). The link is the interface most of its data
+/// left by.
+fn local_sends(egress: Vec<EgressBurst>, ifname: &impl Fn(u32) -> String) -> Option<LocalSends> {
+    let addr = egress.first()?.0;
+    if egress.iter().any(|(a, _, _, _)| *a != addr) || !egress.iter().any(|(_, _, data, _)| *data) {
+        return None;
+    }
+    let mut by_if: BTreeMap<u32, u64> = BTreeMap::new();
+    for (_, i, _, b) in egress.iter().filter(|e| e.2) {
+        *by_if.entry(*i).or_default() += b.bytes;
+    }
+    let ifindex = by_if.iter().max_by(|x, y| x.1.cmp(y.1).then(y.0.cmp(x.0))).map(|(i, _)| *i).unwrap_or(0);
+    let (data, small): (Vec<EgressBurst>, Vec<EgressBurst>) = egress.into_iter().partition(|e| e.2);
+    Some(LocalSends {
+        addr,
+        link: ifname(ifindex),
+        bursts: data.into_iter().map(|e| e.3).collect(),
+        pokes: small.into_iter().map(|e| e.3).collect(),
+    })
 }
 
 /// A directed connection: a flow's 5-tuple without interface or direction.
@@ -357,9 +394,17 @@ pub const MIN_DATA_BURST_PACKET_BYTES: u64 = 256;
 /// go-ahead in time, and a chatty peer must not grow a window without bound.
 const MAX_POKES_PER_PEER: usize = 4096;
 
+/// At most this many of the local host's bursts per job and window ([`LocalSends`]).
+const MAX_LOCAL_BURSTS: usize = 4096;
+
+/// Whether a burst carried data (not a run of pure ACKs).
+fn is_data(b: &BurstRecord) -> bool {
+    b.bytes >= b.packets.saturating_mul(MIN_DATA_BURST_PACKET_BYTES)
+}
+
 /// Whether a burst is data sent by the flow's peer (see the module docs).
 fn sent_by_peer_with_data(key: &FlowKey, b: &BurstRecord) -> bool {
-    key.direction == direction::INGRESS && b.bytes >= b.packets.saturating_mul(MIN_DATA_BURST_PACKET_BYTES)
+    key.direction == direction::INGRESS && is_data(b)
 }
 
 /// The detector input of one peer from its summed counter growth.
@@ -657,5 +702,33 @@ mod tests {
         let jw = JobSet::from_config(None).windows(&t.take_window().unwrap(), |_| "eth0".into());
         let starts: Vec<u64> = jw[0].peers[0].bursts.iter().map(|b| b.start_ns).collect();
         assert_eq!(starts, vec![100 * MS], "only the data 10.77.0.2 sent");
+        // Our own data (one sender, 10.77.0.1) is the window's local sends, for the straggler
+        // detector to judge this host by.
+        let local = jw[0].local.as_ref().expect("the local host's sends");
+        assert_eq!(local.addr, "10.77.0.1".parse::<IpAddr>().unwrap());
+        assert_eq!(local.bursts.iter().map(|b| (b.start_ns, b.to)).collect::<Vec<_>>(), vec![(80 * MS, Some("10.77.0.2".parse().unwrap()))]);
+        assert!(local.pokes.is_empty());
+    }
+
+    #[test]
+    fn a_switch_port_s_egress_carries_many_senders_so_no_local_host() {
+        // Egress data from two sources (a switch forwarding hosts 2 and 3 to host 1): no local
+        // host to judge.
+        let mut t = FlowTable::new(TableSettings::default());
+        t.enable_windows();
+        let ev = |k, start: u64| Event {
+            kind: event_kind::BURST_END,
+            key: k,
+            burst: BurstState { start_ns: start, last_ns: start + MS, bytes: 1_448_000, packets: 1000 },
+            ..Default::default()
+        };
+        t.apply(&PollSnapshot { mono_ns: 10 * MS, ..Default::default() });
+        t.apply(&PollSnapshot {
+            mono_ns: 500 * MS,
+            events: vec![ev(key(2, 1, 29500, direction::EGRESS, flow_kind::TCP), 80 * MS), ev(key(3, 1, 29500, direction::EGRESS, flow_kind::TCP), 90 * MS)],
+            ..Default::default()
+        });
+        let jw = JobSet::from_config(None).windows(&t.take_window().unwrap(), |_| "p1".into());
+        assert_eq!(jw[0].local, None);
     }
 }

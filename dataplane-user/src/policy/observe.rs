@@ -23,7 +23,7 @@
 //! Invariants: memory is bounded (phases per window by `max_phases`, history by its capacity);
 //! the same windows always give the same observations (no clock, ordered collections).
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
 
 use crate::detect::{merge_phases, BurstSummary, DetectorConfig, JobWindow, Phase, Scope, Verdict, VerdictKind};
@@ -126,6 +126,10 @@ pub struct WindowObservation {
     pub verdicts: VerdictSummary,
     /// Whether a link the job's traffic crosses is congested (for the reason string only).
     pub uplink_congested: bool,
+    /// At one host's end of the wire: the slowest in-burst goodput of that host's own sends to
+    /// one peer (with at least `min_window_bytes` to it). A slow link on its send path (a
+    /// capped cable at the receiver's end) shows here and in no peer's receive goodput.
+    pub local_goodput_bps: Option<f64>,
 }
 
 impl WindowObservation {
@@ -156,6 +160,28 @@ impl WindowObservation {
                 break;
             }
         }
+        // At one host's end of the wire (its NIC, its IPU) the host's own sends are part of its
+        // communication too: with a slow link further down a ring, what it receives comes in
+        // short bursts with long waits between them (each waiting on the slow hop), which alone
+        // look like compute gaps; its own sends, paced by that slow hop, fill the waits.
+        let mut local_goodput_bps = None;
+        if let Some(local) = &w.local {
+            let room = p.max_phases.saturating_mul(64).saturating_sub(all_bursts.len());
+            all_bursts.extend(local.bursts.iter().take(room).copied());
+            let mut by_dest: BTreeMap<Option<IpAddr>, Vec<BurstSummary>> = BTreeMap::new();
+            for b in local.bursts.iter().take(p.max_phases.saturating_mul(64)) {
+                by_dest.entry(b.to).or_default().push(*b);
+            }
+            local_goodput_bps = by_dest
+                .values()
+                .filter_map(|bursts| {
+                    let phases = merge_phases(bursts, p.merge_gap_ns, p.max_phases);
+                    let kept = phases.iter().filter(|ph| ph.bytes >= p.min_phase_bytes);
+                    let (bytes, dur) = kept.fold((0u64, 0u64), |(b, d), ph| (b.saturating_add(ph.bytes), d.saturating_add(ph.end_ns - ph.start_ns)));
+                    (bytes >= p.min_window_bytes && dur > 0).then(|| bytes as f64 * 1e9 / dur as f64)
+                })
+                .min_by(f64::total_cmp);
+        }
         let phases = merge_phases(&all_bursts, p.merge_gap_ns, p.max_phases);
         let steps = tracker.feed(p, &phases);
         let window_ns = w.window_end_ns.saturating_sub(w.window_start_ns);
@@ -163,12 +189,13 @@ impl WindowObservation {
             .filter(|&st| st > 0.0 && window_ns > 0)
             .map(|st| total_bytes as f64 / (window_ns as f64 / st));
         let uplink_congested = !verdicts.congested_links.is_empty();
-        WindowObservation { window_end_ns: w.window_end_ns, peers, steps, bytes_per_step, verdicts, uplink_congested }
+        WindowObservation { window_end_ns: w.window_end_ns, peers, steps, bytes_per_step, verdicts, uplink_congested, local_goodput_bps }
     }
 
-    /// Slowest in-burst goodput among active peers: the job's bottleneck path.
+    /// Slowest in-burst goodput among active peers and the local host's sends: the job's
+    /// bottleneck path.
     pub fn bottleneck_bps(&self) -> Option<f64> {
-        self.peers.iter().filter_map(|p| p.goodput_bps).min_by(f64::total_cmp)
+        self.peers.iter().filter_map(|p| p.goodput_bps).chain(self.local_goodput_bps).min_by(f64::total_cmp)
     }
 
     pub fn active_peers(&self) -> usize {
@@ -313,7 +340,7 @@ impl ObservationHistory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::PeerWindow;
+    use crate::detect::{LocalSends, PeerWindow};
 
     const MS: u64 = 1_000_000;
 
@@ -376,6 +403,7 @@ mod tests {
             ],
             links: Vec::new(),
             conns: Vec::new(),
+            local: None,
         };
         let v = VerdictSummary { gray_peers: ["10.0.0.3".parse().unwrap()].into(), ..Default::default() };
         let o = WindowObservation::from_window(&params(), &w, v, &mut StepTracker::default());
@@ -389,6 +417,48 @@ mod tests {
         assert_eq!(o.comm_s(), Some(0.04));
         assert_eq!(o.step_s(), Some(0.1));
         assert!((o.bytes_per_step.unwrap() - 2e6).abs() < 1.0);
+    }
+
+    /// From an IPU (or a host NIC), with host 1's link capped further down a 4-rank ring: host 0
+    /// receives each 1 MiB segment in 3 ms and then waits ~55 ms for the next (every hop waits
+    /// on the capped one), while its own sends to host 1 trickle through the whole 330 ms of
+    /// communication. Its receives alone look like 58 ms steps of 3 ms communication (what the
+    /// agent in IPU 0 reported when t2_ipu's rate cap got no hint); with its sends, one step is
+    /// 380 ms with 330 ms of communication.
+    #[test]
+    fn the_local_hosts_sends_fill_the_waits_of_a_paced_ring() {
+        let b = |s: u64, e: u64| BurstSummary { start_ns: s * MS, end_ns: e * MS, bytes: 1 << 20, to: None };
+        let step_ms = 380;
+        let mut received = Vec::new();
+        let mut sent = Vec::new();
+        for k in 0..3u64 {
+            let t0 = k * step_ms;
+            received.extend((0..6).map(|i| b(t0 + i * 55, t0 + i * 55 + 3)));
+            // Paced sends: a 2 ms burst every 5 ms (gaps below the merge gap) for 330 ms.
+            sent.extend((0..66).map(|i| b(t0 + i * 5, t0 + i * 5 + 2)));
+        }
+        let window = |local: Option<LocalSends>| JobWindow {
+            job: "j".into(),
+            window_start_ns: 0,
+            window_end_ns: 3 * step_ms * MS,
+            peers: vec![pw("10.0.0.4", "fabric", received.clone(), 10_000, 0)],
+            links: Vec::new(),
+            conns: Vec::new(),
+            local,
+        };
+        let alone = WindowObservation::from_window(&params(), &window(None), VerdictSummary::default(), &mut StepTracker::default());
+        assert!(alone.comm_s().unwrap() < 0.01, "receives alone: comm {:?}, step {:?}", alone.comm_s(), alone.step_s());
+        let local = LocalSends { addr: "10.0.0.1".parse().unwrap(), link: "fabric".into(), bursts: sent.clone(), pokes: Vec::new() };
+        let with = WindowObservation::from_window(&params(), &window(Some(local)), VerdictSummary::default(), &mut StepTracker::default());
+        assert_eq!(with.steps.len(), 2, "{:?}", with.steps);
+        assert_eq!(with.step_s(), Some(0.38));
+        assert_eq!(with.comm_s(), Some(0.327));
+        // The peers' goodput stays what this host received; the bottleneck is the paced sends':
+        // 66 × 1 MiB in 327 ms per step.
+        assert_eq!(with.peers, alone.peers);
+        assert_eq!(alone.bottleneck_bps(), alone.peers[0].goodput_bps);
+        let paced = 66.0 * (1u64 << 20) as f64 / 0.327;
+        assert!((with.bottleneck_bps().unwrap() - paced).abs() < 1.0, "{:?} vs {paced}", with.bottleneck_bps());
     }
 
     #[test]

@@ -149,6 +149,7 @@ impl FakeJob {
                 .collect(),
             links: Vec::new(),
             conns: Vec::new(),
+            local: None,
         }
     }
 }
