@@ -6,14 +6,15 @@
 //! hook is `ringside.torch.follow_hints`. After a healthy warm-up, one host's link is rate-capped
 //! to a quarter of the rate it was sending at, until the job ends. The test asserts, from the
 //! ranks' own per-step records:
-//! - nothing changed before the cap, and the cap hurt (uncompressed step time under the cap ≥ 1.5×
-//!   healthy);
+//! - nothing changed before the cap, and the cap hurt (uncompressed communication time under the
+//!   cap ≥ 1.5× healthy);
 //! - a compressed hint of version ≥ 2 was applied after the cap, and every rank ran the same codec
 //!   and hint version at every step: every rank switched at the same step;
 //! - the job settled on a compressed plan, with few changes;
-//! - the step time recovered: the compressed steps under the cap are at least 1.3× faster than the
-//!   steps of a static (uncompressed) run of the same job started right after on the same rig
-//!   under the same cap (ratios, never absolute times);
+//! - the communication recovered: the compressed steps under the cap communicate (`comm_ms`) at
+//!   least 1.3× faster than the steps of a static (uncompressed) run of the same job started right
+//!   after on the same rig under the same cap (ratios, never absolute times; not step time, which
+//!   other work on the cores stretches by CPU time the link never touched);
 //! - the model still trained: every loss finite, and the loss fell.
 //!
 //! Why the algorithm is constrained to ring: DDP's allreduce is gloo's, which the hook cannot
@@ -208,13 +209,23 @@ fn rate_cap_makes_a_ddp_job_compress_on_every_rank_at_once_and_its_steps_recover
         .expect("the static reference run under the cap");
     let reference0: Value = serde_json::from_str(&std::fs::read_to_string(&reference.ranks[0].out).unwrap()).unwrap();
     assert!(reference0["error"].is_null(), "the static reference run failed: {}", reference0["error"]);
-    let static_capped: Vec<f64> = reference0["steps"].as_array().unwrap().iter().skip(SKIP_STEPS).map(|s| f(s, "step_ms")).collect();
     drop(cap);
 
     let compressed = |i: usize| codec(&steps0[i]) != "none";
-    let healthy: Vec<f64> = steps0.iter().skip(SKIP_STEPS).filter(|s| f(s, "end_unix_ms") < cap_ms as f64).map(|s| f(s, "step_ms")).collect();
-    let own_capped: Vec<f64> = (0..steps0.len()).filter(|&i| !compressed(i) && start_ms(&steps0[i]) >= cap_ms as f64).map(|i| f(&steps0[i], "step_ms")).collect();
-    let after: Vec<f64> = (2..steps0.len()).filter(|&i| compressed(i) && compressed(i - 1) && compressed(i - 2)).map(|i| f(&steps0[i], "step_ms")).collect();
+    // Both per-step times, step_ms and comm_ms (the span of the step's gradient communication,
+    // see testbed/python/ringside_ddp_train.py). The ratios are asserted on comm_ms: on a machine
+    // whose cores other work saturates, forward, backward and the optimizer stretch every step
+    // alike (healthy steps of 479 ms instead of ≈ 100 ms were seen at load 20), so a step-time
+    // ratio shrinks toward 1 by CPU time the link never touched (×1.22 then, for a compressed plan
+    // that did its job). The communication span is what the cap slows and the codec speeds up.
+    let times = |key: &'static str| {
+        let healthy: Vec<f64> = steps0.iter().skip(SKIP_STEPS).filter(|s| f(s, "end_unix_ms") < cap_ms as f64).map(|s| f(s, key)).collect();
+        let static_capped: Vec<f64> = reference0["steps"].as_array().unwrap().iter().skip(SKIP_STEPS).map(|s| f(s, key)).collect();
+        let own_capped: Vec<f64> = (0..steps0.len()).filter(|&i| !compressed(i) && start_ms(&steps0[i]) >= cap_ms as f64).map(|i| f(&steps0[i], key)).collect();
+        let after: Vec<f64> = (2..steps0.len()).filter(|&i| compressed(i) && compressed(i - 1) && compressed(i - 2)).map(|i| f(&steps0[i], key)).collect();
+        (healthy, static_capped, own_capped, after)
+    };
+    let (healthy, static_capped, own_capped, after) = times("step_ms");
     eprintln!(
         "steps: {} healthy, {} compressed (first switch at step {switch}, {:.1} s after the cap), {} of the static run under the cap; \
          the adaptive run's own uncompressed steps under the cap: {own_capped:?} ms",
@@ -229,12 +240,19 @@ fn rate_cap_makes_a_ddp_job_compress_on_every_rank_at_once_and_its_steps_recover
     assert!(static_capped.len() >= 3, "only {} steps of the static run under the cap", static_capped.len());
     assert!(after.len() >= 10, "only {} steps ran compressed", after.len());
     let (h_step, c_step, a_step) = (mean(&healthy), mean(&static_capped), mean(&after));
-    let hurt = c_step / h_step;
-    let gain = c_step / a_step;
+    let (healthy, static_capped, _, after) = times("comm_ms");
+    let (h_comm, c_comm, a_comm) = (mean(&healthy), mean(&static_capped), mean(&after));
+    let (hurt, gain) = (c_comm / h_comm, c_comm / a_comm);
     eprintln!("mean step ms: healthy {h_step:.1}, static under the cap {c_step:.1}, adapted ({}) under the cap {a_step:.1}", adapted["compression"]);
-    eprintln!("RATIOS cap hurt ×{hurt:.2}, step recovered ×{gain:.2}; test {:.1} s", t0.elapsed().as_secs_f64());
-    assert!(hurt >= 1.5, "the cap did not hurt the job: static step under the cap {c_step:.1} ms vs healthy {h_step:.1} ms (×{hurt:.2})");
-    assert!(gain >= 1.3, "the plan change did not recover step time: static under the cap {c_step:.1} ms, compressed {a_step:.1} ms (×{gain:.2})");
+    eprintln!("mean comm ms: healthy {h_comm:.1}, static under the cap {c_comm:.1}, adapted under the cap {a_comm:.1}");
+    eprintln!(
+        "RATIOS cap hurt comm ×{hurt:.2} (step ×{:.2}), comm recovered ×{gain:.2} (step ×{:.2}); test {:.1} s",
+        c_step / h_step,
+        c_step / a_step,
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(hurt >= 1.5, "the cap did not slow the job's communication: static under the cap {c_comm:.1} ms vs healthy {h_comm:.1} ms (×{hurt:.2})");
+    assert!(gain >= 1.3, "the plan change did not recover communication time: static under the cap {c_comm:.1} ms, compressed {a_comm:.1} ms (×{gain:.2})");
 
     // (c) The model trained through the switch: the loss (mean over ranks) fell from the first
     // steps to the last ones.

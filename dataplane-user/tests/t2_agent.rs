@@ -5,11 +5,14 @@
 //! FAILS with the reason; it never skips. Every wait is bounded.
 mod support;
 
-use support::wait_for;
+use support::{
+    agent::{pin_to_cpu0, scrape_metrics, write_token_file, AgentFiles, AgentProcess},
+    wait_for,
+};
 use std::{
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
-    process::{Child, Command},
+    process::Command,
     time::Duration,
 };
 
@@ -24,50 +27,6 @@ fn preconditions() {
     }
     if let Err(e) = dataplane_user::object::flowmon_object() {
         panic!("t2_agent runs the real agent: {e}");
-    }
-}
-
-/// The agent process; SIGTERM + bounded wait (then SIGKILL) on drop.
-struct AgentProcess {
-    child: Option<Child>,
-    pin_dir: PathBuf,
-    config: Option<PathBuf>,
-    state_dir: PathBuf,
-}
-
-impl AgentProcess {
-    /// Starts `cmd` with `--state-dir` set to a directory of this test's own (removed on drop):
-    /// the default, /var/lib/ringside, would keep the jobs this test registers for the next agent
-    /// started on the machine.
-    fn start(mut cmd: Command, pin_dir: PathBuf, config: Option<PathBuf>) -> AgentProcess {
-        let state_dir = std::env::temp_dir().join(format!("ringside-t2-state-{}", pin_dir.file_name().unwrap().to_string_lossy()));
-        let _ = std::fs::remove_dir_all(&state_dir);
-        let child = cmd.arg("--state-dir").arg(&state_dir).spawn().expect("spawning the ringside binary");
-        AgentProcess { child: Some(child), pin_dir, config, state_dir }
-    }
-
-    /// SIGTERM, then wait up to 10 s; returns whether it exited successfully.
-    fn stop(&mut self) -> bool {
-        let Some(mut child) = self.child.take() else { return false };
-        support::stop_child(&mut child, Duration::from_secs(10))
-    }
-}
-
-impl Drop for AgentProcess {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            self.stop();
-        }
-        // Last resort so a failed test leaves no pins (the netns, and with it the filters, goes
-        // away with the Star).
-        for name in dataplane_user::loader::PINNED_MAPS {
-            let _ = std::fs::remove_file(self.pin_dir.join(name));
-        }
-        let _ = std::fs::remove_dir(&self.pin_dir);
-        if let Some(c) = &self.config {
-            let _ = std::fs::remove_file(c);
-        }
-        let _ = std::fs::remove_dir_all(&self.state_dir);
     }
 }
 
@@ -89,22 +48,12 @@ fn get_flows(star: &Star, host: usize, limit: usize) -> Result<FlowsResponse, Cl
 }
 
 fn get_metrics(star: &Star, host: usize) -> String {
-    star.hosts[host].ns.run(|| {
-        let out = Command::new("curl").args(["-sf", &format!("http://127.0.0.1:{AGENT_PORT}/metrics")]).output();
-        match out {
-            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
-            Ok(o) => panic!("curl /metrics failed: {}", String::from_utf8_lossy(&o.stderr)),
-            Err(e) => panic!("running curl: {e}"),
-        }
-    })
+    scrape_metrics(&star.hosts[host].ns, AGENT_PORT).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Value of the series with exactly this name and label text, or 0 if absent.
 fn metric(text: &str, series: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
-        .map(|v| v.parse::<f64>().unwrap() as u64)
-        .unwrap_or(0)
+    support::agent::metric(text, series).unwrap_or(0)
 }
 
 /// How often the waits below poll the agent.
@@ -112,14 +61,6 @@ const POLL: Duration = Duration::from_millis(100);
 
 fn within_1pct(got: u64, want: u64) -> bool {
     (got as f64 - want as f64).abs() <= want as f64 * 0.01
-}
-
-/// Pins the calling thread to CPU 0, so the sender's packets reach the monitor in the order they
-/// were sent (the PSN state in the kernel is shared by all CPUs; see `FlowStats` docs).
-fn pin_to_cpu0() {
-    let mut set = nix::sched::CpuSet::new();
-    set.set(0).unwrap();
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
 }
 
 fn tcp_flows<'a>(flows: &'a [FlowView], dst: &str, port: u16) -> Vec<&'a FlowView> {
@@ -134,20 +75,11 @@ fn agent_reports_what_senders_sent() {
     // packet of its own (with GSO a retransmission can ride inside a 64 KiB super-packet and the
     // monitor counted 1 retransmission for the sender's 45 in one run).
     let star = Star::new(StarConfig { hosts: 4, offloads: false, ..Default::default() }).unwrap();
-    let pin_dir = PathBuf::from(format!("/sys/fs/bpf/ringside-t2-{}", std::process::id()));
-    let config = std::env::temp_dir().join(format!("ringside-t2-{}.toml", std::process::id()));
-    let tokens = std::env::temp_dir().join(format!("ringside-t2-{}.tokens", std::process::id()));
-    std::fs::write(&tokens, format!("# operator\n{OPERATOR_TOKEN}\n")).unwrap();
-    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    std::fs::write(&config, format!("[match]\nprefixes = [\"10.77.0.0/24\"]\n[api]\noperator_tokens_file = \"{}\"\n", tokens.display())).unwrap();
-
+    let files = AgentFiles::write(&format!("t2-{}", std::process::id()), &format!("# operator\n{OPERATOR_TOKEN}\n"), "[match]\nprefixes = [\"10.77.0.0/24\"]");
+    let pin_dir = files.pin_dir.clone();
     let mut cmd = star.hosts[0].ns.command(env!("CARGO_BIN_EXE_ringside"));
-    cmd.args(["agent", "--iface", "eth0", "--listen", &format!("127.0.0.1:{AGENT_PORT}"), "--config"])
-        .arg(&config)
-        .arg("--pin-dir")
-        .arg(&pin_dir)
-        .env("RUST_LOG", "info");
-    let mut agent = AgentProcess::start(cmd, pin_dir.clone(), Some(config.clone()));
+    cmd.args(files.agent_args(AGENT_PORT)).env("RUST_LOG", "info");
+    let mut agent = files.start(cmd);
 
     // Ready: attached and polled.
     let status: StatusResponse = wait_for(Duration::from_secs(15), POLL, "the agent to become ready", || {
@@ -271,7 +203,6 @@ fn agent_reports_what_senders_sent() {
     let out = star.hosts[0].ns.command("tc").args(["qdisc", "show", "dev", "eth0"]).output().unwrap();
     let qdiscs = String::from_utf8_lossy(&out.stdout);
     assert!(!qdiscs.contains("clsact"), "clsact left behind: {qdiscs}");
-    let _ = std::fs::remove_file(&tokens);
 }
 
 /// Whether the pinned `MATCH_PREFIXES` holds `10.99.0.0/16`.
@@ -339,22 +270,11 @@ fn agent_errors_are_actionable() {
 fn agent_starts_under_ip_netns_exec() {
     preconditions();
     let star = Star::new(StarConfig { hosts: 1, ..Default::default() }).unwrap();
-    let id = format!("{}-x", std::process::id());
-    let pin_dir = PathBuf::from(format!("/sys/fs/bpf/ringside-t2-{id}"));
-    let config = std::env::temp_dir().join(format!("ringside-t2-{id}.toml"));
-    let tokens = std::env::temp_dir().join(format!("ringside-t2-{id}.tokens"));
-    std::fs::write(&tokens, format!("{OPERATOR_TOKEN}\n")).unwrap();
-    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    std::fs::write(&config, format!("[api]\noperator_tokens_file = \"{}\"\n", tokens.display())).unwrap();
-
+    let files = AgentFiles::write(&format!("t2-{}-x", std::process::id()), &format!("{OPERATOR_TOKEN}\n"), "");
+    let pin_dir = files.pin_dir.clone();
     let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", star.hosts[0].ns.name(), env!("CARGO_BIN_EXE_ringside"), "agent", "--iface", "eth0"])
-        .args(["--listen", &format!("127.0.0.1:{AGENT_PORT}"), "--config"])
-        .arg(&config)
-        .arg("--pin-dir")
-        .arg(&pin_dir)
-        .env("RUST_LOG", "info");
-    let mut agent = AgentProcess::start(cmd, pin_dir.clone(), Some(config.clone()));
+    cmd.args(["netns", "exec", star.hosts[0].ns.name(), env!("CARGO_BIN_EXE_ringside")]).args(files.agent_args(AGENT_PORT)).env("RUST_LOG", "info");
+    let mut agent = files.start(cmd);
     let status = wait_for(Duration::from_secs(15), POLL, "the agent started by `ip netns exec` to become ready", || {
         get_status(&star, 0).ok().filter(|s| s.ready)
     });
@@ -364,7 +284,6 @@ fn agent_starts_under_ip_netns_exec() {
     }
     assert!(agent.stop(), "the agent did not exit cleanly on SIGTERM");
     assert!(!pin_dir.exists(), "the agent left its pins in {}", pin_dir.display());
-    let _ = std::fs::remove_file(&tokens);
 }
 
 /// Copies a directory tree (the RDMA fixture) so the test can rewrite its counters.
@@ -413,8 +332,7 @@ fn rdma_port_counters_reach_events_and_metrics() {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir.join("state")).unwrap();
     let tokens = dir.join("tokens");
-    std::fs::write(&tokens, format!("{OPERATOR_TOKEN}\n")).unwrap();
-    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    write_token_file(&tokens, OPERATOR_TOKEN);
     let root = dir.join("infiniband");
     let start = |name: &str, counters_root: &Path| {
         let config = dir.join(format!("{name}.toml"));
@@ -437,7 +355,7 @@ fn rdma_port_counters_reach_events_and_metrics() {
             .arg(&pin_dir)
             .env("RUST_LOG", "info")
             .stderr(std::fs::File::create(&log).unwrap());
-        (AgentProcess::start(cmd, pin_dir, None), log)
+        (AgentProcess::start(cmd, pin_dir, Vec::new()), log)
     };
 
     // No device: one info line, an empty gauge, reads that keep going.

@@ -12,11 +12,13 @@ mod support;
 use std::{
     net::{IpAddr, SocketAddr},
     path::PathBuf,
-    process::{Child, Command},
     time::Duration,
 };
 
-use support::wait_for;
+use support::{
+    agent::{metric, pin_to_cpu0, scrape_metrics, AgentFiles, AgentProcess},
+    wait_for,
+};
 use testbed::{MirrorPort, RoceSink, RoceSpec, Star, StarConfig};
 
 const AGENT_PORT: u16 = 9464;
@@ -32,80 +34,23 @@ fn preconditions() {
     }
 }
 
-/// Files and the agent process of one test; SIGTERM + bounded wait on drop, pins and files removed.
-struct Agent {
-    child: Option<Child>,
-    pin_dir: PathBuf,
-    files: Vec<PathBuf>,
-    state_dir: PathBuf,
+/// Starts the agent in host0's namespace with `config` (plus the operator token file) and
+/// `extra` arguments; returns it with its pin directory.
+fn start_agent(star: &Star, tag: &str, config: &str, extra: &[&str], capture_stderr: bool) -> (AgentProcess, PathBuf) {
+    let files = AgentFiles::write(&format!("t2-mirror-{}-{tag}", std::process::id()), &format!("{OPERATOR_TOKEN}\n"), config);
+    let pin_dir = files.pin_dir.clone();
+    let mut cmd = star.hosts[0].ns.command(env!("CARGO_BIN_EXE_ringside"));
+    cmd.args(files.agent_args(AGENT_PORT)).args(extra).env("RUST_LOG", "info");
+    if capture_stderr {
+        // Only for an agent that is expected to exit at once: nobody drains the pipe.
+        cmd.stderr(std::process::Stdio::piped());
+    }
+    (files.start(cmd), pin_dir)
 }
 
-impl Agent {
-    fn start(star: &Star, tag: &str, config: &str, extra: &[&str], capture_stderr: bool) -> Agent {
-        let id = format!("{}-{tag}", std::process::id());
-        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/ringside-t2-mirror-{id}"));
-        let tokens = std::env::temp_dir().join(format!("ringside-t2-mirror-{id}.tokens"));
-        let cfg = std::env::temp_dir().join(format!("ringside-t2-mirror-{id}.toml"));
-        let state_dir = std::env::temp_dir().join(format!("ringside-t2-mirror-state-{id}"));
-        std::fs::write(&tokens, format!("{OPERATOR_TOKEN}\n")).unwrap();
-        std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-        std::fs::write(&cfg, format!("{config}\n[api]\noperator_tokens_file = \"{}\"\n", tokens.display())).unwrap();
-        let mut cmd = star.hosts[0].ns.command(env!("CARGO_BIN_EXE_ringside"));
-        cmd.args(["agent", "--iface", "eth0", "--listen", &format!("127.0.0.1:{AGENT_PORT}"), "--config"])
-            .arg(&cfg)
-            .arg("--pin-dir")
-            .arg(&pin_dir)
-            .arg("--state-dir")
-            .arg(&state_dir)
-            .args(extra)
-            .env("RUST_LOG", "info");
-        if capture_stderr {
-            // Only for an agent that is expected to exit at once: nobody drains the pipe.
-            cmd.stderr(std::process::Stdio::piped());
-        }
-        let child = cmd.spawn().expect("spawning the ringside binary");
-        Agent { child: Some(child), pin_dir, files: vec![tokens, cfg], state_dir }
-    }
-
-    fn stop(&mut self) -> bool {
-        let Some(mut child) = self.child.take() else { return false };
-        support::stop_child(&mut child, Duration::from_secs(10))
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            self.stop();
-        }
-        for name in dataplane_user::loader::PINNED_MAPS {
-            let _ = std::fs::remove_file(self.pin_dir.join(name));
-        }
-        let _ = std::fs::remove_dir(&self.pin_dir);
-        for f in &self.files {
-            let _ = std::fs::remove_file(f);
-        }
-        let _ = std::fs::remove_dir_all(&self.state_dir);
-    }
-}
-
+/// `/metrics` of host0's agent, or `None` while it cannot be read (not listening yet).
 fn get_metrics(star: &Star) -> Option<String> {
-    star.hosts[0].ns.run(|| {
-        let out = Command::new("curl").args(["-sf", &format!("http://127.0.0.1:{AGENT_PORT}/metrics")]).output().ok()?;
-        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-    })
-}
-
-/// Value of the series with exactly this name and label text, or `None` if absent.
-fn metric(text: &str, series: &str) -> Option<u64> {
-    text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' '))).map(|v| v.parse::<f64>().unwrap() as u64)
-}
-
-/// Pins the calling thread to CPU 0, so the sender's packets leave in the order they were sent.
-fn pin_to_cpu0() {
-    let mut set = nix::sched::CpuSet::new();
-    set.set(0).unwrap();
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+    scrape_metrics(&star.hosts[0].ns, AGENT_PORT).ok()
 }
 
 #[test]
@@ -115,7 +60,7 @@ fn mirrored_roce_yields_the_same_counters_as_the_tc_path() {
     let star = Star::new(StarConfig { hosts: 2, ..Default::default() }).unwrap();
     let _mirror = MirrorPort::on_star(&star, 0, &star.hosts[0].ns.handle(), "mir0").unwrap();
     // Only RoCEv2 is matched (no [match]): every matched frame is the generator's.
-    let mut agent = Agent::start(&star, "same", "[mirror]\ninterface = \"mir0\"\nlocal_prefixes = [\"10.77.0.1/32\"]\n", &[], false);
+    let (mut agent, _) = start_agent(&star, "same", "[mirror]\ninterface = \"mir0\"\nlocal_prefixes = [\"10.77.0.1/32\"]\n", &[], false);
     let text = wait_for(Duration::from_secs(15), POLL, "the agent to serve mirror metrics", || {
         get_metrics(&star).filter(|t| t.contains("ringside_mirror_frames_total{interface=\"mir0\",result=\"seen\"}"))
     });
@@ -205,8 +150,8 @@ fn mirrored_roce_yields_the_same_counters_as_the_tc_path() {
 fn a_missing_mirror_interface_is_named_and_nothing_stays_attached() {
     preconditions();
     let star = Star::new(StarConfig { hosts: 1, ..Default::default() }).unwrap();
-    let mut agent = Agent::start(&star, "missing", "", &["--mirror-iface", "nosuch0"], true);
-    let mut child = agent.child.take().unwrap();
+    let (mut agent, pin_dir) = start_agent(&star, "missing", "", &["--mirror-iface", "nosuch0"], true);
+    let mut child = agent.take_child().unwrap();
     let status = wait_for(Duration::from_secs(15), POLL, "the agent to exit", || child.try_wait().unwrap());
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
@@ -215,7 +160,7 @@ fn a_missing_mirror_interface_is_named_and_nothing_stays_attached() {
     let out = star.hosts[0].ns.command("tc").args(["qdisc", "show", "dev", "eth0"]).output().unwrap();
     let qdiscs = String::from_utf8_lossy(&out.stdout);
     assert!(!qdiscs.contains("clsact"), "clsact left behind: {qdiscs}");
-    assert!(!agent.pin_dir.exists(), "pins left in {}", agent.pin_dir.display());
+    assert!(!pin_dir.exists(), "pins left in {}", pin_dir.display());
 }
 
 /// `rx_packets` of `iface` in host0's namespace (frames the veth delivered to the stack).
@@ -240,7 +185,7 @@ fn a_flood_beyond_the_ring_is_counted_as_ring_drops() {
     let star = Star::new(StarConfig { hosts: 2, ..Default::default() }).unwrap();
     let _mirror = MirrorPort::on_star(&star, 0, &star.hosts[0].ns.handle(), "mir0").unwrap();
     let config = format!("[mirror]\ninterface = \"mir0\"\nlocal_prefixes = [\"10.77.0.1/32\"]\nring_blocks = {blocks}\nring_block_kib = {kib}\n");
-    let mut agent = Agent::start(&star, "flood", &config, &[], false);
+    let (mut agent, _) = start_agent(&star, "flood", &config, &[], false);
     let seen_series = "ringside_mirror_frames_total{interface=\"mir0\",result=\"seen\"}";
     let drops_series = "ringside_mirror_ring_drops_total{interface=\"mir0\"}";
     let h1: IpAddr = star.hosts[1].addr.into();

@@ -65,7 +65,7 @@
 //! is not touched (or freed) until its completion is polled.
 
 use crate::error::{CollectiveError, Result};
-use crate::transport::{BufferPool, InFrame, TcpOptions, Transport, POLL_SLICE};
+use crate::transport::{BufferPool, InFrame, Inbound, InboundFrames, SharedState, TcpOptions, Transport, POLL_SLICE};
 use crate::wire::{header_checksum, FrameError, FrameHeader, FrameKind, HEADER_LEN, MAGIC as FRAME_MAGIC};
 use ibverbs::{ibv_qp_type, CompletionQueue, Context, MemoryRegion, QueuePair, QueuePairEndpoint};
 use std::collections::VecDeque;
@@ -552,12 +552,6 @@ pub fn probe(device: Option<&str>) -> std::result::Result<String, String> {
 // ---------------------------------------------------------------------------------------------
 // The engine's side.
 
-enum Inbound {
-    Frame(InFrame),
-    Goodbye,
-    Failed(CollectiveError),
-}
-
 enum Command {
     Send { conn: usize, frame: Vec<u8> },
     /// Reply once every queued frame is sent and acknowledged (or the mesh failed).
@@ -568,34 +562,9 @@ enum Command {
     Abort,
 }
 
-#[derive(Default)]
-struct Shared {
-    failure: Mutex<Option<CollectiveError>>,
-    /// Set when this rank is closing: errors after that are not peer failures.
-    closing: AtomicBool,
-}
-
-impl Shared {
-    fn fail(&self, e: CollectiveError) {
-        if self.closing.load(Ordering::Acquire) {
-            return;
-        }
-        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
-        if f.is_none() {
-            tracing::debug!(error = %e, "rdma transport failure");
-            *f = Some(e);
-        }
-    }
-    fn failure(&self) -> Option<CollectiveError> {
-        self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
-
 struct EngineConn {
-    rx: Receiver<Inbound>,
+    inbound: InboundFrames,
     send_seq: u32,
-    recv_seq: u32,
-    peer_said_goodbye: bool,
 }
 
 /// A full mesh of RC queue pairs among the ranks of one job (see the module docs).
@@ -608,7 +577,7 @@ pub struct RdmaTransport {
     /// Indexed by [`conn_index`].
     conns: Vec<EngineConn>,
     cmd: Sender<Command>,
-    shared: Arc<Shared>,
+    shared: Arc<SharedState>,
     pool: Arc<BufferPool>,
     progress: Option<JoinHandle<()>>,
     bytes_sent: u64,
@@ -661,7 +630,7 @@ impl RdmaTransport {
             open_device(options.device.as_deref()).map_err(|reason| CollectiveError::NoRdmaDevice { reason })?;
         let k = usize::from(options.channels);
         let n_conns = (world - 1) * k;
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(SharedState::default());
         let pool = Arc::new(BufferPool::default());
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let (setup_tx, setup_rx) = mpsc::channel();
@@ -670,7 +639,7 @@ impl RdmaTransport {
         for _ in 0..n_conns {
             let (tx, rx) = mpsc::channel();
             inbound_tx.push(tx);
-            conns.push(EngineConn { rx, send_seq: 1, recv_seq: 1, peer_said_goodbye: false });
+            conns.push(EngineConn { inbound: InboundFrames::new(rx), send_seq: 1 });
         }
         let job = ProgressJob {
             rank,
@@ -789,45 +758,8 @@ impl Transport for RdmaTransport {
     }
 
     fn recv(&mut self, peer: usize, channel: usize, timeout: Duration, op: u64) -> Result<InFrame> {
-        let deadline = Instant::now() + timeout;
         let idx = self.index(peer, channel)?;
-        let shared = self.shared.clone();
-        let c = &mut self.conns[idx];
-        loop {
-            if let Some(e) = shared.failure() {
-                return Err(e);
-            }
-            if c.peer_said_goodbye {
-                return Err(CollectiveError::PeerClosed { peer, channel, op });
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(CollectiveError::Timeout { peer, channel, op, waited_ms: timeout.as_millis() as u64 });
-            }
-            match c.rx.recv_timeout((deadline - now).min(POLL_SLICE)) {
-                Ok(Inbound::Frame(f)) => {
-                    if f.header.seq != c.recv_seq {
-                        let e = CollectiveError::UnexpectedFrame {
-                            peer,
-                            channel,
-                            field: "seq",
-                            expected: u64::from(c.recv_seq),
-                            got: u64::from(f.header.seq),
-                        };
-                        shared.fail(e.clone());
-                        return Err(e);
-                    }
-                    c.recv_seq = c.recv_seq.wrapping_add(1);
-                    return Ok(f);
-                }
-                Ok(Inbound::Goodbye) => c.peer_said_goodbye = true,
-                Ok(Inbound::Failed(e)) => return Err(e),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(shared.failure().unwrap_or(CollectiveError::PeerDisconnected { peer, channel }))
-                }
-            }
-        }
+        self.conns[idx].inbound.recv_in_order(&self.shared, peer, channel, timeout, op)
     }
 
     fn bytes_sent(&self) -> u64 {
@@ -854,15 +786,10 @@ impl Transport for RdmaTransport {
         }
         // Wait for each peer's goodbye (or a failure), so that this rank's QPs outlive every
         // message a peer still sends to them.
-        for c in &mut self.conns {
-            while !c.peer_said_goodbye && Instant::now() < deadline && self.shared.failure().is_none() {
-                match c.rx.recv_timeout(remaining(deadline).min(POLL_SLICE)) {
-                    Ok(Inbound::Goodbye) => c.peer_said_goodbye = true,
-                    Ok(Inbound::Frame(f)) => tracing::warn!(op = f.header.op, "unconsumed frame at close"),
-                    Ok(Inbound::Failed(_)) | Err(RecvTimeoutError::Disconnected) => break,
-                    Err(RecvTimeoutError::Timeout) => {}
-                }
-            }
+        let shared = &self.shared;
+        for (idx, c) in self.conns.iter_mut().enumerate() {
+            let (peer, channel) = conn_peer(self.rank, self.channels, idx);
+            c.inbound.await_goodbye(deadline, peer, channel, || shared.failure().is_some());
         }
         self.shared.closing.store(true, Ordering::Release);
         self.stop(Command::Stop);
@@ -900,7 +827,7 @@ struct ProgressJob {
     listener: TcpListener,
     inbound: Vec<Sender<Inbound>>,
     commands: Receiver<Command>,
-    shared: Arc<Shared>,
+    shared: Arc<SharedState>,
     pool: Arc<BufferPool>,
     setup: Sender<Result<()>>,
 }
@@ -1771,7 +1698,7 @@ mod tests {
             listener,
             inbound: Vec::new(),
             commands,
-            shared: Arc::new(Shared::default()),
+            shared: Arc::new(SharedState::default()),
             pool: Arc::new(BufferPool::default()),
             setup,
         }

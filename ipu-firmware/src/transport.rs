@@ -203,21 +203,25 @@ impl WriteQueue {
     }
 }
 
-enum Inbound {
+/// What a connection's receiving side (a TCP reader thread, or the RDMA progress thread) hands
+/// the engine, one message per frame.
+pub(crate) enum Inbound {
     Frame(InFrame),
     Goodbye,
     Failed(CollectiveError),
 }
 
+/// The mesh-wide failure both transports share between the engine and their threads: the first
+/// failure anywhere is kept and returned by every later call.
 #[derive(Default)]
-struct SharedState {
+pub(crate) struct SharedState {
     failure: Mutex<Option<CollectiveError>>,
-    /// Set when this rank shuts its own sockets down: errors after that are not peer failures.
-    closing: AtomicBool,
+    /// Set when this rank shuts its own connections down: errors after that are not peer failures.
+    pub(crate) closing: AtomicBool,
 }
 
 impl SharedState {
-    fn fail(&self, e: CollectiveError) {
+    pub(crate) fn fail(&self, e: CollectiveError) {
         if self.closing.load(Ordering::Acquire) {
             return;
         }
@@ -227,8 +231,89 @@ impl SharedState {
             *f = Some(e);
         }
     }
-    fn failure(&self) -> Option<CollectiveError> {
+    pub(crate) fn failure(&self) -> Option<CollectiveError> {
         self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// The engine's end of one connection's inbound frames: the queue its receiving side fills, the
+/// sequence number the next frame must carry, and whether the peer said goodbye. Both transports
+/// deliver frames through it, so the ordering rule and the failure paths are the same for TCP and
+/// RDMA.
+pub(crate) struct InboundFrames {
+    rx: Receiver<Inbound>,
+    next_seq: u32,
+    peer_said_goodbye: bool,
+}
+
+impl InboundFrames {
+    /// Sequence numbers start at 1 on every connection (the hello exchange is not numbered).
+    pub(crate) fn new(rx: Receiver<Inbound>) -> Self {
+        Self { rx, next_seq: 1, peer_said_goodbye: false }
+    }
+
+    /// The next frame from `peer` on `channel`, in the order the peer sent it. Waits at most
+    /// `timeout`, in slices of [`POLL_SLICE`] so that a failure elsewhere in the mesh (kept in
+    /// `shared`) ends the wait within one slice. A frame out of sequence fails the whole mesh:
+    /// the byte stream (or message order) can no longer be trusted, and every rank must stop.
+    pub(crate) fn recv_in_order(
+        &mut self,
+        shared: &SharedState,
+        peer: usize,
+        channel: usize,
+        timeout: Duration,
+        op: u64,
+    ) -> Result<InFrame> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(e) = shared.failure() {
+                return Err(e);
+            }
+            if self.peer_said_goodbye {
+                return Err(CollectiveError::PeerClosed { peer, channel, op });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CollectiveError::Timeout { peer, channel, op, waited_ms: timeout.as_millis() as u64 });
+            }
+            match self.rx.recv_timeout((deadline - now).min(POLL_SLICE)) {
+                Ok(Inbound::Frame(f)) => {
+                    if f.header.seq != self.next_seq {
+                        let e = CollectiveError::UnexpectedFrame {
+                            peer,
+                            channel,
+                            field: "seq",
+                            expected: u64::from(self.next_seq),
+                            got: u64::from(f.header.seq),
+                        };
+                        shared.fail(e.clone());
+                        return Err(e);
+                    }
+                    self.next_seq = self.next_seq.wrapping_add(1);
+                    return Ok(f);
+                }
+                Ok(Inbound::Goodbye) => self.peer_said_goodbye = true,
+                Ok(Inbound::Failed(e)) => return Err(e),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(shared.failure().unwrap_or(CollectiveError::PeerDisconnected { peer, channel }))
+                }
+            }
+        }
+    }
+
+    /// At close: waits until the peer's goodbye, a failure on this connection, `deadline`, or
+    /// `give_up()` (checked every [`POLL_SLICE`]). Frames still arriving were never asked for:
+    /// they are logged and dropped.
+    pub(crate) fn await_goodbye(&mut self, deadline: Instant, peer: usize, channel: usize, give_up: impl Fn() -> bool) {
+        while !self.peer_said_goodbye && Instant::now() < deadline && !give_up() {
+            match self.rx.recv_timeout(remaining(deadline).min(POLL_SLICE)) {
+                Ok(Inbound::Goodbye) => self.peer_said_goodbye = true,
+                Ok(Inbound::Frame(f)) => tracing::warn!(peer, channel, op = f.header.op, "unconsumed frame at close"),
+                Ok(Inbound::Failed(_)) | Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
     }
 }
 
@@ -237,12 +322,10 @@ struct Connection {
     channel: usize,
     stream: TcpStream,
     out: Arc<WriteQueue>,
-    rx: Receiver<Inbound>,
+    inbound: InboundFrames,
     writer: Option<JoinHandle<()>>,
     reader: Option<JoinHandle<()>>,
     send_seq: u32,
-    recv_seq: u32,
-    peer_said_goodbye: bool,
 }
 
 /// A full TCP mesh among the ranks of one job.
@@ -585,12 +668,10 @@ impl TcpTransport {
             channel,
             stream,
             out,
-            rx: rrx,
+            inbound: InboundFrames::new(rrx),
             writer: Some(writer),
             reader: Some(reader),
             send_seq: 1,
-            recv_seq: 1,
-            peer_said_goodbye: false,
         })
     }
 
@@ -684,44 +765,8 @@ impl Transport for TcpTransport {
     }
 
     fn recv(&mut self, peer: usize, channel: usize, timeout: Duration, op: u64) -> Result<InFrame> {
-        let deadline = Instant::now() + timeout;
         let shared = self.shared.clone();
-        let c = self.conn(peer, channel)?;
-        loop {
-            if let Some(e) = shared.failure() {
-                return Err(e);
-            }
-            if c.peer_said_goodbye {
-                return Err(CollectiveError::PeerClosed { peer, channel, op });
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(CollectiveError::Timeout { peer, channel, op, waited_ms: timeout.as_millis() as u64 });
-            }
-            match c.rx.recv_timeout((deadline - now).min(POLL_SLICE)) {
-                Ok(Inbound::Frame(f)) => {
-                    if f.header.seq != c.recv_seq {
-                        let e = CollectiveError::UnexpectedFrame {
-                            peer,
-                            channel,
-                            field: "seq",
-                            expected: u64::from(c.recv_seq),
-                            got: u64::from(f.header.seq),
-                        };
-                        shared.fail(e.clone());
-                        return Err(e);
-                    }
-                    c.recv_seq = c.recv_seq.wrapping_add(1);
-                    return Ok(f);
-                }
-                Ok(Inbound::Goodbye) => c.peer_said_goodbye = true,
-                Ok(Inbound::Failed(e)) => return Err(e),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(shared.failure().unwrap_or(CollectiveError::PeerDisconnected { peer, channel }))
-                }
-            }
-        }
+        self.conn(peer, channel)?.inbound.recv_in_order(&shared, peer, channel, timeout, op)
     }
 
     fn bytes_sent(&self) -> u64 {
@@ -751,16 +796,7 @@ impl Transport for TcpTransport {
         // connection while the peer may still be reading what we sent.
         let deadline = Instant::now() + timeout;
         for c in self.all_conns() {
-            while !c.peer_said_goodbye && Instant::now() < deadline {
-                match c.rx.recv_timeout(remaining(deadline).min(POLL_SLICE)) {
-                    Ok(Inbound::Goodbye) => c.peer_said_goodbye = true,
-                    Ok(Inbound::Frame(f)) => {
-                        tracing::warn!(peer = c.peer, channel = c.channel, op = f.header.op, "unconsumed frame at close")
-                    }
-                    Ok(Inbound::Failed(_)) | Err(RecvTimeoutError::Disconnected) => break,
-                    Err(RecvTimeoutError::Timeout) => {}
-                }
-            }
+            c.inbound.await_goodbye(deadline, c.peer, c.channel, || false);
         }
         self.shared.closing.store(true, Ordering::Release);
         for c in self.all_conns() {

@@ -38,3 +38,6 @@ pub fn stop_child(child: &mut Child, grace: Duration) -> bool {
 // Only the closed-loop tests use these; the others compile the module too.
 #[allow(dead_code)]
 pub mod adapt;
+// The agent's start, stop and /metrics for the tests that run it directly (t2_agent, t2_mirror).
+#[allow(dead_code)]
+pub mod agent;
