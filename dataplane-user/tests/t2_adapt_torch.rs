@@ -94,7 +94,7 @@ fn codec(step: &Value) -> &str {
 
 #[test]
 #[ignore = "needs root (T2): run with cargo xtask test"]
-fn rate_cap_makes_a_ddp_job_compress_on_every_rank_at_once_and_its_steps_recover() {
+fn rate_cap_makes_a_ddp_job_compress_on_every_rank_at_once_and_its_communication_recovers() {
     let python = preconditions();
     let t0 = Instant::now();
     let star = Star::new(StarConfig { hosts: RANKS, offloads: false, ..Default::default() }).unwrap();

@@ -45,7 +45,7 @@
 //!   the collectives' lock-step exchange bounds them in practice.
 //! - `seq` is assigned on send and checked on receive per (peer, channel), as in TCP.
 //! - Failures (an error work completion, a failed post, garbage, a peer's EOF) are recorded once
-//!   and returned by every later or pending call within [`POLL_SLICE`]. Every wait has a
+//!   and returned by every later or pending call within [`POLL_SLICE`](crate::transport::POLL_SLICE). Every wait has a
 //!   deadline: setup within the timeout, each `recv` within its timeout, close's flush and goodbye
 //!   wait within the timeout.
 //! - Closing mirrors TCP: a goodbye frame per connection, flush, wait for each peer's goodbye,
@@ -65,15 +65,15 @@
 //! is not touched (or freed) until its completion is polled.
 
 use crate::error::{CollectiveError, Result};
-use crate::transport::{BufferPool, InFrame, Inbound, InboundFrames, SharedState, TcpOptions, Transport, POLL_SLICE};
+use crate::transport::{BufferPool, InFrame, Inbound, InboundFrames, SharedState, TcpOptions, Transport};
 use crate::wire::{header_checksum, FrameError, FrameHeader, FrameKind, HEADER_LEN, MAGIC as FRAME_MAGIC};
 use ibverbs::{ibv_qp_type, CompletionQueue, Context, MemoryRegion, QueuePair, QueuePairEndpoint};
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use zerocopy::little_endian::{U16, U32};
