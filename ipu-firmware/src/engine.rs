@@ -4,7 +4,11 @@
 //!
 //! Invariants:
 //! - Every collective starts with rank 0's [`ControlHeader`] (see [`crate::plan`]); the plan in it is
-//!   the only plan used for that collective on every rank.
+//!   the only plan used for that collective on every rank. A rank holding rank 0's promise from the
+//!   previous header ([`ControlHeader::plan_held_until`]) starts with the promised plan without
+//!   waiting for the header, and receives and checks the header before it receives anything else in
+//!   that collective (or at its end, if it receives nothing): so no data is applied before the
+//!   header has been checked, and the header's plan must be the promised one.
 //! - The engine reduces in f32. A bf16 buffer is widened to f32, reduced, and rounded back; with
 //!   compression `none` its wire format is bf16 (partial sums rounded to bf16 per hop, like NCCL).
 //! - Every rank ends with bit-identical results: the final value of every element is encoded once by
@@ -60,6 +64,9 @@ pub struct OpReport {
     pub plan: Plan,
     /// Bytes this rank put on the wire for this collective (frame headers included).
     pub bytes_sent: u64,
+    /// This rank started the collective on rank 0's plan promise, without waiting for its control
+    /// header (always false on rank 0, which sends it).
+    pub on_promise: bool,
 }
 
 /// Per-collective settings derived from the plan.
@@ -84,6 +91,58 @@ struct Exchange<'a, T: Transport> {
     residual_reduce: &'a mut Vec<f32>,
     residual_gather: &'a mut Vec<f32>,
     scratch: &'a mut Vec<f32>,
+    /// Rank 0's control header for this collective, when this rank started on a promise and has not
+    /// received it yet.
+    pending_control: Option<PendingControl>,
+    /// Where a settled pending header's promise for the next collective goes.
+    plan_held_until: &'a mut u64,
+}
+
+/// What this rank called, checked against rank 0's [`ControlHeader`].
+#[derive(Clone, Copy)]
+struct OpCall {
+    op_kind: OpKind,
+    dtype: Dtype,
+    elems: usize,
+    root: usize,
+    step: u64,
+}
+
+/// A control header not yet received: this rank's call and the plan it started with on rank 0's
+/// promise.
+struct PendingControl {
+    call: OpCall,
+    plan: Plan,
+}
+
+/// Receives rank 0's control header for collective `op` on `t` and checks it against this rank's
+/// own call and the mesh.
+fn receive_control<T: Transport>(t: &mut T, timeout: Duration, op: u64, call: &OpCall) -> Result<ControlHeader> {
+    let f = t.recv(0, 0, timeout, op)?;
+    let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame { peer: 0, channel: 0, field, expected, got };
+    if f.header.kind != FrameKind::Control {
+        return Err(mismatch("kind", FrameKind::Control as u64, f.header.kind as u64));
+    }
+    if f.header.op != op {
+        return Err(mismatch("op", op, f.header.op));
+    }
+    let c = ControlHeader::parse(f.payload()).map_err(|error| CollectiveError::BadFrame { peer: 0, channel: 0, error })?;
+    t.recycle(f.frame);
+    let checks = [
+        ("op kind", call.op_kind as u64, c.op_kind as u64),
+        ("dtype", call.dtype as u64, c.dtype as u64),
+        ("element count", call.elems as u64, c.elems),
+        ("root", call.root as u64, u64::from(c.root)),
+        ("training step", call.step, c.training_step),
+    ];
+    for (field, local, announced) in checks {
+        if local != announced {
+            return Err(CollectiveError::CollectiveMismatch { field, local, announced });
+        }
+    }
+    let channels = u8::try_from(t.channels()).unwrap_or(u8::MAX);
+    c.plan.validate(channels)?;
+    Ok(c)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -212,8 +271,22 @@ impl<'a, T: Transport> Exchange<'a, T> {
         self.t.send(next, self.channel(ci), h, f.frame)
     }
 
+    /// Receives and checks the control header this rank started without (see [`PendingControl`]);
+    /// a no-op once it has been received or when there was none to wait for.
+    fn settle_control(&mut self) -> Result<()> {
+        let Some(p) = self.pending_control.take() else { return Ok(()) };
+        let c = receive_control(self.t, self.cx.timeout, self.cx.op, &p.call)?;
+        if c.plan != p.plan {
+            return Err(CollectiveError::PlanPromiseBroken { op: self.cx.op });
+        }
+        *self.plan_held_until = c.plan_held_until;
+        Ok(())
+    }
+
     /// Receives chunk `ci` = `sub` from `peer` and validates its header (not yet its payload).
     fn recv_frame(&mut self, peer: usize, ci: usize, sub: &Range<usize>) -> Result<InFrame> {
+        // Every data receive goes through here: the header is checked before any data is applied.
+        self.settle_control()?;
         let channel = self.channel(ci);
         let f = self.t.recv(peer, channel, self.cx.timeout, self.cx.op)?;
         let h = &f.header;
@@ -526,6 +599,9 @@ pub struct Communicator<T: Transport> {
     residual_gather: Vec<f32>,
     scratch: Vec<f32>,
     widened: Vec<f32>,
+    /// The promise of the last control header this rank sent (rank 0) or checked (other ranks):
+    /// the next collective runs with `last_plan` if its training step is below this.
+    plan_held_until: u64,
 }
 
 impl<T: Transport> Communicator<T> {
@@ -544,6 +620,7 @@ impl<T: Transport> Communicator<T> {
             residual_gather: Vec::new(),
             scratch: Vec::new(),
             widened: Vec::new(),
+            plan_held_until: 0,
         })
     }
 
@@ -591,8 +668,15 @@ impl<T: Transport> Communicator<T> {
         e
     }
 
-    /// Agrees on the plan for the next collective (rank 0 announces, others check).
-    fn begin_op(&mut self, op_kind: OpKind, dtype: Dtype, elems: usize, root: usize) -> Result<(Plan, OpContext)> {
+    /// Agrees on the plan for the next collective (rank 0 announces, others check). On a rank that
+    /// starts on rank 0's promise, also returns the control header still to be received.
+    fn begin_op(
+        &mut self,
+        op_kind: OpKind,
+        dtype: Dtype,
+        elems: usize,
+        root: usize,
+    ) -> Result<(Plan, OpContext, Option<PendingControl>)> {
         if let Some(cause) = &self.poisoned {
             return Err(CollectiveError::Poisoned { cause: Box::new(cause.clone()) });
         }
@@ -602,8 +686,14 @@ impl<T: Transport> Communicator<T> {
         }
         let op = self.op;
         self.op += 1;
+        let call = OpCall { op_kind, dtype, elems, root, step: self.step };
+        // The previous header promised this collective's plan (same rule on every rank).
+        let promised = self.step < self.plan_held_until;
+        let mut pending = None;
         let plan = if rank == 0 {
-            let plan = self.schedule.plan_for_step(self.step);
+            let plan =
+                if promised { self.schedule.hold_active(self.step) } else { self.schedule.plan_for_step(self.step) };
+            self.plan_held_until = self.schedule.held_until();
             let control = ControlHeader {
                 training_step: self.step,
                 op_kind,
@@ -611,47 +701,25 @@ impl<T: Transport> Communicator<T> {
                 elems: elems as u64,
                 root: root as u32,
                 plan,
+                plan_held_until: self.plan_held_until,
             };
             let payload = control.encode();
             for peer in 1..world {
-                let mut frame = vec![0u8; HEADER_LEN];
+                let mut frame = self.transport.frame_buffer(payload.len());
                 frame.extend_from_slice(&payload);
                 let mut h = FrameHeader::new(FrameKind::Control);
                 h.op = op;
                 self.transport.send(peer, 0, h, frame).map_err(|e| self.fail(e))?;
             }
             plan
+        } else if promised {
+            // Start now; the header is received before this rank's first receive (Exchange).
+            self.plan_held_until = 0;
+            pending = Some(PendingControl { call, plan: self.last_plan });
+            self.last_plan
         } else {
-            let f = self.transport.recv(0, 0, self.timeout, op).map_err(|e| self.fail(e))?;
-            let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame {
-                peer: 0,
-                channel: 0,
-                field,
-                expected,
-                got,
-            };
-            if f.header.kind != FrameKind::Control {
-                return Err(self.fail(mismatch("kind", FrameKind::Control as u64, f.header.kind as u64)));
-            }
-            if f.header.op != op {
-                return Err(self.fail(mismatch("op", op, f.header.op)));
-            }
-            let c = ControlHeader::parse(f.payload())
-                .map_err(|error| self.fail(CollectiveError::BadFrame { peer: 0, channel: 0, error }))?;
-            let checks = [
-                ("op kind", op_kind as u64, c.op_kind as u64),
-                ("dtype", dtype as u64, c.dtype as u64),
-                ("element count", elems as u64, c.elems),
-                ("root", root as u64, u64::from(c.root)),
-                ("training step", self.step, c.training_step),
-            ];
-            for (field, local, announced) in checks {
-                if local != announced {
-                    return Err(self.fail(CollectiveError::CollectiveMismatch { field, local, announced }));
-                }
-            }
-            let channels = u8::try_from(self.transport.channels()).unwrap_or(u8::MAX);
-            c.plan.validate(channels).map_err(|e| self.fail(e.into()))?;
+            let c = receive_control(&mut self.transport, self.timeout, op, &call).map_err(|e| self.fail(e))?;
+            self.plan_held_until = c.plan_held_until;
             c.plan
         };
         self.last_plan = plan;
@@ -676,7 +744,7 @@ impl<T: Transport> Communicator<T> {
             self.residual_reduce = vec![0.0; elems];
             self.residual_gather = vec![0.0; elems];
         }
-        Ok((plan, cx))
+        Ok((plan, cx, pending))
     }
 
     fn run<F>(&mut self, kind: OpKind, dtype: Dtype, buf: &mut [f32], root: usize, body: F) -> Result<OpReport>
@@ -684,7 +752,8 @@ impl<T: Transport> Communicator<T> {
         F: FnOnce(&mut Exchange<'_, T>, &mut [f32]) -> Result<()>,
     {
         let before = self.transport.bytes_sent();
-        let (plan, cx) = self.begin_op(kind, dtype, buf.len(), root)?;
+        let (plan, cx, pending_control) = self.begin_op(kind, dtype, buf.len(), root)?;
+        let on_promise = pending_control.is_some();
         if self.world() > 1 {
             let mut ex = Exchange {
                 t: &mut self.transport,
@@ -692,12 +761,15 @@ impl<T: Transport> Communicator<T> {
                 residual_reduce: &mut self.residual_reduce,
                 residual_gather: &mut self.residual_gather,
                 scratch: &mut self.scratch,
+                pending_control,
+                plan_held_until: &mut self.plan_held_until,
             };
-            if let Err(e) = body(&mut ex, buf) {
+            // A rank that received nothing (a broadcast's root) still takes rank 0's header.
+            if let Err(e) = body(&mut ex, buf).and_then(|()| ex.settle_control()) {
                 return Err(self.fail(e));
             }
         }
-        Ok(OpReport { op: cx.op, plan, bytes_sent: self.transport.bytes_sent() - before })
+        Ok(OpReport { op: cx.op, plan, bytes_sent: self.transport.bytes_sent() - before, on_promise })
     }
 
     fn allreduce_inner(&mut self, dtype: Dtype, buf: &mut [f32]) -> Result<OpReport> {

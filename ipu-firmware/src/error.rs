@@ -42,6 +42,9 @@ pub enum CollectiveError {
     #[error("this rank called a collective with {field} = {local} but rank 0 announced {announced}; every rank must issue the same collectives in the same order")]
     CollectiveMismatch { field: &'static str, local: u64, announced: u64 },
 
+    #[error("rank 0's control header for collective {op} carries a different plan than the one it promised with the previous collective; every rank must run the same ringside build")]
+    PlanPromiseBroken { op: u64 },
+
     #[error("invalid plan: {0}")]
     InvalidPlan(#[from] PlanError),
 

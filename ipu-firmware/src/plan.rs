@@ -8,7 +8,18 @@
 //!   plan, and a plan change takes effect on all ranks at the same collective: the first collective of
 //!   the first training step `>= step_from` (as seen by rank 0).
 //! - A rank whose own call (op kind, dtype, element count, root, training step) differs from rank 0's
-//!   header fails with [`crate::CollectiveError::CollectiveMismatch`] instead of exchanging data.
+//!   header fails with [`crate::CollectiveError::CollectiveMismatch`] before it applies any data.
+//! - Plan hold ([`ControlHeader::plan_held_until`]): each control header also promises that rank 0
+//!   runs the *next* collective with the same plan if that collective's training step is below
+//!   `plan_held_until` (the earliest `step_from` among plans waiting in rank 0's schedule; 0 = no
+//!   promise). A rank holding such a promise starts the next collective at once with that plan and
+//!   checks the control header when it first receives (see [`crate::engine`]): waiting for the header
+//!   before the first send cost every collective one latency hop on ranks 1..n−1 (issue 12). Rank 0
+//!   keeps the promise by not activating plans for that collective; a plan it polls from its source
+//!   meanwhile takes effect one collective later than it would have without the promise. A mismatched
+//!   call on a promised collective still fails with `CollectiveMismatch` on the mismatched rank, but its
+//!   first frames may already have reached its peers, which then fail when it aborts (or, if they got
+//!   everything they needed from it first, complete with its contribution).
 //! - An invalid plan from a source (zero chunk size, more channels than the mesh has, bad top-k
 //!   ratio) is logged and dropped; the active plan stays in force.
 
@@ -165,9 +176,8 @@ impl PlanSchedule {
         &self.active
     }
 
-    /// Polls the source and returns the plan for a collective at training step `step`: the pending
-    /// plan with the largest `step_from <= step`, if any, else the current one.
-    pub fn plan_for_step(&mut self, step: u64) -> Plan {
+    /// Moves new plans from the source into the pending list (invalid ones are logged and dropped).
+    fn poll_source(&mut self, step: u64) {
         if let Some(src) = self.source.as_mut() {
             for p in src.poll(step) {
                 match p.validate(self.available_channels) {
@@ -176,6 +186,25 @@ impl PlanSchedule {
                 }
             }
         }
+    }
+
+    /// The active plan for a collective whose plan was promised by the previous control header:
+    /// polls the source (so that [`Self::held_until`] sees new plans) but activates nothing.
+    pub fn hold_active(&mut self, step: u64) -> Plan {
+        self.poll_source(step);
+        self.active
+    }
+
+    /// The active plan stays in force for every training step below this, as far as the plans
+    /// received so far go: the earliest pending `step_from`, `u64::MAX` with none pending.
+    pub fn held_until(&self) -> u64 {
+        self.pending.iter().map(|p| p.step_from).min().unwrap_or(u64::MAX)
+    }
+
+    /// Polls the source and returns the plan for a collective at training step `step`: the pending
+    /// plan with the largest `step_from <= step`, if any, else the current one.
+    pub fn plan_for_step(&mut self, step: u64) -> Plan {
+        self.poll_source(step);
         // Stable sort: among equal step_from the later-received plan wins.
         self.pending.sort_by_key(|p| p.step_from);
         let due = self.pending.iter().rposition(|p| p.step_from <= step);
@@ -234,6 +263,9 @@ pub struct ControlHeader {
     pub elems: u64,
     pub root: u32,
     pub plan: Plan,
+    /// Rank 0 runs the next collective with `plan` too if its training step is below this (0: no
+    /// promise); see the module docs.
+    pub plan_held_until: u64,
 }
 
 /// A [`ControlHeader`] as it is on the wire: ids and flags in the first six bytes, then
@@ -257,12 +289,13 @@ struct WireControlHeader {
     training_step: U64,
     elems: U64,
     step_from: U64,
+    plan_held_until: U64,
 }
 
 const _: () = assert!(std::mem::size_of::<WireControlHeader>() == ControlHeader::LEN);
 
 impl ControlHeader {
-    pub const LEN: usize = 48;
+    pub const LEN: usize = 56;
 
     pub fn encode(&self) -> [u8; Self::LEN] {
         let ratio = match self.plan.compression.codec {
@@ -284,6 +317,7 @@ impl ControlHeader {
             training_step: self.training_step.into(),
             elems: self.elems.into(),
             step_from: self.plan.step_from.into(),
+            plan_held_until: self.plan_held_until.into(),
         })
     }
 
@@ -322,6 +356,7 @@ impl ControlHeader {
                 channels: w.channels,
                 compression: Compression { codec, error_feedback: w.error_feedback == 1 },
             },
+            plan_held_until: w.plan_held_until.get(),
         })
     }
 }
@@ -345,15 +380,16 @@ mod tests {
                 channels: 4,
                 compression: Compression { codec: CodecKind::TopK { ratio: 0.25 }, error_feedback: true },
             },
+            plan_held_until: 45,
         };
         assert_eq!(ControlHeader::parse(&h.encode()), Ok(h));
         // The bytes on the wire, pinned (computed from the layout, not from this code).
         let hex: String = h.encode().iter().map(|x| format!("{x:02x}")).collect();
-        assert_eq!(hex, "0102030401040000000001000000803e03000000000000002a0000000000000000000000020000002800000000000000");
+        assert_eq!(hex, "0102030401040000000001000000803e03000000000000002a00000000000000000000000200000028000000000000002d00000000000000");
         let mut b = h.encode();
         b[2] = 9;
         assert!(ControlHeader::parse(&b).is_err());
-        assert!(ControlHeader::parse(&b[..47]).is_err());
+        assert!(ControlHeader::parse(&b[..ControlHeader::LEN - 1]).is_err());
     }
 
     #[test]
@@ -368,6 +404,20 @@ mod tests {
         }
         assert_eq!(s.plan_for_step(5), later);
         assert_eq!(s.plan_for_step(6), later);
+    }
+
+    #[test]
+    fn held_plan_lasts_until_the_earliest_pending_step_from() {
+        let base = Plan::default();
+        let later = Plan { step_from: 5, algorithm: Algorithm::Tree, ..base };
+        let mut s = PlanSchedule::new(base, 4);
+        assert_eq!(s.held_until(), u64::MAX, "no source, nothing pending: the plan holds for ever");
+        s.set_source(Box::new(ScriptedPlans(vec![later])));
+        // Holding polls the source but activates nothing, even at a step where `later` is due.
+        assert_eq!(s.hold_active(7), base);
+        assert_eq!(s.held_until(), 5);
+        assert_eq!(s.plan_for_step(7), later);
+        assert_eq!(s.held_until(), u64::MAX);
     }
 
     #[test]

@@ -388,3 +388,46 @@ fn rhd_doubling_is_bit_identical_for_inexact_sums_and_nans() {
         }
     }
 }
+
+/// Ranks 1..n−1 start a collective on rank 0's promise from the previous control header (without
+/// waiting for the new header) exactly when rank 0's schedule has no plan due: never on the first
+/// collective, not at the step a pending plan takes effect, and again after it. Results stay exact
+/// and every rank runs the plan rank 0 chose.
+#[test]
+fn later_collectives_start_on_rank_0s_promise_until_a_plan_is_due() {
+    let world = 4;
+    let base = Plan { algorithm: Algorithm::Tree, chunk_bytes: 4096, ..Plan::default() };
+    let later = Plan { step_from: 2, algorithm: Algorithm::Ring, chunk_bytes: 1024, ..Plan::default() };
+    let n = 3000;
+    let source = std::sync::Mutex::new(Some(ScriptedPlans(vec![later])));
+    let per_rank = run_ranks_in_process(world, opts(1), move |rank, t| {
+        let mut comm = Communicator::new(t, CommunicatorConfig { initial_plan: base, timeout: TIMEOUT })?;
+        if rank == 0 {
+            comm.set_plan_source(Box::new(source.lock().unwrap().take().unwrap()));
+        }
+        let mut out = Vec::new();
+        for step in 0..4u64 {
+            comm.begin_step(step);
+            for k in 0..2u64 {
+                let mut buf = input(rank, step * 10 + k, n);
+                let rep = comm.allreduce_f32(&mut buf)?;
+                out.push((step, k, rep.plan, rep.on_promise, buf));
+            }
+        }
+        comm.close();
+        Ok(out)
+    });
+    let per_rank: Vec<_> = per_rank.into_iter().map(|r| r.expect("rank failed")).collect();
+    for (j, &(step, k, plan, _, _)) in per_rank[0].iter().enumerate() {
+        assert_eq!(plan, if step < 2 { base } else { later }, "step {step} op {k}");
+        // The first collective has no previous header; step 2's first one is where `later` is due.
+        let promised = !(step == 0 && k == 0) && !(step == 2 && k == 0);
+        for (r, ops) in per_rank.iter().enumerate() {
+            assert_eq!(ops[j].2, plan, "rank {r} step {step} op {k}: plan");
+            assert_eq!(ops[j].3, promised && r != 0, "rank {r} step {step} op {k}: started on the promise");
+        }
+        let inputs: Vec<Vec<f32>> = (0..world).map(|r| input(r, step * 10 + k, n)).collect();
+        let results: Vec<Vec<f32>> = per_rank.iter().map(|ops| ops[j].4.clone()).collect();
+        check(world, &plan, &inputs, &results);
+    }
+}

@@ -104,6 +104,40 @@ fn disagreeing_collectives_are_reported_not_run() {
     }
 }
 
+/// A rank that starts a collective on rank 0's promise (ranks 1..n−1 from the second collective on)
+/// still checks rank 0's control header before it receives anything, and reports a disagreement as
+/// `CollectiveMismatch`. The mismatch here (training step) leaves the frames well-formed, so nothing
+/// else fails first; the peers then fail fast instead of hanging.
+#[test]
+fn disagreement_on_a_promised_collective_is_reported() {
+    let timeout = Duration::from_secs(5);
+    let res = run_ranks_in_process(3, TcpOptions { channels: 1, timeout }, move |rank, t| {
+        let mut c = Communicator::new(t, config(timeout))?;
+        let mut b = vec![1.0f32; 11];
+        assert!(!c.allreduce_f32(&mut b)?.on_promise);
+        c.begin_step(if rank == 2 { 5 } else { 1 });
+        let start = Instant::now();
+        let r = c.allreduce_f32(&mut b);
+        Ok((r, start.elapsed()))
+    });
+    for (rank, r) in res.into_iter().enumerate() {
+        let (r, waited) = r.unwrap();
+        if rank == 2 {
+            let e = r.expect_err("the mismatched rank must fail");
+            assert!(
+                matches!(e, CollectiveError::CollectiveMismatch { field: "training step", local: 5, announced: 1 }),
+                "rank 2: {e}"
+            );
+        } else if let Err(e) = r {
+            assert!(
+                matches!(e, CollectiveError::PeerDisconnected { .. } | CollectiveError::PeerClosed { .. }),
+                "rank {rank}: {e}"
+            );
+        }
+        assert!(waited < Duration::from_secs(2), "rank {rank} took {waited:?}");
+    }
+}
+
 #[test]
 fn connect_and_accept_time_out() {
     let timeout = Duration::from_millis(300);

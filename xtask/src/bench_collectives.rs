@@ -58,6 +58,10 @@ pub struct Opts {
     /// Skip the codec throughput bench.
     #[arg(long)]
     pub no_codecs: bool,
+    /// Run this `ringside-rank` binary instead of building the workspace's: A/B runs of two builds
+    /// on the same rig minutes apart (e.g. a copy of main's binary against this tree's).
+    #[arg(long)]
+    pub rank_bin: Option<PathBuf>,
 }
 
 /// A 16 MiB ring variant: (name, extra rank args, compression, result).
@@ -147,9 +151,17 @@ pub fn run(mut o: Opts) -> Result<()> {
     let bench_dir = root.join("target/bench");
     std::fs::create_dir_all(&bench_dir)?;
 
-    println!("bench collectives: building ringside-rank (release)");
-    sh(cargo().args(["build", "--release", "-p", "ipu-firmware", "--bin", "ringside-rank"]))?;
-    let rank_bin = build::bin_path("ringside-rank", true);
+    let rank_bin = match &o.rank_bin {
+        Some(bin) => {
+            println!("bench collectives: ringside-rank from --rank-bin {}", bin.display());
+            std::fs::canonicalize(bin).with_context(|| format!("--rank-bin {}", bin.display()))?
+        }
+        None => {
+            println!("bench collectives: building ringside-rank (release)");
+            sh(cargo().args(["build", "--release", "-p", "ipu-firmware", "--bin", "ringside-rank"]))?;
+            build::bin_path("ringside-rank", true)
+        }
+    };
 
     // The OpenMPI program, compiled now so that a missing toolchain is reported, not hidden.
     let mpi_ready: std::result::Result<PathBuf, String> = if o.no_openmpi {
@@ -468,6 +480,8 @@ pub fn run(mut o: Opts) -> Result<()> {
     };
     report["elapsed_s"] = json!(started.elapsed().as_secs_f64());
     report["machine"]["loadavg_at_end"] = json!(loadavg());
+    // With --rank-bin the commit above is the harness's, not necessarily the measured engine's.
+    report["rank_bin"] = json!(rank_bin.display().to_string());
 
     println!();
     println!("allreduce bus bandwidth, {WORLD} ranks on the star testbed, GB/s (busbw as nccl-tests defines it):");
