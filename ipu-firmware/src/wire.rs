@@ -20,7 +20,10 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 /// `b"RSG1"` read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"RSG1");
 /// Wire format version; bump on any incompatible change of the header or a payload layout.
-pub const VERSION: u8 = 1;
+/// 2: the control header grew from 48 to 56 bytes (`plan_held_until`, [`crate::plan::ControlHeader`]),
+/// so a version-1 peer fails at hello with [`FrameError::UnsupportedVersion`] instead of a bad
+/// control payload in its first collective.
+pub const VERSION: u8 = 2;
 /// Size of [`FrameHeader`] on the wire.
 pub const HEADER_LEN: usize = 40;
 /// Largest payload a receiver accepts (a chunk of 64 MiB f32 plus top-k overhead fits).
@@ -259,12 +262,23 @@ mod tests {
         let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
         assert_eq!(
             hex(&sample().to_bytes()),
-            "525347310103030208070605040302014d000000001000000000000002000000000400008c46f9c3"
+            "525347310203030208070605040302014d00000000100000000000000200000000040000b73a8565"
         );
         assert_eq!(
             hex(&Hello { world: 5, rank: 3, channels: 2 }.frame(1)),
-            "52534731010100010000000000000000000000000c0000000000000000000000000000002fe71c67050000000300000002000000"
+            "52534731020100010000000000000000000000000c0000000000000000000000000000001cae1403050000000300000002000000"
         );
+    }
+
+    /// A hello from a version-1 build (48-byte control header) is refused as such, with a valid
+    /// checksum, so the mix of builds is reported at connect time rather than mid-collective.
+    #[test]
+    fn version_1_is_refused() {
+        let mut b = Hello { world: 5, rank: 3, channels: 2 }.frame(1);
+        b[4] = 1;
+        let sum = header_checksum(&b[..CHECKSUM_AT]);
+        b[CHECKSUM_AT..HEADER_LEN].copy_from_slice(&sum.to_le_bytes());
+        assert_eq!(FrameHeader::parse(&b), Err(FrameError::UnsupportedVersion { got: 1 }));
     }
 
     #[test]
