@@ -82,6 +82,9 @@ struct OpContext {
     channels: usize,
     error_feedback: bool,
     timeout: Duration,
+    /// Rank 0's previous header promised this collective's plan, so ranks 1..n−1 may have sent data
+    /// before checking their call against the header (see [`Exchange::recv_frame`]).
+    promised: bool,
 }
 
 /// Mutable state a collective works with, split from [`Communicator`] to keep borrows disjoint.
@@ -116,9 +119,15 @@ struct PendingControl {
 }
 
 /// Receives rank 0's control header for collective `op` on `t` and checks it against this rank's
-/// own call and the mesh.
+/// own call and the mesh. A header that has already arrived is taken before the shared failure
+/// state is consulted ([`Transport::recv_queued`]): on a promised collective a mismatched rank has
+/// sent data before this check, its peers may already have aborted over that data, and it must still
+/// report its own [`CollectiveError::CollectiveMismatch`] rather than their disconnect.
 fn receive_control<T: Transport>(t: &mut T, timeout: Duration, op: u64, call: &OpCall) -> Result<ControlHeader> {
-    let f = t.recv(0, 0, timeout, op)?;
+    let f = match t.recv_queued(0, 0)? {
+        Some(f) => f,
+        None => t.recv(0, 0, timeout, op)?,
+    };
     let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame { peer: 0, channel: 0, field, expected, got };
     if f.header.kind != FrameKind::Control {
         return Err(mismatch("kind", FrameKind::Control as u64, f.header.kind as u64));
@@ -291,6 +300,17 @@ impl<'a, T: Transport> Exchange<'a, T> {
         let f = self.t.recv(peer, channel, self.cx.timeout, self.cx.op)?;
         let h = &f.header;
         let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame { peer, channel, field, expected, got };
+        // On a promised collective ranks 1..n−1 send before they check their call against rank 0's
+        // header, so a frame shaped for another call (codec from the dtype, element range from the
+        // element count) means that peer called a different collective; it reports
+        // `CollectiveMismatch` itself. Without a promise this cannot happen and stays a protocol error.
+        let shape_mismatch = |field, expected: u64, got: u64| {
+            if self.cx.promised && peer != 0 {
+                CollectiveError::PeerCallMismatch { peer, op: self.cx.op, field, expected, got }
+            } else {
+                mismatch(field, expected, got)
+            }
+        };
         if h.kind != FrameKind::Data {
             return Err(mismatch("kind", FrameKind::Data as u64, h.kind as u64));
         }
@@ -298,13 +318,13 @@ impl<'a, T: Transport> Exchange<'a, T> {
             return Err(mismatch("op", self.cx.op, h.op));
         }
         if h.codec != self.cx.codec_id {
-            return Err(mismatch("codec", u64::from(self.cx.codec_id), u64::from(h.codec)));
+            return Err(shape_mismatch("codec", u64::from(self.cx.codec_id), u64::from(h.codec)));
         }
         if h.elem_offset != sub.start as u64 {
-            return Err(mismatch("elem_offset", sub.start as u64, h.elem_offset));
+            return Err(shape_mismatch("elem_offset", sub.start as u64, h.elem_offset));
         }
         if h.elem_count as usize != sub.len() {
-            return Err(mismatch("elem_count", sub.len() as u64, u64::from(h.elem_count)));
+            return Err(shape_mismatch("elem_count", sub.len() as u64, u64::from(h.elem_count)));
         }
         Ok(f)
     }
@@ -739,6 +759,7 @@ impl<T: Transport> Communicator<T> {
             channels: usize::from(plan.channels),
             error_feedback: plan.compression.error_feedback && op_kind == OpKind::Allreduce,
             timeout: self.timeout,
+            promised,
         };
         if cx.error_feedback && self.residual_reduce.len() != elems {
             self.residual_reduce = vec![0.0; elems];

@@ -42,6 +42,9 @@ pub enum CollectiveError {
     #[error("this rank called a collective with {field} = {local} but rank 0 announced {announced}; every rank must issue the same collectives in the same order")]
     CollectiveMismatch { field: &'static str, local: u64, announced: u64 },
 
+    #[error("rank {peer} sent data for collective {op} with {field} = {got} where this rank's call expects {expected}: rank {peer} started that collective on rank 0's plan promise with a different call and reports the mismatch itself; every rank must issue the same collectives in the same order")]
+    PeerCallMismatch { peer: usize, op: u64, field: &'static str, expected: u64, got: u64 },
+
     #[error("rank 0's control header for collective {op} carries a different plan than the one it promised with the previous collective; every rank must run the same ringside build")]
     PlanPromiseBroken { op: u64 },
 

@@ -185,6 +185,9 @@ impl Transport for MeshTransport {
     fn recv(&mut self, peer: usize, channel: usize, timeout: Duration, op: u64) -> Result<InFrame> {
         each!(self, t => t.recv(peer, channel, timeout, op))
     }
+    fn recv_queued(&mut self, peer: usize, channel: usize) -> Result<Option<InFrame>> {
+        each!(self, t => t.recv_queued(peer, channel))
+    }
     fn bytes_sent(&self) -> u64 {
         each!(self, t => t.bytes_sent())
     }

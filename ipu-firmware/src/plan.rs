@@ -17,9 +17,13 @@
 //!   before the first send cost every collective one latency hop on ranks 1..n−1 (issue 12). Rank 0
 //!   keeps the promise by not activating plans for that collective; a plan it polls from its source
 //!   meanwhile takes effect one collective later than it would have without the promise. A mismatched
-//!   call on a promised collective still fails with `CollectiveMismatch` on the mismatched rank, but its
-//!   first frames may already have reached its peers, which then fail when it aborts (or, if they got
-//!   everything they needed from it first, complete with its contribution).
+//!   call on a promised collective still fails with `CollectiveMismatch` on the mismatched rank (it
+//!   takes a header already queued before it looks at its peers' failures), but its first frames may
+//!   already have reached its peers. A peer that reads a frame shaped for another call (codec, element
+//!   range) fails with [`crate::CollectiveError::PeerCallMismatch`] naming that rank; one that sees an
+//!   abort first fails with `PeerDisconnected`/`PeerClosed`. A mismatch that leaves the frames' shape
+//!   alone (only the training step) can let peers that got everything they needed from the mismatched
+//!   rank first complete with its contribution.
 //! - An invalid plan from a source (zero chunk size, more channels than the mesh has, bad top-k
 //!   ratio) is logged and dropped; the active plan stays in force.
 

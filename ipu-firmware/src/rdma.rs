@@ -762,6 +762,11 @@ impl Transport for RdmaTransport {
         self.conns[idx].inbound.recv_in_order(&self.shared, peer, channel, timeout, op)
     }
 
+    fn recv_queued(&mut self, peer: usize, channel: usize) -> Result<Option<InFrame>> {
+        let idx = self.index(peer, channel)?;
+        self.conns[idx].inbound.try_recv_in_order(&self.shared, peer, channel)
+    }
+
     fn bytes_sent(&self) -> u64 {
         self.bytes_sent
     }

@@ -42,7 +42,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -134,6 +134,15 @@ pub trait Transport: Send {
     }
     /// The next frame from `(peer, channel)`, waiting at most `timeout`. `op` is only used in errors.
     fn recv(&mut self, peer: usize, channel: usize, timeout: Duration, op: u64) -> Result<InFrame>;
+    /// A frame from `(peer, channel)` that has already arrived, without waiting and without first
+    /// consulting the shared failure state as [`Transport::recv`] does: a frame read before a peer
+    /// failed is still a valid frame (the engine uses this for rank 0's control header, so that a
+    /// mismatched call is reported as such even when a peer has already aborted). `None` when nothing
+    /// is queued, or when the transport does not implement it (the default).
+    fn recv_queued(&mut self, peer: usize, channel: usize) -> Result<Option<InFrame>> {
+        let _ = (peer, channel);
+        Ok(None)
+    }
     /// Bytes queued for sending so far (headers included).
     fn bytes_sent(&self) -> u64;
     /// Graceful close.
@@ -280,21 +289,7 @@ impl InboundFrames {
                 return Err(CollectiveError::Timeout { peer, channel, op, waited_ms: timeout.as_millis() as u64 });
             }
             match self.rx.recv_timeout((deadline - now).min(POLL_SLICE)) {
-                Ok(Inbound::Frame(f)) => {
-                    if f.header.seq != self.next_seq {
-                        let e = CollectiveError::UnexpectedFrame {
-                            peer,
-                            channel,
-                            field: "seq",
-                            expected: u64::from(self.next_seq),
-                            got: u64::from(f.header.seq),
-                        };
-                        shared.fail(e.clone());
-                        return Err(e);
-                    }
-                    self.next_seq = self.next_seq.wrapping_add(1);
-                    return Ok(f);
-                }
+                Ok(Inbound::Frame(f)) => return self.in_order(shared, peer, channel, f),
                 Ok(Inbound::Goodbye) => self.peer_said_goodbye = true,
                 Ok(Inbound::Failed(e)) => return Err(e),
                 Err(RecvTimeoutError::Timeout) => {}
@@ -303,6 +298,38 @@ impl InboundFrames {
                 }
             }
         }
+    }
+
+    /// A frame that has already arrived, without waiting and without consulting `shared` first (see
+    /// [`Transport::recv_queued`]): `None` when nothing is queued; the connection's own failure once
+    /// the frames before it have been taken.
+    pub(crate) fn try_recv_in_order(&mut self, shared: &SharedState, peer: usize, channel: usize) -> Result<Option<InFrame>> {
+        loop {
+            match self.rx.try_recv() {
+                Ok(Inbound::Frame(f)) => return self.in_order(shared, peer, channel, f).map(Some),
+                Ok(Inbound::Goodbye) => self.peer_said_goodbye = true,
+                Ok(Inbound::Failed(e)) => return Err(e),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return Ok(None),
+            }
+        }
+    }
+
+    /// Checks `f`'s sequence number. A frame out of sequence fails the whole mesh (see
+    /// [`Self::recv_in_order`]).
+    fn in_order(&mut self, shared: &SharedState, peer: usize, channel: usize, f: InFrame) -> Result<InFrame> {
+        if f.header.seq != self.next_seq {
+            let e = CollectiveError::UnexpectedFrame {
+                peer,
+                channel,
+                field: "seq",
+                expected: u64::from(self.next_seq),
+                got: u64::from(f.header.seq),
+            };
+            shared.fail(e.clone());
+            return Err(e);
+        }
+        self.next_seq = self.next_seq.wrapping_add(1);
+        Ok(f)
     }
 
     /// At close: waits until the peer's goodbye, a failure on this connection, `deadline`, or
@@ -770,6 +797,11 @@ impl Transport for TcpTransport {
     fn recv(&mut self, peer: usize, channel: usize, timeout: Duration, op: u64) -> Result<InFrame> {
         let shared = self.shared.clone();
         self.conn(peer, channel)?.inbound.recv_in_order(&shared, peer, channel, timeout, op)
+    }
+
+    fn recv_queued(&mut self, peer: usize, channel: usize) -> Result<Option<InFrame>> {
+        let shared = self.shared.clone();
+        self.conn(peer, channel)?.inbound.try_recv_in_order(&shared, peer, channel)
     }
 
     fn bytes_sent(&self) -> u64 {

@@ -3,7 +3,7 @@
 
 use ipu_firmware::job::{loopback_listeners, run_ranks_in_process};
 use ipu_firmware::wire::{FrameError, FrameHeader, FrameKind, Hello, HEADER_LEN};
-use ipu_firmware::{segment, CollectiveError, Communicator, CommunicatorConfig, Plan, TcpOptions, TcpTransport};
+use ipu_firmware::{segment, Algorithm, CollectiveError, Communicator, CommunicatorConfig, Plan, TcpOptions, TcpTransport};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -135,6 +135,57 @@ fn disagreement_on_a_promised_collective_is_reported() {
             );
         }
         assert!(waited < Duration::from_secs(2), "rank {rank} took {waited:?}");
+    }
+}
+
+/// The element-count version of `disagreeing_collectives_are_reported_not_run` on a promised
+/// collective: the ranks agree on the first allreduce, then rank 2 calls the second (which ranks 1
+/// and 2 start on rank 0's promise, sending before they have rank 0's header) with 10 elements
+/// instead of 11. Its frames are shaped for 10 elements and have already left when it checks the
+/// header. Pinned, on ring and tree:
+/// - rank 2 reports `CollectiveMismatch` (element count, 10 against 11), even when a peer has
+///   already aborted over its frames: the header it checks was queued before the peer's abort
+///   ([`ipu_firmware::Transport::recv_queued`]);
+/// - a peer that reads one of rank 2's frames reports `PeerCallMismatch` naming rank 2 (not an
+///   `UnexpectedFrame`, which would read like a protocol bug);
+/// - a peer that sees an abort first (rank 2's, or the first peer's) reports `PeerDisconnected`
+///   (or `PeerClosed`) and nothing more specific: which peer gets which is a race.
+///
+/// No rank completes: every rank needs a frame from rank 2 or from a rank that gave up.
+#[test]
+fn element_count_disagreement_on_a_promised_collective() {
+    let timeout = Duration::from_secs(5);
+    for algorithm in [Algorithm::Ring, Algorithm::Tree] {
+        let res = run_ranks_in_process(3, TcpOptions { channels: 1, timeout }, move |rank, t| {
+            let initial_plan = Plan { algorithm, ..Plan::default() };
+            let mut c = Communicator::new(t, CommunicatorConfig { initial_plan, timeout })?;
+            let mut b = vec![1.0f32; 11];
+            assert!(!c.allreduce_f32(&mut b)?.on_promise);
+            let mut b = vec![1.0f32; if rank == 2 { 10 } else { 11 }];
+            let start = Instant::now();
+            let e = c.allreduce_f32(&mut b).expect_err("no rank can complete the mismatched allreduce");
+            Ok((e, start.elapsed()))
+        });
+        for (rank, r) in res.into_iter().enumerate() {
+            let (e, waited) = r.unwrap();
+            if rank == 2 {
+                assert!(
+                    matches!(e, CollectiveError::CollectiveMismatch { field: "element count", local: 10, announced: 11 }),
+                    "{algorithm:?} rank 2: {e}"
+                );
+            } else {
+                assert!(
+                    matches!(
+                        e,
+                        CollectiveError::PeerCallMismatch { peer: 2, op: 1, field: "elem_count", .. }
+                            | CollectiveError::PeerDisconnected { .. }
+                            | CollectiveError::PeerClosed { .. }
+                    ),
+                    "{algorithm:?} rank {rank}: {e}"
+                );
+            }
+            assert!(waited < Duration::from_secs(2), "{algorithm:?} rank {rank} took {waited:?}: {e}");
+        }
     }
 }
 
