@@ -138,7 +138,8 @@ pub trait Transport: Send {
     /// consulting the shared failure state as [`Transport::recv`] does: a frame read before a peer
     /// failed is still a valid frame (the engine uses this for rank 0's control header, so that a
     /// mismatched call is reported as such even when a peer has already aborted). `None` when nothing
-    /// is queued, or when the transport does not implement it (the default).
+    /// is queued, or when the transport does not implement it (the default); the connection's own
+    /// failure once the frames queued before it have been taken.
     fn recv_queued(&mut self, peer: usize, channel: usize) -> Result<Option<InFrame>> {
         let _ = (peer, channel);
         Ok(None)

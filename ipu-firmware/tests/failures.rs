@@ -3,7 +3,9 @@
 
 use ipu_firmware::job::{loopback_listeners, run_ranks_in_process};
 use ipu_firmware::wire::{FrameError, FrameHeader, FrameKind, Hello, HEADER_LEN};
-use ipu_firmware::{segment, Algorithm, CollectiveError, Communicator, CommunicatorConfig, Plan, TcpOptions, TcpTransport};
+use ipu_firmware::{
+    segment, Algorithm, CollectiveError, Communicator, CommunicatorConfig, Plan, TcpOptions, TcpTransport, Transport,
+};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -186,6 +188,37 @@ fn element_count_disagreement_on_a_promised_collective() {
             }
             assert!(waited < Duration::from_secs(2), "{algorithm:?} rank {rank} took {waited:?}: {e}");
         }
+    }
+}
+
+/// What lets the mismatched rank above report its own mismatch after a peer's abort: a frame that
+/// arrived before the peer failed is still handed out by `recv_queued`, while `recv` reports the
+/// failure first (and leaves the frame queued); after the frame, `recv_queued` reports the failure.
+#[test]
+fn a_frame_queued_before_a_peer_aborted_is_still_received() {
+    let timeout = Duration::from_secs(5);
+    let res = run_ranks_in_process(2, TcpOptions { channels: 1, timeout }, move |rank, mut t| {
+        if rank == 0 {
+            let mut frame = t.frame_buffer(8);
+            frame.extend_from_slice(&[7u8; 8]);
+            t.send(1, 0, FrameHeader::new(FrameKind::Control), frame)?;
+            std::thread::sleep(Duration::from_millis(100));
+            t.abort();
+            return Ok(());
+        }
+        // Long enough for rank 1's reader to see the abort after the frame.
+        std::thread::sleep(Duration::from_millis(600));
+        let e = t.recv(0, 0, Duration::from_millis(100), 0).expect_err("the abort is reported first");
+        assert!(matches!(e, CollectiveError::PeerDisconnected { peer: 0, channel: 0 }), "{e}");
+        let f = t.recv_queued(0, 0)?.expect("the frame read before the abort");
+        assert_eq!((f.header.kind, f.payload()), (FrameKind::Control, &[7u8; 8][..]));
+        // Then the failure that ended the stream.
+        let e = t.recv_queued(0, 0).expect_err("the abort after the frame");
+        assert!(matches!(e, CollectiveError::PeerDisconnected { peer: 0, channel: 0 }), "{e}");
+        Ok(())
+    });
+    for (rank, r) in res.into_iter().enumerate() {
+        r.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
     }
 }
 
