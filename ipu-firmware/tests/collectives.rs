@@ -421,7 +421,7 @@ fn later_collectives_start_on_rank_0s_promise_until_a_plan_is_due() {
     for (j, &(step, k, plan, _, _)) in per_rank[0].iter().enumerate() {
         assert_eq!(plan, if step < 2 { base } else { later }, "step {step} op {k}");
         // The first collective has no previous header; step 2's first one is where `later` is due.
-        let promised = !(step == 0 && k == 0) && !(step == 2 && k == 0);
+        let promised = k != 0 || !matches!(step, 0 | 2);
         for (r, ops) in per_rank.iter().enumerate() {
             assert_eq!(ops[j].2, plan, "rank {r} step {step} op {k}: plan");
             assert_eq!(ops[j].3, promised && r != 0, "rank {r} step {step} op {k}: started on the promise");
