@@ -34,17 +34,17 @@ mod parse;
 use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering};
 
 use aya_ebpf::{
-    bindings::{__sk_buff, BPF_NOEXIST, TC_ACT_PIPE},
+    bindings::{__sk_buff, BPF_F_MMAPABLE, TC_ACT_PIPE},
     helpers::bpf_ktime_get_ns,
     macros::{classifier, map},
-    maps::{lpm_trie::Key, Array, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
+    maps::{lpm_trie::Key, Array, LpmTrie, PerCpuArray, RingBuf},
     programs::TcContext,
 };
 use aya_log_ebpf::debug;
 use dataplane_common::{
-    config_flags, direction, event_kind, flow_kind, stats, track, wire, BurstState, Config, Event,
-    FlowKey, FlowStats, PrefixKey, PrefixValue, DEBUG_LOG_PER_SEC, DEFAULT_BURST_GAP_NS,
-    EVENTS_RING_BYTES, MAX_FLOWS, MAX_PORT_RANGES, MAX_PREFIXES,
+    config_flags, direction, event_kind, flow_hash, flow_kind, slot_state, stats, track, wire, BurstState,
+    Config, Event, FlowKey, FlowSlot, FlowStats, PrefixKey, PrefixValue, DEBUG_LOG_PER_SEC,
+    DEFAULT_BURST_GAP_NS, EVENTS_RING_BYTES, FLOW_PROBES, MAX_FLOWS, MAX_PORT_RANGES, MAX_PREFIXES,
 };
 
 use crate::parse::{Bth, Packet, Skip, TcpInfo};
@@ -54,8 +54,13 @@ use crate::parse::{Bth, Packet, Skip, TcpInfo};
 /// CPUs is one burst) and the retransmission / duplicate-ACK / PSN tracking (a retransmission is
 /// seen whichever CPU handled the original) must be; the counters then ride in the same entry
 /// with atomic adds instead of costing a second lookup in a per-CPU map. See "Races on FLOWS".
+///
+/// An open-addressing hash table in a `BPF_F_MMAPABLE` array (see `FlowSlot`, `slot_state`):
+/// the verifier inlines array lookups (kernel/bpf/arraymap.c, array_map_gen_lookup), so a probe
+/// costs a few instructions instead of a helper call and a hash-bucket walk, and the agent reads
+/// the table in place through mmap. Eviction of idle flows is the agent's job.
 #[map(name = "FLOWS")]
-static FLOWS: LruHashMap<FlowKey, FlowStats> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
+static FLOWS: Array<FlowSlot> = Array::with_max_entries(MAX_FLOWS, BPF_F_MMAPABLE);
 
 /// The agent's match configuration (one entry).
 #[map(name = "CONFIG")]
@@ -124,6 +129,7 @@ fn try_flowmon(ctx: &TcContext) -> Result<(), ()> {
         Err(Skip::Unsupported) => stats::UNSUPPORTED,
         Err(Skip::Unreadable) => stats::UNREADABLE,
         Err(Skip::MapFull) => stats::MAP_FULL,
+        Err(Skip::Contended) => stats::CONTENDED,
         Err(Skip::NotMatched) => return Err(()),
     };
     count(index, 1);
@@ -296,13 +302,7 @@ fn set_interface(ctx: &TcContext, key: &mut FlowKey) {
 /// and ends the burst when the idle gap has elapsed.
 #[inline(always)]
 fn update_flow(key: &FlowKey, pkt: &Packet, now: u64, cfg: &Config) -> Result<&'static mut FlowStats, Skip> {
-    let stats = match FLOWS.get_ptr_mut(key) {
-        Some(s) => s,
-        None => new_flow(key, now, cfg.flags).ok_or(Skip::MapFull)?,
-    };
-    // SAFETY: a map value pointer stays valid for the rest of this program run (RCU); the fields
-    // are shared with other CPUs and written as described in "Races on FLOWS".
-    let s = unsafe { &mut *stats };
+    let s = find_or_claim(key, now, cfg)?;
     let last = load(&s.last_seen_ns);
     let since = now.wrapping_sub(last) as i64;
     let gap = if cfg.burst_gap_ns == 0 { DEFAULT_BURST_GAP_NS } else { cfg.burst_gap_ns };
@@ -321,6 +321,108 @@ fn update_flow(key: &FlowKey, pkt: &Packet, now: u64, cfg: &Config) -> Result<&'
         atomic_add(&mut s.ce_marks, 1);
     }
     Ok(s)
+}
+
+/// The flow's slot in `FLOWS`: its home slot `flow_hash & mask` or one of the next
+/// `FLOW_PROBES - 1`. A slot holds the flow when its state is `LIVE` with the key's fingerprint
+/// and the keys are equal; an `EMPTY` slot ends the search (the flow would have been put there or
+/// earlier); a `TOMBSTONE` does not (a flow further along may have probed over it while it was
+/// live). Not found: the first `EMPTY` or `TOMBSTONE` seen is claimed (`claim`).
+#[inline(always)]
+fn find_or_claim(key: &FlowKey, now: u64, cfg: &Config) -> Result<&'static mut FlowStats, Skip> {
+    let h = flow_hash(key, cfg.hash_seed);
+    let mask = if cfg.flow_slot_mask == 0 { MAX_FLOWS - 1 } else { cfg.flow_slot_mask };
+    let live = slot_state::with_fp(slot_state::LIVE, h);
+    let claiming = slot_state::with_fp(slot_state::CLAIMING, h);
+    let mut free: Option<*mut FlowSlot> = None;
+    for i in 0..FLOW_PROBES {
+        let idx = (h as u32).wrapping_add(i) & mask;
+        // None only when the mask exceeds the array (a config written for another capacity).
+        let Some(slot) = FLOWS.get_ptr_mut(idx) else { break };
+        // SAFETY: a map value pointer stays valid for the rest of this program run; the array is
+        // never freed while the program holds it.
+        let st = load(unsafe { &(*slot).state });
+        if st == live {
+            if same_key(unsafe { &(*slot).key }, key) {
+                return Ok(unsafe { &mut (*slot).stats });
+            }
+        } else if st == slot_state::EMPTY {
+            if free.is_none() {
+                free = Some(slot);
+            }
+            break;
+        } else if st == slot_state::TOMBSTONE {
+            if free.is_none() {
+                free = Some(slot);
+            }
+        } else if st == claiming {
+            // Probably this flow, being created by another CPU right now (or another flow with
+            // the same fingerprint): do not wait, do not create it twice.
+            return Err(Skip::Contended);
+        }
+    }
+    match free {
+        Some(slot) => {
+            let s = claim(slot, key, now, h, cfg.flags);
+            if s.is_null() {
+                Err(Skip::Contended)
+            } else {
+                // SAFETY: `claim` returned the stats of the slot it made live (valid, see above).
+                Ok(unsafe { &mut *s })
+            }
+        }
+        None => Err(Skip::MapFull),
+    }
+}
+
+/// Key equality as eleven 32-bit compares folded into one test (no early exit: fewer branches
+/// for the verifier and the CPU, and the keys of a fingerprint match are nearly always equal).
+#[inline(always)]
+fn same_key(a: &FlowKey, b: &FlowKey) -> bool {
+    // SAFETY: FlowKey is 44 bytes, 4-aligned, no padding: eleven u32 words.
+    let (a, b) = unsafe { (&*(a as *const FlowKey).cast::<[u32; 11]>(), &*(b as *const FlowKey).cast::<[u32; 11]>()) };
+    let mut diff = 0u32;
+    for i in 0..11 {
+        diff |= a[i] ^ b[i];
+    }
+    diff == 0
+}
+
+/// First packet of a flow: takes `slot` (`EMPTY` or `TOMBSTONE` when it was read) with a
+/// compare-and-exchange to `CLAIMING|fp`, writes the key and zeroed counters, then publishes it as
+/// `LIVE|fp`. Out of line: it is rare. If another CPU changed the slot first: when it is now this
+/// flow (`CLAIMING`/`LIVE` with our fingerprint) the packet is `Contended` (counting it into a
+/// slot whose key may not be written yet could attribute it wrongly), otherwise the table moved
+/// under us and the packet is `Contended` too: both are rare and counted. Returns null then.
+/// (Five arguments and a plain pointer result: BPF calls pass at most five registers, no stack.)
+#[inline(never)]
+fn claim(slot: *mut FlowSlot, key: &FlowKey, now: u64, h: u64, flags: u32) -> *mut FlowStats {
+    // SAFETY: as in `find_or_claim`.
+    let slot = unsafe { &mut *slot };
+    let st = load(&slot.state);
+    if (st != slot_state::EMPTY && st != slot_state::TOMBSTONE)
+        || !cas(&mut slot.state, st, slot_state::with_fp(slot_state::CLAIMING, h))
+    {
+        return core::ptr::null_mut();
+    }
+    // Volatile, like the state store below, so the compiler keeps them before it.
+    // SAFETY: plain stores into the slot this CPU just claimed; FlowStats is FromBytes (all-zero
+    // is a valid value).
+    unsafe {
+        core::ptr::write_volatile(&mut slot.key, *key);
+        core::intrinsics::volatile_set_memory(&mut slot.stats as *mut FlowStats, 0, 1);
+    }
+    // Publish: a reader that sees LIVE also sees the key and the zeroed counters (the x86 JIT
+    // emits plain stores and x86 keeps stores in order; a weakly ordered architecture would need
+    // a release store, which BPF has only as BPF_STORE_REL since 6.15).
+    store(&mut slot.state, slot_state::with_fp(slot_state::LIVE, h));
+    if flags & config_flags::FLOW_START_EVENTS != 0 {
+        emit(event_kind::FLOW_START, key, now, None);
+    }
+    if flags & config_flags::DEBUG_LOG != 0 {
+        log_new_flow(key);
+    }
+    &mut slot.stats
 }
 
 /// Ends the open burst (if any) and starts the next one with this packet. Out of line: once per
@@ -350,37 +452,6 @@ fn new_burst(s: &mut FlowStats, key: &FlowKey, last: u64, now: u64, flags: u32) 
     store(&mut s.burst_start_ns, now);
     store(&mut s.burst_start_packets, packets);
     store(&mut s.burst_start_bytes, bytes);
-}
-
-/// The initial value of a flow, in .rodata: a map value may be read from global data, which keeps
-/// 200 bytes off the 512-byte stack and saves zeroing them on every new flow. `last_seen_ns` 0
-/// makes the first packet start the first burst (`new_burst`), which sets `first_seen_ns`.
-// SAFETY: FlowStats derives zerocopy's FromBytes, which proves every bit pattern (all-zero
-// included) is a valid value; all-zero is also its Default.
-static ZERO_FLOW: FlowStats = unsafe { core::mem::zeroed() };
-
-/// First packet of a flow (on any CPU of this program instance). Out of line: it is rare.
-#[inline(never)]
-fn new_flow(key: &FlowKey, now: u64, flags: u32) -> Option<*mut FlowStats> {
-    let fresh = &ZERO_FLOW;
-    // BPF_NOEXIST: another CPU may have created the entry since our lookup; then our insert fails
-    // with EEXIST and the lookup below finds the entry it made.
-    let inserted = FLOWS.insert(key, fresh, BPF_NOEXIST as u64).is_ok();
-    match FLOWS.get_ptr_mut(key) {
-        Some(s) => {
-            if inserted && flags & config_flags::FLOW_START_EVENTS != 0 {
-                emit(event_kind::FLOW_START, key, now, None);
-            }
-            if inserted && flags & config_flags::DEBUG_LOG != 0 {
-                log_new_flow(key);
-            }
-            Some(s)
-        }
-        None => {
-            emit(event_kind::MAP_FULL, key, now, None);
-            None
-        }
-    }
 }
 
 // Races on FLOWS. Several CPUs may handle packets of one flow at the same time and update its

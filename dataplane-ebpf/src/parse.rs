@@ -24,6 +24,8 @@ pub enum Skip {
     NotMatched,
     /// Matched but the flow could not be inserted: `STATS[MAP_FULL]`.
     MapFull,
+    /// Matched, but another CPU was creating the flow's slot: `STATS[CONTENDED]`.
+    Contended,
 }
 
 /// The longest header chain the monitor reads: Ethernet + two VLAN tags + IPv4 with options +
