@@ -235,6 +235,7 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
         attachment.take_map(maps::FLOWS)?,
         attachment.take_map(maps::STATS)?,
         attachment.take_map(maps::EVENTS)?,
+        attachment.hash_seed(),
     )?;
 
     let stop = Arc::new(AtomicBool::new(false));

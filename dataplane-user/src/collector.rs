@@ -23,13 +23,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf};
-use dataplane_common::{maps, Event, FlowKey, FlowStats, KERNEL_MAX_FLOWS_LIMIT as MAX_FLOWS};
+use aya::maps::{Map, MapData, MapError, PerCpuArray, RingBuf};
+use dataplane_common::{maps, Event, FlowKey};
 use tokio::sync::watch;
 use zerocopy::FromBytes as _;
 
+use crate::flow_slots::{SlotDiff, SlotTable};
 use crate::flow_table::{
-    BurstAggregate, Counters, EventCounts, Evictions, FlowEntry, FlowTable, InterfaceKey, PeerKey, PollSnapshot, TableSettings,
+    BurstAggregate, Counters, EventCounts, Evictions, FlowEntry, FlowTable, InterfaceKey, PeerKey, PollSnapshot, SlotCounts, TableSettings,
     WindowAccumulator, STATS_COUNT,
 };
 
@@ -98,6 +99,8 @@ impl PollRecord {
 pub struct CollectorSnapshot {
     /// The latest `STATS` values (summed over CPUs).
     pub dataplane: [u64; STATS_COUNT],
+    /// `FLOWS`' occupancy at the last poll.
+    pub slots: Option<SlotCounts>,
     pub flows_tracked: usize,
     pub flows_per_interface: HashMap<u32, u64>,
     /// Sorted by key.
@@ -126,6 +129,7 @@ impl CollectorSnapshot {
         }
         CollectorSnapshot {
             dataplane: *table.dataplane_stats(),
+            slots: table.slots(),
             flows_tracked: table.len(),
             flows_per_interface: table.flows_per_interface(),
             peers: sorted(table.peers()),
@@ -235,65 +239,46 @@ pub enum CollectError {
     MapType { name: &'static str, source: MapError },
     #[error("reading map `{name}` failed: {source}")]
     Read { name: &'static str, source: MapError },
+    #[error("mapping `{name}` into memory failed: {source}; the kernel must be 5.5 or newer (BPF_F_MMAPABLE arrays) and the agent needs CAP_BPF")]
+    Mmap { name: &'static str, source: std::io::Error },
 }
 
 /// The maps the collector reads, taken out of the loaded object.
 pub struct KernelMaps {
-    flows: BpfHashMap<MapData, FlowKey, FlowStats>,
-    /// A duplicate of `FLOWS`' fd for `BPF_MAP_LOOKUP_BATCH`; `None` after batch lookup failed
-    /// once (then the map is walked).
-    batch: Option<std::os::fd::OwnedFd>,
+    /// `FLOWS`, mapped into this process (see [`crate::flow_slots`]): a poll reads it in place.
+    flows: SlotTable,
+    /// The previous poll's view of `FLOWS`: polls report only what changed.
+    diff: SlotDiff,
+    /// Keeps the map (and so the mapping's object) open as long as the mapping is used.
+    _flows_map: MapData,
     stats: PerCpuArray<MapData, u64>,
     events: RingBuf<MapData>,
 }
 
 impl KernelMaps {
-    pub fn new(flows: Map, stats: Map, events: Map) -> Result<Self, CollectError> {
+    /// `hash_seed`: `Config::hash_seed` of these maps (`Attachment::hash_seed`).
+    pub fn new(flows: Map, stats: Map, events: Map, hash_seed: u32) -> Result<Self, CollectError> {
         use std::os::fd::AsFd as _;
-        let batch = match &flows {
-            Map::LruHashMap(m) | Map::HashMap(m) => m.fd().as_fd().try_clone_to_owned().ok(),
-            _ => None,
+        let Map::Array(data) = flows else {
+            return Err(CollectError::MapType { name: maps::FLOWS, source: MapError::InvalidMapType { map_type: 0 } });
         };
+        let slots = data.info().map_err(|source| CollectError::Read { name: maps::FLOWS, source })?.max_entries();
+        let table = SlotTable::map(data.fd().as_fd(), slots, hash_seed).map_err(|source| CollectError::Mmap { name: maps::FLOWS, source })?;
         Ok(KernelMaps {
-            batch,
-            flows: BpfHashMap::try_from(flows).map_err(|source| CollectError::MapType { name: maps::FLOWS, source })?,
+            flows: table,
+            diff: SlotDiff::default(),
+            _flows_map: data,
             stats: PerCpuArray::try_from(stats).map_err(|source| CollectError::MapType { name: maps::STATS, source })?,
             events: RingBuf::try_from(events).map_err(|source| CollectError::MapType { name: maps::EVENTS, source })?,
         })
     }
 
-    /// Reads everything into a snapshot.
-    ///
-    /// `FLOWS` is walked key by key (aya 0.14 has no `BPF_MAP_LOOKUP_BATCH` wrapper): one
-    /// get-next-key and one lookup per flow. The walk is bounded to twice the map's capacity
-    /// because a key deleted mid-walk makes the kernel restart from the first key.
+    /// Reads everything into a snapshot: `FLOWS` by walking the mapped slots (no syscall; only
+    /// new, moved and vanished flows are reported, see `PollSnapshot::partial`),
+    /// `STATS` with one lookup per index, `EVENTS` drained.
     pub fn snapshot(&mut self) -> Result<PollSnapshot, CollectError> {
         let mono_ns = crate::clock::monotonic_ns();
-        let batched = match &self.batch {
-            Some(fd) => match lookup_batch(std::os::fd::AsRawFd::as_raw_fd(fd)) {
-                Ok(v) => Some(v),
-                Err(e) => {
-                    tracing::info!("BPF_MAP_LOOKUP_BATCH on FLOWS failed ({e}); walking the map key by key instead");
-                    None
-                }
-            },
-            None => None,
-        };
-        // A batch walk returns each key once (a key's bucket is fixed and read under its lock), so
-        // its list is used as is; the key-by-key walk can restart and repeat keys, so it is
-        // deduplicated.
-        let flows: Vec<(FlowKey, FlowStats)> = match batched {
-            Some(v) => v,
-            None => {
-                self.batch = None;
-                let mut walked: HashMap<FlowKey, FlowStats> = HashMap::new();
-                for item in self.flows.iter().take(2 * MAX_FLOWS as usize) {
-                    let (k, v) = item.map_err(|source| CollectError::Read { name: maps::FLOWS, source })?;
-                    walked.insert(k, v);
-                }
-                walked.into_iter().collect()
-            }
-        };
+        let changes = self.flows.changes(&mut self.diff);
         let mut stats = [0u64; STATS_COUNT];
         for (i, slot) in stats.iter_mut().enumerate() {
             let per_cpu = self.stats.get(&(i as u32), 0).map_err(|source| CollectError::Read { name: maps::STATS, source })?;
@@ -305,73 +290,22 @@ impl KernelMaps {
                 events.push(ev);
             }
         }
-        Ok(PollSnapshot { mono_ns, flows, stats, events })
+        Ok(PollSnapshot {
+            mono_ns,
+            flows: changes.changed,
+            stats,
+            events,
+            slots: Some(changes.counts),
+            partial: true,
+            vanished: changes.vanished,
+        })
     }
 
-    /// Deletes forgotten flows from `FLOWS` (a flow already gone is fine).
+    /// Evicts forgotten flows from `FLOWS` (their slots become tombstones the program reuses; a
+    /// flow already gone is fine).
     pub fn forget(&mut self, keys: &[FlowKey]) -> usize {
-        keys.iter().filter(|k| self.flows.remove(k).is_ok()).count()
+        keys.iter().filter(|k| self.flows.evict(k)).count()
     }
-}
-
-/// Reads the hash of `FlowKey → FlowStats` with `BPF_MAP_LOOKUP_BATCH` (kernel ≥ 5.6): about one
-/// syscall per 1024 flows instead of two per flow. The kernel writes `count` keys and `count`
-/// values (`value_size` each: FlowStats is 200 bytes) back to back.
-fn lookup_batch(map_fd: i32) -> std::io::Result<Vec<(FlowKey, FlowStats)>> {
-    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-    const CHUNK: usize = 1024;
-    #[repr(C)]
-    #[derive(Default)]
-    struct BatchAttr {
-        in_batch: u64,
-        out_batch: u64,
-        keys: u64,
-        values: u64,
-        count: u32,
-        map_fd: u32,
-        elem_flags: u64,
-        flags: u64,
-    }
-    const _: () = assert!(std::mem::size_of::<FlowStats>().is_multiple_of(8));
-    let mut out = Vec::new();
-    let mut keys = vec![FlowKey::default(); CHUNK];
-    let mut values = vec![FlowStats::default(); CHUNK];
-    // The hash-map batch token is a u32 bucket index; 8 bytes leave room for any key type.
-    let mut token_in = [0u64; 1];
-    let mut token_out = [0u64; 1];
-    let mut first = true;
-    // Bounded: the map holds at most MAX_FLOWS entries, so this many chunks always suffice.
-    for _ in 0..(2 * MAX_FLOWS as usize / CHUNK + 2) {
-        let mut attr = BatchAttr {
-            in_batch: if first { 0 } else { token_in.as_ptr() as u64 },
-            out_batch: token_out.as_mut_ptr() as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: CHUNK as u32,
-            map_fd: map_fd as u32,
-            ..Default::default()
-        };
-        // SAFETY: attr points at buffers sized for `count` keys and `count` values, which
-        // live until the call returns; the kernel writes at most that much. Whatever bytes it
-        // writes are valid keys and values: FlowKey and FlowStats are `FromBytes` (derived).
-        let rc = unsafe {
-            libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, &mut attr as *mut BatchAttr, std::mem::size_of::<BatchAttr>() as u32)
-        };
-        let err = (rc < 0).then(std::io::Error::last_os_error);
-        let n = attr.count as usize;
-        for i in 0..n.min(CHUNK) {
-            out.push((keys[i], values[i]));
-        }
-        match err {
-            None => {}
-            // ENOENT: no more entries (the last chunk may still carry some).
-            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
-            Some(e) => return Err(e),
-        }
-        token_in = token_out;
-        first = false;
-    }
-    Err(std::io::Error::other("FLOWS batch walk did not end"))
 }
 
 /// Decodes one ring-buffer record; records shorter than an `Event` are ignored. A copy, so any

@@ -465,6 +465,10 @@ impl ConfigFile {
             if !(lo..=hi).contains(&n) {
                 return Err(BadValue::at(&[Seg::Key("kernel_max_flows")], format!("{n} is out of range: give {lo} to {hi} entries (default {DEFAULT_MAX_FLOWS})")));
             }
+            if !n.is_power_of_two() {
+                // FLOWS is an open-addressing table indexed by hash & (n - 1).
+                return Err(BadValue::at(&[Seg::Key("kernel_max_flows")], format!("{n} is not a power of two: give {}", n.next_power_of_two())));
+            }
         }
         nonzero(self.max_peers.map(|v| v as u64)).map_err(top("max_peers"))?;
         nonzero(self.burst_history.map(|v| v as u64)).map_err(top("burst_history"))?;
@@ -797,6 +801,8 @@ mod tests {
         assert_eq!(parse("kernel_max_flows = 256\n").unwrap().kernel_max_flows, Some(256));
         let e = parse("listen = \"127.0.0.1:1\"\nkernel_max_flows = 100\n").unwrap_err().to_string();
         assert!(e.contains("line 2") && e.contains("kernel_max_flows") && e.contains("256 to 1048576"), "{e}");
+        let e = parse("kernel_max_flows = 100000\n").unwrap_err().to_string();
+        assert!(e.contains("not a power of two: give 131072"), "{e}");
     }
 
     #[test]

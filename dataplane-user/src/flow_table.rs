@@ -37,6 +37,25 @@ pub struct PollSnapshot {
     pub stats: [u64; STATS_COUNT],
     /// Records drained from `EVENTS` since the previous poll.
     pub events: Vec<Event>,
+    /// How full the kernel's flow table is (`None` for sources without one).
+    pub slots: Option<SlotCounts>,
+    /// `false` (the default): `flows` is every flow in the kernel, and a flow of the table missing
+    /// from it has left the kernel. `true`: `flows` holds only the flows that are new or whose
+    /// counters moved since the previous poll, `vanished` the flows that left the kernel since
+    /// then, and every other flow of the table is unchanged and still there. The collector reads
+    /// `FLOWS` this way so that an idle flow costs no hash lookup per poll.
+    pub partial: bool,
+    /// With `partial`: flows gone from the kernel since the previous poll.
+    pub vanished: Vec<FlowKey>,
+}
+
+/// `FLOWS`' slots by state (see `dataplane_common::slot_state`); the rest are empty.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotCounts {
+    pub capacity: u64,
+    pub live: u64,
+    pub claiming: u64,
+    pub tombstones: u64,
 }
 
 macro_rules! counters {
@@ -162,8 +181,10 @@ pub struct FlowEntry {
     pub totals: FlowTotals,
     pub rates: Rates,
     pub bursts: BurstHistory,
-    /// Whether the last snapshot contained this flow.
+    /// Whether the flow is in the kernel's map as of the last snapshot.
     pub in_kernel: bool,
+    /// The poll (`FlowTable`'s count) that last folded this flow's counters in.
+    pub(crate) updated_poll: u64,
 }
 
 impl FlowEntry {
@@ -305,9 +326,12 @@ pub struct FlowTable {
     interfaces: HashMap<InterfaceKey, Counters>,
     bursts: HashMap<InterfaceKey, BurstAggregate>,
     dataplane: [u64; STATS_COUNT],
+    slots: Option<SlotCounts>,
     events: EventCounts,
     evictions: Evictions,
     last_mono_ns: Option<u64>,
+    /// Snapshots applied.
+    polls: u64,
     /// Per-flow deltas and ended bursts since the last [`FlowTable::take_window`]; `None` until
     /// [`FlowTable::enable_windows`] (nothing drains them otherwise).
     window: Option<WindowAccumulator>,
@@ -353,15 +377,27 @@ impl FlowTable {
         let dt_ns = self.last_mono_ns.map(|t| snap.mono_ns.saturating_sub(t));
         self.last_mono_ns = Some(snap.mono_ns);
         self.dataplane = snap.stats;
+        if snap.slots.is_some() {
+            self.slots = snap.slots;
+        }
         let adopting = std::mem::take(&mut self.adopting);
         // Every flow's EWMA decays by the same weight this poll: one exp() per poll, not per flow.
         let alpha = ewma_alpha(dt_ns.unwrap_or(0), self.settings.ewma_tau);
 
-        // This runs every poll over every flow (10 × 100k flow visits a second at the top of the
-        // range), so each flow costs one hash lookup here: `in_kernel` is cleared in a plain pass
-        // and set again by the lookup, instead of collecting a set of the keys seen.
-        for e in self.flows.values_mut() {
-            e.in_kernel = false;
+        self.polls += 1;
+        let poll = self.polls;
+        if snap.partial {
+            for k in &snap.vanished {
+                if let Some(e) = self.flows.get_mut(k) {
+                    e.in_kernel = false;
+                }
+            }
+        } else {
+            // Every flow is in the snapshot: `in_kernel` is cleared in a plain pass and set again
+            // by each flow's lookup, instead of collecting a set of the keys seen.
+            for e in self.flows.values_mut() {
+                e.in_kernel = false;
+            }
         }
         for (key, value) in &snap.flows {
             let totals = FlowTotals::from_value(value);
@@ -376,12 +412,20 @@ impl FlowTable {
                     };
                     e.totals = totals;
                     e.in_kernel = true;
+                    e.updated_poll = poll;
                     // A new flow's first delta spans at most one interval: a lower bound of its rate.
                     e.rates.update(&delta, dt_ns.unwrap_or(0), alpha);
                     (delta, false)
                 }
                 Entry::Vacant(v) => {
-                    let e = v.insert(FlowEntry { key: *key, totals, rates: Rates::default(), bursts: BurstHistory::default(), in_kernel: true });
+                    let e = v.insert(FlowEntry {
+                        key: *key,
+                        totals,
+                        rates: Rates::default(),
+                        bursts: BurstHistory::default(),
+                        in_kernel: true,
+                        updated_poll: poll,
+                    });
                     e.rates.update(&totals.counters, dt_ns.unwrap_or(0), alpha);
                     (totals.counters, true)
                 }
@@ -397,8 +441,10 @@ impl FlowTable {
                 }
             }
         }
+        // Flows this poll did not touch (gone, or unchanged in a partial snapshot): rate 0, EWMA
+        // decays. A plain pass over the values, no hashing.
         if let Some(dt) = dt_ns {
-            for e in self.flows.values_mut().filter(|e| !e.in_kernel) {
+            for e in self.flows.values_mut().filter(|e| e.updated_poll != poll) {
                 e.rates.update(&Counters::default(), dt, alpha);
             }
         }
@@ -566,6 +612,10 @@ impl FlowTable {
     pub fn events(&self) -> EventCounts {
         self.events
     }
+    /// `FLOWS`' occupancy at the last poll that read it.
+    pub fn slots(&self) -> Option<SlotCounts> {
+        self.slots
+    }
     pub fn evictions(&self) -> Evictions {
         self.evictions
     }
@@ -715,6 +765,38 @@ pub(crate) mod tests {
         assert_eq!(t.flows_per_interface(), HashMap::from([(2, 2), (7, 1)]));
         t.apply(&snap(4 * MS, vec![(busy, stats(3, 300, 1, 3 * MS))]));
         assert!(t.get(&busy).unwrap().in_kernel && !t.get(&idle).unwrap().in_kernel && !t.get(&empty).unwrap().in_kernel);
+    }
+
+    #[test]
+    fn partial_snapshots_fold_like_complete_ones() {
+        let a = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        let b = key(1, 3, 29500, direction::EGRESS, flow_kind::TCP);
+        let c = key(2, 1, 29500, direction::INGRESS, flow_kind::TCP);
+        // (complete list, changed flows, vanished) per poll.
+        let polls: Vec<(u64, Vec<(FlowKey, FlowStats)>, Vec<(FlowKey, FlowStats)>, Vec<FlowKey>)> = vec![
+            (MS, vec![(a, stats(1, 100, 1, MS)), (b, stats(2, 200, 1, MS))], vec![(a, stats(1, 100, 1, MS)), (b, stats(2, 200, 1, MS))], vec![]),
+            // a moves, b idle, c new.
+            (2 * MS, vec![(a, stats(3, 300, 1, 2 * MS)), (b, stats(2, 200, 1, MS)), (c, stats(1, 50, 2 * MS, 2 * MS))], vec![(a, stats(3, 300, 1, 2 * MS)), (c, stats(1, 50, 2 * MS, 2 * MS))], vec![]),
+            // b leaves the kernel; nothing else moves.
+            (3 * MS, vec![(a, stats(3, 300, 1, 2 * MS)), (c, stats(1, 50, 2 * MS, 2 * MS))], vec![], vec![b]),
+            (4 * MS, vec![(a, stats(4, 400, 1, 4 * MS)), (c, stats(1, 50, 2 * MS, 2 * MS))], vec![(a, stats(4, 400, 1, 4 * MS))], vec![]),
+        ];
+        let mut full = FlowTable::new(TableSettings::default());
+        let mut part = FlowTable::new(TableSettings::default());
+        full.enable_windows();
+        part.enable_windows();
+        for (t, all, changed, vanished) in polls {
+            full.apply(&snap(t, all));
+            part.apply(&PollSnapshot { mono_ns: t, flows: changed, partial: true, vanished, ..Default::default() });
+            assert_eq!(full.interfaces(), part.interfaces(), "at {t}");
+            assert_eq!(full.peers(), part.peers(), "at {t}");
+            for k in [a, b, c] {
+                let (f, p) = (full.get(&k), part.get(&k));
+                assert_eq!(f.map(|e| (e.in_kernel, e.totals, e.rates)), p.map(|e| (e.in_kernel, e.totals, e.rates)), "flow {k:?} at {t}");
+            }
+        }
+        assert_eq!(full.take_window().map(|w| w.deltas), part.take_window().map(|w| w.deltas));
+        assert!(!part.get(&b).unwrap().in_kernel && part.get(&c).unwrap().in_kernel);
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub(crate) mod clock;
 pub(crate) mod collector;
 pub mod config;
 pub mod events;
+pub(crate) mod flow_slots;
 pub(crate) mod flow_table;
 pub mod frame;
 pub(crate) mod hint_board;

@@ -259,6 +259,8 @@ pub struct Attachment {
     leave_in_place: bool,
     /// The maps (and filters or links) of a predecessor were taken over.
     reused: bool,
+    /// `Config::hash_seed` of the maps (kept from the pinned `CONFIG` when they were reused).
+    hash_seed: u32,
     /// `flock` on the pin directory: one agent per pin directory. Released on exit or kill.
     lock: Option<std::os::fd::OwnedFd>,
     torn_down: bool,
@@ -301,6 +303,7 @@ impl Attachment {
             keep_pins: req.keep_pins,
             leave_in_place: false,
             reused: false,
+            hash_seed: 0,
             lock: None,
             torn_down: false,
         };
@@ -324,7 +327,7 @@ impl Attachment {
         }
         let ebpf = a.ebpf.insert(loaded.map_err(LoaderError::Load)?);
         a.pins = PINNED_MAPS.iter().map(|n| req.pin_dir.join(n)).collect();
-        write_config(ebpf, &req.config, &req.prefixes)?;
+        a.hash_seed = write_config(ebpf, &req.config, req.kernel_max_flows, &req.prefixes)?;
         if req.config.flags & config_flags::DEBUG_LOG != 0 {
             // Before the program load, and kept until teardown (see the module docs).
             let logger = EbpfLogger::init_with_logger(ebpf, EbpfLogBridge).map_err(LoaderError::EbpfLog)?;
@@ -481,6 +484,11 @@ impl Attachment {
     }
 
     /// Whether a previous agent's maps were taken over (their counters continue).
+    /// The seed `FLOWS`' slots are hashed with (see `dataplane_common::flow_hash`).
+    pub fn hash_seed(&self) -> u32 {
+        self.hash_seed
+    }
+
     pub fn reused(&self) -> bool {
         self.reused
     }
@@ -745,7 +753,10 @@ fn map<'a>(name: &'static str, ebpf: &'a mut Ebpf) -> Result<&'a mut aya::maps::
     ebpf.map_mut(name).ok_or(LoaderError::MissingItem { what: "map", name })
 }
 
-fn write_config(ebpf: &mut Ebpf, cfg: &dataplane_common::Config, prefixes: &[PrefixKey]) -> Result<(), LoaderError> {
+/// Writes `CONFIG` (with `FLOWS`' slot mask for `slots`) and the prefixes; returns the hash seed:
+/// the one already in a `CONFIG` of this layout (reused pins: the flows in `FLOWS` were placed
+/// with it), else a fresh random one.
+fn write_config(ebpf: &mut Ebpf, cfg: &dataplane_common::Config, slots: u32, prefixes: &[PrefixKey]) -> Result<u32, LoaderError> {
     {
         let mut prefixes_map: LpmTrie<&mut MapData, [u8; 16], PrefixValue> =
             LpmTrie::try_from(map(maps::MATCH_PREFIXES, ebpf)?).map_err(|source| LoaderError::Map { name: maps::MATCH_PREFIXES, source })?;
@@ -757,7 +768,22 @@ fn write_config(ebpf: &mut Ebpf, cfg: &dataplane_common::Config, prefixes: &[Pre
     }
     let mut config: Array<&mut MapData, dataplane_common::Config> =
         Array::try_from(map(maps::CONFIG, ebpf)?).map_err(|source| LoaderError::Map { name: maps::CONFIG, source })?;
-    config.set(0, cfg, 0).map_err(|source| LoaderError::Map { name: maps::CONFIG, source })
+    let old = config.get(&0, 0).map_err(|source| LoaderError::Map { name: maps::CONFIG, source })?;
+    let seed = if old.layout_version == LAYOUT_VERSION { old.hash_seed } else { random_seed() };
+    let cfg = dataplane_common::Config { flow_slot_mask: slots - 1, hash_seed: seed, ..*cfg };
+    config.set(0, cfg, 0).map_err(|source| LoaderError::Map { name: maps::CONFIG, source })?;
+    Ok(seed)
+}
+
+/// A random `u32` from the kernel (getrandom(2)); the process's randomised hasher as a fallback.
+fn random_seed() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: writes at most 4 bytes into `b`.
+    if unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, 0) } == 4 {
+        return u32::from_ne_bytes(b);
+    }
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new().build_hasher().finish() as u32
 }
 
 /// What `ringside detach` did.

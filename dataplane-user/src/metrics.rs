@@ -41,11 +41,13 @@ macro_rules! metric {
 
 // --- eBPF data plane (STATS array, summed over CPUs) ---
 metric!(DATAPLANE_PACKETS, "ringside_dataplane_packets", Counter,
-    "Packets seen by the flow monitor, by result: seen (all), parsed (down to TCP/UDP/RoCEv2), matched (counted in a flow), malformed, unsupported (skipped by design), unreadable (headers could not be pulled into the linear skb)");
+    "Packets seen by the flow monitor, by result: seen (all), parsed (down to TCP/UDP/RoCEv2), matched (counted in a flow), malformed, unsupported (skipped by design), unreadable (headers could not be pulled into the linear skb), contended (matched, but another CPU was creating the flow's slot at that instant: passed uncounted)");
 metric!(DATAPLANE_MAP_FULL, "ringside_dataplane_map_full", Counter,
-    "Flow-map inserts that failed because the kernel map was full; those packets were not counted in any flow");
+    "Matched packets of flows that found no free slot in their probe window of the kernel flow table (table too full: raise kernel_max_flows); those packets were not counted in any flow");
 metric!(DATAPLANE_RINGBUF_FULL, "ringside_dataplane_ringbuf_full", Counter,
     "Events lost because the kernel ring buffer was full (the agent drained it too slowly); packets are unaffected");
+metric!(DATAPLANE_FLOW_SLOTS, "ringside_dataplane_flow_slots", Gauge,
+    "Slots of the kernel flow table (kernel_max_flows of them) by state: live (a flow), tombstone (a flow the agent evicted; reusable), claiming (a flow being created), empty. Keep live + tombstone under about 50 % of kernel_max_flows: above that, probe windows fill and packets count as map_full");
 metric!(DATAPLANE_EVENTS, "ringside_dataplane_events", Counter,
     "Events written to the kernel ring buffer");
 // --- flows ---
@@ -221,7 +223,7 @@ pub const JOB_ALL: &[&Metric] = &[
 /// Every metric, in exposition order.
 #[cfg_attr(not(test), allow(dead_code))] // the catalogue the tests check names and help against
 pub const ALL: &[&Metric] = &[
-    &DATAPLANE_PACKETS, &DATAPLANE_MAP_FULL, &DATAPLANE_RINGBUF_FULL, &DATAPLANE_EVENTS,
+    &DATAPLANE_PACKETS, &DATAPLANE_MAP_FULL, &DATAPLANE_RINGBUF_FULL, &DATAPLANE_EVENTS, &DATAPLANE_FLOW_SLOTS,
     &FLOWS_TRACKED, &PEER_BYTES, &PEER_PACKETS, &PEER_TCP_RETRANSMISSIONS, &PEER_CE_MARKS,
     &PEER_ROCE_PSN_GAPS, &PEER_ROCE_PSN_GAP_PACKETS, &PEER_ROCE_CNPS, &PEER_ROCE_NAKS,
     &INTERFACE_BYTES, &INTERFACE_PACKETS, &BURSTS, &BURST_BYTES, &BURST_DURATION,
@@ -268,6 +270,7 @@ fn families(view: &AgentView) -> Vec<Family> {
         ("malformed", stats::MALFORMED),
         ("unsupported", stats::UNSUPPORTED),
         ("unreadable", stats::UNREADABLE),
+        ("contended", stats::CONTENDED),
     ];
     let mut out = vec![
         Family {
@@ -278,6 +281,16 @@ fn families(view: &AgentView) -> Vec<Family> {
         single(&DATAPLANE_RINGBUF_FULL, Value::Counter(d(stats::RINGBUF_FULL))),
         single(&DATAPLANE_EVENTS, Value::Counter(d(stats::EVENTS))),
     ];
+    if let Some(sl) = t.slots {
+        let empty = sl.capacity.saturating_sub(sl.live + sl.claiming + sl.tombstones);
+        out.push(Family {
+            metric: &DATAPLANE_FLOW_SLOTS,
+            series: [("live", sl.live), ("tombstone", sl.tombstones), ("claiming", sl.claiming), ("empty", empty)]
+                .iter()
+                .map(|(st, n)| (vec![("state", (*st).to_owned())], Value::Count(*n)))
+                .collect(),
+        });
+    }
 
     let per_if = &t.flows_per_interface;
     let mut tracked: Vec<(Labels, Value)> = attach

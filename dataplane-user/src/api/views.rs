@@ -12,7 +12,7 @@ use ringside_client::operator::{
 };
 
 /// Names of the `STATS` entries, in index order.
-pub const STATS_NAMES: [(&str, u32); 9] = [
+pub const STATS_NAMES: [(&str, u32); 10] = [
     ("seen", stats::SEEN),
     ("parsed", stats::PARSED),
     ("matched", stats::MATCHED),
@@ -22,6 +22,7 @@ pub const STATS_NAMES: [(&str, u32); 9] = [
     ("ringbuf_full", stats::RINGBUF_FULL),
     ("events", stats::EVENTS),
     ("unreadable", stats::UNREADABLE),
+    ("contended", stats::CONTENDED),
 ];
 
 const _: () = assert!(STATS_NAMES.len() == stats::COUNT as usize, "name every STATS entry");

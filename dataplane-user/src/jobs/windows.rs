@@ -443,7 +443,7 @@ fn loss_packets(c: &Counters) -> u64 {
 
 fn peer_of_key(key: &FlowKey) -> [u8; 16] {
     // Same rule as FlowEntry::peer.
-    FlowEntry { key: *key, totals: Default::default(), rates: Default::default(), bursts: Default::default(), in_kernel: false }
+    FlowEntry { key: *key, totals: Default::default(), rates: Default::default(), bursts: Default::default(), in_kernel: false, updated_poll: 0 }
         .peer()
 }
 

@@ -1,0 +1,342 @@
+//! `FLOWS` read in place. Since layout 3 the flow monitor keeps its flows in a `BPF_F_MMAPABLE`
+//! array of [`FlowSlot`]s used as an open-addressing hash table (see `dataplane_common::FlowSlot`
+//! and `slot_state` for who may change a slot and how). The agent maps the array into its address
+//! space once; a poll is then a walk over memory with no syscall, and evicting an idle flow is one
+//! compare-and-exchange of its slot's state word.
+//!
+//! Invariants:
+//! - The agent changes only `state`, and only `LIVE|fp` → `TOMBSTONE` (with a CAS, so a slot the
+//!   program re-claimed in between is left alone). It never writes keys or counters.
+//! - A slot is reported only if its state word read the same `LIVE|fp` value before and after the
+//!   key and counters were copied: a slot re-claimed for another flow during the copy is skipped
+//!   this poll, never reported with a mixed key.
+//! - Counters are read with plain loads while CPUs add to them: each aligned u64 is read whole
+//!   (x86-64), so a counter may be one packet older than another, never torn.
+use std::{
+    io,
+    os::fd::{AsRawFd, BorrowedFd},
+    ptr::NonNull,
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use dataplane_common::{flow_hash, slot_state, FlowKey, FlowSlot, FlowStats, FLOW_PROBES};
+
+use crate::flow_table::SlotCounts;
+
+/// Where the slots live.
+enum Backing {
+    /// The kernel's array, mapped `len` bytes long.
+    Mmap { len: usize },
+    /// A heap copy standing in for the kernel in tests (held only to keep the memory alive).
+    #[cfg(test)]
+    Heap(#[allow(dead_code)] Box<[FlowSlot]>),
+}
+
+/// The slots of `FLOWS`, read in place.
+pub struct SlotTable {
+    base: NonNull<FlowSlot>,
+    slots: u32,
+    seed: u32,
+    backing: Backing,
+}
+
+// SAFETY: the table is plain memory shared with the kernel; every access goes through atomic or
+// volatile operations, so moving the handle to the collector thread is sound.
+unsafe impl Send for SlotTable {}
+
+impl SlotTable {
+    /// Maps the array behind `fd` (`slots` entries of 256 bytes, read and write: eviction writes
+    /// state words). `seed` is `Config::hash_seed` of the maps, to find a flow by key.
+    pub fn map(fd: BorrowedFd<'_>, slots: u32, seed: u32) -> io::Result<Self> {
+        if !slots.is_power_of_two() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("FLOWS has {slots} slots, not a power of two")));
+        }
+        let len = slots as usize * std::mem::size_of::<FlowSlot>();
+        // SAFETY: a fresh shared mapping of the map's data (offset 0 of a BPF_F_MMAPABLE array
+        // map, kernel/bpf/arraymap.c array_map_mmap); `len` is the array's size, a multiple of
+        // the page size for 16+ slots (and rounded up by the kernel otherwise).
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = NonNull::new(p.cast::<FlowSlot>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(SlotTable { base, slots, seed, backing: Backing::Mmap { len } })
+    }
+
+    /// A table in heap memory (tests: stands in for the kernel's array).
+    #[cfg(test)]
+    pub fn in_memory(slots: Vec<FlowSlot>, seed: u32) -> Self {
+        assert!(slots.len().is_power_of_two(), "a power of two of slots");
+        let mut boxed = slots.into_boxed_slice();
+        let n = boxed.len() as u32;
+        let base = NonNull::new(boxed.as_mut_ptr()).expect("a boxed slice is non-null");
+        SlotTable { base, slots: n, seed, backing: Backing::Heap(boxed) }
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> u32 {
+        self.slots
+    }
+
+    fn slot_ptr(&self, i: u32) -> *mut FlowSlot {
+        assert!(i < self.slots);
+        // SAFETY: in bounds (asserted).
+        unsafe { self.base.as_ptr().add(i as usize) }
+    }
+
+    fn state_word(&self, i: u32) -> &AtomicU64 {
+        // SAFETY: the state word is an aligned u64 inside the mapping, which lives as long as
+        // `self`; the kernel side changes it only with atomic instructions or aligned stores.
+        unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.slot_ptr(i)).state)) }
+    }
+
+    pub fn state(&self, i: u32) -> u64 {
+        self.state_word(i).load(Ordering::Acquire)
+    }
+
+    /// Sets a slot's state word (tests standing in for the program).
+    #[cfg(test)]
+    pub fn set_state(&self, i: u32, v: u64) {
+        self.state_word(i).store(v, Ordering::Release);
+    }
+
+    /// A copy of slot `i` (see the module invariants for what a copy under concurrent updates is).
+    pub fn read(&self, i: u32) -> FlowSlot {
+        // SAFETY: in bounds, aligned; FlowSlot is FromBytes, so any bytes are a valid value.
+        unsafe { std::ptr::read_volatile(self.slot_ptr(i)) }
+    }
+
+    /// Writes slot `i` whole (tests standing in for the program).
+    #[cfg(test)]
+    pub fn write(&self, i: u32, s: FlowSlot) {
+        // SAFETY: in bounds, aligned.
+        unsafe { std::ptr::write_volatile(self.slot_ptr(i), s) }
+    }
+
+    /// The live slot of `key`, probing as the program does.
+    pub fn find(&self, key: &FlowKey) -> Option<u32> {
+        let h = flow_hash(key, self.seed);
+        let live = slot_state::with_fp(slot_state::LIVE, h);
+        for p in 0..FLOW_PROBES {
+            let i = (h as u32).wrapping_add(p) & (self.slots - 1);
+            let st = self.state(i);
+            if st == slot_state::EMPTY {
+                return None;
+            }
+            if st == live && self.read(i).key == *key && self.state(i) == live {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Evicts `key`'s slot: `LIVE|fp` → `TOMBSTONE` with a compare-and-exchange. False when the
+    /// flow is not live (already gone) or the slot changed under us.
+    pub fn evict(&self, key: &FlowKey) -> bool {
+        let Some(i) = self.find(key) else { return false };
+        let live = slot_state::with_fp(slot_state::LIVE, flow_hash(key, self.seed));
+        self.state_word(i).compare_exchange(live, slot_state::TOMBSTONE, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+    }
+
+}
+
+/// What the previous poll saw in each slot, so that a poll reports only the flows that changed
+/// (`PollSnapshot::partial`): an idle flow then costs three loads per poll and no hash lookup in
+/// the agent's table.
+#[derive(Default)]
+pub struct SlotDiff {
+    prev: Vec<SlotSeen>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct SlotSeen {
+    state: u64,
+    packets: u64,
+    last_seen_ns: u64,
+    /// Reported last poll because it moved: report it once more, so counters a CPU added just
+    /// after `packets` (the TCP/RoCE counters of the same packet) are not left behind.
+    moved: bool,
+    key: FlowKey,
+}
+
+/// A poll of the table read against the previous one.
+#[derive(Debug, Default)]
+pub struct SlotChanges {
+    /// Flows that are new or moved (and those that moved last poll).
+    pub changed: Vec<(FlowKey, FlowStats)>,
+    /// Flows that were live at the previous poll and are not any more (evicted, or their slot
+    /// taken by another flow).
+    pub vanished: Vec<FlowKey>,
+    pub counts: SlotCounts,
+}
+
+impl SlotTable {
+    /// Reads the table against `diff` (the previous poll's view) and updates it.
+    pub fn changes(&self, diff: &mut SlotDiff) -> SlotChanges {
+        diff.prev.resize(self.slots as usize, SlotSeen::default());
+        let mut out = SlotChanges { counts: SlotCounts { capacity: u64::from(self.slots), ..SlotCounts::default() }, ..SlotChanges::default() };
+        for i in 0..self.slots {
+            let st = self.state(i);
+            let seen = &mut diff.prev[i as usize];
+            match st & slot_state::TAG_MASK {
+                slot_state::LIVE => out.counts.live += 1,
+                slot_state::CLAIMING => out.counts.claiming += 1,
+                slot_state::TOMBSTONE => out.counts.tombstones += 1,
+                _ => {}
+            }
+            let was_live = seen.state & slot_state::TAG_MASK == slot_state::LIVE;
+            if st & slot_state::TAG_MASK != slot_state::LIVE {
+                if was_live {
+                    out.vanished.push(seen.key);
+                }
+                *seen = SlotSeen { state: st, ..SlotSeen::default() };
+                continue;
+            }
+            let p = self.slot_ptr(i);
+            // SAFETY: in bounds; aligned u64 fields read whole.
+            let (packets, last) = unsafe {
+                (
+                    std::ptr::read_volatile(std::ptr::addr_of!((*p).stats.packets)),
+                    std::ptr::read_volatile(std::ptr::addr_of!((*p).stats.last_seen_ns)),
+                )
+            };
+            let moved = st != seen.state || packets != seen.packets || last != seen.last_seen_ns;
+            if !moved && !seen.moved {
+                continue;
+            }
+            let s = self.read(i);
+            if self.state(i) != st {
+                // Re-claimed during the copy: look again next poll.
+                continue;
+            }
+            if was_live && seen.state != st {
+                out.vanished.push(seen.key);
+            }
+            out.changed.push((s.key, s.stats));
+            *seen = SlotSeen { state: st, packets: s.stats.packets, last_seen_ns: s.stats.last_seen_ns, moved, key: s.key };
+        }
+        out
+    }
+}
+
+impl Drop for SlotTable {
+    fn drop(&mut self) {
+        match self.backing {
+            // SAFETY: the mapping made in `map`, unmapped once.
+            Backing::Mmap { len } => unsafe {
+                libc::munmap(self.base.as_ptr().cast(), len);
+            },
+            #[cfg(test)]
+            Backing::Heap(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dataplane_common::{direction, flow_kind, ipv4_mapped};
+
+    fn key(port: u16) -> FlowKey {
+        FlowKey {
+            src_addr: ipv4_mapped([10, 0, 0, 1]),
+            dst_addr: ipv4_mapped([10, 0, 0, 2]),
+            src_port: port,
+            dst_port: 29500,
+            ifindex: 2,
+            protocol: 17,
+            direction: direction::EGRESS,
+            kind: flow_kind::UDP,
+            _pad: 0,
+        }
+    }
+
+    /// Puts `key` where the program would (first EMPTY/TOMBSTONE of its window).
+    fn insert(t: &SlotTable, key: FlowKey, packets: u64) -> u32 {
+        let h = flow_hash(&key, t.seed);
+        for p in 0..FLOW_PROBES {
+            let i = (h as u32).wrapping_add(p) & (t.len() - 1);
+            let st = t.state(i);
+            if st == slot_state::EMPTY || st == slot_state::TOMBSTONE {
+                t.write(i, FlowSlot { state: slot_state::with_fp(slot_state::LIVE, h), key, _pad: 0, stats: FlowStats { packets, ..Default::default() } });
+                return i;
+            }
+        }
+        panic!("window full");
+    }
+
+    #[test]
+    fn changes_list_live_slots_only_and_find_finds_each() {
+        let t = SlotTable::in_memory(vec![FlowSlot::default(); 16], 7);
+        let slots: Vec<u32> = (0..10).map(|p| insert(&t, key(p), p as u64 + 1)).collect();
+        let live = t.changes(&mut SlotDiff::default()).changed;
+        assert_eq!(live.len(), 10);
+        for (k, s) in &live {
+            let p = k.src_port;
+            assert_eq!(s.packets, p as u64 + 1);
+            assert_eq!(t.find(k), Some(slots[p as usize]));
+        }
+        // A claim in progress is not listed.
+        t.set_state(slots[3], slot_state::with_fp(slot_state::CLAIMING, 1));
+        let c = t.changes(&mut SlotDiff::default());
+        assert_eq!(c.changed.len(), 9);
+        assert_eq!(c.counts, SlotCounts { capacity: 16, live: 9, claiming: 1, tombstones: 0 });
+    }
+
+    #[test]
+    fn changes_report_new_moved_and_vanished_flows_only() {
+        let t = SlotTable::in_memory(vec![FlowSlot::default(); 16], 3);
+        let mut diff = SlotDiff::default();
+        let i1 = insert(&t, key(1), 1);
+        let i2 = insert(&t, key(2), 1);
+        let c = t.changes(&mut diff);
+        assert_eq!((c.changed.len(), c.vanished.len(), c.counts.live), (2, 0, 2));
+        // Moved last poll: reported once more, then quiet.
+        assert_eq!(t.changes(&mut diff).changed.len(), 2);
+        let c = t.changes(&mut diff);
+        assert_eq!((c.changed.len(), c.vanished.len()), (0, 0));
+        // key(1) gets a packet; key(2) is evicted and its slot reused by key(3).
+        let mut s1 = t.read(i1);
+        s1.stats.packets += 1;
+        t.write(i1, s1);
+        assert!(t.evict(&key(2)));
+        let i3 = insert(&t, key(3), 1);
+        let c = t.changes(&mut diff);
+        let mut changed: Vec<u16> = c.changed.iter().map(|(k, _)| k.src_port).collect();
+        changed.sort();
+        assert_eq!(c.vanished, vec![key(2)]);
+        assert_eq!(changed, vec![1, 3], "key(3) took slot {i3} (key(2) had {i2})");
+        assert_eq!(c.counts.live, 2);
+    }
+
+    #[test]
+    fn evict_tombstones_the_flow_and_others_stay_findable() {
+        let t = SlotTable::in_memory(vec![FlowSlot::default(); 16], 0);
+        for p in 0..12 {
+            insert(&t, key(p), 1);
+        }
+        assert!(t.evict(&key(5)));
+        assert!(!t.evict(&key(5)), "already gone");
+        assert_eq!(t.find(&key(5)), None);
+        for p in (0..12).filter(|&p| p != 5) {
+            assert!(t.find(&key(p)).is_some(), "flow {p} still found past the tombstone");
+        }
+        assert_eq!(t.changes(&mut SlotDiff::default()).counts, SlotCounts { capacity: 16, live: 11, claiming: 0, tombstones: 1 });
+        // The program may reuse the tombstone; evicting the old key then changes nothing.
+        let reused = insert(&t, key(100), 1);
+        assert!(!t.evict(&key(5)));
+        assert_eq!(t.find(&key(100)), Some(reused));
+    }
+
+    #[test]
+    fn a_slot_reclaimed_between_find_and_cas_is_left_alone() {
+        let t = SlotTable::in_memory(vec![FlowSlot::default(); 16], 0);
+        let i = insert(&t, key(1), 1);
+        // The program re-claimed it for another flow (another fingerprint): the CAS fails.
+        t.set_state(i, slot_state::with_fp(slot_state::LIVE, !flow_hash(&key(1), 0)));
+        assert!(!t.evict(&key(1)));
+        assert_ne!(t.state(i), slot_state::TOMBSTONE);
+    }
+}
