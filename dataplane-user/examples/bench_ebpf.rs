@@ -32,7 +32,9 @@ use aya::{
     EbpfLoader,
 };
 use clap::Parser;
-use dataplane_common::{direction, flow_kind, maps, programs, wire, Config, FlowKey, FlowStats, PortRange};
+use dataplane_common::{
+    direction, flow_hash, flow_kind, maps, programs, slot_state, wire, Config, FlowKey, FlowSlot, FlowStats, PortRange, FLOW_PROBES,
+};
 use ringside_test_support::{
     frames,
     testrun::{self, SkbContext},
@@ -60,9 +62,10 @@ struct Args {
     /// (each measured in turn, maps filled incrementally).
     #[arg(long, value_delimiter = ',', default_values_t = [1_000u32, 10_000, 100_000])]
     resident: Vec<u32>,
-    /// Capacity of `FLOWS` (and `FLOW_STATE` of older objects) set at load time (must exceed the
-    /// largest level).
-    #[arg(long, default_value_t = 131_072)]
+    /// Capacity of `FLOWS` (and `FLOW_STATE` of older objects) set at load time: at least twice the
+    /// largest level (the operator guide's sizing; an open-addressing `FLOWS` fills its probe
+    /// windows above that load) and a power of two.
+    #[arg(long, default_value_t = 262_144)]
     map_entries: u32,
 }
 
@@ -132,7 +135,7 @@ fn map_memory(max_entries: u32) -> Vec<MapMemory> {
             text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok()))
         };
         if let (Some(t), Some(n), Some(v), Some(m)) = (field("map_type:"), field("max_entries:"), field("value_size:"), field("memlock:")) {
-            if n == u64::from(max_entries) && (t == 9 || t == 10) {
+            if n == u64::from(max_entries) && (t == 9 || t == 10 || t == 2) {
                 out.push(MapMemory { map_type: t as u32, max_entries: n as u32, value_size: v as u32, memlock_bytes: m });
             }
         }
@@ -174,12 +177,35 @@ fn load(object: Option<&PathBuf>, config: Config, map_entries: u32) -> Result<ay
         let prog: &mut SchedClassifier = ebpf.program_mut(name).context("program missing")?.try_into()?;
         prog.load().with_context(|| format!("verifier rejected {name}"))?;
     }
-    let mut cfg: Array<&mut MapData, Config> = Array::try_from(ebpf.map_mut(maps::CONFIG).context("CONFIG")?)?;
-    cfg.set(0, config, 0)?;
+    let cfg_map = ebpf.map_mut(maps::CONFIG).context("CONFIG")?;
+    if cfg_map_value_size(cfg_map) == OLD_CONFIG_SIZE as u32 {
+        // An object from before `flow_slot_mask` / `hash_seed` (layout 2): the same fields
+        // without those 8 bytes before the port ranges.
+        let new = zerocopy::IntoBytes::as_bytes(&config);
+        let mut old = [0u8; OLD_CONFIG_SIZE];
+        old[..24].copy_from_slice(&new[..24]);
+        old[24..].copy_from_slice(&new[32..]);
+        let mut cfg: Array<&mut MapData, [u8; OLD_CONFIG_SIZE]> = Array::try_from(cfg_map)?;
+        cfg.set(0, old, 0)?;
+    } else {
+        let mut cfg: Array<&mut MapData, Config> = Array::try_from(cfg_map)?;
+        cfg.set(0, config, 0)?;
+    }
     Ok(ebpf)
 }
 
 const NCCL_PORT: u16 = 29500;
+
+/// `Config` of objects from before layout 3 (no `flow_slot_mask`, `hash_seed`).
+const OLD_CONFIG_SIZE: usize = 152;
+
+fn cfg_map_value_size(map: &Map) -> u32 {
+    let data = match map {
+        Map::Array(m) => m,
+        _ => return 0,
+    };
+    data.info().map(|i| i.value_size()).unwrap_or(0)
+}
 
 /// The `i`-th resident flow: 10.200.0.0/16 → 10.201.0.0/16 on ports 30000+, disjoint from the
 /// measured cases' flows (10.0.0.1 ↔ 10.0.0.2), with the ifindex the cases run with.
@@ -238,7 +264,30 @@ fn fill(ebpf: &mut aya::Ebpf, from: u32, to: u32, ifindex: u32) -> Result<()> {
         ..Default::default()
     };
     let flows = ebpf.map_mut(maps::FLOWS).context("FLOWS")?;
-    if matches!(flows, Map::PerCpuLruHashMap(_) | Map::PerCpuHashMap(_)) {
+    if matches!(flows, Map::Array(_)) {
+        // Layout 3: the open-addressing array. Put each flow where the program would: its home
+        // slot or the first free one after it (seed 0, the benchmark's config).
+        let mut table: Array<&mut MapData, FlowSlot> = Array::try_from(flows)?;
+        let mask = table.len() - 1;
+        for i in from..to {
+            let key = resident_key(i, ifindex);
+            let h = flow_hash(&key, 0);
+            let mut placed = false;
+            for p in 0..FLOW_PROBES {
+                let idx = (h as u32).wrapping_add(p) & mask;
+                if table.get(&idx, 0)?.state != slot_state::EMPTY {
+                    continue;
+                }
+                let slot = FlowSlot { state: slot_state::with_fp(slot_state::LIVE, h), key, _pad: 0, stats };
+                table.set(idx, slot, 0).with_context(|| format!("write resident flow {i} into FLOWS"))?;
+                placed = true;
+                break;
+            }
+            if !placed {
+                bail!("resident flow {i}: {FLOW_PROBES} slots from its home are taken; give a larger --map-entries");
+            }
+        }
+    } else if matches!(flows, Map::PerCpuLruHashMap(_) | Map::PerCpuHashMap(_)) {
         // Older layout: packets, bytes, payload_bytes, first_seen_ns, last_seen_ns, ...
         let old: [u8; OLD_FLOWS_VALUE] = value_bytes(&[10, 15_000, 14_480, 1, 2]);
         let mut flows: PerCpuHashMap<&mut MapData, FlowKey, [u8; OLD_FLOWS_VALUE]> = PerCpuHashMap::try_from(flows)?;
@@ -273,8 +322,8 @@ fn main() -> Result<()> {
     levels.dedup();
     match levels.last() {
         None => bail!("--resident needs at least one level (e.g. --resident 0)"),
-        Some(&top) if top > 0x7f_ffff || top + 1024 > args.map_entries => {
-            bail!("--resident {top} does not fit: give --map-entries above {} (and at most 8388607 flows)", top + 1024)
+        Some(&top) if top > 0x7f_ffff || 2 * top > args.map_entries => {
+            bail!("--resident {top} does not fit: give --map-entries of at least {} (and at most 8388607 flows)", (2 * top).next_power_of_two())
         }
         _ => {}
     }
@@ -283,7 +332,11 @@ fn main() -> Result<()> {
         bail!("bench_ebpf loads eBPF programs and runs BPF_PROG_TEST_RUN: run it as root (e.g. `cargo xtask bench`)");
     }
     let loadavg_before = loadavg();
+    if !args.map_entries.is_power_of_two() {
+        bail!("--map-entries must be a power of two (FLOWS is an open-addressing table since layout 3)");
+    }
     let mut config = Config::default();
+    config.flow_slot_mask = args.map_entries - 1;
     config.n_port_ranges = 1;
     config.port_ranges[0] = PortRange { lo: NCCL_PORT, hi: NCCL_PORT + 10, protocol: 0, _pad: [0; 3] };
     let objects: Vec<Option<&PathBuf>> =
@@ -389,6 +442,7 @@ fn main() -> Result<()> {
     for m in &map_memory {
         let name = match (m.map_type, m.value_size as usize) {
             (10, _) => "FLOWS of an older object (LRU per-CPU hash)",
+            (2, _) => "FLOWS (mmapable array of slots)",
             (9, OLD_FLOW_STATE_VALUE) => "FLOW_STATE of an older object (LRU hash)",
             _ => "FLOWS (LRU hash)",
         };

@@ -17,15 +17,15 @@ use std::{
 };
 
 use aya::{
-    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, MapData, PerCpuArray, RingBuf},
+    maps::{lpm_trie::Key, Array, LpmTrie, MapData, PerCpuArray, RingBuf},
     programs::SchedClassifier,
     Ebpf, EbpfLoader,
 };
 use dataplane_common::{
     config_flags, direction, event_kind, flow_kind, ipv4_mapped, maps, programs, stats,
     wire::{self, bth_opcode},
-    track, BurstState, Config, Event, FlowKey, FlowStats, PortRange, PrefixValue,
-    DEBUG_LOG_PER_SEC, ROCEV2_UDP_PORT,
+    flow_hash, slot_state, track, BurstState, Config, Event, FlowKey, FlowSlot, FlowStats, PortRange,
+    PrefixValue, DEBUG_LOG_PER_SEC, FLOW_PROBES, ROCEV2_UDP_PORT,
 };
 use zerocopy::FromBytes as _;
 use ringside_test_support::{
@@ -48,6 +48,11 @@ struct Monitor {
 
 impl Monitor {
     fn load(config: Config, prefixes: &[(u32, [u8; 16])]) -> Self {
+        Self::load_sized(config, prefixes, None)
+    }
+
+    /// `load` with `FLOWS` sized `slots` at load time (and `CONFIG`'s mask to match).
+    fn load_sized(mut config: Config, prefixes: &[(u32, [u8; 16])], slots: Option<u32>) -> Self {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             panic!(
@@ -58,7 +63,12 @@ impl Monitor {
         let object = dataplane_user::object::flowmon_object().unwrap_or_else(|e| {
             panic!("{e} (for T1: set RINGSIDE_EBPF_OBJECT to the built flowmon object)")
         });
-        let mut ebpf = EbpfLoader::new().load(object).expect("the flowmon object loads");
+        let mut loader = EbpfLoader::new();
+        if let Some(n) = slots {
+            loader.map_max_entries(maps::FLOWS, n);
+            config.flow_slot_mask = n - 1;
+        }
+        let mut ebpf = loader.load(object).expect("the flowmon object loads");
         for name in [programs::FLOWMON, programs::NOOP] {
             let prog: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
             prog.load().unwrap_or_else(|e| panic!("verifier rejected {name}: {e:?}"));
@@ -125,15 +135,44 @@ impl Monitor {
         out
     }
 
+    /// Every slot of `FLOWS`, by index.
+    fn slots(&self) -> Vec<FlowSlot> {
+        let m: Array<&MapData, FlowSlot> = Array::try_from(self.ebpf.map(maps::FLOWS).unwrap()).unwrap();
+        m.iter().map(Result::unwrap).collect()
+    }
+
+    fn set_slot(&mut self, index: u32, slot: FlowSlot) {
+        let mut m: Array<&mut MapData, FlowSlot> = Array::try_from(self.ebpf.map_mut(maps::FLOWS).unwrap()).unwrap();
+        m.set(index, slot, 0).unwrap();
+    }
+
+    /// Keys of the live slots (each key at most once: asserted).
     fn flow_keys(&self) -> Vec<FlowKey> {
-        let m: HashMap<&MapData, FlowKey, FlowStats> = HashMap::try_from(self.ebpf.map(maps::FLOWS).unwrap()).unwrap();
-        m.keys().map(Result::unwrap).collect()
+        let keys: Vec<FlowKey> = self.slots().iter().filter(|s| s.state & slot_state::TAG_MASK == slot_state::LIVE).map(|s| s.key).collect();
+        let mut dedup = keys.clone();
+        dedup.sort_by_key(|k| zerocopy::IntoBytes::as_bytes(k).to_vec());
+        dedup.dedup();
+        assert_eq!(dedup.len(), keys.len(), "a flow is live in two slots");
+        keys
+    }
+
+    /// Index of the live slot holding `key`, if any.
+    fn slot_of(&self, key: &FlowKey) -> Option<u32> {
+        self.slots().iter().position(|s| s.state & slot_state::TAG_MASK == slot_state::LIVE && s.key == *key).map(|i| i as u32)
     }
 
     /// The flow's entry in `FLOWS` (shared by all CPUs): counters, open burst, tracking words.
     fn flow(&self, key: &FlowKey) -> FlowStats {
-        let m: HashMap<&MapData, FlowKey, FlowStats> = HashMap::try_from(self.ebpf.map(maps::FLOWS).unwrap()).unwrap();
-        m.get(key, 0).unwrap_or_else(|e| panic!("flow {key:?} not in FLOWS: {e}"))
+        let i = self.slot_of(key).unwrap_or_else(|| panic!("flow {key:?} not in FLOWS"));
+        self.slots()[i as usize].stats
+    }
+
+    /// Empties every slot that is not empty.
+    fn clear_flows(&mut self) {
+        let used: Vec<u32> = self.slots().iter().enumerate().filter(|(_, s)| s.state != slot_state::EMPTY).map(|(i, _)| i as u32).collect();
+        for i in used {
+            self.set_slot(i, FlowSlot::default());
+        }
     }
 
     /// The flow's open burst, as a `BURST_END` event would report it if it ended now.
@@ -1027,11 +1066,7 @@ fn fuzzed_frames_are_all_counted_and_pass_untouched() {
         let packets: u64 = keys.iter().map(|k| m.flow(k).packets).sum();
         assert_eq!(packets, d(stats::MATCHED), "{}: packets in FLOWS vs MATCHED", frame());
         matched_total += d(stats::MATCHED);
-        let mut flows: HashMap<&mut MapData, FlowKey, FlowStats> =
-            HashMap::try_from(m.ebpf.map_mut(maps::FLOWS).unwrap()).unwrap();
-        for k in &keys {
-            flows.remove(k).unwrap();
-        }
+        m.clear_flows();
         let _ = m.events();
     }
     let s = m.stats();
@@ -1048,4 +1083,103 @@ fn fuzzed_frames_are_all_counted_and_pass_untouched() {
     for (what, i) in [("parsed", stats::PARSED), ("matched", stats::MATCHED), ("malformed", stats::MALFORMED), ("unsupported", stats::UNSUPPORTED)] {
         assert!(s[i as usize] > total / 100, "only {} of {total} frames were {what}", s[i as usize]);
     }
+}
+
+// --- FLOWS as an open-addressing table (layout 3) ---
+
+/// A UDP frame of flow `i` (distinct source ports) and its key.
+fn udp_flow(i: u16) -> (Vec<u8>, FlowKey) {
+    let f = frames::udp4(A, B, 40000 + i, NCCL_PORT, &[0x5a; 64]);
+    (f, key4(A, B, 40000 + i, NCCL_PORT, wire::IPPROTO_UDP, flow_kind::UDP))
+}
+
+fn home(key: &FlowKey, slots: u32) -> u32 {
+    flow_hash(key, 0) as u32 & (slots - 1)
+}
+
+#[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
+fn flows_take_their_home_slot_or_the_next_free_one_and_a_full_window_is_counted() {
+    // 16 slots: collisions are certain with a few dozen flows.
+    const SLOTS: u32 = 16;
+    let mut m = Monitor::load_sized(nccl_config(), &[], Some(SLOTS));
+    let mut expect_occupied = [false; SLOTS as usize];
+    let (mut placed, mut full) = (0u64, 0u64);
+    for i in 0..64u16 {
+        let (frame, key) = udp_flow(i);
+        m.run(&frame);
+        let h = home(&key, SLOTS);
+        // Where the program must have put it: the first free slot of its probe window.
+        let want = (0..FLOW_PROBES).map(|p| (h + p) & (SLOTS - 1)).find(|&s| !expect_occupied[s as usize]);
+        match want {
+            Some(s) => {
+                assert_eq!(m.slot_of(&key), Some(s), "flow {i}: home {h}");
+                expect_occupied[s as usize] = true;
+                placed += 1;
+                // A second packet finds it again (no second slot).
+                m.run(&frame);
+                assert_eq!(m.flow(&key).packets, 2, "flow {i}");
+            }
+            None => {
+                assert_eq!(m.slot_of(&key), None, "flow {i}: its probe window is full");
+                full += 2;
+                m.run(&frame);
+            }
+        }
+    }
+    assert!(full > 0 && placed as u32 <= SLOTS, "64 flows in 16 slots: some windows fill ({placed} placed)");
+    assert_eq!(m.flow_keys().len() as u64, placed);
+    assert_stats(&m, &[(stats::MATCHED, 2 * placed), (stats::MAP_FULL, full), (stats::CONTENDED, 0)]);
+}
+
+#[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
+fn a_slot_being_claimed_by_another_cpu_is_contended_and_the_packet_passes() {
+    const SLOTS: u32 = 64;
+    let mut m = Monitor::load_sized(nccl_config(), &[], Some(SLOTS));
+    let (frame, key) = udp_flow(1);
+    let h = flow_hash(&key, 0);
+    let home = h as u32 & (SLOTS - 1);
+    // Another CPU has claimed the home slot for this flow and not yet written the key.
+    m.set_slot(home, FlowSlot { state: slot_state::with_fp(slot_state::CLAIMING, h), ..FlowSlot::default() });
+    m.run(&frame);
+    assert_stats(&m, &[(stats::MATCHED, 1), (stats::CONTENDED, 1), (stats::MAP_FULL, 0)]);
+    assert_eq!(m.slot_of(&key), None, "not created twice");
+    // It finished: the next packet is counted there.
+    m.set_slot(home, FlowSlot { state: slot_state::with_fp(slot_state::LIVE, h), key, ..FlowSlot::default() });
+    m.run(&frame);
+    assert_eq!((m.slot_of(&key), m.flow(&key).packets), (Some(home), 1));
+    // A claim by another flow with another fingerprint is probed past.
+    let (frame2, key2) = udp_flow(2);
+    let h2 = flow_hash(&key2, 0);
+    let home2 = h2 as u32 & (SLOTS - 1);
+    m.set_slot(home2, FlowSlot { state: slot_state::with_fp(slot_state::CLAIMING, !h2), ..FlowSlot::default() });
+    m.run(&frame2);
+    assert_eq!(m.slot_of(&key2), Some((home2 + 1) & (SLOTS - 1)));
+    assert_stats(&m, &[(stats::CONTENDED, 1)]);
+}
+
+#[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
+fn lookups_go_past_tombstones_and_new_flows_reuse_them_with_zeroed_counters() {
+    const SLOTS: u32 = 64;
+    let mut m = Monitor::load_sized(nccl_config(), &[], Some(SLOTS));
+    let (frame, key) = udp_flow(3);
+    let h = flow_hash(&key, 0);
+    let home_slot = h as u32 & (SLOTS - 1);
+    // The flow probed past a flow since evicted by the agent: tombstone at home, the flow after it.
+    let stale = FlowStats { packets: 1000, bytes: 1_000_000, last_seen_ns: 5, ..FlowStats::default() };
+    m.set_slot(home_slot, FlowSlot { state: slot_state::TOMBSTONE, stats: stale, ..FlowSlot::default() });
+    let next = (home_slot + 1) & (SLOTS - 1);
+    m.set_slot(next, FlowSlot { state: slot_state::with_fp(slot_state::LIVE, h), key, ..FlowSlot::default() });
+    m.run(&frame);
+    assert_eq!(m.slot_of(&key), Some(next), "found past the tombstone, not created again in it");
+    assert_eq!(m.flow(&key).packets, 1);
+    // A new flow whose probe reaches the tombstone first takes it, with counters from zero.
+    let other = (0..4096u16).map(udp_flow).find(|(_, k)| home(k, SLOTS) == home_slot && k != &key).expect("a flow with the same home slot");
+    m.run(&other.0);
+    assert_eq!(m.slot_of(&other.1), Some(home_slot));
+    let s = m.flow(&other.1);
+    assert_eq!((s.packets, s.bytes), (1, l3(&other.0)), "the tombstone's old counters are gone");
+    assert_stats(&m, &[(stats::MATCHED, 2), (stats::MAP_FULL, 0), (stats::CONTENDED, 0)]);
 }

@@ -22,8 +22,8 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
-use dataplane_common::{direction, flow_kind, ipv4_mapped, maps, stats, Config, FlowKey, FlowStats};
+use aya::maps::{Array, Map, MapData, PerCpuArray};
+use dataplane_common::{direction, flow_kind, ipv4_mapped, maps, slot_state, stats, Config, FlowSlot};
 use support::wait_for;
 use testbed::{RoceSink, RoceSpec, Star, StarConfig};
 
@@ -171,13 +171,14 @@ fn ready(star: &Star, what: &str) -> Counts {
 /// kernel (no agent involved), and the pinned `STATS[MATCHED]`.
 fn kernel_counts(pin_dir: &Path) -> (u64, u64) {
     let data = MapData::from_pin(pin_dir.join(maps::FLOWS)).expect("FLOWS is pinned");
-    let flows: HashMap<MapData, FlowKey, FlowStats> = HashMap::try_from(Map::from_map_data(data).unwrap()).unwrap();
+    let flows: Array<MapData, FlowSlot> = Array::try_from(Map::from_map_data(data).unwrap()).unwrap();
     let dst = ipv4_mapped([10, 77, 0, 2]);
     let packets = flows
         .iter()
         .filter_map(Result::ok)
-        .filter(|(k, _)| k.kind == flow_kind::ROCEV2 && k.direction == direction::EGRESS && k.dst_addr == dst)
-        .map(|(_, v)| v.packets)
+        .filter(|s| s.state & slot_state::TAG_MASK == slot_state::LIVE)
+        .filter(|s| s.key.kind == flow_kind::ROCEV2 && s.key.direction == direction::EGRESS && s.key.dst_addr == dst)
+        .map(|s| s.stats.packets)
         .sum();
     let data = MapData::from_pin(pin_dir.join(maps::STATS)).expect("STATS is pinned");
     let st: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::from_map_data(data).unwrap()).unwrap();
