@@ -707,6 +707,9 @@ pub(crate) mod tests {
                 burst: BurstState { start_ns: 0, last_ns: 3_000_000, bytes: 40_000, packets: 20 },
                 ..Default::default()
             }],
+            slots: Some(crate::flow_table::SlotCounts { capacity: 16_384, live: 2, claiming: 0, tombstones: 1 }),
+            partial: false,
+            vanished: Vec::new(),
         });
         collector.poll_done(Duration::from_micros(700));
         // The RDMA fixture tree, read twice (mlx5_0 port 1 sent 10 CNPs in between).
@@ -754,6 +757,9 @@ pub(crate) mod tests {
             "ringside_burst_duration_seconds_count{interface=\"eth0\",direction=\"egress\",kind=\"rocev2\"} 1",
             "ringside_agent_polls_total 1",
             "ringside_dataplane_map_full_total 0",
+            "ringside_dataplane_flow_slots{state=\"live\"} 2",
+            "ringside_dataplane_flow_slots{state=\"tombstone\"} 1",
+            "ringside_dataplane_flow_slots{state=\"empty\"} 16381",
             "ringside_burst_duration_seconds_bucket{le=\"+Inf\",interface=\"eth0\",direction=\"egress\",kind=\"rocev2\"} 1",
             "ringside_agent_poll_duration_seconds_count 1",
             "ringside_agent_poll_duration_seconds_bucket{le=\"0.001\"} 1",
