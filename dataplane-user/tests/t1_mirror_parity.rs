@@ -13,14 +13,14 @@
 use std::collections::HashMap as StdHashMap;
 
 use aya::{
-    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, MapData, PerCpuArray},
+    maps::{lpm_trie::Key, Array, LpmTrie, MapData, PerCpuArray},
     programs::SchedClassifier,
     Ebpf, EbpfLoader,
 };
 use dataplane_common::{
     ipv4_mapped, maps, programs, stats,
     wire::{self, bth_opcode},
-    Config, FlowKey, FlowStats, PortRange, PrefixKey, PrefixValue, ROCEV2_UDP_PORT,
+    slot_state, Config, FlowKey, FlowSlot, FlowStats, PortRange, PrefixKey, PrefixValue, ROCEV2_UDP_PORT,
 };
 use dataplane_user::mirror::{FlowMatch, MirrorSettings, MirrorTable};
 use ringside_test_support::{
@@ -240,9 +240,13 @@ fn mirror_parser_and_accounting_match_the_classifier_frame_by_frame() {
         }
         done += n;
         // The tables: same keys, same counters and tracking words.
-        let kernel_flows: StdHashMap<FlowKey, FlowStats> = {
-            let m: HashMap<&MapData, FlowKey, FlowStats> = HashMap::try_from(ebpf.map(maps::FLOWS).unwrap()).unwrap();
-            m.iter().map(Result::unwrap).collect()
+        // FLOWS is an open-addressing array of slots (layout 3): its live slots are the flows.
+        let (kernel_flows, used): (StdHashMap<FlowKey, FlowStats>, Vec<u32>) = {
+            let m: Array<&MapData, FlowSlot> = Array::try_from(ebpf.map(maps::FLOWS).unwrap()).unwrap();
+            let slots: Vec<FlowSlot> = m.iter().map(Result::unwrap).collect();
+            let live = slots.iter().filter(|s| s.state & slot_state::TAG_MASK == slot_state::LIVE).map(|s| (s.key, s.stats)).collect();
+            let used = slots.iter().enumerate().filter(|(_, s)| s.state != slot_state::EMPTY).map(|(i, _)| i as u32).collect();
+            (live, used)
         };
         let user_flows: StdHashMap<FlowKey, FlowStats> = mirror.flows().collect();
         assert_eq!(kernel_flows.len(), user_flows.len(), "flows in the batch ending at {done} (RINGSIDE_PARITY_SEED={seed})");
@@ -252,9 +256,9 @@ fn mirror_parser_and_accounting_match_the_classifier_frame_by_frame() {
             psn_words += usize::from(ks.roce_psn != 0);
         }
         flows_compared += kernel_flows.len();
-        let mut flows: HashMap<&mut MapData, FlowKey, FlowStats> = HashMap::try_from(ebpf.map_mut(maps::FLOWS).unwrap()).unwrap();
-        for k in kernel_flows.keys() {
-            flows.remove(k).unwrap();
+        let mut flows: Array<&mut MapData, FlowSlot> = Array::try_from(ebpf.map_mut(maps::FLOWS).unwrap()).unwrap();
+        for i in used {
+            flows.set(i, FlowSlot::default(), 0).unwrap();
         }
     }
     eprintln!("outcomes: {outcomes:?}; {flows_compared} flows compared, {psn_words} with a PSN expectation");
