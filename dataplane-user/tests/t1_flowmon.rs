@@ -156,15 +156,26 @@ impl Monitor {
         keys
     }
 
+    /// Index and contents of the live slot holding `key`, probing its window as the program does
+    /// (at most FLOW_PROBES reads; reading the whole table is one syscall per slot and too slow
+    /// between runs that must fall in one burst).
+    fn find(&self, key: &FlowKey) -> Option<(u32, FlowSlot)> {
+        let m: Array<&MapData, FlowSlot> = Array::try_from(self.ebpf.map(maps::FLOWS).unwrap()).unwrap();
+        let h = flow_hash(key, 0);
+        (0..FLOW_PROBES).map(|p| (h as u32).wrapping_add(p) & (m.len() - 1)).find_map(|i| {
+            let s = m.get(&i, 0).unwrap();
+            (s.state & slot_state::TAG_MASK == slot_state::LIVE && s.key == *key).then_some((i, s))
+        })
+    }
+
     /// Index of the live slot holding `key`, if any.
     fn slot_of(&self, key: &FlowKey) -> Option<u32> {
-        self.slots().iter().position(|s| s.state & slot_state::TAG_MASK == slot_state::LIVE && s.key == *key).map(|i| i as u32)
+        self.find(key).map(|(i, _)| i)
     }
 
     /// The flow's entry in `FLOWS` (shared by all CPUs): counters, open burst, tracking words.
     fn flow(&self, key: &FlowKey) -> FlowStats {
-        let i = self.slot_of(key).unwrap_or_else(|| panic!("flow {key:?} not in FLOWS"));
-        self.slots()[i as usize].stats
+        self.find(key).unwrap_or_else(|| panic!("flow {key:?} not in FLOWS")).1.stats
     }
 
     /// Empties every slot that is not empty.
