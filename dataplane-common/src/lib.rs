@@ -82,13 +82,16 @@ pub mod stats {
     pub const SEEN: u32 = 0;
     /// Packets parsed down to a transport header (TCP, UDP or RoCEv2).
     pub const PARSED: u32 = 1;
-    /// Packets that matched the collective-flow configuration and were counted in `FLOWS`.
+    /// Packets that matched the collective-flow configuration (RoCEv2 always matches). Includes the
+    /// packets that then could not be counted in `FLOWS` (`MAP_FULL`, `CONTENDED`): the packets
+    /// in flows are `MATCHED - MAP_FULL - CONTENDED`.
     pub const MATCHED: u32 = 2;
     /// Packets whose headers were truncated or inconsistent (bad IHL, length shorter than a header).
     pub const MALFORMED: u32 = 3;
     /// Packets the parser skips by design: non-IP, IPv6 extension headers, IP fragments, other L4.
     pub const UNSUPPORTED: u32 = 4;
-    /// A `FLOWS` insert failed (map full and eviction impossible).
+    /// Matched packets of a flow that has no slot in `FLOWS` and found every slot of its window
+    /// taken by other flows: passed uncounted (a subset of `MATCHED`).
     pub const MAP_FULL: u32 = 5;
     /// A ring-buffer reservation failed (consumer too slow): the event is lost, the packet is not.
     pub const RINGBUF_FULL: u32 = 6;
@@ -98,7 +101,9 @@ pub mod stats {
     /// (`bpf_skb_pull_data` failed, e.g. out of memory): the packet passes uncounted.
     pub const UNREADABLE: u32 = 8;
     /// Matched packets of a flow whose `FLOWS` slot another CPU was claiming at that moment (the
-    /// flow's first packets arriving on two CPUs at once): passed uncounted rather than waiting.
+    /// flow's first packets arriving on two CPUs at once), or whose slot the agent evicted or
+    /// another flow re-claimed between two reads of it: passed uncounted rather than waiting (a
+    /// subset of `MATCHED`).
     pub const CONTENDED: u32 = 9;
     /// Number of entries in `STATS`.
     pub const COUNT: u32 = 10;
@@ -110,7 +115,9 @@ pub mod event_kind {
     pub const FLOW_START: u32 = 1;
     /// A burst ended: the idle gap elapsed and a new packet started the next burst.
     pub const BURST_END: u32 = 2;
-    /// An insert into `FLOWS` failed; the key is the flow that could not be tracked.
+    /// A matched flow found no free slot in its `FLOWS` window; the key is the flow that could not
+    /// be tracked. At most [`MAP_FULL_EVENTS_PER_SEC`](super::MAP_FULL_EVENTS_PER_SEC) per second
+    /// per CPU (every packet of such a flow would qualify); `STATS[MAP_FULL]` counts them all.
     pub const MAP_FULL: u32 = 3;
 }
 
@@ -233,7 +240,8 @@ pub const FLOW_PROBES: u32 = 32;
 
 /// The `state` word of a [`FlowSlot`]. Transitions (CAS = one compare-and-exchange):
 /// - `EMPTY`/`TOMBSTONE` → `CLAIMING|fp` (program, CAS), then key and zeroed stats written, then
-///   `LIVE|fp` (program, plain store): a flow's first packet;
+///   `LIVE|fp` (program, BPF_XCHG: fully ordered, so the key is visible first on arm64 too): a
+///   flow's first packet;
 /// - `LIVE|fp` → `TOMBSTONE` (agent, CAS): an idle flow evicted. Lookups go on past a tombstone
 ///   (a flow further along may have probed over it); inserts may reuse it.
 /// A packet that finds `CLAIMING` with its own fingerprint is counted `STATS[CONTENDED]` and
@@ -424,6 +432,11 @@ pub mod config_flags {
 /// Rate limit of the monitor's debug log (`config_flags::DEBUG_LOG`): records per second per CPU,
 /// also the burst a CPU may write at once after a quiet second (a token bucket per CPU).
 pub const DEBUG_LOG_PER_SEC: u64 = 10;
+
+/// Rate limit of `event_kind::MAP_FULL` records: per second per CPU, also the burst a CPU may
+/// write after a quiet second (a token bucket per CPU). Small next to the ring's capacity, so a
+/// full table cannot crowd out burst ends; `STATS[MAP_FULL]` counts every packet regardless.
+pub const MAP_FULL_EVENTS_PER_SEC: u64 = 10;
 
 /// Key of the `MATCH_PREFIXES` LPM trie (the layout the kernel expects: prefix length first).
 /// An IPv4 prefix `a.b.c.d/n` is stored as `::ffff:a.b.c.d/(96+n)`. 20 bytes.

@@ -10,11 +10,14 @@
 //!   ranges: at most `MAX_PORT_RANGES`; IPv6 extension headers: not walked, counted as unsupported).
 //! - Nothing is emitted per packet. Counters, the open burst and the sequence tracking state of a
 //!   flow live in one `FLOWS` entry shared by all CPUs (counters added atomically); `EVENTS`
-//!   carries only flow starts (opt-in), burst ends and map-full records.
+//!   carries only flow starts (opt-in), burst ends and map-full records (at most
+//!   `MAP_FULL_EVENTS_PER_SEC` per second per CPU, so a full table cannot flood the ring).
 //! - A matched packet costs one `bpf_ktime_get_ns` and one `FLOWS` lookup (plus an insert the
 //!   first time a flow is seen); an unmatched one no hash lookup and no clock read.
 //! - Every outcome is counted once in `STATS`: SEEN always, then exactly one of MALFORMED,
-//!   UNSUPPORTED, UNREADABLE, or PARSED (and MATCHED when the packet was counted in `FLOWS`).
+//!   UNSUPPORTED, UNREADABLE, or PARSED; a PARSED packet that matched the configuration is also
+//!   MATCHED, and a MATCHED packet that could not be counted in `FLOWS` is also exactly one of
+//!   MAP_FULL or CONTENDED (so the packets counted in flows are MATCHED - MAP_FULL - CONTENDED).
 //! - Debug logging (aya-log) is off unless the agent sets `config_flags::DEBUG_LOG`; then the
 //!   skipped packets and new flows are logged, at most `DEBUG_LOG_PER_SEC` records per second per
 //!   CPU (a token bucket in `LOG_BUDGET`). Off, it costs a call and a flag test per skipped
@@ -24,14 +27,15 @@
 //! Header layouts and constants come from `dataplane_common::wire`.
 #![no_std]
 #![no_main]
-// `atomic_xadd`: the BPF target has no compare-and-swap in its baseline, so core does not offer
-// `AtomicU64::fetch_add` there; the intrinsic lowers to BPF_ATOMIC|BPF_ADD.
+// `atomic_xadd`, `atomic_cxchg`, `atomic_xchg`: the BPF target has no compare-and-swap in its
+// baseline, so core does not offer `AtomicU64` there; the intrinsics lower to BPF_ATOMIC with
+// BPF_ADD, BPF_CMPXCHG and BPF_XCHG.
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 
 mod parse;
 
-use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering};
+use core::intrinsics::{atomic_cxchg, atomic_xadd, atomic_xchg, AtomicOrdering};
 
 use aya_ebpf::{
     bindings::{__sk_buff, BPF_F_MMAPABLE, TC_ACT_PIPE},
@@ -44,7 +48,8 @@ use aya_log_ebpf::debug;
 use dataplane_common::{
     config_flags, direction, event_kind, flow_hash, flow_kind, slot_state, stats, track, wire, BurstState,
     Config, Event, FlowKey, FlowSlot, FlowStats, PrefixKey, PrefixValue, DEBUG_LOG_PER_SEC,
-    DEFAULT_BURST_GAP_NS, EVENTS_RING_BYTES, FLOW_PROBES, MAX_FLOWS, MAX_PORT_RANGES, MAX_PREFIXES,
+    DEFAULT_BURST_GAP_NS, EVENTS_RING_BYTES, FLOW_PROBES, MAP_FULL_EVENTS_PER_SEC, MAX_FLOWS, MAX_PORT_RANGES,
+    MAX_PREFIXES,
 };
 
 use crate::parse::{Bth, Packet, Skip, TcpInfo};
@@ -79,20 +84,24 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 #[map(name = "STATS")]
 static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stats::COUNT, 0);
 
-/// The debug log's token bucket, one per CPU (see [`log_budget`]). Kernel-only state.
+/// Token buckets, one set per CPU (see [`budget`]): entry `BUDGET_LOG` for the debug log,
+/// `BUDGET_MAP_FULL` for `MAP_FULL` events. Kernel-only state (not pinned).
 #[map(name = "LOG_BUDGET")]
-static LOG_BUDGET: PerCpuArray<LogBudget> = PerCpuArray::with_max_entries(1, 0);
+static LOG_BUDGET: PerCpuArray<LogBudget> = PerCpuArray::with_max_entries(2, 0);
 
-/// A token bucket counted in nanoseconds of credit: a record costs `LOG_COST_NS`, credit grows
-/// with elapsed time and is capped at one second's worth (a burst of `DEBUG_LOG_PER_SEC`).
+/// A token bucket counted in nanoseconds of credit: a record costs `cost_ns`, credit grows with
+/// elapsed time and is capped at one second's worth (a burst of one second's records).
 #[repr(C)]
 struct LogBudget {
     credit_ns: u64,
     last_ns: u64,
 }
 
-const LOG_CAP_NS: u64 = 1_000_000_000;
-const LOG_COST_NS: u64 = LOG_CAP_NS / DEBUG_LOG_PER_SEC;
+const BUDGET_LOG: u32 = 0;
+const BUDGET_MAP_FULL: u32 = 1;
+const BUDGET_CAP_NS: u64 = 1_000_000_000;
+const LOG_COST_NS: u64 = BUDGET_CAP_NS / DEBUG_LOG_PER_SEC;
+const MAP_FULL_COST_NS: u64 = BUDGET_CAP_NS / MAP_FULL_EVENTS_PER_SEC;
 
 /// The monitor. Fail-open policy: `try_flowmon` reports *why* it stopped only through `STATS`;
 /// the packet verdict is `TC_ACT_PIPE` on every path, so ringside can never drop, redirect or
@@ -147,11 +156,18 @@ fn debug_log_on() -> bool {
     }
 }
 
-/// Takes one record's worth of this CPU's log budget; false when it is spent. Per-CPU and BH is
-/// disabled around TC programs, so the read-modify-write cannot interleave with another update.
+/// Takes one debug record's worth of this CPU's log budget; false when it is spent.
 #[inline(always)]
 fn log_budget() -> bool {
-    let b = match LOG_BUDGET.get_ptr_mut(0) {
+    budget(BUDGET_LOG, LOG_COST_NS)
+}
+
+/// Takes `cost_ns` of credit from this CPU's bucket `which`; false when it is spent. Per-CPU and
+/// BH is disabled around TC programs, so the read-modify-write cannot interleave with another
+/// update.
+#[inline(always)]
+fn budget(which: u32, cost_ns: u64) -> bool {
+    let b = match LOG_BUDGET.get_ptr_mut(which) {
         // SAFETY: as in `count`; this CPU's slot is written only by this CPU.
         Some(b) => unsafe { &mut *b },
         None => return false,
@@ -159,15 +175,15 @@ fn log_budget() -> bool {
     let now = unsafe { bpf_ktime_get_ns() };
     // The first call finds last_ns = 0 and starts with a full bucket.
     let mut credit = b.credit_ns.saturating_add(now.wrapping_sub(b.last_ns));
-    if credit > LOG_CAP_NS {
-        credit = LOG_CAP_NS;
+    if credit > BUDGET_CAP_NS {
+        credit = BUDGET_CAP_NS;
     }
     b.last_ns = now;
-    if credit < LOG_COST_NS {
+    if credit < cost_ns {
         b.credit_ns = credit;
         return false;
     }
-    b.credit_ns = credit - LOG_COST_NS;
+    b.credit_ns = credit - cost_ns;
     true
 }
 
@@ -343,6 +359,13 @@ fn find_or_claim(key: &FlowKey, now: u64, cfg: &Config) -> Result<&'static mut F
         // never freed while the program holds it.
         let st = load(unsafe { &(*slot).state });
         if st == live {
+            // The plain load only chose the slot; the fully ordered re-read makes the key and
+            // counters read below at least as new as the claim that published them (see
+            // "Memory order on FLOWS"). It fails only if the agent evicted the slot or another
+            // flow re-claimed it since the load: rare, counted, the packet passes.
+            if !cas(unsafe { &mut (*slot).state }, live, live) {
+                return Err(Skip::Contended);
+            }
             if same_key(unsafe { &(*slot).key }, key) {
                 return Ok(unsafe { &mut (*slot).stats });
             }
@@ -371,7 +394,21 @@ fn find_or_claim(key: &FlowKey, now: u64, cfg: &Config) -> Result<&'static mut F
                 Ok(unsafe { &mut *s })
             }
         }
-        None => Err(Skip::MapFull),
+        None => {
+            map_full(key, now);
+            Err(Skip::MapFull)
+        }
+    }
+}
+
+/// A flow whose window is full: a `MAP_FULL` event, at most `MAP_FULL_EVENTS_PER_SEC` per
+/// second per CPU. Every packet of such a flow lands here, so without the bucket one busy
+/// untracked flow would fill the ring and crowd out the burst ends; `STATS[MAP_FULL]` still
+/// counts every packet. Out of line: rare.
+#[inline(never)]
+fn map_full(key: &FlowKey, now: u64) {
+    if budget(BUDGET_MAP_FULL, MAP_FULL_COST_NS) {
+        emit(event_kind::MAP_FULL, key, now, None);
     }
 }
 
@@ -412,10 +449,10 @@ fn claim(slot: *mut FlowSlot, key: &FlowKey, now: u64, h: u64, flags: u32) -> *m
         core::ptr::write_volatile(&mut slot.key, *key);
         core::intrinsics::volatile_set_memory(&mut slot.stats as *mut FlowStats, 0, 1);
     }
-    // Publish: a reader that sees LIVE also sees the key and the zeroed counters (the x86 JIT
-    // emits plain stores and x86 keeps stores in order; a weakly ordered architecture would need
-    // a release store, which BPF has only as BPF_STORE_REL since 6.15).
-    store(&mut slot.state, slot_state::with_fp(slot_state::LIVE, h));
+    // Publish with a fully ordered exchange (BPF_XCHG), not a plain store: on arm64 a plain store
+    // may become visible before the key and zeroed counters above; the exchange orders them
+    // first on every JIT (see "Memory order on FLOWS").
+    swap(&mut slot.state, slot_state::with_fp(slot_state::LIVE, h));
     if flags & config_flags::FLOW_START_EVENTS != 0 {
         emit(event_kind::FLOW_START, key, now, None);
     }
@@ -476,6 +513,39 @@ fn new_burst(s: &mut FlowStats, key: &FlowKey, last: u64, now: u64, flags: u32) 
 // Sharing costs a cache line moving between CPUs when two of them handle one flow at once; the
 // per-CPU counters of earlier versions avoided that for the counters but paid a second hash lookup
 // on every packet for the shared state, whose line moved anyway.
+
+// Memory order on FLOWS. The slot protocol must hold on arm64 (the DPU), whose CPUs may make
+// plain stores visible, and perform plain loads, out of program order; x86 keeps stores in order
+// and loads in order, so there it held by accident. BPF has release stores and acquire loads only
+// since 6.15 (BPF_STORE_REL, BPF_LOAD_ACQ), but its read-modify-write atomics with a result
+// (BPF_XCHG, BPF_CMPXCHG, BPF_ADD|BPF_FETCH; 5.12+) are fully ordered on every JIT: x86 `lock`
+// instructions; arm64 LSE `swpal`/`casal`/`ldaddal`, or without LSE an exclusive loop with
+// `dmb ish` (arch/arm64/net/bpf_jit_comp.c, emit_lse_atomic / emit_ll_sc_atomic; the kernel's
+// memory model calls them fully ordered, Documentation/bpf/standardization/instruction-set.rst).
+// Non-fetching BPF_ADD (`stadd`, the counters) is not ordered and need not be.
+// - Claim (`claim`): CAS EMPTY/TOMBSTONE → CLAIMING|fp, plain stores of the key and zeroed
+//   counters, then XCHG → LIVE|fp. The CAS orders the stores after the claim (a reader that sees
+//   the new key also sees CLAIMING or later); the XCHG orders them before LIVE (a reader that
+//   orders its reads after seeing LIVE sees the key and zeros, not the previous tenant's).
+// - Lookup (`find_or_claim`): the window is scanned with plain loads of `state`; when one reads
+//   LIVE with the flow's fingerprint the program re-reads the word with a CAS(live, live) before
+//   it reads the key or any counter. The CAS is the acquire: on arm64 the key compare could
+//   otherwise be served from before the claim and miss (the packet would probe on and could claim
+//   a second slot for the flow), and the tracking words (`tcp_seq_end`, ...) could be the
+//   previous flow's and invent a retransmission. Counters written after the CAS are ordered after
+//   the claim's zeroing by the same CAS (and on arm64 also by the control dependency).
+// - What a plain scan load can get wrong is bounded: a stale EMPTY/TOMBSTONE leads to `claim`,
+//   whose CAS fails on the real value (CONTENDED, one packet); a stale CLAIMING is CONTENDED; a
+//   stale LIVE is caught by the CAS re-read (CONTENDED). None counts into the wrong flow.
+// - The agent reads `state` with Acquire, copies the slot, then an Acquire fence and `state`
+//   again (a seqlock read: a slot re-claimed during the copy reads another word); it evicts with
+//   an AcqRel CAS LIVE|fp → TOMBSTONE. Counters are aligned u64s, read whole on x86-64 and arm64.
+// - Not prevented, on any architecture: the agent evicting a flow at the instant two CPUs handle
+//   the first packets of another flow whose window holds the evicted slot can leave that new
+//   flow in two slots (each CPU saw a different first free slot). Later packets find the first
+//   one; the other stays idle and is evicted like any idle flow.
+// Cost: one CMPXCHG on the flow's slot per matched packet (a line the counter adds write anyway)
+// and one XCHG per new flow; measured in docs/benchmarks.md ("Flow table memory order").
 
 /// TCP flag counters and the retransmission / duplicate-ACK detections.
 #[inline(always)]
@@ -623,9 +693,18 @@ fn store(dst: &mut u64, v: u64) {
 }
 
 /// `*dst = new` if `*dst == old`, as one BPF_ATOMIC | BPF_CMPXCHG; true if it was written.
+/// The kernel makes BPF_CMPXCHG fully ordered on every JIT; SeqCst here keeps the compiler from
+/// moving other memory accesses across it, so the instruction order is the one written.
 #[inline(always)]
 fn cas(dst: &mut u64, old: u64, new: u64) -> bool {
-    unsafe { atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(dst, old, new).1 }
+    unsafe { atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(dst, old, new).1 }
+}
+
+/// `*dst = v` as one BPF_ATOMIC | BPF_XCHG (kernel 5.12+, like BPF_CMPXCHG): fully ordered on
+/// every JIT, so every earlier store is visible before `v` is. Returns the old word.
+#[inline(always)]
+fn swap(dst: &mut u64, v: u64) -> u64 {
+    unsafe { atomic_xchg::<u64, { AtomicOrdering::SeqCst }>(dst, v) }
 }
 
 /// `*dst += v` as one BPF_ATOMIC | BPF_ADD instruction (the result is unused, so LLVM emits the

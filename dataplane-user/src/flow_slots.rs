@@ -8,10 +8,16 @@
 //! - The agent changes only `state`, and only `LIVE|fp` → `TOMBSTONE` (with a CAS, so a slot the
 //!   program re-claimed in between is left alone). It never writes keys or counters.
 //! - A slot is reported only if its state word read the same `LIVE|fp` value before and after the
-//!   key and counters were copied: a slot re-claimed for another flow during the copy is skipped
-//!   this poll, never reported with a mixed key.
+//!   key and counters were copied (Acquire load, copy, Acquire fence, load: a seqlock read, which
+//!   holds on arm64 too, where the copy's loads could otherwise be done after the second load): a
+//!   slot re-claimed for another flow during the copy is skipped this poll, never reported with a
+//!   mixed key. The program publishes a slot with a fully ordered BPF_XCHG after writing its key,
+//!   so a `LIVE` read with Acquire sees that key ("Memory order on FLOWS" in the eBPF crate).
 //! - Counters are read with plain loads while CPUs add to them: each aligned u64 is read whole
-//!   (x86-64), so a counter may be one packet older than another, never torn.
+//!   (x86-64 and arm64), so a counter may be one packet older than another, never torn.
+//! - A flow can, very rarely, be live in two slots of its window (see the eBPF crate's "Memory
+//!   order on FLOWS": an eviction racing two CPUs' first packets of a new flow); `evict`
+//!   tombstones every copy, so the stray one does not outlive the flow.
 use std::{
     io,
     os::fd::{AsRawFd, BorrowedFd},
@@ -108,6 +114,16 @@ impl SlotTable {
         unsafe { std::ptr::read_volatile(self.slot_ptr(i)) }
     }
 
+    /// A copy of slot `i` if its state word was `st` (read with Acquire by the caller) before and
+    /// after the copy; None if the slot changed meanwhile.
+    fn read_stable(&self, i: u32, st: u64) -> Option<FlowSlot> {
+        let s = self.read(i);
+        // The copy's loads must not be performed after the re-check's load (arm64 may reorder
+        // loads; an Acquire load only holds back the loads after it).
+        std::sync::atomic::fence(Ordering::Acquire);
+        (self.state_word(i).load(Ordering::Relaxed) == st).then_some(s)
+    }
+
     /// Writes slot `i` whole (tests standing in for the program).
     #[cfg(test)]
     pub fn write(&self, i: u32, s: FlowSlot) {
@@ -125,19 +141,34 @@ impl SlotTable {
             if st == slot_state::EMPTY {
                 return None;
             }
-            if st == live && self.read(i).key == *key && self.state(i) == live {
+            if st == live && self.read_stable(i, live).is_some_and(|s| s.key == *key) {
                 return Some(i);
             }
         }
         None
     }
 
-    /// Evicts `key`'s slot: `LIVE|fp` → `TOMBSTONE` with a compare-and-exchange. False when the
-    /// flow is not live (already gone) or the slot changed under us.
+    /// Evicts `key`: every slot of its window that holds it goes `LIVE|fp` → `TOMBSTONE` with a
+    /// compare-and-exchange (normally one; two after the rare race in the module docs). False
+    /// when the flow is not live (already gone) or its slot changed under us.
     pub fn evict(&self, key: &FlowKey) -> bool {
-        let Some(i) = self.find(key) else { return false };
-        let live = slot_state::with_fp(slot_state::LIVE, flow_hash(key, self.seed));
-        self.state_word(i).compare_exchange(live, slot_state::TOMBSTONE, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        let h = flow_hash(key, self.seed);
+        let live = slot_state::with_fp(slot_state::LIVE, h);
+        let mut evicted = false;
+        for p in 0..FLOW_PROBES {
+            let i = (h as u32).wrapping_add(p) & (self.slots - 1);
+            let st = self.state(i);
+            if st == slot_state::EMPTY {
+                break;
+            }
+            if st == live
+                && self.read_stable(i, live).is_some_and(|s| s.key == *key)
+                && self.state_word(i).compare_exchange(live, slot_state::TOMBSTONE, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+            {
+                evicted = true;
+            }
+        }
+        evicted
     }
 
 }
@@ -206,11 +237,10 @@ impl SlotTable {
             if !moved && !seen.moved {
                 continue;
             }
-            let s = self.read(i);
-            if self.state(i) != st {
+            let Some(s) = self.read_stable(i, st) else {
                 // Re-claimed during the copy: look again next poll.
                 continue;
-            }
+            };
             if was_live && seen.state != st {
                 out.vanished.push(seen.key);
             }
@@ -328,6 +358,18 @@ mod tests {
         let reused = insert(&t, key(100), 1);
         assert!(!t.evict(&key(5)));
         assert_eq!(t.find(&key(100)), Some(reused));
+    }
+
+    #[test]
+    fn evict_removes_every_copy_of_a_flow_in_its_window() {
+        let t = SlotTable::in_memory(vec![FlowSlot::default(); 16], 0);
+        let first = insert(&t, key(1), 5);
+        // The race in the module docs left a second copy further along the window.
+        let second = insert(&t, key(1), 1);
+        assert_ne!(first, second);
+        assert!(t.evict(&key(1)));
+        assert_eq!((t.state(first), t.state(second)), (slot_state::TOMBSTONE, slot_state::TOMBSTONE));
+        assert_eq!(t.find(&key(1)), None);
     }
 
     #[test]
