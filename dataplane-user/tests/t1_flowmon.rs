@@ -25,7 +25,7 @@ use dataplane_common::{
     config_flags, direction, event_kind, flow_kind, ipv4_mapped, maps, programs, stats,
     wire::{self, bth_opcode},
     flow_hash, slot_state, track, BurstState, Config, Event, FlowKey, FlowSlot, FlowStats, PortRange,
-    PrefixValue, DEBUG_LOG_PER_SEC, FLOW_PROBES, ROCEV2_UDP_PORT,
+    PrefixValue, DEBUG_LOG_PER_SEC, FLOW_PROBES, MAP_FULL_EVENTS_PER_SEC, ROCEV2_UDP_PORT,
 };
 use zerocopy::FromBytes as _;
 use ringside_test_support::{
@@ -136,9 +136,10 @@ impl Monitor {
     }
 
     /// Every slot of `FLOWS`, by index.
+    /// Every slot, through one mmap (`testrun::flow_slots`): by index it is a syscall per slot.
     fn slots(&self) -> Vec<FlowSlot> {
-        let m: Array<&MapData, FlowSlot> = Array::try_from(self.ebpf.map(maps::FLOWS).unwrap()).unwrap();
-        m.iter().map(Result::unwrap).collect()
+        let Some(aya::maps::Map::Array(data)) = self.ebpf.map(maps::FLOWS) else { panic!("FLOWS is an array map") };
+        testrun::flow_slots(data).expect("mmap FLOWS")
     }
 
     fn set_slot(&mut self, index: u32, slot: FlowSlot) {
@@ -1119,9 +1120,13 @@ fn home(key: &FlowKey, slots: u32) -> u32 {
 fn flows_take_their_home_slot_or_the_next_free_one_and_a_full_window_is_counted() {
     // 16 slots: collisions are certain with a few dozen flows.
     const SLOTS: u32 = 16;
-    let m = Monitor::load_sized(nccl_config(), &[], Some(SLOTS));
+    // `load_sized` pins the test to one CPU, so one MAP_FULL token bucket (they are per CPU)
+    // serves every run: the rate bound below is exact.
+    let started = std::time::Instant::now();
+    let mut m = Monitor::load_sized(nccl_config(), &[], Some(SLOTS));
     let mut expect_occupied = [false; SLOTS as usize];
     let (mut placed, mut full) = (0u64, 0u64);
+    let mut untracked = Vec::new();
     for i in 0..64u16 {
         let (frame, key) = udp_flow(i);
         m.run(&frame);
@@ -1141,6 +1146,7 @@ fn flows_take_their_home_slot_or_the_next_free_one_and_a_full_window_is_counted(
                 assert_eq!(m.slot_of(&key), None, "flow {i}: its probe window is full");
                 full += 2;
                 m.run(&frame);
+                untracked.push((frame, key));
             }
         }
     }
@@ -1148,6 +1154,32 @@ fn flows_take_their_home_slot_or_the_next_free_one_and_a_full_window_is_counted(
     assert_eq!(m.flow_keys().len() as u64, placed);
     // MATCHED counts every matched packet, the uncounted ones included (MAP_FULL says which).
     assert_stats(&m, &[(stats::MATCHED, 2 * placed + full), (stats::MAP_FULL, full), (stats::CONTENDED, 0)]);
+
+    // MAP_FULL events name the untracked flows, at most MAP_FULL_EVENTS_PER_SEC per CPU per
+    // second (a bucket that starts full), while STATS[MAP_FULL] counts every packet.
+    const FLOOD: u64 = 1000;
+    for _ in 0..FLOOD {
+        m.run(&untracked[0].0);
+    }
+    let events = m.events();
+    let elapsed_s = started.elapsed().as_secs() + 1;
+    let map_full: Vec<&Event> = events.iter().filter(|e| e.kind == event_kind::MAP_FULL).collect();
+    assert_eq!(map_full.len(), events.len(), "only MAP_FULL events are on (no flow-start/burst flags)");
+    assert!(!map_full.is_empty(), "a full window emits MAP_FULL events");
+    for e in &map_full {
+        assert!(untracked.iter().any(|(_, k)| *k == e.key), "MAP_FULL event for a tracked flow: {:?}", e.key);
+    }
+    // Bound: one bucket (one CPU), full at the start and refilled for the time the whole test
+    // took, rounded up.
+    let bound = MAP_FULL_EVENTS_PER_SEC * (1 + elapsed_s);
+    assert!(
+        (map_full.len() as u64) <= bound.min(full + FLOOD),
+        "{} MAP_FULL events for {} untracked packets in {elapsed_s} s: the rate limit ({MAP_FULL_EVENTS_PER_SEC}/s per CPU) does not hold",
+        map_full.len(),
+        full + FLOOD
+    );
+    assert!(full + FLOOD > bound, "the flood must exceed what the bucket allows, or the bound proves nothing");
+    assert_stats(&m, &[(stats::MAP_FULL, full + FLOOD)]);
 }
 
 #[test]

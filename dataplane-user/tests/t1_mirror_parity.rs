@@ -242,8 +242,9 @@ fn mirror_parser_and_accounting_match_the_classifier_frame_by_frame() {
         // The tables: same keys, same counters and tracking words.
         // FLOWS is an open-addressing array of slots (layout 3): its live slots are the flows.
         let (kernel_flows, used): (StdHashMap<FlowKey, FlowStats>, Vec<u32>) = {
-            let m: Array<&MapData, FlowSlot> = Array::try_from(ebpf.map(maps::FLOWS).unwrap()).unwrap();
-            let slots: Vec<FlowSlot> = m.iter().map(Result::unwrap).collect();
+            // One mmap, not a syscall per slot (slow in the T1 kernel matrix's TCG guest).
+            let Some(aya::maps::Map::Array(data)) = ebpf.map(maps::FLOWS) else { panic!("FLOWS is an array map") };
+            let slots: Vec<FlowSlot> = testrun::flow_slots(data).expect("mmap FLOWS");
             let live = slots.iter().filter(|s| s.state & slot_state::TAG_MASK == slot_state::LIVE).map(|s| (s.key, s.stats)).collect();
             let used = slots.iter().enumerate().filter(|(_, s)| s.state != slot_state::EMPTY).map(|(i, _)| i as u32).collect();
             (live, used)

@@ -137,6 +137,30 @@ pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A copy of every slot of `FLOWS` (a `BPF_F_MMAPABLE` array), read through one `mmap` as the
+/// agent reads it. Read by index it is one bpf() syscall per slot, 16,384 for the default size:
+/// fine on the host, slow enough under QEMU's TCG on a busy machine to matter to the T1 kernel
+/// matrix's guest timeout.
+pub fn flow_slots(flows: &aya::maps::MapData) -> std::io::Result<Vec<dataplane_common::FlowSlot>> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let n = flows.info().map_err(std::io::Error::other)?.max_entries() as usize;
+    let len = n * std::mem::size_of::<dataplane_common::FlowSlot>();
+    // SAFETY: a fresh read-only shared mapping of an mmapable array's values (offset 0, the
+    // array's size); unmapped below after the copy.
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, flows.fd().as_fd().as_raw_fd(), 0)
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `n` slots at a page-aligned address inside the mapping; FlowSlot is FromBytes (any
+    // bytes are a valid value); the copy is made before the unmap.
+    let v = unsafe { std::slice::from_raw_parts(p.cast::<dataplane_common::FlowSlot>(), n) }.to_vec();
+    // SAFETY: the mapping made above, unmapped once.
+    unsafe { libc::munmap(p, len) };
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
