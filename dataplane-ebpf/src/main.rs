@@ -12,8 +12,11 @@
 //!   flow live in one `FLOWS` entry shared by all CPUs (counters added atomically); `EVENTS`
 //!   carries only flow starts (opt-in), burst ends and map-full records (at most
 //!   `MAP_FULL_EVENTS_PER_SEC` per second per CPU, so a full table cannot flood the ring).
-//! - A matched packet costs one `bpf_ktime_get_ns` and one `FLOWS` lookup (plus an insert the
-//!   first time a flow is seen); an unmatched one no hash lookup and no clock read.
+//! - A matched packet costs one `bpf_ktime_get_ns`, one `flow_hash` and a probe of the flow's
+//!   `FLOWS` window (plain loads of slot states from its home slot on, usually one or two, then
+//!   one CMPXCHG re-read of the flow's slot; the first packet of a flow claims a free slot with a
+//!   CMPXCHG and an XCHG instead; a flow whose window is full probes all `FLOW_PROBES` slots);
+//!   an unmatched one no hash and no clock read.
 //! - Every outcome is counted once in `STATS`: SEEN always, then exactly one of MALFORMED,
 //!   UNSUPPORTED, UNREADABLE, or PARSED; a PARSED packet that matched the configuration is also
 //!   MATCHED, and a MATCHED packet that could not be counted in `FLOWS` is also exactly one of
@@ -159,20 +162,20 @@ fn debug_log_on() -> bool {
 /// Takes one debug record's worth of this CPU's log budget; false when it is spent.
 #[inline(always)]
 fn log_budget() -> bool {
-    budget(BUDGET_LOG, LOG_COST_NS)
+    // SAFETY: helper with no arguments.
+    budget(BUDGET_LOG, LOG_COST_NS, unsafe { bpf_ktime_get_ns() })
 }
 
 /// Takes `cost_ns` of credit from this CPU's bucket `which`; false when it is spent. Per-CPU and
 /// BH is disabled around TC programs, so the read-modify-write cannot interleave with another
-/// update.
+/// update. `now` is the caller's clock read (the map-full path has one already).
 #[inline(always)]
-fn budget(which: u32, cost_ns: u64) -> bool {
+fn budget(which: u32, cost_ns: u64, now: u64) -> bool {
     let b = match LOG_BUDGET.get_ptr_mut(which) {
         // SAFETY: as in `count`; this CPU's slot is written only by this CPU.
         Some(b) => unsafe { &mut *b },
         None => return false,
     };
-    let now = unsafe { bpf_ktime_get_ns() };
     // The first call finds last_ns = 0 and starts with a full bucket.
     let mut credit = b.credit_ns.saturating_add(now.wrapping_sub(b.last_ns));
     if credit > BUDGET_CAP_NS {
@@ -407,7 +410,7 @@ fn find_or_claim(key: &FlowKey, now: u64, cfg: &Config) -> Result<&'static mut F
 /// counts every packet. Out of line: rare.
 #[inline(never)]
 fn map_full(key: &FlowKey, now: u64) {
-    if budget(BUDGET_MAP_FULL, MAP_FULL_COST_NS) {
+    if budget(BUDGET_MAP_FULL, MAP_FULL_COST_NS, now) {
         emit(event_kind::MAP_FULL, key, now, None);
     }
 }
@@ -536,14 +539,27 @@ fn new_burst(s: &mut FlowStats, key: &FlowKey, last: u64, now: u64, flags: u32) 
 //   the claim's zeroing by the same CAS (and on arm64 also by the control dependency).
 // - What a plain scan load can get wrong is bounded: a stale EMPTY/TOMBSTONE leads to `claim`,
 //   whose CAS fails on the real value (CONTENDED, one packet); a stale CLAIMING is CONTENDED; a
-//   stale LIVE is caught by the CAS re-read (CONTENDED). None counts into the wrong flow.
+//   stale LIVE is caught by the CAS re-read (CONTENDED). None of these counts into the wrong
+//   flow.
+// - Not prevented: an eviction that lands after a packet's CAS re-read succeeded. The packet
+//   goes on adding to the slot it found; in that window (from the re-read to the packet's last
+//   counter add, about a nanosecond to tens of nanoseconds) its counts are lost with the evicted
+//   flow if the slot stays a tombstone or EMPTY, or land in the slot's next flow if a new flow
+//   claims and zeroes it first (they are then added after, or wiped by, the zeroing). The agent
+//   evicts only flows idle for `flow_idle_timeout`, so a packet in that window is one arriving
+//   at the very moment its flow is judged idle.
 // - The agent reads `state` with Acquire, copies the slot, then an Acquire fence and `state`
 //   again (a seqlock read: a slot re-claimed during the copy reads another word); it evicts with
-//   an AcqRel CAS LIVE|fp → TOMBSTONE. Counters are aligned u64s, read whole on x86-64 and arm64.
+//   an AcqRel CAS LIVE|fp → TOMBSTONE, then turns the run of tombstones holding that slot back
+//   into EMPTY (AcqRel CAS TOMBSTONE → EMPTY per slot, from the run's end backwards) when an EMPTY
+//   follows the run. Counters are aligned u64s, read whole on x86-64 and arm64.
 // - Not prevented, on any architecture: the agent evicting a flow at the instant two CPUs handle
 //   the first packets of another flow whose window holds the evicted slot can leave that new
 //   flow in two slots (each CPU saw a different first free slot). Later packets find the first
-//   one; the other stays idle and is evicted like any idle flow.
+//   one; the other stays idle and is evicted like any idle flow. The same can happen when a CPU
+//   claims the EMPTY after a run of tombstones (having read a slot of the run as live an instant
+//   before its eviction) while the agent empties that run: the flow's next packet stops at the
+//   emptied slot and claims it as well.
 // Cost: one CMPXCHG on the flow's slot per matched packet (a line the counter adds write anyway)
 // and one XCHG per new flow; measured in docs/benchmarks.md ("Flow table memory order").
 

@@ -5,8 +5,13 @@
 //! compare-and-exchange of its slot's state word.
 //!
 //! Invariants:
-//! - The agent changes only `state`, and only `LIVE|fp` → `TOMBSTONE` (with a CAS, so a slot the
-//!   program re-claimed in between is left alone). It never writes keys or counters.
+//! - The agent changes only `state`: `LIVE|fp` → `TOMBSTONE` (evicting a flow, with a CAS, so a
+//!   slot another writer changed in between is left alone), then `TOMBSTONE` → `EMPTY` for the
+//!   run of tombstones around an evicted slot when an `EMPTY` follows it (with a CAS per slot, so
+//!   a slot the program just claimed is left alone; see [`SlotTable::reclaim`]). Without the
+//!   second step, tombstones would only ever be reused, never emptied: on a host where flows
+//!   come and go, live + tombstone slots would approach capacity and every new flow's first
+//!   packet would probe its whole window. It never writes keys or counters.
 //! - A slot is reported only if its state word read the same `LIVE|fp` value before and after the
 //!   key and counters were copied (Acquire load, copy, Acquire fence, load: a seqlock read, which
 //!   holds on arm64 too, where the copy's loads could otherwise be done after the second load): a
@@ -16,8 +21,9 @@
 //! - Counters are read with plain loads while CPUs add to them: each aligned u64 is read whole
 //!   (x86-64 and arm64), so a counter may be one packet older than another, never torn.
 //! - A flow can, very rarely, be live in two slots of its window (see the eBPF crate's "Memory
-//!   order on FLOWS": an eviction racing two CPUs' first packets of a new flow); `evict`
-//!   tombstones every copy, so the stray one does not outlive the flow.
+//!   order on FLOWS": an eviction racing two CPUs' first packets of a new flow, or a new flow's
+//!   claim racing `reclaim`); `evict` tombstones every copy, so the stray one does not outlive
+//!   the flow.
 use std::{
     io,
     os::fd::{AsRawFd, BorrowedFd},
@@ -151,28 +157,97 @@ impl SlotTable {
     }
 
     /// Evicts `key`: every slot of its window that holds it goes `LIVE|fp` → `TOMBSTONE` with a
-    /// compare-and-exchange (normally one; two after the rare race in the module docs). False
-    /// when the flow is not live (already gone) or its slot changed under us.
+    /// compare-and-exchange (normally one; two after the rare race in the module docs), then each
+    /// such slot's run of tombstones is turned back into `EMPTY` when an `EMPTY` follows it
+    /// ([`SlotTable::reclaim`]). False when the flow is not live (already gone) or its slot
+    /// changed under us.
     pub fn evict(&self, key: &FlowKey) -> bool {
+        self.evict_with(key, &mut |_, _| {})
+    }
+
+    /// `evict`, calling `before_cas(self, slot)` just before each compare-and-exchange (tests:
+    /// another writer changing the slot at that instant).
+    fn evict_with(&self, key: &FlowKey, before_cas: &mut dyn FnMut(&Self, u32)) -> bool {
         let h = flow_hash(key, self.seed);
         let live = slot_state::with_fp(slot_state::LIVE, h);
-        let mut evicted = false;
+        let mut evicted: Option<u32> = None;
         for p in 0..FLOW_PROBES {
             let i = (h as u32).wrapping_add(p) & (self.slots - 1);
             let st = self.state(i);
             if st == slot_state::EMPTY {
                 break;
             }
-            if st == live
-                && self.read_stable(i, live).is_some_and(|s| s.key == *key)
-                && self.state_word(i).compare_exchange(live, slot_state::TOMBSTONE, Ordering::AcqRel, Ordering::Relaxed).is_ok()
-            {
-                evicted = true;
+            if st == live && self.read_stable(i, live).is_some_and(|s| s.key == *key) {
+                before_cas(self, i);
+                if self.state_word(i).compare_exchange(live, slot_state::TOMBSTONE, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                    // A second copy lies further along; reclaiming from the last one covers both
+                    // when only tombstones lie between them.
+                    evicted = Some(i);
+                }
             }
         }
-        evicted
+        if let Some(i) = evicted {
+            self.reclaim_with(i, before_cas);
+        }
+        evicted.is_some()
     }
 
+    /// Turns the run of tombstones that holds slot `i` back into `EMPTY` if the slot after the
+    /// run is `EMPTY`; returns how many slots it emptied. Sound for linear probing: a flow lies
+    /// at most `FLOW_PROBES - 1` slots past its home with no `EMPTY` in between (the program
+    /// claims the first free slot of the window and stops at an `EMPTY`), so when slot `j + 1` is
+    /// `EMPTY` no flow past `j` has its home at or before `j`, and a tombstone at `j` can become
+    /// `EMPTY` without hiding any flow from its lookups. The run is emptied from its end
+    /// backwards, each slot with a CAS `TOMBSTONE` → `EMPTY` after the slot behind it was emptied,
+    /// so the argument holds at each step; a CAS that fails (the program claimed the slot
+    /// meanwhile) ends the walk and the slots before it stay tombstones.
+    ///
+    /// The forward search for the run's end looks at most `FLOW_PROBES` slots past `i`: since
+    /// every eviction reclaims, a run followed by `EMPTY` only remains where a claim won a CAS
+    /// (or an older agent left one), and bounding the search keeps an eviction O(window) however
+    /// many tombstones a table holds.
+    ///
+    /// Race left (no lock is shared with the program): a CPU that read a slot of the run as live
+    /// an instant before it was evicted, and the `EMPTY` after the run as free, can claim that
+    /// `EMPTY` for a new flow while this walk empties the run in front of it. The flow's next
+    /// packet then stops at the emptied slot and claims it too: the flow is live in two slots,
+    /// the case of the module docs (later packets count into the first; `evict` tombstones both
+    /// copies); the packet or two counted into the stray copy are reported under the same key.
+    pub fn reclaim(&self, i: u32) -> u32 {
+        self.reclaim_with(i, &mut |_, _| {})
+    }
+
+    fn reclaim_with(&self, i: u32, before_cas: &mut dyn FnMut(&Self, u32)) -> u32 {
+        let mask = self.slots - 1;
+        if self.state(i) != slot_state::TOMBSTONE {
+            return 0;
+        }
+        // The run's end: the first slot after `i` that is not a tombstone.
+        let mut end = None;
+        for p in 1..=FLOW_PROBES.min(self.slots) {
+            let j = i.wrapping_add(p) & mask;
+            let st = self.state(j);
+            if st != slot_state::TOMBSTONE {
+                end = (st == slot_state::EMPTY).then_some(j);
+                break;
+            }
+        }
+        let Some(end) = end else { return 0 };
+        let mut emptied = 0;
+        let mut j = end;
+        while emptied < self.slots {
+            j = j.wrapping_sub(1) & mask;
+            if self.state(j) != slot_state::TOMBSTONE {
+                break;
+            }
+            before_cas(self, j);
+            if self.state_word(j).compare_exchange(slot_state::TOMBSTONE, slot_state::EMPTY, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+                break;
+            }
+            emptied += 1;
+        }
+        emptied
+    }
 }
 
 /// What the previous poll saw in each slot, so that a poll reports only the flows that changed
@@ -355,7 +430,10 @@ mod tests {
         for p in (0..12).filter(|&p| p != 5) {
             assert!(t.find(&key(p)).is_some(), "flow {p} still found past the tombstone");
         }
-        assert_eq!(t.changes(&mut SlotDiff::default()).counts, SlotCounts { capacity: 16, live: 11, claiming: 0, tombstones: 1 });
+        // Its slot is a tombstone, or EMPTY again if an EMPTY followed it.
+        let c = t.changes(&mut SlotDiff::default()).counts;
+        assert_eq!((c.live, c.claiming), (11, 0));
+        assert!(c.tombstones <= 1);
         // The program may reuse the tombstone; evicting the old key then changes nothing.
         let reused = insert(&t, key(100), 1);
         assert!(!t.evict(&key(5)));
@@ -370,17 +448,100 @@ mod tests {
         let second = insert(&t, key(1), 1);
         assert_ne!(first, second);
         assert!(t.evict(&key(1)));
-        assert_eq!((t.state(first), t.state(second)), (slot_state::TOMBSTONE, slot_state::TOMBSTONE));
+        // Tombstones, or EMPTY again where the run they end reaches an EMPTY.
+        for i in [first, second] {
+            assert_ne!(t.state(i) & slot_state::TAG_MASK, slot_state::LIVE);
+        }
         assert_eq!(t.find(&key(1)), None);
     }
 
     #[test]
-    fn a_slot_reclaimed_between_find_and_cas_is_left_alone() {
+    fn a_slot_changed_between_the_key_check_and_the_cas_is_left_alone() {
         let t = SlotTable::in_memory(vec![FlowSlot::default(); 16], 0);
         let i = insert(&t, key(1), 1);
-        // The program re-claimed it for another flow (another fingerprint): the CAS fails.
-        t.set_state(i, slot_state::with_fp(slot_state::LIVE, !flow_hash(&key(1), 0)));
-        assert!(!t.evict(&key(1)));
-        assert_ne!(t.state(i), slot_state::TOMBSTONE);
+        // The program never moves a LIVE slot, so only another writer (a second agent) can do
+        // this; the CAS must still refuse it. The hook runs after the key check passed.
+        let other = slot_state::with_fp(slot_state::LIVE, !flow_hash(&key(1), 0));
+        let mut reached = false;
+        let evicted = t.evict_with(&key(1), &mut |t, j| {
+            assert_eq!(j, i);
+            t.set_state(j, other);
+            reached = true;
+        });
+        assert!(reached, "the CAS was reached");
+        assert!(!evicted);
+        assert_eq!(t.state(i), other);
+    }
+
+    const T: u64 = slot_state::TOMBSTONE;
+    const E: u64 = slot_state::EMPTY;
+
+    fn states(t: &SlotTable) -> Vec<u64> {
+        (0..t.len()).map(|i| t.state(i)).collect()
+    }
+
+    #[test]
+    fn a_tombstone_run_is_emptied_only_when_an_empty_follows_it() {
+        let t = SlotTable::in_memory(vec![FlowSlot::default(); 16], 0);
+        let live = slot_state::with_fp(slot_state::LIVE, 42 << 32);
+        for (i, st) in [(2, T), (3, T), (4, T), (5, live), (6, T), (15, T), (0, T)] {
+            t.set_state(i, st);
+        }
+        // 2..=4 end at a live slot: a flow at 5 may have its home in the run.
+        assert_eq!(t.reclaim(3), 0);
+        assert_eq!(&states(&t)[2..7], &[T, T, T, live, T]);
+        // 6 ends at the EMPTY 7.
+        assert_eq!(t.reclaim(6), 1);
+        assert_eq!(t.state(6), E);
+        // 5 evicted: 2..=5 now end at the EMPTY 6 and all go, from the end backwards.
+        t.set_state(5, T);
+        assert_eq!(t.reclaim(4), 4);
+        // Across the wrap: 15 and 0 end at the EMPTY 1.
+        assert_eq!(t.reclaim(15), 2);
+        assert!(states(&t).iter().all(|&s| s == E));
+        // Not a tombstone: nothing to do.
+        assert_eq!(t.reclaim(9), 0);
+    }
+
+    #[test]
+    fn evict_empties_the_run_its_slot_ends_and_leaves_one_a_live_flow_ends() {
+        let t = SlotTable::in_memory(vec![FlowSlot::default(); 16], 0);
+        let i = insert(&t, key(1), 1);
+        let m = t.len() - 1;
+        let (before, after) = (i.wrapping_sub(1) & m, (i + 1) & m);
+        // An earlier eviction left a tombstone in front; the slot after is EMPTY.
+        t.set_state(before, T);
+        assert!(t.evict(&key(1)));
+        assert_eq!((t.state(before), t.state(i), t.state(after)), (E, E, E));
+        assert_eq!(t.changes(&mut SlotDiff::default()).counts, SlotCounts { capacity: 16, live: 0, claiming: 0, tombstones: 0 });
+        // Again with a live flow after it (one that may have probed over this slot): the
+        // tombstone stays, and that flow is still found.
+        let i = insert(&t, key(1), 1);
+        let (before, after) = (i.wrapping_sub(1) & m, (i + 1) & m);
+        t.set_state(before, T);
+        let live = slot_state::with_fp(slot_state::LIVE, 7 << 32);
+        t.set_state(after, live);
+        assert!(t.evict(&key(1)));
+        assert_eq!((t.state(before), t.state(i), t.state(after)), (T, T, live));
+    }
+
+    #[test]
+    fn a_slot_claimed_during_the_reclaim_walk_is_left_alone_and_ends_it() {
+        let t = SlotTable::in_memory(vec![FlowSlot::default(); 16], 0);
+        for i in 2..=5 {
+            t.set_state(i, T);
+        }
+        let claiming = slot_state::with_fp(slot_state::CLAIMING, 9 << 32);
+        let mut tried = Vec::new();
+        let emptied = t.reclaim_with(2, &mut |t, j| {
+            tried.push(j);
+            if j == 4 {
+                // The program claims slot 4 between the walk's check and its CAS.
+                t.set_state(j, claiming);
+            }
+        });
+        assert_eq!(tried, vec![5, 4], "from the run's end backwards, stopping at the failed CAS");
+        assert_eq!(emptied, 1);
+        assert_eq!(&states(&t)[1..7], &[E, T, T, claiming, E, E]);
     }
 }

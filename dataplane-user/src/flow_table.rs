@@ -534,12 +534,21 @@ impl FlowTable {
         }
     }
 
+    /// Forgets idle flows and, past `max_flows`, the least recent ones; returns their keys (the
+    /// collector evicts them from the kernel). A flow read with `last_seen_ns == 0` in this
+    /// poll's snapshot was caught between its slot's claim and its first packet's stamp (a
+    /// nanosecond window): it is neither idle nor the least recent, and is judged at a later
+    /// poll, by which time the stamp is there (the collector reports a flow that moved once
+    /// more at the next poll). One still unstamped after a poll that did not re-read it is
+    /// treated as idle since 0, so a slot that never got its stamp does not stay forever.
     fn evict(&mut self, now_ns: u64) -> Vec<FlowKey> {
         let idle_ns = u64::try_from(self.settings.idle_timeout.as_nanos()).unwrap_or(u64::MAX);
+        let poll = self.polls;
+        let unstamped = |e: &FlowEntry| e.totals.last_seen_ns == 0 && e.updated_poll == poll;
         let mut gone: Vec<FlowKey> = self
             .flows
             .values()
-            .filter(|e| now_ns.saturating_sub(e.totals.last_seen_ns) > idle_ns)
+            .filter(|e| !unstamped(e) && now_ns.saturating_sub(e.totals.last_seen_ns) > idle_ns)
             .map(|e| e.key)
             .collect();
         self.evictions.idle += gone.len() as u64;
@@ -548,7 +557,8 @@ impl FlowTable {
         }
         let excess = self.flows.len().saturating_sub(self.settings.max_flows);
         if excess > 0 {
-            let mut by_age: Vec<(u64, FlowKey)> = self.flows.values().map(|e| (e.totals.last_seen_ns, e.key)).collect();
+            let mut by_age: Vec<(u64, FlowKey)> =
+                self.flows.values().map(|e| (if unstamped(e) { u64::MAX } else { e.totals.last_seen_ns }, e.key)).collect();
             by_age.select_nth_unstable_by_key(excess - 1, |(t, k)| (*t, key_order(k)));
             for (_, k) in &by_age[..excess] {
                 self.flows.remove(k);
@@ -844,6 +854,30 @@ pub(crate) mod tests {
         assert_eq!(t.evictions().idle, 1);
         let ik = InterfaceKey { ifindex: 2, direction: direction::EGRESS, kind: flow_kind::TCP };
         assert_eq!(t.interfaces()[&ik].bytes, 300, "evicted flow keeps its contribution");
+    }
+
+    #[test]
+    fn a_flow_read_before_its_first_stamp_is_not_evicted_at_once() {
+        // A slot caught between its claim and its first packet's stamp: zeroed counters,
+        // last_seen_ns 0. Far past the idle timeout measured from 0, yet not idle.
+        let settings = TableSettings { idle_timeout: Duration::from_secs(1), max_flows: 1, ..Default::default() };
+        let a = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        let b = key(1, 3, 29500, direction::EGRESS, flow_kind::TCP);
+        let mut t = FlowTable::new(settings);
+        let s = 100_000 * MS;
+        let partial = |mono_ns, flows| PollSnapshot { mono_ns, flows, partial: true, ..Default::default() };
+        // Over capacity too: the unstamped flow counts as the newest, so b (stamped) goes.
+        let gone = t.apply(&partial(s, vec![(a, stats(0, 0, 0, 0)), (b, stats(1, 100, s - MS, s - MS))]));
+        assert_eq!(gone, vec![b], "the unstamped flow is neither idle nor the least recent");
+        assert_eq!((t.evictions().idle, t.evictions().capacity), (0, 1));
+        // Re-read at the next poll, stamped now: an ordinary live flow.
+        assert!(t.apply(&partial(s + 10 * MS, vec![(a, stats(1, 100, s + MS, s + MS))])).is_empty());
+        assert_eq!(t.get(&a).map(|e| e.totals.last_seen_ns), Some(s + MS));
+        // A flow that stays unstamped past a poll that did not re-read it is judged idle from 0.
+        let c = key(1, 4, 29500, direction::EGRESS, flow_kind::TCP);
+        let mut t = FlowTable::new(TableSettings { idle_timeout: Duration::from_secs(1), ..Default::default() });
+        assert!(t.apply(&partial(s, vec![(c, stats(0, 0, 0, 0))])).is_empty());
+        assert_eq!(t.apply(&partial(s + 10 * MS, vec![])), vec![c]);
     }
 
     #[test]
