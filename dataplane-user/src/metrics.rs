@@ -41,13 +41,13 @@ macro_rules! metric {
 
 // --- eBPF data plane (STATS array, summed over CPUs) ---
 metric!(DATAPLANE_PACKETS, "ringside_dataplane_packets", Counter,
-    "Packets seen by the flow monitor, by result: seen (all), parsed (down to TCP/UDP/RoCEv2), matched (counted in a flow), malformed, unsupported (skipped by design), unreadable (headers could not be pulled into the linear skb), contended (matched, but another CPU was creating the flow's slot at that instant: passed uncounted)");
+    "Packets seen by the flow monitor, by result: seen (all), parsed (down to TCP/UDP/RoCEv2), matched (matched the configuration: counted in a flow, or also map_full or contended), malformed, unsupported (skipped by design), unreadable (headers could not be pulled into the linear skb), contended (matched, but another CPU was creating the flow's slot at that instant, or the slot changed between the classifier's two reads of it: passed uncounted)");
 metric!(DATAPLANE_MAP_FULL, "ringside_dataplane_map_full", Counter,
     "Matched packets of flows that found no free slot in their probe window of the kernel flow table (table too full: raise kernel_max_flows); those packets were not counted in any flow");
 metric!(DATAPLANE_RINGBUF_FULL, "ringside_dataplane_ringbuf_full", Counter,
     "Events lost because the kernel ring buffer was full (the agent drained it too slowly); packets are unaffected");
 metric!(DATAPLANE_FLOW_SLOTS, "ringside_dataplane_flow_slots", Gauge,
-    "Slots of the kernel flow table (kernel_max_flows of them) by state: live (a flow), tombstone (a flow the agent evicted; reusable), claiming (a flow being created), empty. Keep live + tombstone under about 50 % of kernel_max_flows: above that, probe windows fill and packets count as map_full");
+    "Slots of the kernel flow table (kernel_max_flows of them) by state: live (a flow), tombstone (a flow the agent evicted; free to a new flow, turned back into empty when an empty slot follows its run), claiming (a flow being created), empty. Keep live under about 50 % of kernel_max_flows: above that, probe windows fill and packets count as map_full");
 metric!(DATAPLANE_EVENTS, "ringside_dataplane_events", Counter,
     "Events written to the kernel ring buffer");
 // --- flows ---
