@@ -248,6 +248,7 @@ pub const FLOW_PROBES: u32 = 32;
 ///   holding the evicted slot, when the slot after the run is `EMPTY` (no flow beyond an `EMPTY`
 ///   has its home before it, so none needs the run to be probed over), emptied from its end
 ///   backwards. A slot the program claimed meanwhile fails the CAS and ends the walk.
+///
 /// A packet that finds `CLAIMING` with its own fingerprint is counted `STATS[CONTENDED]` and
 /// passes uncounted (fail open: the program never waits for another CPU).
 pub mod slot_state {

@@ -8,7 +8,7 @@
 //! - The agent changes only `state`: `LIVE|fp` → `TOMBSTONE` (evicting a flow, with a CAS, so a
 //!   slot another writer changed in between is left alone), then `TOMBSTONE` → `EMPTY` for the
 //!   run of tombstones around an evicted slot when an `EMPTY` follows it (with a CAS per slot, so
-//!   a slot the program just claimed is left alone; see [`SlotTable::reclaim`]). Without the
+//!   a slot the program just claimed is left alone; see `SlotTable::reclaim_with`). Without the
 //!   second step, tombstones would only ever be reused, never emptied: on a host where flows
 //!   come and go, live + tombstone slots would approach capacity and every new flow's first
 //!   packet would probe its whole window. It never writes keys or counters.
@@ -159,7 +159,7 @@ impl SlotTable {
     /// Evicts `key`: every slot of its window that holds it goes `LIVE|fp` → `TOMBSTONE` with a
     /// compare-and-exchange (normally one; two after the rare race in the module docs), then each
     /// such slot's run of tombstones is turned back into `EMPTY` when an `EMPTY` follows it
-    /// ([`SlotTable::reclaim`]). False when the flow is not live (already gone) or its slot
+    /// (`reclaim_with`). False when the flow is not live (already gone) or its slot
     /// changed under us.
     pub fn evict(&self, key: &FlowKey) -> bool {
         self.evict_with(key, &mut |_, _| {})
@@ -192,6 +192,12 @@ impl SlotTable {
         evicted.is_some()
     }
 
+    /// `reclaim_with` without a hook (tests).
+    #[cfg(test)]
+    pub fn reclaim(&self, i: u32) -> u32 {
+        self.reclaim_with(i, &mut |_, _| {})
+    }
+
     /// Turns the run of tombstones that holds slot `i` back into `EMPTY` if the slot after the
     /// run is `EMPTY`; returns how many slots it emptied. Sound for linear probing: a flow lies
     /// at most `FLOW_PROBES - 1` slots past its home with no `EMPTY` in between (the program
@@ -203,9 +209,9 @@ impl SlotTable {
     /// meanwhile) ends the walk and the slots before it stay tombstones.
     ///
     /// The forward search for the run's end looks at most `FLOW_PROBES` slots past `i`: since
-    /// every eviction reclaims, a run followed by `EMPTY` only remains where a claim won a CAS
-    /// (or an older agent left one), and bounding the search keeps an eviction O(window) however
-    /// many tombstones a table holds.
+    /// every eviction reclaims, a tombstone run followed by an `EMPTY` is left only by an older
+    /// agent or by a search cut short here, and bounding the search keeps an eviction O(window)
+    /// however many tombstones a table holds (the backward walk empties each slot it visits).
     ///
     /// Race left (no lock is shared with the program): a CPU that read a slot of the run as live
     /// an instant before it was evicted, and the `EMPTY` after the run as free, can claim that
@@ -213,10 +219,8 @@ impl SlotTable {
     /// packet then stops at the emptied slot and claims it too: the flow is live in two slots,
     /// the case of the module docs (later packets count into the first; `evict` tombstones both
     /// copies); the packet or two counted into the stray copy are reported under the same key.
-    pub fn reclaim(&self, i: u32) -> u32 {
-        self.reclaim_with(i, &mut |_, _| {})
-    }
-
+    ///
+    /// `before_cas(self, slot)` runs just before each compare-and-exchange (tests).
     fn reclaim_with(&self, i: u32, before_cas: &mut dyn FnMut(&Self, u32)) -> u32 {
         let mask = self.slots - 1;
         if self.state(i) != slot_state::TOMBSTONE {
