@@ -42,3 +42,8 @@ pub use agent::{AgentArgs, AgentError, AgentSettings};
 pub use events::Event;
 pub use loader::PINNED_MAPS;
 pub use object::flowmon_object;
+
+/// The agent's view of `FLOWS` (mmap, CAS eviction), public only for the T1 test that runs it
+/// against the loaded program (`tests/t1_flowmon.rs`); not part of the crate's face.
+#[doc(hidden)]
+pub use flow_slots::SlotTable;

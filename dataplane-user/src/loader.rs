@@ -755,8 +755,9 @@ fn map<'a>(name: &'static str, ebpf: &'a mut Ebpf) -> Result<&'a mut aya::maps::
 
 /// Writes `CONFIG` (with `FLOWS`' slot mask for `slots`) and the prefixes; returns the hash seed:
 /// the one already in a `CONFIG` of this layout (reused pins: the flows in `FLOWS` were placed
-/// with it), else a fresh random one.
-fn write_config(ebpf: &mut Ebpf, cfg: &dataplane_common::Config, slots: u32, prefixes: &[PrefixKey]) -> Result<u32, LoaderError> {
+/// with it), else a fresh random one. Public for the T1 test that checks the agent's eviction
+/// against the program with the seed this picks (`dataplane-user/tests/t1_flowmon.rs`).
+pub fn write_config(ebpf: &mut Ebpf, cfg: &dataplane_common::Config, slots: u32, prefixes: &[PrefixKey]) -> Result<u32, LoaderError> {
     {
         let mut prefixes_map: LpmTrie<&mut MapData, [u8; 16], PrefixValue> =
             LpmTrie::try_from(map(maps::MATCH_PREFIXES, ebpf)?).map_err(|source| LoaderError::Map { name: maps::MATCH_PREFIXES, source })?;

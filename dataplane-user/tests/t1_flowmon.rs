@@ -1233,3 +1233,85 @@ fn lookups_go_past_tombstones_and_new_flows_reuse_them_with_zeroed_counters() {
     assert_eq!((s.packets, s.bytes), (1, l3(&other.0)), "the tombstone's old counters are gone");
     assert_stats(&m, &[(stats::MATCHED, 2), (stats::MAP_FULL, 0), (stats::CONTENDED, 0)]);
 }
+
+/// The live slots holding `key` in a copy of the table: (index, slot).
+fn live_slots_of(slots: &[FlowSlot], key: &FlowKey) -> Vec<(u32, FlowSlot)> {
+    slots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.state & slot_state::TAG_MASK == slot_state::LIVE && s.key == *key)
+        .map(|(i, s)| (i as u32, *s))
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root (T1): run with cargo xtask test"]
+fn the_agent_evicts_through_the_mmap_with_the_nonzero_seed_it_gave_the_program() {
+    use std::os::fd::AsFd as _;
+    const SLOTS: u32 = 64;
+    let mut m = Monitor::load_sized(nccl_config(), &[], Some(SLOTS));
+    // The seed as the agent sets it: `loader::write_config` on a CONFIG of no layout yet (a fresh
+    // map reads all zero) picks a random one and writes it to CONFIG, where the program reads it.
+    {
+        let mut cfg: Array<&mut MapData, Config> = Array::try_from(m.ebpf.map_mut(maps::CONFIG).unwrap()).unwrap();
+        cfg.set(0, <Config as zerocopy::FromZeros>::new_zeroed(), 0).unwrap();
+    }
+    let seed = dataplane_user::loader::write_config(&mut m.ebpf, &nccl_config(), SLOTS, &[]).expect("the agent writes CONFIG");
+    assert_ne!(seed, 0, "write_config picked seed 0 (chance 2^-32): the test proves nothing with it, run it again");
+    {
+        let cfg: Array<&MapData, Config> = Array::try_from(m.ebpf.map(maps::CONFIG).unwrap()).unwrap();
+        let c = cfg.get(&0, 0).unwrap();
+        assert_eq!((c.hash_seed, c.flow_slot_mask), (seed, SLOTS - 1));
+    }
+
+    // Several flows, three packets each.
+    let flows: Vec<(Vec<u8>, FlowKey)> = (0..8).map(udp_flow).collect();
+    for (frame, _) in &flows {
+        m.run_n(frame, &SkbContext::ingress(), 3);
+    }
+    let before = m.slots();
+    let mut at = Vec::new();
+    for (i, (frame, key)) in flows.iter().enumerate() {
+        let live = live_slots_of(&before, key);
+        assert_eq!(live.len(), 1, "flow {i} is live in exactly one slot: {live:?}");
+        let (slot, s) = live[0];
+        // Placed with the seed in CONFIG: fingerprint and probe window of flow_hash(key, seed).
+        let h = flow_hash(key, seed);
+        assert_eq!(s.state, slot_state::with_fp(slot_state::LIVE, h), "flow {i}: fingerprint of the seeded hash");
+        let dist = slot.wrapping_sub(h as u32) & (SLOTS - 1);
+        assert!(dist < FLOW_PROBES, "flow {i} in slot {slot}, {dist} past its seeded home");
+        assert_eq!((s.stats.packets, s.stats.bytes), (3, 3 * l3(frame)), "flow {i}");
+        at.push(slot);
+    }
+
+    // The agent's own eviction, on its own mapping of the kernel's array, with the seed
+    // write_config returned (what `Attachment::hash_seed` hands the collector).
+    let Some(aya::maps::Map::Array(data)) = m.ebpf.map(maps::FLOWS) else { panic!("FLOWS is an array map") };
+    let table = dataplane_user::SlotTable::map(data.fd().as_fd(), SLOTS, seed).expect("mmap FLOWS read-write");
+    const VICTIM: usize = 3;
+    let (victim_frame, victim) = flows[VICTIM].clone();
+    assert!(table.evict(&victim), "the agent's evict found the flow (with a seed other than the program's it cannot)");
+    assert!(!table.evict(&victim), "gone after one eviction");
+
+    let after = m.slots();
+    let freed = after[at[VICTIM] as usize].state;
+    assert!(freed == slot_state::EMPTY || freed == slot_state::TOMBSTONE, "the evicted flow's slot {} is free: state {freed:#x}", at[VICTIM]);
+    assert!(live_slots_of(&after, &victim).is_empty(), "the evicted flow is live nowhere");
+    for (i, slot) in at.iter().enumerate().filter(|&(i, _)| i != VICTIM) {
+        assert_eq!(after[*slot as usize], before[*slot as usize], "flow {i}'s slot {slot} is untouched");
+    }
+    assert_eq!(after.iter().filter(|s| s.state & slot_state::TAG_MASK == slot_state::LIVE).count(), flows.len() - 1);
+
+    // The evicted flow's next packet claims a slot again, counters from zero; the others count on.
+    m.run(&victim_frame);
+    m.run(&flows[0].0);
+    let last = m.slots();
+    let live = live_slots_of(&last, &victim);
+    assert_eq!(live.len(), 1, "the evicted flow claimed one slot again: {live:?}");
+    let s = live[0].1.stats;
+    assert_eq!((s.packets, s.bytes), (1, l3(&victim_frame)), "re-created with zeroed counters");
+    let kept = live_slots_of(&last, &flows[0].1);
+    assert_eq!(kept.iter().map(|(i, s)| (*i, s.stats.packets)).collect::<Vec<_>>(), vec![(at[0], 4)], "flow 0 counts on in its slot");
+    assert_stats(&m, &[(stats::MATCHED, 3 * flows.len() as u64 + 2), (stats::MAP_FULL, 0), (stats::CONTENDED, 0)]);
+    drop(table);
+}

@@ -173,13 +173,17 @@ fn kernel_counts(pin_dir: &Path) -> (u64, u64) {
     let data = MapData::from_pin(pin_dir.join(maps::FLOWS)).expect("FLOWS is pinned");
     let flows: Array<MapData, FlowSlot> = Array::try_from(Map::from_map_data(data).unwrap()).unwrap();
     let dst = ipv4_mapped([10, 77, 0, 2]);
-    let packets = flows
+    let slots: Vec<FlowSlot> = flows
         .iter()
         .filter_map(Result::ok)
         .filter(|s| s.state & slot_state::TAG_MASK == slot_state::LIVE)
         .filter(|s| s.key.kind == flow_kind::ROCEV2 && s.key.direction == direction::EGRESS && s.key.dst_addr == dst)
-        .map(|s| s.stats.packets)
-        .sum();
+        .collect();
+    // A flow live in two slots would still add up here: it must not be.
+    for (i, s) in slots.iter().enumerate() {
+        assert!(!slots[..i].iter().any(|o| o.key == s.key), "flow {:?} is live in two slots of FLOWS", s.key);
+    }
+    let packets = slots.iter().map(|s| s.stats.packets).sum();
     let data = MapData::from_pin(pin_dir.join(maps::STATS)).expect("STATS is pinned");
     let st: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::from_map_data(data).unwrap()).unwrap();
     let matched = st.get(&stats::MATCHED, 0).unwrap().iter().sum();
