@@ -88,7 +88,7 @@ impl SlotTable {
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> u32 {
+    pub(crate) fn len(&self) -> u32 {
         self.slots
     }
 
