@@ -28,13 +28,13 @@ mod support;
 use std::{
     net::{IpAddr, SocketAddr},
     path::PathBuf,
-    process::{Child, Command},
+    process::Command,
     time::{Duration, Instant},
 };
 
-use dataplane_user::{cli, detect::{Scope, VerdictKind}};
-use ringside_client::{Algorithm, EventsResponse, FlowsResponse, Hint, JobClient, OperatorClient, PortRange};
-use support::wait_for;
+use dataplane_user::detect::{Scope, VerdictKind};
+use ringside_client::{Algorithm, EventsResponse, Hint, JobClient, PortRange};
+use support::{ipu_agent::IpuAgent, wait_for};
 use testbed::{ByteSize, IpuStar, IpuStarConfig, JobConfig, Rig, TcpSink, IPU_FABRIC_PORT};
 
 const POLL: Duration = Duration::from_millis(200);
@@ -66,73 +66,6 @@ fn ipu_star(hosts: usize) -> IpuStar {
         .expect("building the IPU star")
 }
 
-/// The agent in one IPU namespace on its fabric port; SIGTERM + bounded wait on drop, pins,
-/// config and state removed.
-struct IpuAgent {
-    child: Option<Child>,
-    ns: testbed::NetnsHandle,
-    port: u16,
-    pin_dir: PathBuf,
-    config: PathBuf,
-    state_dir: PathBuf,
-}
-
-impl IpuAgent {
-    fn start(star: &IpuStar, ipu: usize, tag: &str, port: u16, body: &str) -> IpuAgent {
-        let id = format!("{}-{tag}", std::process::id());
-        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/ringside-t2ipu-{id}"));
-        let state_dir = std::env::temp_dir().join(format!("ringside-t2ipu-state-{id}"));
-        let config = std::env::temp_dir().join(format!("ringside-t2ipu-{id}.toml"));
-        let _ = std::fs::remove_dir_all(&state_dir);
-        std::fs::write(&config, format!("state_dir = \"{}\"\n{body}", state_dir.display())).unwrap();
-        let ns = star.ipu(ipu).unwrap().handle();
-        let mut cmd = ns.command(env!("CARGO_BIN_EXE_ringside"));
-        cmd.args(["agent", "--listen", &format!("127.0.0.1:{port}"), "--iface", IPU_FABRIC_PORT, "--config"])
-            .arg(&config)
-            .arg("--pin-dir")
-            .arg(&pin_dir)
-            .env("RUST_LOG", std::env::var("RINGSIDE_AGENT_LOG").unwrap_or_else(|_| "info".into()));
-        let child = cmd.spawn().expect("spawning the ringside binary");
-        let agent = IpuAgent { child: Some(child), ns, port, pin_dir, config, state_dir };
-        wait_for(Duration::from_secs(15), POLL, "the agent in the IPU to become ready", || {
-            agent.client(|c| c.status()).ok().filter(|s| s.ready)
-        });
-        agent
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn client<T: Send>(&self, f: impl FnOnce(&OperatorClient) -> Result<T, ringside_client::ClientError> + Send) -> Result<T, ringside_client::ClientError> {
-        let url = self.url();
-        let token = cli::resolve_token(None, &self.state_dir).unwrap_or_default();
-        self.ns.try_run(|| f(&OperatorClient::new(&url, &token)?)).expect("entering the IPU namespace")
-    }
-
-    fn flows(&self) -> FlowsResponse {
-        self.client(|c| c.flows(100)).expect("GET /v1/flows")
-    }
-
-    fn events(&self) -> EventsResponse {
-        self.client(|c| c.events(true, 1000)).expect("GET /v1/events")
-    }
-}
-
-impl Drop for IpuAgent {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            support::stop_child(&mut child, Duration::from_secs(10));
-        }
-        for name in dataplane_user::loader::PINNED_MAPS {
-            let _ = std::fs::remove_file(self.pin_dir.join(name));
-        }
-        let _ = std::fs::remove_dir(&self.pin_dir);
-        let _ = std::fs::remove_file(&self.config);
-        let _ = std::fs::remove_dir_all(&self.state_dir);
-    }
-}
-
 fn summary(r: &EventsResponse) -> String {
     r.events.iter().map(|e| format!("\n  {}", serde_json::to_string(e).unwrap())).collect()
 }
@@ -147,7 +80,7 @@ fn traffic_crosses_two_ipus_intact_and_ipu_agent_counts_it() {
     let _serial = preconditions();
     let mut star = ipu_star(2);
     let body = format!("[match]\ntcp_ports = [{JOB_PORT}]\n");
-    let agent = IpuAgent::start(&star, 0, "bytes", 9481, &body);
+    let agent = IpuAgent::start(&star, 0, "t2ipu", "bytes", 9481, &body);
 
     // Host 0 → host 1, 2 streams × 8 MB, through IPU 0, the switch and IPU 1.
     let h1: IpAddr = star.hosts[1].addr.into();
@@ -224,7 +157,7 @@ fn loss_on_a_peer_ipu_link_is_a_gray_failure_from_ipu0() {
          [[job]]\nname = \"t2\"\nmembers = [\"10.77.0.0/24\"]\ntcp_ports = [{JOB_PORT}]\n\
          [detect.gray]\nmin_peers = 2\n"
     );
-    let agent = IpuAgent::start(&star, 0, "loss", 9482, &body);
+    let agent = IpuAgent::start(&star, 0, "t2ipu", "loss", 9482, &body);
     let cfg = JobConfig {
         ranks: hosts,
         size: ByteSize(4 << 20),
@@ -270,7 +203,7 @@ fn rate_cap_on_a_peer_changes_the_hint_read_in_ipu0() {
     let hosts = 4;
     let star = ipu_star(hosts);
     let body = "[match]\nprefixes = [\"10.77.0.0/24\"]\n[detect.gray]\nmin_peers = 2\n";
-    let agent = IpuAgent::start(&star, 0, "hint", 9483, body);
+    let agent = IpuAgent::start(&star, 0, "t2ipu", "hint", 9483, body);
     let wanted = support::adapt::registration("t2-ipu-hint", vec!["10.77.0.0/24".into()], PortRange { lo: JOB_PORT, hi: JOB_PORT }, 4 << 20, Algorithm::ALL.to_vec());
     let created = agent.client(|c| c.register(&wanted)).expect("POST /v1/jobs to IPU 0's agent");
     let job_url = format!("{}/v1/jobs/{}", agent.url(), created.id);

@@ -1,17 +1,20 @@
 //! T2: managed collectives (issue 12). A 4-host [`IpuStar`] with the host ↔ IPU links and the
-//! IPUs' fabric addresses ([`testbed::managed::enable_managed`]); one `ringside-ipu` per IPU, the
-//! real agent in IPU 0 on its fabric port; the job registered through the real API (members: the
-//! IPUs' fabric subnet, the services' mesh port); the emulated job (`ringside-rank --managed`,
-//! `--verify`) hands every step's buffer to its IPU and follows no hints itself. After a healthy
-//! warm-up, IPU 0's fabric cable (`h0`) is rate-capped until the job ends.
+//! IPUs' fabric addresses ([`testbed::managed::enable_managed`]); one `ringside-ipu` per IPU and
+//! the real agent in every IPU on its fabric port; the job registered through the real API with
+//! each agent (members: the IPUs' fabric subnet, the services' mesh port), and each service
+//! following its own IPU's agent (`--agent`) and voting with its hints; the emulated job
+//! (`ringside-rank --managed`, `--verify`) hands every step's buffer to its IPU and follows no
+//! hints itself. After a healthy warm-up, IPU 2's fabric cable (`h2`: not rank 0's, so before
+//! every IPU steered this fault went unnoticed) is rate-capped until the job ends.
 //!
-//! `rate_cap_is_applied_by_the_ipu_services_without_the_tenant`:
+//! `rate_cap_off_rank_0_is_applied_by_every_ipu_service_without_the_tenant`:
 //! - every rank completed every step and verified every allreduce (the sums of the deterministic
 //!   inputs: exact for uncompressed steps, within the codec's bound for compressed ones), and
-//!   every rank ran the same plan at every step;
+//!   every rank ran the same plan at every step (so every rank switched at the same collective);
 //! - no plan change before the cap; after it, steps ran a compressed plan that came from a hint of
-//!   version ≥ 2 (the services report the hint behind each plan; the ranks had no hint flag and
-//!   no agent address), and the job ended compressed;
+//!   version ≥ 2 that the winning service had proposed (the services report the rank and version
+//!   behind each plan; the ranks had no hint flag and no agent address), a service other than
+//!   rank 0's proposed a compressed plan, and the job ended compressed;
 //! - the plans never left the registered constraints (no top-k: not registered);
 //! - when at least 3 steps ran capped and uncompressed, the compressed steps' mean communication
 //!   time is at least 1.3× lower (a ratio within one run);
@@ -25,14 +28,12 @@ mod support;
 use std::{
     net::SocketAddr,
     path::PathBuf,
-    process::Child,
     time::{Duration, Instant},
 };
 
-use dataplane_user::cli;
-use ringside_client::{Algorithm, Constraints, JobCreated, JobRegistration, OperatorClient, PortRange};
+use ringside_client::{Algorithm, Constraints, JobCreated, JobRegistration, PortRange};
 use serde_json::Value;
-use support::wait_for;
+use support::{ipu_agent::IpuAgent, wait_for};
 use testbed::managed::{self, ManagedServices, ServiceConfig};
 use testbed::{ByteSize, IpuStar, IpuStarConfig, JobConfig, Rig, IPU_FABRIC_PORT};
 
@@ -48,6 +49,8 @@ const GRADIENT_BYTES: u64 = 4 << 20;
 const CAP_MBIT: u64 = 150;
 const WARMUP: Duration = Duration::from_secs(12);
 const STEPS: u32 = 300;
+/// The capped host: not rank 0's.
+const CAPPED: usize = 2;
 
 fn binary(env: &str, name: &str) -> PathBuf {
     if let Some(p) = std::env::var_os(env) {
@@ -72,61 +75,6 @@ fn preconditions() -> (PathBuf, PathBuf) {
         panic!("t2_managed runs the IPU forwarder (`ringside ipu-wire`): {e}");
     }
     (binary("RINGSIDE_RANK_BIN", "ringside-rank"), binary("RINGSIDE_IPU_BIN", "ringside-ipu"))
-}
-
-/// The agent in IPU 0 on its fabric port, API on 127.0.0.1 there; stopped and cleaned on drop.
-struct IpuAgent {
-    child: Option<Child>,
-    ns: testbed::NetnsHandle,
-    pin_dir: PathBuf,
-    config: PathBuf,
-    state_dir: PathBuf,
-}
-
-impl IpuAgent {
-    fn start(star: &IpuStar, body: &str) -> IpuAgent {
-        let id = std::process::id();
-        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/ringside-t2managed-{id}"));
-        let state_dir = std::env::temp_dir().join(format!("ringside-t2managed-state-{id}"));
-        let config = std::env::temp_dir().join(format!("ringside-t2managed-{id}.toml"));
-        let _ = std::fs::remove_dir_all(&state_dir);
-        std::fs::write(&config, format!("state_dir = \"{}\"\n{body}", state_dir.display())).unwrap();
-        let ns = star.ipu(0).unwrap().handle();
-        let mut cmd = ns.command(env!("CARGO_BIN_EXE_ringside"));
-        cmd.args(["agent", "--listen", &format!("127.0.0.1:{AGENT_PORT}"), "--iface", IPU_FABRIC_PORT, "--config"])
-            .arg(&config)
-            .arg("--pin-dir")
-            .arg(&pin_dir)
-            .env("RUST_LOG", std::env::var("RINGSIDE_AGENT_LOG").unwrap_or_else(|_| "info".into()));
-        let child = cmd.spawn().expect("spawning the ringside binary");
-        let agent = IpuAgent { child: Some(child), ns, pin_dir, config, state_dir };
-        wait_for(Duration::from_secs(15), POLL, "the agent in IPU 0 to become ready", || agent.operator(|c| c.status()).ok().filter(|s| s.ready));
-        agent
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{AGENT_PORT}")
-    }
-
-    fn operator<T: Send>(&self, f: impl FnOnce(&OperatorClient) -> Result<T, ringside_client::ClientError> + Send) -> Result<T, ringside_client::ClientError> {
-        let url = self.url();
-        let token = cli::resolve_token(None, &self.state_dir).unwrap_or_default();
-        self.ns.try_run(|| f(&OperatorClient::new(&url, &token)?)).expect("entering IPU 0's namespace")
-    }
-}
-
-impl Drop for IpuAgent {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            support::stop_child(&mut child, Duration::from_secs(10));
-        }
-        for name in dataplane_user::loader::PINNED_MAPS {
-            let _ = std::fs::remove_file(self.pin_dir.join(name));
-        }
-        let _ = std::fs::remove_dir(&self.pin_dir);
-        let _ = std::fs::remove_file(&self.config);
-        let _ = std::fs::remove_dir_all(&self.state_dir);
-    }
 }
 
 fn f(v: &Value, k: &str) -> f64 {
@@ -155,13 +103,17 @@ impl Drop for TempFile {
 
 #[test]
 #[ignore = "needs root and the eBPF objects (T2): run with cargo xtask test"]
-fn rate_cap_is_applied_by_the_ipu_services_without_the_tenant() {
+fn rate_cap_off_rank_0_is_applied_by_every_ipu_service_without_the_tenant() {
     let (rank_bin, ipu_bin) = preconditions();
     let t0 = Instant::now();
     let star = IpuStar::new(IpuStarConfig { hosts: RANKS, offloads: false, ringside_bin: env!("CARGO_BIN_EXE_ringside").into(), ..Default::default() })
         .expect("building the IPU star");
     managed::enable_managed(&star).expect("host links and IPU fabric addresses");
-    let agent = IpuAgent::start(&star, "[match]\nprefixes = [\"10.77.1.0/24\"]\n");
+    // One agent per IPU, each watching its own fabric port (the same config as `eval detection
+    // --vantage ipu`: an IPU sees two ring peers, so the gray detector's peer minimum is 2).
+    let agents: Vec<IpuAgent> = (0..RANKS)
+        .map(|i| IpuAgent::start(&star, i, "t2managed", &format!("ipu{i}"), AGENT_PORT, "[match]\nprefixes = [\"10.77.1.0/24\"]\n[detect.gray]\nmin_peers = 2\n"))
+        .collect();
 
     // The job as its launcher registers it: the IPUs' fabric addresses and the services' port.
     let constraints = Constraints {
@@ -179,7 +131,7 @@ fn rate_cap_is_applied_by_the_ipu_services_without_the_tenant() {
         gradient_bytes: Some(GRADIENT_BYTES),
         constraints: constraints.clone(),
     };
-    let created: JobCreated = agent.operator(|c| c.register(&job)).expect("POST /v1/jobs");
+    let created: Vec<JobCreated> = agents.iter().map(|a| a.client(|c| c.register(&job)).expect("POST /v1/jobs")).collect();
     let constraints_file = TempFile(std::env::temp_dir().join(format!("ringside-t2managed-constraints-{}.json", std::process::id())));
     std::fs::write(&constraints_file.0, serde_json::to_string(&constraints).unwrap()).unwrap();
     let out_dir = std::env::temp_dir().join(format!("ringside-t2managed-{}", std::process::id()));
@@ -191,9 +143,9 @@ fn rate_cap_is_applied_by_the_ipu_services_without_the_tenant() {
             fabric_port: FABRIC_PORT,
             listen_port: SERVICE_PORT,
             bin: Some(ipu_bin),
-            args: vec!["--max-channels".into(), "1".into(), "--timeout-ms".into(), "30000".into()],
-            rank0_args: vec!["--agent".into(), format!("{}/v1/jobs/{}", agent.url(), created.id), "--constraints".into(), constraints_file.0.display().to_string()],
-            token: Some(created.tenant_token.clone()),
+            args: vec!["--max-channels".into(), "1".into(), "--timeout-ms".into(), "30000".into(), "--constraints".into(), constraints_file.0.display().to_string()],
+            rank_args: agents.iter().zip(&created).map(|(a, c)| vec!["--agent".into(), format!("{}/v1/jobs/{}", a.url(), c.id)]).collect(),
+            tokens: created.iter().map(|c| Some(c.tenant_token.clone())).collect(),
             log_dir: out_dir.join("ipu"),
         },
     )
@@ -223,15 +175,23 @@ fn rate_cap_is_applied_by_the_ipu_services_without_the_tenant() {
     let running = testbed::spawn_job(&star, &cfg).expect("starting the managed job");
     std::thread::sleep(WARMUP);
     let cap_ms = unix_ms();
-    let _cap = star.link_rate_cap("h0", CAP_MBIT).expect("rate cap on IPU 0's fabric cable");
-    eprintln!("capped h0 at {CAP_MBIT} Mbit/s after {WARMUP:?} of the job");
+    let _cap = star.link_rate_cap(&format!("h{CAPPED}"), CAP_MBIT).expect("rate cap on IPU 2's fabric cable");
+    eprintln!("capped h{CAPPED} at {CAP_MBIT} Mbit/s after {WARMUP:?} of the job");
     let report = running.wait(None).expect("the managed job ran to the end");
     eprintln!("job wall time {:.1} s; test so far {:.1} s; reports in {}", report.wall_ms / 1e3, t0.elapsed().as_secs_f64(), out_dir.display());
     assert!(services.exited().is_empty(), "a service exited during the job: {:?} (logs {:?})", services.exited(), services.logs());
-    let log0 = std::fs::read_to_string(&services.logs()[0]).unwrap_or_default();
-    for l in log0.lines().filter(|l| l.contains("hint") || l.contains("refus")) {
-        eprintln!("ipu0: {l}");
+    let logs: Vec<String> = services.logs().iter().map(|l| std::fs::read_to_string(l).unwrap_or_default()).collect();
+    for (i, log) in logs.iter().enumerate() {
+        for l in log.lines().filter(|l| l.contains("hint") || l.contains("refus") || l.contains("agreed")) {
+            eprintln!("ipu{i}: {l}");
+        }
     }
+    let log0 = &logs[0];
+    // Which services proposed a compressed plan (severity ≥ 2: a codec; see ipu_firmware::plan::severity).
+    let compressing: Vec<usize> = (0..RANKS)
+        .filter(|&i| logs[i].lines().any(|l| l.contains("proposing the local agent's hint") && !l.contains("severity=0") && !l.contains("severity=1")))
+        .collect();
+    eprintln!("services that proposed a compressed plan: {compressing:?}");
 
     let ranks: Vec<Value> = report.ranks.iter().map(|r| serde_json::from_str(&std::fs::read_to_string(&r.out).unwrap()).unwrap()).collect();
     for (r, (summary, v)) in report.ranks.iter().zip(&ranks).enumerate() {
@@ -255,7 +215,7 @@ fn rate_cap_is_applied_by_the_ipu_services_without_the_tenant() {
     };
     let changes: Vec<(usize, &Value)> = (1..steps0.len()).filter(|&i| what(&steps0[i]) != what(&steps0[i - 1])).map(|i| (i, &steps0[i])).collect();
     for (i, s) in &changes {
-        eprintln!("step {i}: plan {} {} ×{} (hint v{})", s["plan"]["algorithm"], codec(&s["plan"]), s["plan"]["channels"], s["hint_version"]);
+        eprintln!("step {i}: plan {} {} ×{} (hint v{} from ipu{})", s["plan"]["algorithm"], codec(&s["plan"]), s["plan"]["channels"], s["hint_version"], s["hint_rank"]);
     }
     let early: Vec<_> = changes.iter().filter(|(_, s)| f(s, "end_unix_ms") < cap_ms).collect();
     assert!(early.is_empty(), "the plan changed on the healthy job, before the cap: {early:?}");
@@ -271,6 +231,13 @@ fn rate_cap_is_applied_by_the_ipu_services_without_the_tenant() {
         .copied()
         .unwrap_or_else(|| panic!("no compressed plan ran after the cap; plan changes: {changes:?}\nipu0 log:\n{log0}"));
     assert!(adapted["hint_version"].as_u64() >= Some(2), "the compressed plan did not come from a hint of version ≥ 2: {adapted}");
+    // The plan came from a proposal the named service made (its log names the version).
+    let (from, version) = (adapted["hint_rank"].as_u64().expect("rank 0's step names the winning service") as usize, adapted["hint_version"].as_u64().unwrap());
+    assert!(
+        logs[from].lines().any(|l| l.contains("proposing the local agent's hint") && l.contains(&format!("version={version} "))),
+        "ipu{from}'s service never proposed hint v{version}, yet rank 0 reports it won"
+    );
+    assert!(compressing.iter().any(|&i| i != 0), "no service other than rank 0's proposed compression: the cap on h{CAPPED} was seen only through IPU 0 (services proposing compression: {compressing:?})");
     assert_ne!(codec(&steps0.last().unwrap()["plan"]), "none", "the job ended uncompressed under the cap");
 
     let compressed = |i: usize| codec(&steps0[i]["plan"]) != "none";
@@ -303,5 +270,6 @@ fn rate_cap_is_applied_by_the_ipu_services_without_the_tenant() {
         eprintln!("NOTE only {} capped uncompressed steps: the comm-time recovery ratio is not asserted in this run", capped.len());
     }
     drop(services);
+    drop(agents);
     let _ = std::fs::remove_dir_all(&out_dir);
 }

@@ -9,6 +9,10 @@
 //!   waiting for the header, and receives and checks the header before it receives anything else in
 //!   that collective (or at its end, if it receives nothing): so no data is applied before the
 //!   header has been checked, and the header's plan must be the promised one.
+//!   With plan votes ([`Communicator::set_plan_voter`], on every rank), each rank first sends rank 0
+//!   its vote on channel 0 (promised or not), and rank 0 schedules the agreed plan
+//!   ([`crate::plan::agree`]) from the next step at the earliest, before it computes the header's
+//!   promise: a vote never changes the plan of a promised collective.
 //! - The engine reduces in f32. A bf16 buffer is widened to f32, reduced, and rounded back; with
 //!   compression `none` its wire format is bf16 (partial sums rounded to bf16 per hop, like NCCL).
 //! - Every rank ends with bit-identical results: the final value of every element is encoded once by
@@ -29,7 +33,8 @@
 
 use crate::codec::{self, encode_with_feedback, Bf16, ChunkCodec, CodecKind, DecodeMode};
 use crate::error::{CollectiveError, Result};
-use crate::plan::{Algorithm, ControlHeader, Dtype, OpKind, Plan, PlanSchedule, PlanSource};
+use crate::plan::{agree, encode_vote, parse_vote, Algorithm, ControlHeader, Dtype, OpKind, Plan, PlanSchedule, PlanSource, PlanVoter};
+use std::collections::VecDeque;
 use crate::transport::{InFrame, Transport};
 use crate::wire::{FrameError, FrameHeader, FrameKind, HEADER_LEN};
 use std::ops::Range;
@@ -606,6 +611,27 @@ impl Default for CommunicatorConfig {
     }
 }
 
+/// Where an agreed plan came from (rank 0, plan votes): the rank whose proposal won and the
+/// version of the hint behind it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanOrigin {
+    pub rank: usize,
+    pub version: u64,
+}
+
+/// Most agreed plans rank 0 remembers the origin of (plan changes are rare).
+const MAX_ORIGINS: usize = 256;
+
+/// Plan votes: this rank's voter; on rank 0, what was agreed.
+struct Votes {
+    voter: Box<dyn PlanVoter>,
+    /// Rank 0: the last plan agreed (`step_from` aside), so an unchanged winner is not rescheduled
+    /// at every collective.
+    last: Option<Plan>,
+    /// Rank 0: the plans scheduled from votes and their origins, newest last.
+    origins: VecDeque<(Plan, PlanOrigin)>,
+}
+
 /// One rank's handle on a job's collectives.
 pub struct Communicator<T: Transport> {
     transport: T,
@@ -613,6 +639,7 @@ pub struct Communicator<T: Transport> {
     op: u64,
     step: u64,
     schedule: PlanSchedule,
+    votes: Option<Votes>,
     last_plan: Plan,
     poisoned: Option<CollectiveError>,
     residual_reduce: Vec<f32>,
@@ -630,6 +657,7 @@ impl<T: Transport> Communicator<T> {
         config.initial_plan.validate(channels)?;
         Ok(Self {
             schedule: PlanSchedule::new(config.initial_plan, channels),
+            votes: None,
             last_plan: config.initial_plan,
             transport,
             timeout: config.timeout,
@@ -665,6 +693,78 @@ impl<T: Transport> Communicator<T> {
     /// Installs rank 0's plan-change hook (ignored on other ranks, whose plans come from rank 0).
     pub fn set_plan_source(&mut self, source: Box<dyn PlanSource>) {
         self.schedule.set_source(source);
+    }
+
+    /// Turns on plan votes (managed mode): before every collective this rank's `voter` is polled
+    /// and its proposal sent to rank 0, which schedules the agreed plan
+    /// ([`crate::plan::agree`]) from the next training step. Every rank of the job must call this
+    /// before its first collective, or none: a rank without votes breaks the control exchange
+    /// (the collective fails with an unexpected frame or a timeout, never with mixed plans).
+    pub fn set_plan_voter(&mut self, voter: Box<dyn PlanVoter>) {
+        self.votes = Some(Votes { voter, last: None, origins: VecDeque::new() });
+    }
+
+    /// Rank 0 with plan votes: where `plan` (as reported for a collective) came from.
+    pub fn plan_origin(&self, plan: &Plan) -> Option<PlanOrigin> {
+        self.votes.as_ref()?.origins.iter().rev().find(|(p, _)| p == plan).map(|(_, o)| *o)
+    }
+
+    /// The vote exchange of collective `op` (see [`Self::set_plan_voter`]).
+    fn exchange_votes(&mut self, votes: &mut Votes, op: u64, call: &ControlHeader) -> Result<()> {
+        let (rank, world) = (self.rank(), self.world());
+        let mine = votes.voter.propose(self.step);
+        if rank != 0 {
+            let mut frame = vec![0u8; HEADER_LEN];
+            frame.extend_from_slice(&encode_vote(call, mine.as_ref()));
+            let mut h = FrameHeader::new(FrameKind::Control);
+            h.op = op;
+            return self.transport.send(0, 0, h, frame).map_err(|e| self.fail(e));
+        }
+        let mut all = Vec::with_capacity(world);
+        all.push(mine);
+        for peer in 1..world {
+            let f = self.transport.recv(peer, 0, self.timeout, op).map_err(|e| self.fail(e))?;
+            let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame { peer, channel: 0, field, expected, got };
+            if f.header.kind != FrameKind::Control {
+                return Err(self.fail(mismatch("kind", FrameKind::Control as u64, f.header.kind as u64)));
+            }
+            if f.header.op != op {
+                return Err(self.fail(mismatch("op", op, f.header.op)));
+            }
+            let (_, proposal) = parse_vote(f.payload()).map_err(|error| self.fail(CollectiveError::BadFrame { peer, channel: 0, error }))?;
+            self.transport.recycle(f.frame);
+            all.push(proposal.filter(|p| {
+                let ok = votes.voter.admits(&p.plan);
+                if !ok {
+                    tracing::warn!(peer, plan = ?p.plan, "rank {peer} proposed a plan this rank does not admit; counted as an abstention");
+                }
+                ok
+            }));
+        }
+        let Some((from, p)) = agree(&all) else { return Ok(()) };
+        if votes.last.is_some_and(|l| l.same_as(&p.plan)) {
+            return Ok(());
+        }
+        // From the next step: the collective under way may belong to a step already started.
+        let plan = Plan { step_from: p.plan.step_from.max(self.step + 1), ..p.plan };
+        if self.schedule.add(plan) {
+            tracing::info!(
+                from_rank = from,
+                version = p.version,
+                severity = p.severity,
+                step_from = plan.step_from,
+                algorithm = %plan.algorithm,
+                compression = %plan.compression.codec,
+                votes = all.iter().filter(|v| v.is_some()).count(),
+                "plan agreed by vote"
+            );
+            votes.last = Some(p.plan);
+            if votes.origins.len() == MAX_ORIGINS {
+                votes.origins.pop_front();
+            }
+            votes.origins.push_back((plan, PlanOrigin { rank: from, version: p.version }));
+        }
+        Ok(())
     }
 
     /// Declares the training step the next collectives belong to; plans switch at step boundaries.
@@ -710,6 +810,23 @@ impl<T: Transport> Communicator<T> {
         // The previous header promised this collective's plan (same rule on every rank).
         let promised = self.step < self.plan_held_until;
         let mut pending = None;
+        if let Some(mut votes) = self.votes.take() {
+            // Before rank 0's header, so that the header's `plan_held_until` already counts the
+            // agreed plan (scheduled from the next step at the earliest: never inside the range the
+            // previous header promised, which only covers this collective).
+            let call = ControlHeader {
+                training_step: self.step,
+                op_kind,
+                dtype,
+                elems: elems as u64,
+                root: root as u32,
+                plan: self.last_plan,
+                plan_held_until: 0,
+            };
+            let r = self.exchange_votes(&mut votes, op, &call);
+            self.votes = Some(votes);
+            r?;
+        }
         let plan = if rank == 0 {
             let plan =
                 if promised { self.schedule.hold_active(self.step) } else { self.schedule.plan_for_step(self.step) };

@@ -82,6 +82,8 @@ const CHANNEL_DEPTH: usize = 16;
 pub struct HintFollower {
     rx: Receiver<Hint>,
     stop: Arc<AtomicBool>,
+    /// Set when the background thread ended (it gave up on the agent, or was stopped).
+    ended: Arc<AtomicBool>,
     applied: AppliedHints,
     last_version: Option<u64>,
     available_channels: u8,
@@ -94,9 +96,20 @@ impl HintFollower {
     pub fn start(client: JobClient, available_channels: u8) -> std::io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_DEPTH);
         let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        std::thread::Builder::new().name("hint-follower".into()).spawn(move || follow(client, tx, flag))?;
-        Ok(HintFollower { rx, stop, applied: AppliedHints::default(), last_version: None, available_channels })
+        let ended = Arc::new(AtomicBool::new(false));
+        let (flag, done) = (stop.clone(), ended.clone());
+        std::thread::Builder::new().name("hint-follower".into()).spawn(move || {
+            follow(client, tx, flag);
+            done.store(true, Ordering::Release);
+        })?;
+        Ok(HintFollower { rx, stop, ended, applied: AppliedHints::default(), last_version: None, available_channels })
+    }
+
+    /// Whether the follower stopped following: the agent stayed unreachable past the client's
+    /// retries (or the stream ended for good). Hints already received are still returned by
+    /// `poll`; none will follow.
+    pub fn gave_up(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
     }
 
     /// The log of hints this follower applied (readable after the follower is dropped).
@@ -129,8 +142,10 @@ impl Drop for HintFollower {
     }
 }
 
-impl PlanSource for HintFollower {
-    fn poll(&mut self, step: u64) -> Vec<Plan> {
+impl HintFollower {
+    /// [`PlanSource::poll`] with each plan's hint (version, reasons, confidence): the hints
+    /// received since the last call, in order, each also appended to [`Self::applied`].
+    pub fn poll_hints(&mut self, step: u64) -> Vec<AppliedHint> {
         let mut plans = Vec::new();
         for h in self.rx.try_iter().take(CHANNEL_DEPTH) {
             if self.last_version.is_some_and(|v| h.version <= v) {
@@ -155,13 +170,20 @@ impl PlanSource for HintFollower {
                         reasons = ?h.reasons,
                         "applying ringside hint"
                     );
-                    self.applied.push(AppliedHint { version: h.version, received_at_step: step, plan: p, reasons: h.reasons, confidence: h.confidence });
-                    plans.push(p);
+                    let a = AppliedHint { version: h.version, received_at_step: step, plan: p, reasons: h.reasons, confidence: h.confidence };
+                    self.applied.push(a.clone());
+                    plans.push(a);
                 }
                 Err(e) => tracing::warn!(error = %e, "skipping ringside hint; the plan in force stays"),
             }
         }
         plans
+    }
+}
+
+impl PlanSource for HintFollower {
+    fn poll(&mut self, step: u64) -> Vec<Plan> {
+        self.poll_hints(step).into_iter().map(|h| h.plan).collect()
     }
 }
 

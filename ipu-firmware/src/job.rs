@@ -120,6 +120,10 @@ pub struct StepRecord {
     /// the initial plan and when not following; see [`JobReport::record_hints`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hint_version: Option<u64>,
+    /// Managed mode, rank 0: the rank whose IPU agent's hint won the plan vote for this step's
+    /// plan (see [`crate::managed`]); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hint_rank: Option<usize>,
 }
 
 /// Mean and percentiles (nearest rank) of a series, in ms.
@@ -219,6 +223,7 @@ struct StepComm {
     plan: Plan,
     bytes_sent: u64,
     hint_version: Option<u64>,
+    hint_rank: Option<usize>,
 }
 
 /// Runs the job on an established transport. Returns the report even when a step fails (with
@@ -235,7 +240,7 @@ pub fn run_job<T: Transport>(cfg: &JobConfig, transport: T, plan_source: Option<
             Gradients::F32(g) => comm.allreduce_f32(g)?,
             Gradients::Bf16(g) => comm.allreduce_bf16(g)?,
         };
-        Ok(StepComm { plan: rep.plan, bytes_sent: rep.bytes_sent, hint_version: None })
+        Ok(StepComm { plan: rep.plan, bytes_sent: rep.bytes_sent, hint_version: None, hint_rank: None })
     });
     if report.error.is_none() {
         comm.close();
@@ -255,7 +260,7 @@ pub fn run_job_managed(cfg: &JobConfig, client: &mut ManagedClient) -> JobReport
             Gradients::F32(g) => client.allreduce_f32(step, g)?,
             Gradients::Bf16(g) => client.allreduce_bf16(step, g)?,
         };
-        Ok(StepComm { plan: rep.plan, bytes_sent: rep.bytes_sent, hint_version: rep.hint_version })
+        Ok(StepComm { plan: rep.plan, bytes_sent: rep.bytes_sent, hint_version: rep.hint_version, hint_rank: rep.hint_rank })
     })
 }
 
@@ -313,6 +318,7 @@ fn run_steps(cfg: &JobConfig, mut allreduce: impl FnMut(u64, &mut Gradients) -> 
             bytes_sent: rep.bytes_sent,
             verified,
             hint_version: rep.hint_version,
+            hint_rank: rep.hint_rank,
         });
     }
     let col = |f: fn(&StepRecord) -> f64| steps.iter().map(f).collect::<Vec<_>>();

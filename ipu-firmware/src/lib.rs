@@ -31,10 +31,10 @@ pub mod transport;
 pub mod wire;
 
 pub use codec::{Bf16, CodecKind};
-pub use engine::{allreduce_busbw, segment, Communicator, CommunicatorConfig, OpReport};
+pub use engine::{allreduce_busbw, segment, Communicator, CommunicatorConfig, OpReport, PlanOrigin};
 pub use error::CollectiveError;
 pub use hints::{plan_from_hint, HintFollower};
-pub use plan::{AppliedHint, Algorithm, Compression, Dtype, Plan, PlanSource, ScriptedPlans};
+pub use plan::{AppliedHint, Algorithm, Compression, Dtype, Plan, PlanProposal, PlanSource, PlanVoter, ScriptedPlans};
 pub use mesh::{MeshOptions, MeshTransport, TransportKind};
 #[cfg(feature = "rdma")]
 pub use rdma::{RdmaOptions, RdmaTransport};

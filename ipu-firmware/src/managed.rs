@@ -1,8 +1,16 @@
 //! Managed collectives: the tenant hands its buffer and an operation to the IPU over the host ↔
 //! IPU link (the stand-in for PCIe), and the IPU services of all ranks run the collective among
-//! themselves with the engine ([`crate::Communicator`]). Plans come from the local agent's hints
-//! (rank 0's service follows them, [`crate::HintFollower`]) and are applied inline: the tenant
-//! never sees a hint. `ringside-ipu` is the service; `ringside-rank --managed` is a tenant.
+//! themselves with the engine ([`crate::Communicator`]). Plans come from the agents' hints and
+//! are applied inline: the tenant never sees a hint. `ringside-ipu` is the service;
+//! `ringside-rank --managed` is a tenant.
+//!
+//! Every IPU steers: each service follows its own IPU's agent ([`HintVoter`]: the agent's latest
+//! hint for the job, as a [`PlanProposal`]) and votes with it in every collective's control
+//! exchange (the engine's plan votes, [`crate::Communicator::set_plan_voter`]). Rank 0 applies
+//! [`crate::plan::agree`] (the most severe proposal: the most compressive, then the newest) and
+//! announces the winner from the next step, so every rank switches at the same collective. A
+//! service without an agent, or whose agent stayed unreachable, abstains (the plan in force
+//! stays unless another service proposes one): a fault any one IPU sees changes the plan.
 //!
 //! The host link protocol (TCP on the link's address; one request, one reply, in order):
 //!
@@ -26,9 +34,11 @@
 //! - One tenant session at a time (one rank per IPU); a second connection gets a `Busy` error
 //!   frame and is closed.
 //! - Every read and write on the host link is bounded by the session's timeout.
-//! - A plan is applied only if it lies within the tenant's constraints ([`ConstrainedPlans`]): a
-//!   hint outside them is refused, logged and counted, and the plan in force stays. The agent
-//!   already clamps hints to the constraints; this is the check at the point of use.
+//! - A plan is applied only if it lies within the tenant's constraints: a hint outside them is
+//!   refused by the service that received it (never proposed), a proposal outside rank 0's copy of
+//!   the constraints counts as an abstention; both are logged and counted, and the plan in force
+//!   stays. The agent already clamps hints to the constraints; this is the check at the point of
+//!   use.
 //! - A failed collective poisons the communicator (the engine's rule): the tenant gets an error
 //!   frame for that request and for every later one.
 
@@ -45,8 +55,8 @@ use serde::{Deserialize, Serialize};
 use crate::codec::Bf16;
 use crate::engine::{Communicator, OpReport};
 use crate::error::CollectiveError;
-use crate::hints::AppliedHints;
-use crate::plan::{Dtype, Plan, PlanSource};
+use crate::hints::HintFollower;
+use crate::plan::{severity, Dtype, Plan, PlanProposal, PlanSource, PlanVoter};
 use crate::transport::Transport;
 
 /// "RSM1", little endian.
@@ -290,11 +300,14 @@ pub struct ManagedReport {
     pub op: u64,
     /// The plan the collective ran with (rank 0's announcement).
     pub plan: Plan,
+    /// Rank 0's service: the rank whose agent's hint won the vote for this plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint_rank: Option<usize>,
     /// Bytes this IPU put on the fabric for it.
     pub bytes_sent: u64,
     /// Time inside the engine, ms (the tenant's round trip adds the host link).
     pub service_ms: f64,
-    /// Rank 0's service following hints: the hint whose plan this collective ran with.
+    /// Rank 0's service: the version of that hint (of its agent's counter).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hint_version: Option<u64>,
 }
@@ -386,6 +399,81 @@ impl PlanSource for ConstrainedPlans {
     }
 }
 
+/// A service's vote (a [`PlanVoter`]): its local agent's latest hint for the job, as a plan within
+/// the tenant's constraints, ranked by [`severity`] against the job's initial plan.
+///
+/// - A hint outside the constraints is refused (logged, counted in `plans_refused`) and the
+///   previous proposal stands.
+/// - Fail open: without an agent, before the first hint, and after the follower gave up on the
+///   agent, the service abstains; `propose` never blocks (the follower's thread does the waiting).
+/// - On rank 0, another service's proposal outside `constraints` counts as an abstention (with or
+///   without an agent of its own); without constraints every proposal is admitted.
+pub struct HintVoter {
+    follower: Option<HintFollower>,
+    constraints: Option<Constraints>,
+    baseline: Plan,
+    stats: Arc<ServiceStats>,
+    latest: Option<PlanProposal>,
+    gave_up_logged: bool,
+}
+
+impl HintVoter {
+    /// Follows `follower` (its hints checked against `constraints`); `baseline` is the job's
+    /// initial plan (the same on every service).
+    pub fn new(follower: HintFollower, constraints: Constraints, baseline: Plan, stats: Arc<ServiceStats>) -> Self {
+        HintVoter { follower: Some(follower), constraints: Some(constraints), baseline, stats, latest: None, gave_up_logged: false }
+    }
+
+    /// A service without an agent: always abstains; on rank 0 it still checks the others'
+    /// proposals against `constraints`, if given.
+    pub fn abstaining(constraints: Option<Constraints>, baseline: Plan, stats: Arc<ServiceStats>) -> Self {
+        HintVoter { follower: None, constraints, baseline, stats, latest: None, gave_up_logged: false }
+    }
+
+    fn check(&self, plan: &Plan) -> Result<(), ConstraintViolation> {
+        self.constraints.as_ref().map_or(Ok(()), |c| check_plan(plan, c))
+    }
+}
+
+impl PlanVoter for HintVoter {
+    fn propose(&mut self, step: u64) -> Option<PlanProposal> {
+        let follower = self.follower.as_mut()?;
+        let hints = follower.poll_hints(step);
+        let gave_up = follower.gave_up();
+        for h in hints {
+            match self.check(&h.plan) {
+                Ok(()) => {
+                    let severity = severity(&h.plan, &self.baseline);
+                    tracing::info!(version = h.version, severity, plan = ?h.plan, "proposing the local agent's hint");
+                    self.latest = Some(PlanProposal { plan: h.plan, version: h.version, severity });
+                }
+                Err(e) => {
+                    self.stats.plans_refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, version = h.version, plan = ?h.plan, "refusing a hint outside the tenant's constraints; the previous proposal stands");
+                }
+            }
+        }
+        if gave_up {
+            if !std::mem::replace(&mut self.gave_up_logged, true) {
+                tracing::warn!("the local agent stayed unreachable; this service abstains from plan votes (the other IPUs' agents still steer)");
+            }
+            return None;
+        }
+        self.latest
+    }
+
+    fn admits(&mut self, plan: &Plan) -> bool {
+        match self.check(plan) {
+            Ok(()) => true,
+            Err(e) => {
+                self.stats.plans_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, ?plan, "refusing another service's proposal outside the tenant's constraints");
+                false
+            }
+        }
+    }
+}
+
 /// Session settings of the service.
 #[derive(Clone, Copy, Debug)]
 pub struct ServiceConfig {
@@ -458,11 +546,9 @@ impl Buffer {
     }
 }
 
-/// [`CollectiveRunner`] over the engine; `applied` (rank 0 following hints) names the hint behind
-/// each plan.
+/// [`CollectiveRunner`] over the engine; on rank 0 each report names the vote behind its plan.
 pub struct EngineRunner<T: Transport> {
     pub comm: Communicator<T>,
-    pub applied: Option<AppliedHints>,
 }
 
 impl<T: Transport> CollectiveRunner for EngineRunner<T> {
@@ -477,8 +563,15 @@ impl<T: Transport> CollectiveRunner for EngineRunner<T> {
             // validate_request admits bf16 for allreduce only.
             (op, _) => return Err(CollectiveError::InvalidArgument { name: "dtype", reason: format!("{op:?} supports f32 only") }),
         };
-        let hint_version = self.applied.as_ref().and_then(|a| a.snapshot().iter().rev().find(|h| h.plan == rep.plan).map(|h| h.version));
-        Ok(ManagedReport { op: rep.op, plan: rep.plan, bytes_sent: rep.bytes_sent, service_ms: t0.elapsed().as_secs_f64() * 1e3, hint_version })
+        let origin = self.comm.plan_origin(&rep.plan);
+        Ok(ManagedReport {
+            op: rep.op,
+            plan: rep.plan,
+            bytes_sent: rep.bytes_sent,
+            service_ms: t0.elapsed().as_secs_f64() * 1e3,
+            hint_rank: origin.map(|o| o.rank),
+            hint_version: origin.map(|o| o.version),
+        })
     }
 }
 
@@ -760,6 +853,10 @@ impl ManagedClient {
 }
 
 #[cfg(test)]
+#[path = "../../ringside-client/tests/support/canned.rs"]
+mod canned;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::{Algorithm, CodecKind, Compression};
@@ -772,7 +869,7 @@ mod tests {
             if let Buffer::F32(v) = buf {
                 v.iter_mut().for_each(|x| *x *= 2.0);
             }
-            Ok(ManagedReport { op: req.step, plan: Plan::default(), bytes_sent: 0, service_ms: 0.0, hint_version: None })
+            Ok(ManagedReport { op: req.step, plan: Plan::default(), bytes_sent: 0, service_ms: 0.0, hint_rank: None, hint_version: None })
         }
     }
 
@@ -942,6 +1039,56 @@ mod tests {
     }
 
     #[test]
+    fn a_voter_proposes_its_agents_latest_hint_within_the_constraints_then_abstains_when_the_agent_is_gone() {
+        use super::canned::{hint_event, serve as serve_canned, within, Reply};
+        use ringside_client::{Backoff, ClientConfig, JobClient};
+        within(60, || {
+            let hint = |v: u64, codec: &str| {
+                format!(r#"{{"job":"j1","version":{v},"step_from":0,"algorithm":"ring","chunk_bytes":1048576,"channels":1,"compression":"{codec}","error_feedback":false,"reasons":[],"confidence":0.7,"expires_at":1}}"#)
+            };
+            // One connection: the baseline, a compressing hint, then one outside the constraints;
+            // then the server is gone (reconnects are refused).
+            let srv = serve_canned(vec![Reply::sse(&[&hint_event(1, &hint(1, "none")), &hint_event(2, &hint(2, "int8")), &hint_event(3, &hint(3, "topk:0.5"))])]);
+            let cfg = ClientConfig {
+                connect_timeout: Duration::from_secs(2),
+                request_timeout: Duration::from_secs(5),
+                stream_read_timeout: Duration::from_secs(5),
+                reconnect: Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(100), max_attempts: 3 },
+                ..ClientConfig::default()
+            };
+            let client = JobClient::with_config(&format!("{}/v1/jobs/j1", srv.base), "t", cfg).unwrap();
+            let follower = HintFollower::start(client, 1).unwrap();
+            let constraints = Constraints { codecs: vec!["none".into(), "int8".into()], ..Constraints::default() };
+            let stats = Arc::new(ServiceStats::default());
+            let mut voter = HintVoter::new(follower, constraints.clone(), Plan::default(), stats.clone());
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let mut seen = Vec::new();
+            while stats.plans_refused.load(Ordering::Relaxed) == 0 && Instant::now() < deadline {
+                seen.push(voter.propose(5));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert_eq!(stats.plans_refused.load(Ordering::Relaxed), 1, "the top-k hint was not refused");
+            let int8 = Plan { compression: Compression { codec: CodecKind::Int8, error_feedback: false }, ..Plan::default() };
+            let last = seen.iter().rev().flatten().next().copied().expect("a proposal");
+            assert!(last.plan.same_as(&int8) && last.version == 2 && last.severity == 3, "{last:?}");
+            assert!(last.plan.step_from >= 6, "a proposal never takes effect in the step under way");
+            assert!(voter.admits(&int8));
+            let topk = Plan { compression: Compression { codec: CodecKind::TopK { ratio: 0.5 }, error_feedback: false }, ..Plan::default() };
+            assert!(!voter.admits(&topk), "rank 0 admits a proposal outside its constraints");
+            // The agent is gone: after the client's retries the service abstains (fails open).
+            while voter.propose(6).is_some() {
+                assert!(Instant::now() < deadline, "still proposing 20 s after the agent went away");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // Without an agent: always abstains, still checks others' proposals.
+            let mut none = HintVoter::abstaining(Some(constraints), Plan::default(), stats.clone());
+            assert_eq!(none.propose(0), None);
+            assert!(!none.admits(&topk));
+            assert!(HintVoter::abstaining(None, Plan::default(), stats).admits(&topk));
+        });
+    }
+
+    #[test]
     fn the_engine_runs_managed_requests_among_services() {
         // Two services over a loopback mesh, two tenants: the sums are exact.
         use crate::job::{expected_sum, rank_input};
@@ -956,7 +1103,7 @@ mod tests {
                 let t = crate::TcpTransport::connect(l, rank, &addrs, TcpOptions::default()).unwrap();
                 let comm = Communicator::new(t, crate::CommunicatorConfig::default()).unwrap();
                 let stop = Arc::new(AtomicBool::new(false));
-                serve(host, EngineRunner { comm, applied: None }, 2, ServiceConfig::default(), Arc::new(ServiceStats::default()), stop)
+                serve(host, EngineRunner { comm }, 2, ServiceConfig::default(), Arc::new(ServiceStats::default()), stop)
             });
         }
         let tenants: Vec<_> = svc

@@ -26,6 +26,10 @@
 //!   rank first complete with its contribution.
 //! - An invalid plan from a source (zero chunk size, more channels than the mesh has, bad top-k
 //!   ratio) is logged and dropped; the active plan stays in force.
+//! - Plan votes (managed mode, [`PlanVoter`]): when every rank has a voter, each rank sends rank 0
+//!   its [`PlanProposal`] (or an abstention) before rank 0's control header, and rank 0 applies
+//!   [`agree`] to all of them: the winner takes effect from the next training step, announced by
+//!   the control header like any other plan, so every rank still switches at the same collective.
 
 use crate::codec::{self, CodecKind};
 use crate::wire::FrameError;
@@ -95,6 +99,60 @@ impl Default for Plan {
     }
 }
 
+/// The initial-plan flags shared by `ringside-rank` and `ringside-ipu` (`#[command(flatten)]`):
+/// the plan a job starts with, and how many connections per peer pair its mesh opens.
+#[derive(clap::Args, Clone, Debug)]
+pub struct PlanArgs {
+    /// Allreduce algorithm (the initial plan; hints may change it): ring, tree or rhd.
+    #[arg(long, default_value = "ring")]
+    pub algorithm: Algorithm,
+    /// Chunk (frame and pipeline unit) size in bytes.
+    #[arg(long, default_value = "1MiB", value_parser = crate::job::parse_size)]
+    pub chunk_bytes: usize,
+    /// Parallel connections per peer pair used by the plan (TCP connections, or RDMA queue pairs).
+    #[arg(long, default_value_t = 1)]
+    pub channels: u8,
+    /// Connections per peer pair opened at setup, so a plan change may raise --channels up to it;
+    /// defaults to --channels.
+    #[arg(long)]
+    pub max_channels: Option<u8>,
+    /// Wire compression: none, fp16, bf16, int8 or topk:RATIO.
+    #[arg(long, default_value = "none")]
+    pub compression: CodecKind,
+    /// Carry compression residuals to the next step.
+    #[arg(long)]
+    pub error_feedback: bool,
+}
+
+/// Initial-plan flags that do not make a plan.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanArgsError {
+    #[error("--chunk-bytes {0} does not fit in 32 bits; use at most {MAX_CHUNK_BYTES}")]
+    ChunkTooLarge(usize),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+}
+
+impl PlanArgs {
+    /// Connections per peer pair the mesh opens: --max-channels, at least --channels.
+    pub fn max_channels(&self) -> u8 {
+        self.max_channels.unwrap_or(self.channels).max(self.channels)
+    }
+
+    /// The initial plan (from step 0), checked against [`Self::max_channels`].
+    pub fn plan(&self) -> Result<Plan, PlanArgsError> {
+        let plan = Plan {
+            step_from: 0,
+            algorithm: self.algorithm,
+            chunk_bytes: u32::try_from(self.chunk_bytes).map_err(|_| PlanArgsError::ChunkTooLarge(self.chunk_bytes))?,
+            channels: self.channels,
+            compression: Compression { codec: self.compression, error_feedback: self.error_feedback },
+        };
+        plan.validate(self.max_channels())?;
+        Ok(plan)
+    }
+}
+
 /// Why a plan cannot be used on this mesh.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum PlanError {
@@ -110,6 +168,11 @@ pub enum PlanError {
 pub const MAX_CHUNK_BYTES: u32 = 64 << 20;
 
 impl Plan {
+    /// Whether both plans run collectives the same way (`step_from` aside).
+    pub fn same_as(&self, other: &Plan) -> bool {
+        Plan { step_from: 0, ..*self } == Plan { step_from: 0, ..*other }
+    }
+
     pub fn validate(&self, available_channels: u8) -> Result<(), PlanError> {
         if !(4..=MAX_CHUNK_BYTES).contains(&self.chunk_bytes) {
             return Err(PlanError::ChunkBytes { got: self.chunk_bytes, max: MAX_CHUNK_BYTES });
@@ -180,6 +243,21 @@ impl PlanSchedule {
         &self.active
     }
 
+    /// Schedules `plan` from its `step_from` (as if the source had returned it); an invalid plan is
+    /// logged and dropped. Returns whether it was scheduled.
+    pub fn add(&mut self, plan: Plan) -> bool {
+        match plan.validate(self.available_channels) {
+            Ok(()) => {
+                self.pending.push(plan);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, ?plan, "dropping invalid plan");
+                false
+            }
+        }
+    }
+
     /// Moves new plans from the source into the pending list (invalid ones are logged and dropped).
     fn poll_source(&mut self, step: u64) {
         if let Some(src) = self.source.as_mut() {
@@ -218,6 +296,96 @@ impl PlanSchedule {
         }
         self.active
     }
+}
+
+/// One rank's proposal for the plan of the next steps: its local agent's latest advice, in managed
+/// mode (every IPU service has an agent; see [`crate::managed`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PlanProposal {
+    pub plan: Plan,
+    /// The version of the hint behind the plan (its agent's counter; versions of different agents
+    /// are not comparable, they only break ties deterministically).
+    pub version: u64,
+    /// How drastic the plan is ([`severity`]): the most drastic proposal wins.
+    pub severity: u8,
+}
+
+/// How drastic `plan` is compared with the job's `baseline` (its initial plan): 0 if it is the
+/// baseline (a "healthy" hint), else 1 + the codec's compression level (none 0, fp16 / bf16 1,
+/// int8 2, top-k 3). A plan that compresses more is the more conservative answer to a network
+/// fault, so it outranks one that only changes the algorithm or the chunking.
+pub fn severity(plan: &Plan, baseline: &Plan) -> u8 {
+    if plan.same_as(baseline) {
+        return 0;
+    }
+    1 + match plan.compression.codec {
+        CodecKind::None => 0,
+        CodecKind::Fp16 | CodecKind::Bf16 => 1,
+        CodecKind::Int8 => 2,
+        CodecKind::TopK { .. } => 3,
+    }
+}
+
+/// The agreement rule of plan votes: among the ranks' proposals (`None` = abstain: no advice, or
+/// an agent that cannot be reached), the one with the highest `(severity, version)`, ties to the
+/// lowest rank; `None` when every rank abstains (the plan in force stays). Deterministic: the
+/// same proposals give the same winner whatever order they arrived in.
+pub fn agree(proposals: &[Option<PlanProposal>]) -> Option<(usize, PlanProposal)> {
+    let mut best: Option<(usize, PlanProposal)> = None;
+    for (rank, p) in proposals.iter().enumerate() {
+        let Some(p) = p else { continue };
+        if best.is_none_or(|(_, b)| (p.severity, p.version) > (b.severity, b.version)) {
+            best = Some((rank, *p));
+        }
+    }
+    best
+}
+
+/// Where a rank's proposal comes from, in managed mode. Polled by every rank once per collective,
+/// before the control exchange; must not block (a slow or unreachable agent means abstaining).
+pub trait PlanVoter: Send {
+    /// This rank's proposal at training step `step`, or `None` to abstain.
+    fn propose(&mut self, step: u64) -> Option<PlanProposal>;
+    /// Rank 0 only: whether another rank's proposal may run here (the tenant's constraints as
+    /// this rank knows them). A proposal that may not is treated as an abstention.
+    fn admits(&mut self, _plan: &Plan) -> bool {
+        true
+    }
+}
+
+/// A rank's vote as it travels to rank 0 in a [`crate::wire::FrameKind::Control`] frame: a
+/// [`ControlHeader`] (this rank's call, and the proposed plan) followed by the hint version (u64
+/// LE), the severity, and 1 if a plan is proposed (0 = abstain; then the plan bytes are
+/// meaningless), padded with zeros to [`VOTE_LEN`] bytes.
+pub const VOTE_LEN: usize = ControlHeader::LEN + 16;
+
+/// Encodes this rank's vote (`call` describes the collective; its plan is replaced by the
+/// proposal's).
+pub fn encode_vote(call: &ControlHeader, proposal: Option<&PlanProposal>) -> [u8; VOTE_LEN] {
+    let mut out = [0u8; VOTE_LEN];
+    let h = ControlHeader { plan: proposal.map_or(call.plan, |p| p.plan), ..*call };
+    out[..ControlHeader::LEN].copy_from_slice(&h.encode());
+    if let Some(p) = proposal {
+        out[ControlHeader::LEN..ControlHeader::LEN + 8].copy_from_slice(&p.version.to_le_bytes());
+        out[ControlHeader::LEN + 8] = p.severity;
+        out[ControlHeader::LEN + 9] = 1;
+    }
+    out
+}
+
+/// Parses a vote: the sender's call and its proposal.
+pub fn parse_vote(b: &[u8]) -> Result<(ControlHeader, Option<PlanProposal>), FrameError> {
+    if b.len() != VOTE_LEN {
+        return Err(FrameError::PayloadLength { what: "plan vote", expected: VOTE_LEN, got: b.len() });
+    }
+    let h = ControlHeader::parse(&b[..ControlHeader::LEN])?;
+    let version = u64::from_le_bytes(b[ControlHeader::LEN..ControlHeader::LEN + 8].try_into().expect("8 bytes"));
+    let proposal = match b[ControlHeader::LEN + 9] {
+        0 => None,
+        1 => Some(PlanProposal { plan: h.plan, version, severity: b[ControlHeader::LEN + 8] }),
+        _ => return Err(FrameError::MalformedPayload { what: "plan vote flag is not 0 or 1" }),
+    };
+    Ok((h, proposal))
 }
 
 /// What a collective is.
@@ -432,6 +600,82 @@ mod tests {
         let p = Plan { step_from: 0, channels: 2, ..Plan::default() };
         tx.send(p).unwrap();
         assert_eq!(s.plan_for_step(3), p);
+    }
+
+    fn proposal(codec: CodecKind, version: u64) -> PlanProposal {
+        let plan = Plan { step_from: 0, compression: Compression { codec, error_feedback: true }, ..Plan::default() };
+        PlanProposal { plan, version, severity: severity(&plan, &Plan::default()) }
+    }
+
+    #[test]
+    fn severity_ranks_plans_by_how_much_they_compress() {
+        let base = Plan::default();
+        assert_eq!(severity(&Plan { step_from: 9, ..base }, &base), 0, "the baseline from a later step is still the baseline");
+        assert_eq!(severity(&Plan { algorithm: Algorithm::Tree, ..base }, &base), 1);
+        let sev = |codec| proposal(codec, 1).severity;
+        assert_eq!([sev(CodecKind::Fp16), sev(CodecKind::Bf16), sev(CodecKind::Int8), sev(CodecKind::TopK { ratio: 0.1 })], [2, 2, 3, 4]);
+    }
+
+    #[test]
+    fn agreement_takes_the_most_severe_proposal_and_abstentions_keep_the_plan() {
+        assert_eq!(agree(&[None, None, None, None]), None, "every rank abstains: the plan in force stays");
+        assert_eq!(agree(&[]), None);
+        // A fault only rank 2's agent sees: its compressing proposal beats the others' baseline.
+        let base = PlanProposal { plan: Plan::default(), version: 1, severity: 0 };
+        let int8 = proposal(CodecKind::Int8, 2);
+        assert_eq!(agree(&[Some(base), Some(base), Some(int8), Some(base)]), Some((2, int8)));
+        // A rank that abstains (agent unreachable) does not block the others.
+        assert_eq!(agree(&[None, Some(int8), None, None]), Some((1, int8)));
+        // Severity first, then version, then the lowest rank.
+        let fp16_v9 = proposal(CodecKind::Fp16, 9);
+        assert_eq!(agree(&[Some(fp16_v9), Some(int8)]), Some((1, int8)));
+        let int8_v3 = proposal(CodecKind::Int8, 3);
+        assert_eq!(agree(&[Some(int8), Some(int8_v3)]), Some((1, int8_v3)));
+        assert_eq!(agree(&[Some(base), Some(int8_v3), Some(int8_v3)]), Some((1, int8_v3)));
+        // Fault cleared: the agent that saw it proposes the baseline again (a newer version); the
+        // others still propose their first baseline hint: the result is the baseline.
+        let back = PlanProposal { version: 3, ..base };
+        assert!(agree(&[Some(base), Some(base), Some(back), Some(base)]).unwrap().1.plan.same_as(&Plan::default()));
+        // Order-independent: every permutation of the same proposals picks the same plan.
+        let set = [Some(base), None, Some(fp16_v9), Some(int8), Some(int8_v3)];
+        let want = agree(&set).unwrap().1;
+        let mut perm = set;
+        for i in 0..perm.len() {
+            perm.rotate_left(1);
+            assert_eq!(agree(&perm).unwrap().1, want, "rotation {i}");
+        }
+    }
+
+    #[test]
+    fn votes_round_trip() {
+        let call = ControlHeader { training_step: 7, op_kind: OpKind::Allreduce, dtype: Dtype::F32, elems: 1000, root: 0, plan: Plan::default() };
+        let p = PlanProposal { version: u64::MAX - 1, ..proposal(CodecKind::TopK { ratio: 0.25 }, 0) };
+        let (h, got) = parse_vote(&encode_vote(&call, Some(&p))).unwrap();
+        assert_eq!((h.training_step, h.elems, got), (7, 1000, Some(p)));
+        let (h, got) = parse_vote(&encode_vote(&call, None)).unwrap();
+        assert_eq!((h, got), (call, None));
+        let mut b = encode_vote(&call, Some(&p));
+        b[ControlHeader::LEN + 9] = 2;
+        assert!(parse_vote(&b).is_err());
+        assert!(parse_vote(&b[..VOTE_LEN - 1]).is_err());
+    }
+
+    #[test]
+    fn plan_args_make_the_initial_plan() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            plan: PlanArgs,
+        }
+        let a = Cli::parse_from(["x"]).plan;
+        assert_eq!((a.plan().unwrap(), a.max_channels()), (Plan::default(), 1));
+        let a = Cli::parse_from(["x", "--algorithm", "rhd", "--chunk-bytes", "64KiB", "--channels", "2", "--max-channels", "4", "--compression", "topk:0.5", "--error-feedback"]).plan;
+        let want = Plan { step_from: 0, algorithm: Algorithm::Rhd, chunk_bytes: 65536, channels: 2, compression: Compression { codec: CodecKind::TopK { ratio: 0.5 }, error_feedback: true } };
+        assert_eq!((a.plan().unwrap(), a.max_channels()), (want, 4));
+        // --max-channels below --channels opens --channels.
+        assert_eq!(Cli::parse_from(["x", "--channels", "3", "--max-channels", "1"]).plan.max_channels(), 3);
+        assert!(matches!(Cli::parse_from(["x", "--chunk-bytes", "2"]).plan.plan(), Err(PlanArgsError::Plan(PlanError::ChunkBytes { .. }))));
     }
 
     #[test]

@@ -431,3 +431,86 @@ fn later_collectives_start_on_rank_0s_promise_until_a_plan_is_due() {
         check(world, &plan, &inputs, &results);
     }
 }
+
+/// A voter that proposes `plan` from training step `from` on (and abstains before).
+struct ScriptedVoter {
+    from: u64,
+    proposal: Option<ipu_firmware::PlanProposal>,
+}
+
+impl ipu_firmware::PlanVoter for ScriptedVoter {
+    fn propose(&mut self, step: u64) -> Option<ipu_firmware::PlanProposal> {
+        self.proposal.filter(|_| step >= self.from)
+    }
+}
+
+#[test]
+fn plan_votes_switch_every_rank_at_the_same_op_to_the_most_severe_proposal() {
+    use ipu_firmware::plan::severity;
+    use ipu_firmware::{PlanOrigin, PlanProposal};
+    let base = Plan { chunk_bytes: 512, ..Plan::default() };
+    let tree = Plan { algorithm: Algorithm::Tree, ..base };
+    let int8 = Plan { compression: Compression { codec: CodecKind::Int8, error_feedback: false }, ..base };
+    let proposal = |plan: Plan, version| Some(PlanProposal { plan, version, severity: severity(&plan, &base) });
+    // Rank 3 (not rank 0) proposes a change of algorithm from step 2; rank 2 compresses from step
+    // 5 and outranks it; rank 1 abstains throughout (an unreachable agent); rank 0 proposes the
+    // baseline (a healthy agent's first hint).
+    let voters = move |rank: usize| match rank {
+        0 => ScriptedVoter { from: 0, proposal: proposal(base, 1) },
+        1 => ScriptedVoter { from: 0, proposal: None },
+        2 => ScriptedVoter { from: 5, proposal: proposal(int8, 4) },
+        _ => ScriptedVoter { from: 2, proposal: proposal(tree, 2) },
+    };
+    let steps = 8u64;
+    let n = 1003;
+    let res = run_ranks_in_process(4, opts(1), move |rank, t| {
+        let mut c = Communicator::new(t, CommunicatorConfig { initial_plan: base, timeout: TIMEOUT })?;
+        c.set_plan_voter(Box::new(voters(rank)));
+        let mut out = Vec::new();
+        for step in 0..steps {
+            c.begin_step(step);
+            // Two collectives per step: a plan never changes between them.
+            for k in 0..2u64 {
+                let mut b = input(rank, step * 2 + k, n);
+                let rep = c.allreduce_f32(&mut b)?;
+                out.push((step, k, rep.plan, b, c.plan_origin(&rep.plan), rep.on_promise));
+            }
+        }
+        Ok(out)
+    });
+    let res: Vec<_> = res.into_iter().map(|r| r.unwrap()).collect();
+    for (rank, ops) in res.iter().enumerate() {
+        for (i, (step, k, plan, b, origin, on_promise)) in ops.iter().enumerate() {
+            // Agreed at the first collective of the step a proposal appears, run from the next.
+            let want = match step {
+                0..=2 => base,
+                3..=5 => tree,
+                _ => int8,
+            };
+            assert!(plan.same_as(&want), "rank {rank} op {i} (step {step}): ran {plan:?}, want {want:?}");
+            assert_eq!(plan, &res[0][i].2, "rank {rank} op {i}: a different plan than rank 0");
+            // Votes respect rank 0's promise: a step's second collective always starts on it, the
+            // first one only when no agreed plan takes effect at that step (1: the baseline
+            // agreed at step 0, 3: tree, 6: int8).
+            let promised = *k != 0 || !matches!(step, 0 | 1 | 3 | 6);
+            assert_eq!(*on_promise, promised && rank != 0, "rank {rank} op {i} (step {step}): started on the promise");
+            let inputs: Vec<Vec<f32>> = (0..4).map(|r| input(r, step * 2 + (i as u64 % 2), n)).collect();
+            if want.compression.codec == CodecKind::None {
+                let sum: Vec<f32> = (0..n).map(|j| inputs.iter().map(|v| v[j]).sum()).collect();
+                assert_eq!(b, &sum, "rank {rank} op {i}: inexact sum");
+            } else {
+                assert_eq!(b, &res[0][i].3, "rank {rank} op {i}: ranks disagree on a compressed result");
+            }
+            if rank == 0 {
+                let from = match step {
+                    0..=2 => (*step > 0).then_some(PlanOrigin { rank: 0, version: 1 }),
+                    3..=5 => Some(PlanOrigin { rank: 3, version: 2 }),
+                    _ => Some(PlanOrigin { rank: 2, version: 4 }),
+                };
+                assert_eq!(*origin, from, "op {i} (step {step})");
+            } else {
+                assert_eq!(*origin, None, "only rank 0 knows where a plan came from");
+            }
+        }
+    }
+}

@@ -121,10 +121,12 @@ pub struct ServiceConfig {
     pub bin: Option<PathBuf>,
     /// Arguments for every service (initial plan, `--max-channels`, timeouts).
     pub args: Vec<String>,
-    /// Arguments for rank 0's service only (`--agent URL --constraints FILE`).
-    pub rank0_args: Vec<String>,
-    /// `RINGSIDE_TOKEN` for rank 0's service (the job's tenant token).
-    pub token: Option<String>,
+    /// Arguments for one rank's service only, index = rank (`--agent URL --constraints FILE`:
+    /// each IPU's agent registers the job under its own id); ranks past the end get none.
+    pub rank_args: Vec<Vec<String>>,
+    /// `RINGSIDE_TOKEN` for one rank's service, index = rank (the job's tenant token at that
+    /// IPU's agent); ranks past the end get none.
+    pub tokens: Vec<Option<String>>,
     /// Where `ipu-<i>.log` go.
     pub log_dir: PathBuf,
 }
@@ -171,11 +173,11 @@ impl ManagedServices {
                 .arg("--peers").arg(&peers)
                 .arg("--listen").arg(service_addr(i, cfg.listen_port).to_string())
                 .args(&cfg.args);
-            if i == 0 {
-                c.args(&cfg.rank0_args);
-                if let Some(t) = &cfg.token {
-                    c.env("RINGSIDE_TOKEN", t);
-                }
+            if let Some(args) = cfg.rank_args.get(i) {
+                c.args(args);
+            }
+            if let Some(Some(t)) = cfg.tokens.get(i) {
+                c.env("RINGSIDE_TOKEN", t);
             }
             c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(f);
             let command = cmd::describe(&c);

@@ -10,10 +10,12 @@
 //!   seconds of CPU.
 //!
 //! - `managed` (issue 12): the emulated job in managed mode on an IPU star: each rank runs
-//!   `ringside-rank --managed` and its IPU's `ringside-ipu` runs the allreduce; the adaptive run's
-//!   rank-0 service follows the agent in IPU 0 (`--agent`, bounded by `--constraints`). Network
-//!   faults go on host 0's fabric cable (the local agent's); no uplink scenario. With `rank` in
-//!   the same invocation, a target line compares its gains with tenant-side following's.
+//!   `ringside-rank --managed` and its IPU's `ringside-ipu` runs the allreduce; an agent runs in
+//!   every IPU (both modes), and in the adaptive run every service follows its own IPU's agent
+//!   (`--agent`, bounded by `--constraints`) and votes with its hints (the most severe proposal
+//!   wins, on every rank from the same step). Faults go on the host the seed draws, as for the
+//!   other sources; no uplink scenario (the IPU star has no shared uplink). With `rank` in the
+//!   same invocation, a target line compares its gains with tenant-side following's.
 //!
 //! For each source and scenario the job runs twice on a fresh rig with the real agent: once with
 //! its static plan (no compression), once following the agent's hints. Same seed, same target, same
@@ -107,6 +109,9 @@ pub struct Opts {
     /// Skip `cargo xtask setup` and the builds (binaries must exist).
     #[arg(long)]
     pub no_build: bool,
+    /// Where the report, plots and logs go (default target/eval).
+    #[arg(long)]
+    pub out_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -146,7 +151,8 @@ enum Source {
     Rank,
     Torch,
     /// The emulated job in managed mode (issue 12): `ringside-rank --managed` hands each step to
-    /// its IPU's `ringside-ipu`; the adaptive run's rank-0 service follows the agent in IPU 0.
+    /// its IPU's `ringside-ipu`; in the adaptive run every service votes with its IPU's agent's
+    /// hints.
     Managed,
 }
 
@@ -287,7 +293,7 @@ pub fn run(opts: Opts) -> Result<()> {
     if sources.contains(&Source::Torch) && !crate::setup::venv_python().is_file() {
         bail!("the torch source needs the PyTorch venv of `cargo xtask setup` at {}", crate::setup::venv_python().display());
     }
-    let out_dir = workspace_root().join("target/eval");
+    let out_dir = opts.out_dir.clone().unwrap_or_else(|| workspace_root().join("target/eval"));
     let logs = out_dir.join("adaptation-logs");
     let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(&logs)?;
@@ -925,12 +931,13 @@ fn render_markdown(
             m,
             "- Job `managed` (issue 12): the same emulated job in managed mode: every rank runs `ringside-rank --managed <its IPU's \
              host-link address>` (no hint flag, no agent address, no peers), and one `ringside-ipu` per IPU runs the allreduce with \
-             the other IPUs' services over the fabric. Rig: a {RANKS}-host IPU star (`testbed::IpuStar` + `testbed::managed`), the \
-             agent in IPU 0 on its fabric port (the local agent of rank 0's service; no agent elsewhere). Registered through \
-             `POST /v1/jobs` with members = the IPUs' fabric subnet 10.77.1.0/24, tcp port {MANAGED_FABRIC_PORT} (the services' \
-             mesh) and default constraints. Static runs start the services without `--agent`; adaptive runs give rank 0's service \
-             `--agent <job url> --constraints <the registered constraints>`, and it applies the hints inline. Network faults go on \
-             host 0's fabric cable `h0` (the cable the local agent watches), whatever the seed picks for the other sources; the \
+             the other IPUs' services over the fabric. Rig: a {RANKS}-host IPU star (`testbed::IpuStar` + `testbed::managed`), an \
+             agent in every IPU on its fabric port (in both modes). Registered through `POST /v1/jobs` with every agent (members = \
+             the IPUs' fabric subnet 10.77.1.0/24, tcp port {MANAGED_FABRIC_PORT} (the services' mesh), default constraints). \
+             Static runs start the services without `--agent` (every service abstains: the initial plan throughout); adaptive runs \
+             give every service `--agent <its IPU's job url>` and `--constraints <the registered constraints>`: each votes with its \
+             own agent's latest hint in every collective's control exchange and all run the most severe proposal (most compressive, \
+             then newest) from the same step. Faults go on the host the seed draws (the same as for the other sources); the \
              uplink scenario is not run (no leaf-spine with IPUs)."
         );
     }
@@ -1065,7 +1072,7 @@ const MANAGED_FABRIC_PORT: u16 = 29600;
 /// The services' port on the host links (the ranks' `--managed`).
 const MANAGED_SERVICE_PORT: u16 = 29700;
 
-/// The rate (Mbit/s) IPU 0 sends into the fabric while the job runs: the 90th percentile of the
+/// The rate (Mbit/s) an IPU sends into the fabric while the job runs: the 90th percentile of its
 /// agent's per-flow egress rates on its fabric port, sampled as [`job_send_rate_mbit`] does at a
 /// switch port (there the host's sending is the port's ingress; here it is the IPU's egress).
 fn ipu_send_rate_mbit(agent: &Agent, stop: &AtomicBool) -> Result<f64> {
@@ -1087,13 +1094,13 @@ fn ipu_send_rate_mbit(agent: &Agent, stop: &AtomicBool) -> Result<f64> {
     }
     let p90 = quantile(&samples, 0.9).unwrap_or(0.0);
     if p90 <= 0.0 {
-        bail!("the agent in IPU 0 saw no traffic leave its fabric port during the warm-up: the services are not running");
+        bail!("the IPU's agent saw no traffic leave its fabric port during the warm-up: the services are not running");
     }
     Ok(p90)
 }
 
 /// One managed-mode run (see [`Source::Managed`] and the doc's description): an IPU star with the
-/// host links, the agent in IPU 0, the services, the ranks with `--managed`.
+/// host links, an agent in every IPU, the services, the ranks with `--managed`.
 fn run_one_managed(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut Option<f64>) -> Result<RunResult> {
     use testbed::managed::{self, ManagedServices, ServiceConfig};
     let tag = format!("{}-{}-{}", ctx.source.name(), sc.name(), mode.name());
@@ -1103,20 +1110,27 @@ fn run_one_managed(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate
     let star = testbed::IpuStar::new(testbed::IpuStarConfig { hosts: RANKS, offloads: false, ringside_bin: ctx.ringside.to_path_buf(), ..Default::default() })?;
     managed::enable_managed(&star)?;
     let prefix = "10.77.1.0/24";
-    let mut agent = Agent::start(
-        star.ipu(0)?,
-        &AgentSpec {
-            bin: ctx.ringside,
-            ifaces: vec![testbed::IPU_FABRIC_PORT.into()],
-            listen: format!("127.0.0.1:{AGENT_PORT}"),
-            // IPU 0 sees two peers of the ring (as in t2_ipu): the gray detector's peer minimum
-            // is sized for that vantage.
-            config_toml: format!("{}[detect.gray]\nmin_peers = 2\n", agent_config(prefix)),
-            tag: format!("adapt-{tag}"),
-            log: Some(ctx.logs.join(format!("{tag}-agent.log"))),
-        },
-    )?;
-    agent.wait_ready(Duration::from_secs(30))?;
+    // An agent in every IPU, in both modes (the same CPU load on the shared machine; the rate cap
+    // is sized from the faulted IPU's agent), each on its own fabric port. An IPU sees two peers
+    // of the ring (as in t2_ipu and `eval detection --vantage ipu`): the gray detector's peer
+    // minimum is sized for that vantage.
+    let mut agents = Vec::with_capacity(RANKS);
+    for i in 0..RANKS {
+        agents.push(Agent::start(
+            star.ipu(i)?,
+            &AgentSpec {
+                bin: ctx.ringside,
+                ifaces: vec![testbed::IPU_FABRIC_PORT.into()],
+                listen: format!("127.0.0.1:{AGENT_PORT}"),
+                config_toml: format!("{}[detect.gray]\nmin_peers = 2\n", agent_config(prefix)),
+                tag: format!("adapt-{tag}-ipu{i}"),
+                log: Some(ctx.logs.join(format!("{tag}-ipu{i}-agent.log"))),
+            },
+        )?);
+    }
+    for a in &mut agents {
+        a.wait_ready(Duration::from_secs(30))?;
+    }
     let registration = JobRegistration {
         name: format!("eval-{tag}"),
         members: vec![prefix.into()],
@@ -1125,7 +1139,8 @@ fn run_one_managed(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate
         gradient_bytes: Some(ctx.opts.size.0),
         constraints: Constraints::default(),
     };
-    let created = agent.register(&registration)?;
+    // Each agent registers the job under its own id and token.
+    let created = agents.iter().map(|a| a.register(&registration)).collect::<Result<Vec<_>>>()?;
     let out = ctx.logs.join(format!("{tag}-job"));
     let constraints = ctx.logs.join(format!("{tag}-constraints.json"));
     std::fs::write(&constraints, serde_json::to_string(&registration.constraints)?)?;
@@ -1137,24 +1152,22 @@ fn run_one_managed(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate
             fabric_port: MANAGED_FABRIC_PORT,
             listen_port: MANAGED_SERVICE_PORT,
             bin: Some(ctx.ipu_bin.to_path_buf()),
-            args: vec!["--max-channels".into(), "1".into()],
-            rank0_args: if adaptive {
-                vec!["--agent".into(), format!("http://127.0.0.1:{AGENT_PORT}/v1/jobs/{}", created.id), "--constraints".into(), constraints.display().to_string()]
+            args: vec!["--max-channels".into(), "1".into(), "--constraints".into(), constraints.display().to_string()],
+            rank_args: if adaptive {
+                created.iter().map(|c| vec!["--agent".into(), format!("http://127.0.0.1:{AGENT_PORT}/v1/jobs/{}", c.id)]).collect()
             } else {
                 Vec::new()
             },
-            token: adaptive.then(|| created.tenant_token.clone()),
+            tokens: if adaptive { created.iter().map(|c| Some(c.tenant_token.clone())).collect() } else { Vec::new() },
             log_dir: out.join("ipu"),
         },
     )?;
-    // Network faults on host 0's cable: the only one the local agent (IPU 0's) watches.
-    let fault_host = if sc == Scenario::Straggler { target } else { 0 };
     let cfg = JobConfig {
         ranks: RANKS,
         size: ctx.opts.size,
         steps: ctx.opts.steps,
         compute_ms: 50,
-        straggler: (sc == Scenario::Straggler).then_some((fault_host, STRAGGLER_EXTRA_MS)),
+        straggler: (sc == Scenario::Straggler).then_some((target, STRAGGLER_EXTRA_MS)),
         verify: true,
         rank_bin: Some(ctx.rank_bin.to_path_buf()),
         timeout: Duration::from_secs(600),
@@ -1173,12 +1186,12 @@ fn run_one_managed(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate
     match sc {
         Scenario::Healthy | Scenario::Straggler => {
             sleep_checked(sampling, ctx.stop);
-            r.target = if sc == Scenario::Straggler { format!("rank {fault_host} computes +{STRAGGLER_EXTRA_MS} ms per step") } else { "-".into() };
+            r.target = if sc == Scenario::Straggler { format!("rank {target} computes +{STRAGGLER_EXTRA_MS} ms per step") } else { "-".into() };
         }
         Scenario::Loss2 => {
             sleep_checked(sampling, ctx.stop);
-            _guards.push(Box::new(star.link_loss("h0", 2.0)?));
-            r.target = "2 % loss both ways on h0 (IPU 0's fabric cable)".into();
+            _guards.push(Box::new(star.link_loss(&format!("h{target}"), 2.0)?));
+            r.target = format!("2 % loss both ways on h{target} (IPU {target}'s fabric cable)");
         }
         Scenario::RateCapQuarter => {
             let rate = match *send_rate {
@@ -1186,28 +1199,36 @@ fn run_one_managed(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate
                     sleep_checked(sampling, ctx.stop);
                     rate
                 }
-                None => *send_rate.insert(ipu_send_rate_mbit(&agent, ctx.stop)?),
+                None => *send_rate.insert(ipu_send_rate_mbit(&agents[target], ctx.stop)?),
             };
             let cap = (rate / 4.0).round().max(10.0) as u64;
-            _guards.push(Box::new(star.link_rate_cap("h0", cap)?));
-            r.target = format!("h0 (IPU 0's fabric cable) capped to {cap} Mbit/s (1/4 of the {rate:.0} Mbit/s IPU 0 sent at)");
+            _guards.push(Box::new(star.link_rate_cap(&format!("h{target}"), cap)?));
+            r.target = format!("h{target} (IPU {target}'s fabric cable) capped to {cap} Mbit/s (1/4 of the {rate:.0} Mbit/s IPU {target} sent at)");
         }
         Scenario::UplinkCongestion => unreachable!("refused above"),
     }
     r.fault_start_ms = now_ms();
     let waited = job.wait(Some(ctx.stop));
     drop(_guards);
-    let _ = std::fs::write(ctx.logs.join(format!("{tag}-hint.json")), agent.get(&format!("/v1/jobs/{}/hints", created.id)).unwrap_or_default());
+    for (i, (a, c)) in agents.iter().zip(&created).enumerate() {
+        let _ = std::fs::write(ctx.logs.join(format!("{tag}-ipu{i}-hint.json")), a.get(&format!("/v1/jobs/{}/hints", c.id)).unwrap_or_default());
+    }
     drop(services);
-    drop(agent);
+    drop(agents);
     waited.with_context(|| format!("the {tag} job failed (logs in {})", out.display()))?;
     measure(&out.join("rank-0.json"), &mut r)?;
-    // The rank follows no hints: the services report the hint behind each step's plan.
+    // The rank follows no hints: rank 0's service reports the vote (rank, version) behind each
+    // step's plan.
     r.hints = {
         let v: Value = serde_json::from_str(&std::fs::read_to_string(out.join("rank-0.json"))?)?;
-        let mut versions: Vec<u64> = v["steps"].as_array().into_iter().flatten().filter_map(|s| s["hint_version"].as_u64()).collect();
-        versions.dedup();
-        versions.len()
+        let mut votes: Vec<(u64, u64)> = v["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| Some((s["hint_rank"].as_u64()?, s["hint_version"].as_u64()?)))
+            .collect();
+        votes.dedup();
+        votes.len()
     };
     Ok(r)
 }

@@ -41,3 +41,7 @@ pub mod adapt;
 // The agent's start, stop and /metrics for the tests that run it directly (t2_agent, t2_mirror).
 #[allow(dead_code)]
 pub mod agent;
+
+// Only the IPU tests use it; the others compile the module too.
+#[allow(dead_code)]
+pub mod ipu_agent;

@@ -2,8 +2,9 @@
 //! docs/operator-guide.md, "Managed collectives"). It listens for its tenant on the host link
 //! (`--listen`, the IPU's end of the host ↔ IPU link), builds the engine's mesh with the other
 //! ranks' services over the fabric (`--peers`), and runs each collective the tenant hands it.
-//! With `--agent`, rank 0's service follows the local agent's hints for the job and applies them
-//! inline (all services switch at the same step), never outside the tenant's `--constraints`.
+//! With `--agent`, the service follows its own IPU's agent's hints for the job and votes with them
+//! in every collective's control exchange; all services run the agreed plan from the same step,
+//! never outside the tenant's `--constraints` (see `ipu_firmware::managed`).
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -14,9 +15,9 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Parser;
 use ipu_firmware::job::parse_size;
-use ipu_firmware::managed::{check_plan, serve, ConstrainedPlans, EngineRunner, ServiceConfig, ServiceStats, DEFAULT_MAX_BUFFER};
-use ipu_firmware::plan::{Compression, Plan};
-use ipu_firmware::{Algorithm, CodecKind, Communicator, CommunicatorConfig, HintFollower, PlanSource, TcpOptions, TcpTransport};
+use ipu_firmware::managed::{check_plan, serve, EngineRunner, HintVoter, ServiceConfig, ServiceStats, DEFAULT_MAX_BUFFER};
+use ipu_firmware::plan::PlanArgs;
+use ipu_firmware::{Communicator, CommunicatorConfig, HintFollower, PlanVoter, TcpOptions, TcpTransport};
 use ringside_client::{Constraints, JobClient};
 
 /// ringside's managed collective service (runs in the IPU, serves the tenant on the host link).
@@ -43,31 +44,17 @@ struct Args {
     /// requests (its compute phase), in ms.
     #[arg(long, default_value_t = 60_000)]
     tenant_timeout_ms: u64,
-    /// Initial allreduce algorithm: ring, tree or rhd.
-    #[arg(long, default_value = "ring")]
-    algorithm: Algorithm,
-    /// Initial chunk size in bytes.
-    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
-    chunk_bytes: usize,
-    /// Initial parallel connections per peer pair.
-    #[arg(long, default_value_t = 1)]
-    channels: u8,
-    /// Connections per peer pair opened at setup (plans may use up to this many); default
-    /// --channels.
-    #[arg(long)]
-    max_channels: Option<u8>,
-    /// Initial wire compression: none, fp16, bf16, int8 or topk:RATIO.
-    #[arg(long, default_value = "none")]
-    compression: CodecKind,
-    /// Initial error feedback.
-    #[arg(long)]
-    error_feedback: bool,
+    /// The job's initial plan (the same on every service: it is also the baseline a hint's
+    /// severity is judged against).
+    #[command(flatten)]
+    plan: PlanArgs,
     /// Bound on mesh setup and on every wait for a peer service, in ms. Must exceed the slowest
     /// tenant's compute phase.
     #[arg(long, default_value_t = 30_000)]
     timeout_ms: u64,
-    /// Rank 0: follow the local agent's hints for this job (http://HOST:PORT/v1/jobs/ID) and apply
-    /// them inline. Other ranks accept and ignore it (their plans come from rank 0).
+    /// Follow this IPU's agent's hints for the job (http://HOST:PORT/v1/jobs/ID: the job as
+    /// registered with this IPU's agent) and vote with them: every collective runs the plan agreed
+    /// from all services' votes (the most severe wins). Without it the service abstains.
     #[arg(long, value_name = "JOB_URL", requires_all = ["token", "constraints"])]
     agent: Option<String>,
     /// The job's tenant token for --agent. Prefer the environment variable (not visible in `ps`).
@@ -84,6 +71,8 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
+        // Plain text when stderr is a log file (the testbed and the evaluations read it).
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let a = Args::parse();
     if a.peers.len() != a.world {
@@ -92,15 +81,8 @@ fn main() -> anyhow::Result<()> {
     if a.rank >= a.world {
         bail!("--rank {} is not below --world {}", a.rank, a.world);
     }
-    let plan = Plan {
-        step_from: 0,
-        algorithm: a.algorithm,
-        chunk_bytes: u32::try_from(a.chunk_bytes).context("--chunk-bytes too large")?,
-        channels: a.channels,
-        compression: Compression { codec: a.compression, error_feedback: a.error_feedback },
-    };
-    let max_channels = a.max_channels.unwrap_or(a.channels).max(a.channels);
-    plan.validate(max_channels)?;
+    let plan = a.plan.plan()?;
+    let max_channels = a.plan.max_channels();
     let constraints: Option<Constraints> = match &a.constraints {
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("reading --constraints {}", p.display()))?;
@@ -116,29 +98,27 @@ fn main() -> anyhow::Result<()> {
     let stats = Arc::new(ServiceStats::default());
     // Bound before the mesh is built, so a tenant that starts first is queued, not refused.
     let listener = TcpListener::bind(a.listen).with_context(|| format!("binding the host link --listen {}; is it this IPU's address on the host link?", a.listen))?;
-    let mut applied = None;
-    let source: Option<Box<dyn PlanSource>> = match (&a.agent, a.rank) {
-        (Some(url), 0) => {
+    let voter: Box<dyn PlanVoter> = match &a.agent {
+        Some(url) => {
             let token = a.token.as_deref().context("--agent needs --token or RINGSIDE_TOKEN")?;
             let client = JobClient::new(url, token).context("--agent")?;
             let follower = HintFollower::start(client, max_channels).context("starting the hint follower thread")?;
-            applied = Some(follower.applied());
             let constraints = constraints.clone().context("--agent needs --constraints")?;
-            Some(Box::new(ConstrainedPlans { inner: Box::new(follower), constraints, refused: stats.clone() }))
+            Box::new(HintVoter::new(follower, constraints, plan, stats.clone()))
         }
-        _ => None,
+        None => Box::new(HintVoter::abstaining(constraints.clone(), plan, stats.clone())),
     };
-    tracing::info!(rank = a.rank, world = a.world, listen = %a.listen, following = a.agent.is_some() && a.rank == 0, "building the service mesh");
+    tracing::info!(rank = a.rank, world = a.world, listen = %a.listen, following = a.agent.is_some(), "building the service mesh");
     let timeout = Duration::from_millis(a.timeout_ms);
     let t = TcpTransport::bind_and_connect(a.rank, &a.peers, TcpOptions { channels: max_channels, timeout }).context("building the mesh among the IPU services")?;
     let mut comm = Communicator::new(t, CommunicatorConfig { initial_plan: plan, timeout })?;
-    if let Some(s) = source {
-        comm.set_plan_source(s);
-    }
+    // Every service votes (abstaining without an agent): the control exchange must be the same
+    // on all of them.
+    comm.set_plan_voter(voter);
     tracing::info!(listen = %a.listen, "mesh up; serving the tenant");
     let cfg = ServiceConfig { max_buffer: a.max_buffer as u64, tenant_timeout: Duration::from_millis(a.tenant_timeout_ms) };
     // Runs until killed (the provider's supervisor owns the lifetime); each session's end logs the
     // counters.
-    serve(listener, EngineRunner { comm, applied }, a.world, cfg, stats.clone(), Arc::new(AtomicBool::new(false))).context("serving the host link")?;
+    serve(listener, EngineRunner { comm }, a.world, cfg, stats.clone(), Arc::new(AtomicBool::new(false))).context("serving the host link")?;
     Ok(())
 }

@@ -7,9 +7,9 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use ipu_firmware::job::{parse_size, run_job_managed, run_rank_on, ComputeMode, JobConfig};
 use ipu_firmware::managed::ManagedClient;
-use ipu_firmware::plan::{Compression, Dtype, Plan, ScriptedPlans};
+use ipu_firmware::plan::{Dtype, Plan, PlanArgs, ScriptedPlans};
 use ipu_firmware::hints::AppliedHints;
-use ipu_firmware::{Algorithm, CodecKind, HintFollower, PlanSource, TransportKind};
+use ipu_firmware::{HintFollower, PlanSource, TransportKind};
 use ringside_client::{ClientConfig, JobClient};
 use std::time::Duration;
 use std::net::SocketAddr;
@@ -50,25 +50,9 @@ struct Args {
     /// Spin the CPU during the compute phase instead of sleeping.
     #[arg(long)]
     busy_compute: bool,
-    /// Allreduce algorithm: ring, tree or rhd.
-    #[arg(long, default_value = "ring")]
-    algorithm: Algorithm,
-    /// Chunk (frame and pipeline unit) size in bytes.
-    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
-    chunk_bytes: usize,
-    /// Parallel connections per peer pair (TCP connections, or RDMA queue pairs).
-    #[arg(long, default_value_t = 1)]
-    channels: u8,
-    /// Connections per peer pair to open at setup (so a plan change may raise --channels up to it);
-    /// defaults to --channels.
-    #[arg(long)]
-    max_channels: Option<u8>,
-    /// Wire compression: none, fp16, bf16, int8 or topk:RATIO.
-    #[arg(long, default_value = "none")]
-    compression: CodecKind,
-    /// Carry compression residuals to the next step.
-    #[arg(long)]
-    error_feedback: bool,
+    /// The initial plan (rank 0's; hints or --plan-schedule may change it).
+    #[command(flatten)]
+    plan: PlanArgs,
     /// Bound on connection setup and on every wait for a peer, in ms. Must exceed the slowest rank's
     /// compute phase.
     #[arg(long, default_value_t = 30_000)]
@@ -124,15 +108,8 @@ fn main() -> anyhow::Result<()> {
     if a.rank >= a.world {
         bail!("--rank {} is not below --world {}", a.rank, a.world);
     }
-    let plan = Plan {
-        step_from: 0,
-        algorithm: a.algorithm,
-        chunk_bytes: u32::try_from(a.chunk_bytes).context("--chunk-bytes too large")?,
-        channels: a.channels,
-        compression: Compression { codec: a.compression, error_feedback: a.error_feedback },
-    };
-    let max_channels = a.max_channels.unwrap_or(a.channels).max(a.channels);
-    plan.validate(max_channels)?;
+    let plan = a.plan.plan()?;
+    let max_channels = a.plan.max_channels();
     // The follower's log of applied hints, read back after the run for the report.
     let mut applied_hints: Option<AppliedHints> = None;
     let source: Option<Box<dyn PlanSource>> = match (&a.plan_schedule, &a.follow_hints, a.rank) {
