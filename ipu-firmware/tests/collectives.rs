@@ -451,7 +451,7 @@ fn plan_votes_switch_every_rank_at_the_same_op_to_the_most_severe_proposal() {
     let base = Plan { chunk_bytes: 512, ..Plan::default() };
     let tree = Plan { algorithm: Algorithm::Tree, ..base };
     let int8 = Plan { compression: Compression { codec: CodecKind::Int8, error_feedback: false }, ..base };
-    let proposal = |plan: Plan, version| Some(PlanProposal { plan, version, severity: severity(&plan, &base) });
+    let proposal = move |plan: Plan, version| Some(PlanProposal { plan, version, severity: severity(&plan, &base) });
     // Rank 3 (not rank 0) proposes a change of algorithm from step 2; rank 2 compresses from step
     // 5 and outranks it; rank 1 abstains throughout (an unreachable agent); rank 0 proposes the
     // baseline (a healthy agent's first hint).
