@@ -648,7 +648,7 @@ mod tests {
 
     #[test]
     fn votes_round_trip() {
-        let call = ControlHeader { training_step: 7, op_kind: OpKind::Allreduce, dtype: Dtype::F32, elems: 1000, root: 0, plan: Plan::default() };
+        let call = ControlHeader { training_step: 7, op_kind: OpKind::Allreduce, dtype: Dtype::F32, elems: 1000, root: 0, plan: Plan::default(), plan_held_until: 0 };
         let p = PlanProposal { version: u64::MAX - 1, ..proposal(CodecKind::TopK { ratio: 0.25 }, 0) };
         let (h, got) = parse_vote(&encode_vote(&call, Some(&p))).unwrap();
         assert_eq!((h.training_step, h.elems, got), (7, 1000, Some(p)));
