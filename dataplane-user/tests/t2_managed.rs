@@ -35,7 +35,7 @@ use ringside_client::{Algorithm, Constraints, JobCreated, JobRegistration, PortR
 use serde_json::Value;
 use support::{ipu_agent::IpuAgent, wait_for};
 use testbed::managed::{self, ManagedServices, ServiceConfig};
-use testbed::{ByteSize, IpuStar, IpuStarConfig, JobConfig, Rig, IPU_FABRIC_PORT};
+use testbed::{ByteSize, IpuStar, IpuStarConfig, JobConfig, Rig};
 
 const POLL: Duration = Duration::from_millis(200);
 const RANKS: usize = 4;
