@@ -30,6 +30,11 @@
 //!   its [`PlanProposal`] (or an abstention) before rank 0's control header, and rank 0 applies
 //!   [`agree`] to all of them: the winner takes effect from the next training step, announced by
 //!   the control header like any other plan, so every rank still switches at the same collective.
+//!   Votes are received before rank 0 computes the header's `plan_held_until`, and an agreed plan
+//!   starts at the next step at the earliest, so it never falls inside a promise already given
+//!   (a promise covers only the next collective). Cost: rank 0 waits for every rank's vote before
+//!   its header, so with votes the promise saves ranks 1..n−1 the wait for the header but rank 0
+//!   still spends one hop per collective on the votes (not measured yet).
 
 use crate::codec::{self, CodecKind};
 use crate::wire::FrameError;
