@@ -167,7 +167,7 @@ fn loss_on_a_peer_ipu_link_is_a_gray_failure_from_ipu0() {
         timeout: Duration::from_secs(150),
         ..Default::default()
     };
-    let job = testbed::spawn_job(&star, &cfg).expect("starting the emulated job");
+    let _job = testbed::spawn_job(&star, &cfg).expect("starting the emulated job");
     std::thread::sleep(Duration::from_secs(10));
     let healthy = agent.events();
     eprintln!("after 10 s of the job: {} windows, events:{}", healthy.windows, summary(&healthy));
