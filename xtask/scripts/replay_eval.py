@@ -13,6 +13,10 @@ Usage (from the workspace root):
     cargo test -p dataplane-user --lib --no-run      # prints the test binary's path
     python3 xtask/scripts/replay_eval.py target/eval target/debug/deps/dataplane_user-HASH
 
+At the IPU vantage (runs with `"vantage": "ipu"`) it replays all six IPU agents' logs with
+`[detect.gray] min_peers = 2`; a link-scoped event names the agent's own host. Events are not
+merged across agents as the evaluation merges them, so precision counts each agent's own events.
+
 Limits: timings are those of the recorded windows (the replayed agent reacts to the same input,
 not to a job that reacts back); runs whose log or detection.json entry is missing are skipped.
 """
@@ -29,12 +33,15 @@ def wall_ms(line):
     return datetime.datetime.fromisoformat(line[:26]).replace(tzinfo=datetime.timezone.utc).timestamp() * 1000
 
 
-def replay(test_bin, log):
+def replay(test_bin, log, ipu=False):
     """(wall ms of the window, kind, scope) of every verdict the replay opens."""
     times = [wall_ms(l) for l in open(log) if "ringside::detect::input" in l]
+    env = dict(os.environ, RINGSIDE_REPLAY=log)
+    if ipu:
+        env["RINGSIDE_REPLAY_GRAY_MIN_PEERS"] = "2"  # the IPU agents' [detect.gray] min_peers
     out = subprocess.run(
         [test_bin, "--ignored", "--exact", "detect::scenarios::replay_recorded_windows", "--nocapture"],
-        env=dict(os.environ, RINGSIDE_REPLAY=log),
+        env=env,
         capture_output=True,
         text=True,
         check=False,
@@ -56,8 +63,12 @@ def main(eval_dir, test_bin):
     per_source = {}
     for run in report["runs"]:
         source, scenario, rep = run["source"], run["scenario"], run["repeat"]
+        ipu = run.get("vantage") == "ipu"
         logs = [f"{eval_dir}/detection-logs/{source}-{scenario}-{rep}-agent.log"]
-        if scenario == "uplink-congestion":
+        if ipu:
+            # One agent per IPU; agent i's link-scoped events name host i (10.77.0.i+1).
+            logs = [f"{eval_dir}/detection-logs/{source}-ipu-{scenario}-{rep}-ipu{i}-agent.log" for i in range(6)]
+        elif scenario == "uplink-congestion":
             logs = [f"{eval_dir}/detection-logs/{source}-{scenario}-{rep}-leaf{l}-agent.log" for l in (0, 1)]
         fault, target = run["fault"], run["target"]
         m = re.search(r"\((10\.\d+\.\d+\.\d+)", target)
@@ -68,16 +79,20 @@ def main(eval_dir, test_bin):
         for agent, log in enumerate(logs):
             if not os.path.exists(log):
                 continue
-            for t, kind, scope in replay(test_bin, log):
+            for t, kind, scope in replay(test_bin, log, ipu):
                 if kind == "Straggler":
                     stragglers.append(scope)
                     continue
+                if ipu and "peer: " not in scope:
+                    scope = f"ipu{agent} {scope} (peer: 10.77.0.{agent + 1}, its own host)"
+                elif ipu:
+                    scope = f"ipu{agent} {scope}"
                 ok = False
                 if fault and fault["started_unix_ms"] <= t <= fault.get("ended_unix_ms", float("inf")) + 3000:
                     if leaf is not None:
                         ok = kind == "Congestion" and agent == leaf and "uplink" in scope
                     elif ip:
-                        ok = f"peer: {ip}," in scope
+                        ok = f"peer: {ip}," in scope or f"peer: {ip}, its own host" in scope
                 network.append((t - (fault["started_unix_ms"] if fault else 0), kind, scope, ok))
         s = per_source.setdefault(source, {"events": 0, "right": 0, "faults": 0, "found": 0, "latency": [], "quiet_runs_events": 0})
         if scenario in ("healthy", "straggler"):

@@ -12,8 +12,9 @@
 //!    it explains);
 //! 3. per link: congestion (several peers degrading together, CE/CNP growth, loss spread);
 //! 4. per peer: gray failure (outlier against the other peers, unless its link is congested in
-//!    that window, its traffic lost upstream together with other traffic, or attribution explained
-//!    it by another peer; a peer blamed only by attribution's guess is not raised on one severe
+//!    that window, its traffic lost upstream together with other traffic, attribution explained
+//!    it by another peer, or, at one host's end of the wire, a congestion verdict on that host's
+//!    own cable is open; a peer blamed only by attribution's guess is not raised on one severe
 //!    window) and straggler (late start at normal goodput; never while the
 //!    peer's own network metrics are anomalous);
 //! 5. each (scope, detector) has a [`lifecycle`] track: raise on k of n anomalous windows (or one
@@ -289,7 +290,16 @@ impl JobState {
                 a.state = lifecycle::WindowState::Anomalous { severe: false };
             }
         }
-        for ((f, s), gray_a) in feats.iter().zip(&stats).zip(gray_all) {
+        // At one host's end of the wire (its NIC, its IPU's fabric port) every peer's traffic
+        // crosses that host's own cable. While the congestion verdict on that cable is open (its
+        // peers degraded together: the cable itself), one peer's loss or slowness is more likely
+        // the same fault's tail (a flap's resent data lands on one neighbour a window later) than
+        // a second fault on that peer's side: say nothing about the peer.
+        let own_cable_open = |link: &str| {
+            w.local.is_some() && self.links.get(link).is_some_and(|l| l.congestion.open_verdict().is_some())
+        };
+        let own_cable: Vec<bool> = feats.iter().map(|f| own_cable_open(&f.link)).collect();
+        for (i, ((f, s), gray_a)) in feats.iter().zip(&stats).zip(gray_all).enumerate() {
             let Some(ps) = self.peers.get_mut(&f.peer) else { continue };
             let link_congested = congested.contains(f.link.as_str());
             let gray_anomalous = gray_a.as_ref().is_some_and(Assessment::is_anomalous);
@@ -307,10 +317,12 @@ impl JobState {
                 // loss shared with other traffic upstream of the link the peer's traffic comes in
                 // by (another switch's congested uplink), and another peer's bad path when all of
                 // this peer's bad connections run to it (`crate::attribution`): the gray failure
-                // is that peer's.
+                // is that peer's. At one host's end of the wire, so does an open congestion
+                // verdict on the host's own cable (above).
                 let via_congested = f.shared_links.iter().any(|l| congested.contains(l.as_str()));
                 let upstream = upstream_lossy.contains(f.link.as_str());
-                let explained = link_congested || via_congested || upstream || f.explained_by.is_some();
+                let explained =
+                    link_congested || via_congested || upstream || f.explained_by.is_some() || own_cable[i];
                 let a = if explained && a.is_anomalous() { Assessment::ambiguous() } else { a };
                 let ctx = ctx(VerdictKind::GrayFailure);
                 changes.extend(ps.gray.observe(&cfg.persistence, &ctx, a, true, true, next_id));

@@ -312,6 +312,58 @@ fn rate_cap_on_one_peers_link_is_a_gray_failure_not_congestion() {
     assert!(!has_metric(&v, Metric::LossRate), "{v:?}");
 }
 
+/// `s`'s windows as the agent at one host's end of the wire sees them (`JobWindow::local` set),
+/// judged with the IPU's `[detect.gray] min_peers = 2`.
+fn run_at_own_cable(s: &Scenario, n: usize) -> Vec<(usize, VerdictChange)> {
+    let mut windows = s.windows(n);
+    for w in &mut windows {
+        let addr = "10.0.0.9".parse().unwrap();
+        w.local = Some(LocalSends { addr, link: "fabric".into(), bursts: Vec::new(), pokes: Vec::new() });
+    }
+    let mut cfg = DetectorConfig::default();
+    cfg.gray.min_peers = 2;
+    run_with(cfg, &windows)
+}
+
+#[test]
+fn the_tail_of_a_fault_on_the_hosts_own_cable_names_no_neighbour() {
+    // The host's own cable loses packets to and from both neighbours (congestion on `fabric`:
+    // the cable itself), then, as after a flap, one more window of resent data lands on one
+    // neighbour only. From the host's own end that tail is the same fault, not the neighbour's.
+    let own = Fault::Uplink { link: "fabric", goodput_factor: 0.5, ce_rate: 0.0, loss_rate: 0.02 };
+    let fabric = Scope::Link { link: "fabric".into() };
+    for seed in [1, 2, 3] {
+        let s = Scenario::own_cable(seed).with(own.clone(), 20, 26).with(Fault::Loss { peer: 0, rate: 0.02 }, 26, 27);
+        let changes = run_at_own_cable(&s, 50);
+        let (opened, _, _) = single_verdict(&changes, VerdictKind::Congestion, &fabric, 20, 30);
+        assert_eq!(opened, 20, "seed {seed}");
+        // The same windows seen without `local` (a switch's port): the tail names the neighbour.
+        let mut cfg = DetectorConfig::default();
+        cfg.gray.min_peers = 2;
+        let elsewhere = run_with(cfg, &s.windows(50));
+        assert!(
+            elsewhere.iter().any(|(i, c)| *i == 26 && c.verdict().kind == VerdictKind::GrayFailure && c.verdict().scope == peer_scope(&s, 0)),
+            "seed {seed}: the own-cable rule is what keeps it silent: {elsewhere:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_fault_on_a_neighbours_cable_is_still_named_from_the_own_cable() {
+    // Only the path to neighbour 0 is capped (its own cable): the other neighbour is as it was,
+    // so neighbour 0 is an outlier and is named.
+    for seed in [1, 2, 3] {
+        let s = Scenario::own_cable(seed).with(Fault::GoodputCut { peer: 0, factor: 0.25 }, 20, 40);
+        let changes = run_at_own_cable(&s, 60);
+        let (opened, _, v) = single_verdict(&changes, VerdictKind::GrayFailure, &peer_scope(&s, 0), 22, 44);
+        assert!(opened >= 20, "seed {seed}");
+        assert!(has_metric(&v, Metric::InBurstGoodputBps), "seed {seed}: {v:?}");
+        let s = Scenario::own_cable(seed).with(Fault::Loss { peer: 1, rate: 0.02 }, 20, 40);
+        let changes = run_at_own_cable(&s, 60);
+        single_verdict(&changes, VerdictKind::GrayFailure, &peer_scope(&s, 1), 21, 44);
+    }
+}
+
 #[test]
 fn shared_uplink_congestion_names_the_link_and_no_peer() {
     let uplink = Fault::Uplink { link: "leaf2", goodput_factor: 0.45, ce_rate: 0.04, loss_rate: 0.002 };
@@ -654,6 +706,7 @@ fn a_compute_straggler_is_found_whatever_the_algorithm() {
 /// `RUST_LOG=info,ringside::detect::input=debug`: one JSON `JobWindow` per log line) through the
 /// detectors and prints, per window, each peer's straggler lateness and every verdict change.
 /// `RINGSIDE_REPLAY=agent.log cargo test -p dataplane-user --lib replay_recorded_windows -- --ignored --nocapture`
+/// (`RINGSIDE_REPLAY_GRAY_MIN_PEERS=2` for an IPU agent's log).
 #[test]
 #[ignore = "a tool: set RINGSIDE_REPLAY to an agent log with recorded windows"]
 fn replay_recorded_windows() {
@@ -665,6 +718,10 @@ fn replay_recorded_windows() {
     let mut cfg = DetectorConfig::default();
     if let Ok(v) = std::env::var("RINGSIDE_REPLAY_CO_START_NS") {
         cfg.straggler.co_start_ns = v.parse().expect("a number of ns");
+    }
+    // An IPU's agent runs with `[detect.gray] min_peers = 2` (the operator guide's IPU setting).
+    if let Ok(v) = std::env::var("RINGSIDE_REPLAY_GRAY_MIN_PEERS") {
+        cfg.gray.min_peers = v.parse().expect("a number of peers");
     }
     let mut set = DetectorSet::new(cfg);
     let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{:.0}", v / 1e6));

@@ -120,6 +120,13 @@ impl Scenario {
         Self::with_peers(seed, peers)
     }
 
+    /// One host's own end of the wire (its IPU's fabric port, or its NIC): its two ring
+    /// neighbours 10.0.0.1-2, both reached by link `fabric`.
+    pub fn own_cable(seed: u64) -> Self {
+        let peers = (1..=2).map(|i| (format!("10.0.0.{i}").parse().unwrap(), "fabric".to_owned())).collect();
+        Self::with_peers(seed, peers)
+    }
+
     pub fn with(mut self, fault: Fault, from: usize, to: usize) -> Self {
         self.faults.push((fault, from, to));
         self
