@@ -51,6 +51,11 @@ fn get_metrics(star: &Star, host: usize) -> String {
     scrape_metrics(&star.hosts[host].ns, AGENT_PORT).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// `/metrics`, or `None` while the agent is not answering yet (just started, on a busy machine).
+fn try_metrics(star: &Star, host: usize) -> Option<String> {
+    scrape_metrics(&star.hosts[host].ns, AGENT_PORT).ok()
+}
+
 /// Value of the series with exactly this name and label text, or 0 if absent.
 fn metric(text: &str, series: &str) -> u64 {
     support::agent::metric(text, series).unwrap_or(0)
@@ -361,7 +366,7 @@ fn rdma_port_counters_reach_events_and_metrics() {
     // No device: one info line, an empty gauge, reads that keep going.
     let (mut agent, log) = start("absent", &root);
     let text = wait_for(Duration::from_secs(20), POLL, "three reads of a missing counters_root", || {
-        Some(get_metrics(&star, 0)).filter(|t| metric(t, "ringside_rdma_port_polls_total") >= 3)
+        try_metrics(&star, 0).filter(|t| metric(t, "ringside_rdma_port_polls_total") >= 3)
     });
     assert!(text.lines().any(|l| l == "ringside_rdma_ports_read 0"), "{text}");
     assert_eq!(metric(&text, "ringside_rdma_port_read_problems_total{reason=\"unreadable\"}"), 0);
@@ -375,7 +380,7 @@ fn rdma_port_counters_reach_events_and_metrics() {
     copy_tree(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rdma/hosts"), &root);
     let (mut agent, log) = start("present", &root);
     wait_for(Duration::from_secs(20), POLL, "the agent to read 4 RDMA ports", || {
-        Some(get_metrics(&star, 0)).filter(|t| metric(t, "ringside_rdma_ports_read") == 4)
+        try_metrics(&star, 0).filter(|t| metric(t, "ringside_rdma_ports_read") == 4)
     });
     // 100,000 packets each way per 200 ms on every port (at least 1,000 per 1 s window however the
     // ticks fall); after 3 s, 1,000 CNPs per tick from mlx5_0/1 (5,000/s: the threshold is 100/s).
