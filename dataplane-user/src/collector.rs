@@ -15,7 +15,7 @@
 use std::{
     collections::HashMap,
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         mpsc::{sync_channel, Receiver, SyncSender, TrySendError},
         Arc,
     },
@@ -36,6 +36,28 @@ use crate::flow_table::{
 
 /// Most flows a [`CollectorSnapshot`] carries (the largest by bytes): the most `/v1/flows` lists.
 pub const TOP_FLOWS: usize = 1000;
+
+/// After a reader asks for the top flows ([`FlowsDemand::request`]), the collector selects them
+/// again at every poll for this long; then it stops until the next request. Selecting and copying
+/// the top [`TOP_FLOWS`] of 10,000 flows was a fifth of the agent's CPU when done every poll.
+pub const TOP_FLOWS_DEMAND: Duration = Duration::from_secs(5);
+
+/// The readers' side of the top flows: the mono time of the latest request (0 = none). Shared by
+/// the collector and every snapshot it publishes.
+#[derive(Debug, Clone, Default)]
+pub struct FlowsDemand(Arc<AtomicU64>);
+
+impl FlowsDemand {
+    /// A reader wants the top flows: the next polls select them (see [`TOP_FLOWS_DEMAND`]).
+    pub fn request(&self) {
+        self.0.store(crate::clock::monotonic_ns().max(1), Ordering::Relaxed);
+    }
+
+    fn active(&self, now_ns: u64) -> bool {
+        let t = self.0.load(Ordering::Relaxed);
+        t != 0 && now_ns.saturating_sub(t) < TOP_FLOWS_DEMAND.as_nanos() as u64
+    }
+}
 
 /// Detection windows queued between the collector and the analysis stage (four windows: seconds
 /// of slack at the default 1 s window). A full queue drops the newest window and counts it.
@@ -111,8 +133,15 @@ pub struct CollectorSnapshot {
     pub bursts: Vec<(InterfaceKey, BurstAggregate)>,
     pub events: EventCounts,
     pub evictions: Evictions,
-    /// The [`TOP_FLOWS`] flows with the most bytes, largest first.
-    pub top_flows: Vec<FlowEntry>,
+    /// The [`TOP_FLOWS`] flows with the most bytes, largest first, as of poll `top_flows_poll`:
+    /// selected at the first poll and then only while readers ask for them ([`FlowsDemand`]), so
+    /// they can be older than the rest of the snapshot; [`crate::view::AgentView::fresh_top_flows`]
+    /// asks and waits for a list of the latest poll.
+    pub top_flows: Arc<[FlowEntry]>,
+    /// The poll (`poll.polls`) `top_flows` was selected at.
+    pub top_flows_poll: u64,
+    /// Where readers ask for the top flows.
+    pub flows_demand: FlowsDemand,
     /// CLOCK_MONOTONIC of the last applied poll (0 before the first).
     pub last_poll_mono_ns: u64,
     pub poll: PollRecord,
@@ -121,8 +150,8 @@ pub struct CollectorSnapshot {
 }
 
 impl CollectorSnapshot {
-    fn of(table: &FlowTable, poll: &PollRecord, windows_dropped: u64) -> Self {
-        fn sorted<K: Ord + Copy, V: Clone>(m: &HashMap<K, V>) -> Vec<(K, V)> {
+    fn of(table: &FlowTable, poll: &PollRecord, windows_dropped: u64, top: &TopFlows) -> Self {
+        fn sorted<K: Ord + Copy, V: Clone, S>(m: &HashMap<K, V, S>) -> Vec<(K, V)> {
             let mut v: Vec<(K, V)> = m.iter().map(|(k, v)| (*k, v.clone())).collect();
             v.sort_by_key(|(k, _)| *k);
             v
@@ -137,7 +166,9 @@ impl CollectorSnapshot {
             bursts: sorted(table.bursts()),
             events: table.events(),
             evictions: table.evictions(),
-            top_flows: table.top_by_bytes(TOP_FLOWS).into_iter().cloned().collect(),
+            top_flows: top.flows.clone(),
+            top_flows_poll: top.poll,
+            flows_demand: top.demand.clone(),
             last_poll_mono_ns: table.last_poll_mono_ns(),
             poll: poll.clone(),
             windows_dropped,
@@ -152,12 +183,22 @@ struct WindowFeed {
     min_ns: u64,
 }
 
+/// The top flows as last selected, and the readers' demand for them.
+#[derive(Debug, Default)]
+struct TopFlows {
+    flows: Arc<[FlowEntry]>,
+    /// The poll they were selected at (0 = never).
+    poll: u64,
+    demand: FlowsDemand,
+}
+
 /// The collector stage's state: the flow table, the poll record and its two outputs.
 pub struct Collector {
     table: FlowTable,
     poll: PollRecord,
     feed: Option<WindowFeed>,
     windows_dropped: u64,
+    top: TopFlows,
     published: watch::Sender<Arc<CollectorSnapshot>>,
 }
 
@@ -165,8 +206,9 @@ impl Collector {
     /// A collector over an empty table, and the receiver of its snapshots (an empty snapshot until
     /// the first poll).
     pub fn new(settings: TableSettings) -> (Self, watch::Receiver<Arc<CollectorSnapshot>>) {
-        let (published, rx) = watch::channel(Arc::new(CollectorSnapshot::default()));
-        (Collector { table: FlowTable::new(settings), poll: PollRecord::default(), feed: None, windows_dropped: 0, published }, rx)
+        let top = TopFlows::default();
+        let (published, rx) = watch::channel(Arc::new(CollectorSnapshot { flows_demand: top.demand.clone(), ..Default::default() }));
+        (Collector { table: FlowTable::new(settings), poll: PollRecord::default(), feed: None, windows_dropped: 0, top, published }, rx)
     }
 
     /// Starts cutting detection windows of `window` (the first starts at the next poll) and
@@ -227,8 +269,12 @@ impl Collector {
         }
     }
 
-    fn publish(&self) {
-        self.published.send_replace(Arc::new(CollectorSnapshot::of(&self.table, &self.poll, self.windows_dropped)));
+    fn publish(&mut self) {
+        if self.poll.polls > self.top.poll && (self.top.poll == 0 || self.top.demand.active(crate::clock::monotonic_ns())) {
+            self.top.flows = self.table.top_by_bytes(TOP_FLOWS).into_iter().cloned().collect();
+            self.top.poll = self.poll.polls;
+        }
+        self.published.send_replace(Arc::new(CollectorSnapshot::of(&self.table, &self.poll, self.windows_dropped, &self.top)));
     }
 }
 

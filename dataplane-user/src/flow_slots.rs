@@ -256,22 +256,30 @@ impl SlotTable {
 
 /// What the previous poll saw in each slot, so that a poll reports only the flows that changed
 /// (`PollSnapshot::partial`): an idle flow then costs three loads per poll and no hash lookup in
-/// the agent's table.
+/// the agent's table. The per-slot words the walk reads every poll (`prev`, 24 bytes a slot) are
+/// kept apart from the keys (44 bytes a slot), which only a reported or vanished flow touches:
+/// the walk over 32,768 slots then reads 0.75 MiB of its own state instead of 2.5 MiB.
 #[derive(Default)]
 pub struct SlotDiff {
     prev: Vec<SlotSeen>,
+    /// The key of each slot's flow as last reported (valid while `prev`'s state is `LIVE`).
+    keys: Vec<FlowKey>,
 }
 
 #[derive(Clone, Copy, Default)]
 struct SlotSeen {
+    /// The state word; [`MOVED`] set when the slot was reported last poll because it moved: it
+    /// is reported once more, so counters a CPU added just after `packets` (the TCP/RoCE
+    /// counters of the same packet) are not left behind. The program never sets that bit.
     state: u64,
     packets: u64,
     last_seen_ns: u64,
-    /// Reported last poll because it moved: report it once more, so counters a CPU added just
-    /// after `packets` (the TCP/RoCE counters of the same packet) are not left behind.
-    moved: bool,
-    key: FlowKey,
 }
+
+/// The bit of [`SlotSeen::state`] that says "moved last poll" (bits 32..62 of a state word are
+/// always 0: the tag is in the top two bits, the fingerprint in the low 32).
+const MOVED: u64 = 1 << 32;
+const _: () = assert!(slot_state::TAG_MASK & MOVED == 0 && (MOVED as u32) == 0);
 
 /// A poll of the table read against the previous one.
 #[derive(Debug, Default)]
@@ -287,7 +295,9 @@ pub struct SlotChanges {
 impl SlotTable {
     /// Reads the table against `diff` (the previous poll's view) and updates it.
     pub fn changes(&self, diff: &mut SlotDiff) -> SlotChanges {
-        diff.prev.resize(self.slots as usize, SlotSeen::default());
+        let n = self.slots as usize;
+        diff.prev.resize(n, SlotSeen::default());
+        diff.keys.resize(n, FlowKey::default());
         let mut out = SlotChanges { counts: SlotCounts { capacity: u64::from(self.slots), ..SlotCounts::default() }, ..SlotChanges::default() };
         for i in 0..self.slots {
             let st = self.state(i);
@@ -298,12 +308,15 @@ impl SlotTable {
                 slot_state::TOMBSTONE => out.counts.tombstones += 1,
                 _ => {}
             }
-            let was_live = seen.state & slot_state::TAG_MASK == slot_state::LIVE;
+            let seen_state = seen.state & !MOVED;
+            let was_live = seen_state & slot_state::TAG_MASK == slot_state::LIVE;
             if st & slot_state::TAG_MASK != slot_state::LIVE {
                 if was_live {
-                    out.vanished.push(seen.key);
+                    out.vanished.push(diff.keys[i as usize]);
                 }
-                *seen = SlotSeen { state: st, ..SlotSeen::default() };
+                if seen.state != st {
+                    *seen = SlotSeen { state: st, ..SlotSeen::default() };
+                }
                 continue;
             }
             let p = self.slot_ptr(i);
@@ -314,19 +327,20 @@ impl SlotTable {
                     std::ptr::read_volatile(std::ptr::addr_of!((*p).stats.last_seen_ns)),
                 )
             };
-            let moved = st != seen.state || packets != seen.packets || last != seen.last_seen_ns;
-            if !moved && !seen.moved {
+            let moved = st != seen_state || packets != seen.packets || last != seen.last_seen_ns;
+            if !moved && seen.state & MOVED == 0 {
                 continue;
             }
             let Some(s) = self.read_stable(i, st) else {
                 // Re-claimed during the copy: look again next poll.
                 continue;
             };
-            if was_live && seen.state != st {
-                out.vanished.push(seen.key);
+            if was_live && seen_state != st {
+                out.vanished.push(diff.keys[i as usize]);
             }
             out.changed.push((s.key, s.stats));
-            *seen = SlotSeen { state: st, packets: s.stats.packets, last_seen_ns: s.stats.last_seen_ns, moved, key: s.key };
+            diff.keys[i as usize] = s.key;
+            *seen = SlotSeen { state: if moved { st | MOVED } else { st }, packets: s.stats.packets, last_seen_ns: s.stats.last_seen_ns };
         }
         out
     }

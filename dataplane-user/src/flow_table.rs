@@ -23,6 +23,15 @@ use std::{
 
 use dataplane_common::{direction, event_kind, flow_kind, stats, Event, FlowKey, FlowStats};
 
+/// The hasher of the table's maps: every poll hashes each moved flow's 44-byte key several times
+/// (flow, window delta, peer and interface), and SipHash (std's default) was a fifth of the agent's
+/// CPU at 10k flows. foldhash (already in the tree through hashbrown) is seeded per map from the
+/// process's random state, so keys an attacker picks cannot be aimed at fixed collisions; the maps
+/// are bounded (`max_flows`, `max_peers`) whatever happens.
+pub type FastState = foldhash::fast::RandomState;
+/// A `HashMap` with [`FastState`].
+pub type FastMap<K, V> = HashMap<K, V, FastState>;
+
 /// Number of `STATS` entries.
 pub const STATS_COUNT: usize = stats::COUNT as usize;
 
@@ -320,11 +329,13 @@ impl Default for TableSettings {
 #[derive(Debug, Default)]
 pub struct FlowTable {
     settings: TableSettings,
-    flows: HashMap<FlowKey, FlowEntry>,
-    peer_addrs: HashSet<[u8; 16]>,
-    peers: HashMap<PeerKey, Counters>,
-    interfaces: HashMap<InterfaceKey, Counters>,
-    bursts: HashMap<InterfaceKey, BurstAggregate>,
+    flows: FastMap<FlowKey, FlowEntry>,
+    /// Flows per interface index (a handful of interfaces), kept as flows come and go.
+    per_interface: Vec<(u32, u64)>,
+    peer_addrs: HashSet<[u8; 16], FastState>,
+    peers: FastMap<PeerKey, Counters>,
+    interfaces: FastMap<InterfaceKey, Counters>,
+    bursts: FastMap<InterfaceKey, BurstAggregate>,
     dataplane: [u64; STATS_COUNT],
     slots: Option<SlotCounts>,
     events: EventCounts,
@@ -351,7 +362,7 @@ pub struct WindowAccumulator {
     /// CLOCK_MONOTONIC of the last poll folded in.
     pub end_ns: u64,
     /// Counter growth per flow over the window (bounded by the flows seen in it, ≤ `FLOWS`' size).
-    pub deltas: HashMap<FlowKey, Counters>,
+    pub deltas: FastMap<FlowKey, Counters>,
     /// `BURST_END` events drained in the window, with their flow key.
     pub bursts: Vec<(FlowKey, BurstRecord)>,
     /// Bursts dropped because the window already held [`MAX_WINDOW_BURSTS`].
@@ -418,6 +429,10 @@ impl FlowTable {
                     (delta, false)
                 }
                 Entry::Vacant(v) => {
+                    match self.per_interface.iter_mut().find(|(i, _)| *i == key.ifindex) {
+                        Some((_, n)) => *n += 1,
+                        None => self.per_interface.push((key.ifindex, 1)),
+                    }
                     let e = v.insert(FlowEntry {
                         key: *key,
                         totals,
@@ -553,7 +568,7 @@ impl FlowTable {
             .collect();
         self.evictions.idle += gone.len() as u64;
         for k in &gone {
-            self.flows.remove(k);
+            self.forget(k);
         }
         let excess = self.flows.len().saturating_sub(self.settings.max_flows);
         if excess > 0 {
@@ -561,12 +576,20 @@ impl FlowTable {
                 self.flows.values().map(|e| (if unstamped(e) { u64::MAX } else { e.totals.last_seen_ns }, e.key)).collect();
             by_age.select_nth_unstable_by_key(excess - 1, |(t, k)| (*t, key_order(k)));
             for (_, k) in &by_age[..excess] {
-                self.flows.remove(k);
+                self.forget(k);
                 gone.push(*k);
             }
             self.evictions.capacity += excess as u64;
         }
         gone
+    }
+
+    fn forget(&mut self, key: &FlowKey) {
+        if self.flows.remove(key).is_some() {
+            if let Some((_, n)) = self.per_interface.iter_mut().find(|(i, _)| *i == key.ifindex) {
+                *n -= 1;
+            }
+        }
     }
 
     /// The `n` flows with the most bytes, largest first (ties broken by key, so output is stable).
@@ -595,24 +618,16 @@ impl FlowTable {
     }
     /// Flows per interface index.
     pub fn flows_per_interface(&self) -> HashMap<u32, u64> {
-        // Called every poll over every flow, with a handful of interfaces: a linear scan of a
-        // short list is cheaper than hashing each flow's ifindex.
-        let mut counts: Vec<(u32, u64)> = Vec::new();
-        for e in self.flows.values() {
-            match counts.iter_mut().find(|(i, _)| *i == e.key.ifindex) {
-                Some((_, n)) => *n += 1,
-                None => counts.push((e.key.ifindex, 1)),
-            }
-        }
-        counts.into_iter().collect()
+        // Kept as flows are added and forgotten: no pass over the flows.
+        self.per_interface.iter().filter(|(_, n)| *n > 0).copied().collect()
     }
-    pub fn peers(&self) -> &HashMap<PeerKey, Counters> {
+    pub fn peers(&self) -> &FastMap<PeerKey, Counters> {
         &self.peers
     }
-    pub fn interfaces(&self) -> &HashMap<InterfaceKey, Counters> {
+    pub fn interfaces(&self) -> &FastMap<InterfaceKey, Counters> {
         &self.interfaces
     }
-    pub fn bursts(&self) -> &HashMap<InterfaceKey, BurstAggregate> {
+    pub fn bursts(&self) -> &FastMap<InterfaceKey, BurstAggregate> {
         &self.bursts
     }
     /// The latest `STATS` values (summed over CPUs).

@@ -53,6 +53,10 @@ impl AttachInfo {
     }
 }
 
+/// Longest a `/v1/flows` request waits for the collector to select the top flows at its next poll
+/// (one poll interval in practice).
+pub const FRESH_TOP_FLOWS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The API's state: read-only handles to what the stages publish, plus the catalog and the hint
 /// board (each with its own short lock).
 #[derive(Debug, Clone)]
@@ -88,6 +92,28 @@ impl AgentView {
     /// The collector's latest snapshot.
     pub fn collector(&self) -> Arc<CollectorSnapshot> {
         self.collector.borrow().clone()
+    }
+
+    /// The collector's latest snapshot with top flows of its latest poll: asks the collector for
+    /// them ([`crate::collector::FlowsDemand`]) and, when the latest snapshot's are older, waits
+    /// for the next poll's (at most [`FRESH_TOP_FLOWS_WAIT`]; past it, the older list is returned:
+    /// a stuck collector shows in `/v1/status`, not as a hung request).
+    pub async fn fresh_top_flows(&self) -> Arc<CollectorSnapshot> {
+        let snap = self.collector();
+        snap.flows_demand.request();
+        if snap.top_flows_poll >= snap.poll.polls {
+            return snap;
+        }
+        let mut rx = self.collector.clone();
+        let after = snap.poll.polls;
+        let fresh = tokio::time::timeout(FRESH_TOP_FLOWS_WAIT, async move {
+            rx.wait_for(|s| s.top_flows_poll > after).await.map(|s| s.clone())
+        })
+        .await;
+        match fresh {
+            Ok(Ok(s)) => s,
+            _ => self.collector(),
+        }
     }
 
     /// The analysis stage's latest snapshot.

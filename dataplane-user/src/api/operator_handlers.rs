@@ -42,7 +42,7 @@ pub(super) async fn flows(_: Operator, State(state): State<AgentView>, q: Result
         Ok(l) => l,
         Err(m) => return error(StatusCode::BAD_REQUEST, m),
     };
-    let t = state.collector();
+    let t = state.fresh_top_flows().await;
     let resp = FlowsResponse {
         total_flows: t.flows_tracked,
         limit,
