@@ -271,7 +271,7 @@ impl Collector {
 
     fn publish(&mut self) {
         if self.poll.polls > self.top.poll && (self.top.poll == 0 || self.top.demand.active(crate::clock::monotonic_ns())) {
-            self.top.flows = self.table.top_by_bytes(TOP_FLOWS).into_iter().cloned().collect();
+            self.top.flows = self.table.top_flows(TOP_FLOWS).into();
             self.top.poll = self.poll.polls;
         }
         self.published.send_replace(Arc::new(CollectorSnapshot::of(&self.table, &self.poll, self.windows_dropped, &self.top)));

@@ -255,10 +255,15 @@ impl SlotTable {
 }
 
 /// What the previous poll saw in each slot, so that a poll reports only the flows that changed
-/// (`PollSnapshot::partial`): an idle flow then costs three loads per poll and no hash lookup in
-/// the agent's table. The per-slot words the walk reads every poll (`prev`, 24 bytes a slot) are
-/// kept apart from the keys (44 bytes a slot), which only a reported or vanished flow touches:
-/// the walk over 32,768 slots then reads 0.75 MiB of its own state instead of 2.5 MiB.
+/// (`PollSnapshot::partial`): an idle flow then costs two loads from the slot's first cache line
+/// per poll (its state word and `packets`) and no hash lookup in the agent's table. The per-slot
+/// words the walk reads every poll (`prev`, 16 bytes a slot) are kept apart from the keys (44
+/// bytes a slot), which only a reported or vanished flow touches.
+///
+/// `packets` alone tells whether a live flow moved: the program adds at least one to it for every
+/// packet it accounts, after the packet's other stores (`last_seen_ns`, the burst), and a flow
+/// that moved is reported once more at the next poll (`MOVED`), which picks up what a CPU
+/// stored after this poll's copy.
 #[derive(Default)]
 pub struct SlotDiff {
     prev: Vec<SlotSeen>,
@@ -273,7 +278,6 @@ struct SlotSeen {
     /// counters of the same packet) are not left behind. The program never sets that bit.
     state: u64,
     packets: u64,
-    last_seen_ns: u64,
 }
 
 /// The bit of [`SlotSeen::state`] that says "moved last poll" (bits 32..62 of a state word are
@@ -300,6 +304,7 @@ impl SlotTable {
         diff.keys.resize(n, FlowKey::default());
         let mut out = SlotChanges { counts: SlotCounts { capacity: u64::from(self.slots), ..SlotCounts::default() }, ..SlotChanges::default() };
         for i in 0..self.slots {
+            self.prefetch(i.wrapping_add(PREFETCH_SLOTS) & (self.slots - 1));
             let st = self.state(i);
             let seen = &mut diff.prev[i as usize];
             match st & slot_state::TAG_MASK {
@@ -320,14 +325,9 @@ impl SlotTable {
                 continue;
             }
             let p = self.slot_ptr(i);
-            // SAFETY: in bounds; aligned u64 fields read whole.
-            let (packets, last) = unsafe {
-                (
-                    std::ptr::read_volatile(std::ptr::addr_of!((*p).stats.packets)),
-                    std::ptr::read_volatile(std::ptr::addr_of!((*p).stats.last_seen_ns)),
-                )
-            };
-            let moved = st != seen_state || packets != seen.packets || last != seen.last_seen_ns;
+            // SAFETY: in bounds; an aligned u64 read whole.
+            let packets = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*p).stats.packets)) };
+            let moved = st != seen_state || packets != seen.packets;
             if !moved && seen.state & MOVED == 0 {
                 continue;
             }
@@ -340,11 +340,27 @@ impl SlotTable {
             }
             out.changed.push((s.key, s.stats));
             diff.keys[i as usize] = s.key;
-            *seen = SlotSeen { state: if moved { st | MOVED } else { st }, packets: s.stats.packets, last_seen_ns: s.stats.last_seen_ns };
+            *seen = SlotSeen { state: if moved { st | MOVED } else { st }, packets: s.stats.packets };
         }
         out
     }
+
+    /// Asks the CPU to start loading slot `i`'s first cache line (state word and `packets`): the
+    /// walk is bound by the latency of those loads otherwise (half of its time at 32,768 slots).
+    #[inline(always)]
+    fn prefetch(&self, i: u32) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch never faults, and the address is in bounds anyway.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(self.slot_ptr(i).cast::<i8>());
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = i;
+    }
 }
+
+/// How far ahead of the walk [`SlotTable::prefetch`] asks for a slot (slots of 256 bytes).
+const PREFETCH_SLOTS: u32 = 16;
 
 impl Drop for SlotTable {
     fn drop(&mut self) {

@@ -152,6 +152,20 @@ pub struct Rates {
 }
 
 impl Rates {
+    /// `dt_ns` of polls in which the flow did not move: what [`Rates::update`] with no growth at
+    /// each of those polls gives (the rates over an interval 0, the EWMAs decayed by
+    /// `e^(-dt/tau)`: the product of each poll's `1 - alpha`), in one step.
+    fn idle_for(&mut self, dt_ns: u64, tau: Duration) {
+        if dt_ns == 0 {
+            return;
+        }
+        let keep = 1.0 - ewma_alpha(dt_ns, tau);
+        self.bytes_per_second = 0.0;
+        self.packets_per_second = 0.0;
+        self.ewma_bytes_per_second *= keep;
+        self.ewma_packets_per_second *= keep;
+    }
+
     /// One poll: `a` is [`ewma_alpha`] of `dt_ns`, the same for every flow of the poll.
     fn update(&mut self, delta: &Counters, dt_ns: u64, a: f64) {
         self.bytes_per_second = rate_per_sec(delta.bytes, dt_ns);
@@ -194,6 +208,10 @@ pub struct FlowEntry {
     pub in_kernel: bool,
     /// The poll (`FlowTable`'s count) that last folded this flow's counters in.
     pub(crate) updated_poll: u64,
+    /// CLOCK_MONOTONIC of that poll: `rates` are as of then. A flow that does not move is not
+    /// touched by later polls; its rates are brought up to date when it moves again or is read
+    /// ([`FlowTable::top_flows`]), with the same result as decaying them at every poll.
+    pub(crate) rates_ns: u64,
 }
 
 impl FlowEntry {
@@ -203,7 +221,8 @@ impl FlowEntry {
     }
 }
 
-fn peer_of(key: &FlowKey) -> [u8; 16] {
+/// The remote end of a flow (see [`FlowEntry::peer`]).
+pub fn peer_of(key: &FlowKey) -> [u8; 16] {
     if key.direction == direction::INGRESS {
         key.src_addr
     } else {
@@ -341,6 +360,9 @@ pub struct FlowTable {
     events: EventCounts,
     evictions: Evictions,
     last_mono_ns: Option<u64>,
+    /// When [`FlowTable::evict`] last looked for idle flows (it does so at most every
+    /// [`IDLE_SCAN_EVERY`], not at every poll: a pass over every flow).
+    last_idle_scan_ns: Option<u64>,
     /// Snapshots applied.
     polls: u64,
     /// Per-flow deltas and ended bursts since the last [`FlowTable::take_window`]; `None` until
@@ -350,6 +372,10 @@ pub struct FlowTable {
     /// [`FlowTable::adopt_kernel_flows`].
     adopting: bool,
 }
+
+/// Longest time between two looks for idle flows (shorter when `idle_timeout` is: half of it): an
+/// idle flow is forgotten at most this long after its timeout.
+pub const IDLE_SCAN_EVERY: Duration = Duration::from_secs(1);
 
 /// Most ended bursts held for one detection window; further ones are counted and dropped.
 pub const MAX_WINDOW_BURSTS: usize = 65_536;
@@ -385,8 +411,10 @@ impl FlowTable {
     /// Folds one snapshot into the table. Returns the keys of flows the table forgot, which the
     /// caller deletes from `FLOWS` so a returning flow is counted from zero.
     pub fn apply(&mut self, snap: &PollSnapshot) -> Vec<FlowKey> {
-        let dt_ns = self.last_mono_ns.map(|t| snap.mono_ns.saturating_sub(t));
+        let prev_ns = self.last_mono_ns;
+        let dt_ns = prev_ns.map(|t| snap.mono_ns.saturating_sub(t));
         self.last_mono_ns = Some(snap.mono_ns);
+        let tau = self.settings.ewma_tau;
         self.dataplane = snap.stats;
         if snap.slots.is_some() {
             self.slots = snap.slots;
@@ -424,8 +452,12 @@ impl FlowTable {
                     e.totals = totals;
                     e.in_kernel = true;
                     e.updated_poll = poll;
-                    // A new flow's first delta spans at most one interval: a lower bound of its rate.
+                    // The polls it sat out since its rates were last updated, then this one.
+                    if let Some(p) = prev_ns {
+                        e.rates.idle_for(p.saturating_sub(e.rates_ns), tau);
+                    }
                     e.rates.update(&delta, dt_ns.unwrap_or(0), alpha);
+                    e.rates_ns = snap.mono_ns;
                     (delta, false)
                 }
                 Entry::Vacant(v) => {
@@ -440,7 +472,9 @@ impl FlowTable {
                         bursts: BurstHistory::default(),
                         in_kernel: true,
                         updated_poll: poll,
+                        rates_ns: snap.mono_ns,
                     });
+                    // A new flow's first delta spans at most one interval: a lower bound of its rate.
                     e.rates.update(&totals.counters, dt_ns.unwrap_or(0), alpha);
                     (totals.counters, true)
                 }
@@ -456,13 +490,9 @@ impl FlowTable {
                 }
             }
         }
-        // Flows this poll did not touch (gone, or unchanged in a partial snapshot): rate 0, EWMA
-        // decays. A plain pass over the values, no hashing.
-        if let Some(dt) = dt_ns {
-            for e in self.flows.values_mut().filter(|e| e.updated_poll != poll) {
-                e.rates.update(&Counters::default(), dt, alpha);
-            }
-        }
+        // Flows this poll did not touch (gone, or unchanged in a partial snapshot) are left as
+        // they are: their rates are 0 and their EWMAs decay from `rates_ns` on, which is applied
+        // when they move again or are read (no pass over every flow at every poll).
 
         for ev in &snap.events {
             self.apply_event(ev);
@@ -493,7 +523,9 @@ impl FlowTable {
         if w.end_ns <= start {
             return None;
         }
-        let next = WindowAccumulator { start_ns: Some(w.end_ns), end_ns: w.end_ns, ..Default::default() };
+        // Sized like the window before: the map is not grown again, rehashing, in every window.
+        let deltas = FastMap::with_capacity_and_hasher(w.deltas.len(), FastState::default());
+        let next = WindowAccumulator { start_ns: Some(w.end_ns), end_ns: w.end_ns, deltas, ..Default::default() };
         Some(std::mem::replace(w, next))
     }
 
@@ -556,16 +588,24 @@ impl FlowTable {
     /// poll, by which time the stamp is there (the collector reports a flow that moved once
     /// more at the next poll). One still unstamped after a poll that did not re-read it is
     /// treated as idle since 0, so a slot that never got its stamp does not stay forever.
+    /// Idle flows are looked for at most every [`IDLE_SCAN_EVERY`]; capacity is enforced at
+    /// every poll.
     fn evict(&mut self, now_ns: u64) -> Vec<FlowKey> {
         let idle_ns = u64::try_from(self.settings.idle_timeout.as_nanos()).unwrap_or(u64::MAX);
         let poll = self.polls;
         let unstamped = |e: &FlowEntry| e.totals.last_seen_ns == 0 && e.updated_poll == poll;
-        let mut gone: Vec<FlowKey> = self
-            .flows
-            .values()
-            .filter(|e| !unstamped(e) && now_ns.saturating_sub(e.totals.last_seen_ns) > idle_ns)
-            .map(|e| e.key)
-            .collect();
+        let scan_every = (IDLE_SCAN_EVERY.as_nanos() as u64).min(idle_ns / 2);
+        let scan = self.last_idle_scan_ns.is_none_or(|t| now_ns.saturating_sub(t) >= scan_every);
+        let mut gone: Vec<FlowKey> = Vec::new();
+        if scan {
+            self.last_idle_scan_ns = Some(now_ns);
+            gone = self
+                .flows
+                .values()
+                .filter(|e| !unstamped(e) && now_ns.saturating_sub(e.totals.last_seen_ns) > idle_ns)
+                .map(|e| e.key)
+                .collect();
+        }
         self.evictions.idle += gone.len() as u64;
         for k in &gone {
             self.forget(k);
@@ -609,12 +649,28 @@ impl FlowTable {
         v
     }
 
+    /// Copies of the `n` flows with the most bytes ([`FlowTable::top_by_bytes`]), their rates as
+    /// of the last poll.
+    pub fn top_flows(&self, n: usize) -> Vec<FlowEntry> {
+        self.top_by_bytes(n).into_iter().map(|e| self.current(e)).collect()
+    }
+
+    /// A copy of `e` with its rates brought up to the last poll.
+    fn current(&self, e: &FlowEntry) -> FlowEntry {
+        let mut c = e.clone();
+        let now = self.last_mono_ns.unwrap_or(0);
+        c.rates.idle_for(now.saturating_sub(c.rates_ns), self.settings.ewma_tau);
+        c.rates_ns = c.rates_ns.max(now);
+        c
+    }
+
     pub fn len(&self) -> usize {
         self.flows.len()
     }
+    /// A flow as [`FlowTable::top_flows`] would copy it.
     #[cfg(test)]
-    pub fn get(&self, key: &FlowKey) -> Option<&FlowEntry> {
-        self.flows.get(key)
+    pub fn get(&self, key: &FlowKey) -> Option<FlowEntry> {
+        self.flows.get(key).map(|e| self.current(e))
     }
     /// Flows per interface index.
     pub fn flows_per_interface(&self) -> HashMap<u32, u64> {
@@ -817,7 +873,20 @@ pub(crate) mod tests {
             assert_eq!(full.peers(), part.peers(), "at {t}");
             for k in [a, b, c] {
                 let (f, p) = (full.get(&k), part.get(&k));
-                assert_eq!(f.map(|e| (e.in_kernel, e.totals, e.rates)), p.map(|e| (e.in_kernel, e.totals, e.rates)), "flow {k:?} at {t}");
+                assert_eq!(f.as_ref().map(|e| (e.in_kernel, e.totals)), p.as_ref().map(|e| (e.in_kernel, e.totals)), "flow {k:?} at {t}");
+                // The partial table decays an unmoved flow's EWMA in one step, the complete one
+                // at every poll: equal up to rounding.
+                if let (Some(f), Some(p)) = (f, p) {
+                    let (f, p) = (f.rates, p.rates);
+                    let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * x.abs().max(1.0);
+                    assert!(
+                        f.bytes_per_second == p.bytes_per_second
+                            && f.packets_per_second == p.packets_per_second
+                            && close(f.ewma_bytes_per_second, p.ewma_bytes_per_second)
+                            && close(f.ewma_packets_per_second, p.ewma_packets_per_second),
+                        "flow {k:?} at {t}: {f:?} vs {p:?}"
+                    );
+                }
             }
         }
         assert_eq!(full.take_window().map(|w| w.deltas), part.take_window().map(|w| w.deltas));
@@ -892,7 +961,9 @@ pub(crate) mod tests {
         let c = key(1, 4, 29500, direction::EGRESS, flow_kind::TCP);
         let mut t = FlowTable::new(TableSettings { idle_timeout: Duration::from_secs(1), ..Default::default() });
         assert!(t.apply(&partial(s, vec![(c, stats(0, 0, 0, 0))])).is_empty());
-        assert_eq!(t.apply(&partial(s + 10 * MS, vec![])), vec![c]);
+        // Idle flows are looked for at most every IDLE_SCAN_EVERY (here half the 1 s timeout).
+        assert!(t.apply(&partial(s + 10 * MS, vec![])).is_empty(), "no look for idle flows 10 ms after the last");
+        assert_eq!(t.apply(&partial(s + 500 * MS, vec![])), vec![c]);
     }
 
     #[test]

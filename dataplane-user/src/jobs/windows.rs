@@ -37,7 +37,7 @@ use crate::{
     attribution::{self, DirectedConn},
     config::{JobFile, PortSpec, PrefixSpec},
     detect::{merge_phases, BurstSummary, DetectorConfig, JobWindow, LinkWindow, LocalSends, PeerWindow},
-    flow_table::{BurstRecord, Counters, FlowEntry, WindowAccumulator, OTHER_PEER},
+    flow_table::{BurstRecord, Counters, WindowAccumulator, OTHER_PEER},
 };
 
 /// Name of the job that holds every flow when no `[[job]]` is configured.
@@ -442,9 +442,7 @@ fn loss_packets(c: &Counters) -> u64 {
 }
 
 fn peer_of_key(key: &FlowKey) -> [u8; 16] {
-    // Same rule as FlowEntry::peer.
-    FlowEntry { key: *key, totals: Default::default(), rates: Default::default(), bursts: Default::default(), in_kernel: false, updated_poll: 0 }
-        .peer()
+    crate::flow_table::peer_of(key)
 }
 
 /// The peer of a flow as an address (IPv4-mapped addresses as IPv4).
