@@ -104,6 +104,8 @@ pub struct AgentSettings {
     pub ebpf_debug_log: bool,
     /// `kernel_max_flows`: capacity of the kernel map `FLOWS`.
     pub kernel_max_flows: u32,
+    /// `kernel_event_ring_kib`, in bytes: size of the kernel's event ring `EVENTS`.
+    pub kernel_event_ring_bytes: u32,
     /// `[mirror]` / `--mirror-iface`: the mirrored-frame ingest, if any.
     pub mirror: Option<MirrorSettings>,
 }
@@ -166,6 +168,7 @@ impl AgentSettings {
             },
             ebpf_debug_log: args.ebpf_debug_log || file.ebpf_debug_log.unwrap_or(false),
             kernel_max_flows: file.kernel_max_flows.unwrap_or(config::DEFAULT_MAX_FLOWS as u32),
+            kernel_event_ring_bytes: file.kernel_event_ring_kib.unwrap_or(config::DEFAULT_KERNEL_EVENT_RING_KIB) * 1024,
             mirror: match (&args.mirror_iface, file.mirror.as_ref()) {
                 (Some(i), f) => {
                     crate::bounds::interface_name(i).map_err(|message| ConfigError::Setting { key: "--mirror-iface", message })?;
@@ -230,6 +233,7 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
         config: kernel_config,
         prefixes: settings.matching.prefix_keys(),
         kernel_max_flows: settings.kernel_max_flows,
+        event_ring_bytes: settings.kernel_event_ring_bytes,
     })?;
     let kernel_maps = KernelMaps::new(
         attachment.take_map(maps::FLOWS)?,

@@ -33,6 +33,10 @@ pub const DEFAULT_BURST_GAP_US: u64 = dataplane_common::DEFAULT_BURST_GAP_NS / 1
 pub const DEFAULT_MAX_FLOWS: usize = dataplane_common::MAX_FLOWS as usize;
 /// Smallest `kernel_max_flows`: below this, LRU maps spread over CPUs evict live flows constantly.
 pub const MIN_KERNEL_MAX_FLOWS: u32 = 256;
+/// Default size of the kernel's event ring `EVENTS` in KiB (the size the object declares).
+pub const DEFAULT_KERNEL_EVENT_RING_KIB: u32 = dataplane_common::EVENTS_RING_BYTES / 1024;
+/// Range of `kernel_event_ring_kib` (a power of two): 64 KiB to 256 MiB.
+pub const KERNEL_EVENT_RING_KIB_RANGE: (u32, u32) = (64, 256 * 1024);
 /// Default cap on distinct peers with their own metric series; further peers share `peer="other"`.
 pub const DEFAULT_MAX_PEERS: usize = 256;
 /// Default number of ended bursts remembered per flow.
@@ -69,6 +73,9 @@ pub struct ConfigFile {
     /// Capacity of the kernel map `FLOWS` (entries), set at load time, default
     /// 16384, at most 1048576. Memory: see the operator guide's "Sizing the kernel maps".
     pub kernel_max_flows: Option<u32>,
+    /// Size of the kernel's event ring `EVENTS` (burst ends, new flows, map-full) in KiB, set at
+    /// load time, a power of two from 64 to 262144, default 256 (2,730 events of 96 bytes).
+    pub kernel_event_ring_kib: Option<u32>,
     /// Cap on peers with their own metric series, default 256.
     pub max_peers: Option<usize>,
     /// Ended bursts remembered per flow, default 32.
@@ -470,6 +477,16 @@ impl ConfigFile {
                 return Err(BadValue::at(&[Seg::Key("kernel_max_flows")], format!("{n} is not a power of two: give {}", n.next_power_of_two())));
             }
         }
+        if let Some(k) = self.kernel_event_ring_kib {
+            let (lo, hi) = KERNEL_EVENT_RING_KIB_RANGE;
+            if !(lo..=hi).contains(&k) || !k.is_power_of_two() {
+                // A BPF ring buffer is a power-of-two number of pages.
+                return Err(BadValue::at(
+                    &[Seg::Key("kernel_event_ring_kib")],
+                    format!("{k} is not a power of two from {lo} to {hi} KiB (default {DEFAULT_KERNEL_EVENT_RING_KIB})"),
+                ));
+            }
+        }
         nonzero(self.max_peers.map(|v| v as u64)).map_err(top("max_peers"))?;
         nonzero(self.burst_history.map(|v| v as u64)).map_err(top("burst_history"))?;
         nonzero(self.ewma_tau_ms).map_err(top("ewma_tau_ms"))?;
@@ -796,6 +813,14 @@ mod tests {
     }
 
     #[test]
+    fn kernel_event_ring_kib_range() {
+        assert_eq!(parse("kernel_event_ring_kib = 2048\n").unwrap().kernel_event_ring_kib, Some(2048));
+        assert_eq!(parse("kernel_event_ring_kib = 64\n").unwrap().kernel_event_ring_kib, Some(64));
+        let e = parse("listen = \"127.0.0.1:1\"\nkernel_event_ring_kib = 1000\n").unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("kernel_event_ring_kib") && e.contains("power of two from 64 to 262144"), "{e}");
+    }
+
+    #[test]
     fn kernel_max_flows_range() {
         assert_eq!(parse("kernel_max_flows = 131072\n").unwrap().kernel_max_flows, Some(131_072));
         assert_eq!(parse("kernel_max_flows = 256\n").unwrap().kernel_max_flows, Some(256));
@@ -942,6 +967,10 @@ mod tests {
             ("", "kernel_max_flows = 0", "kernel_max_flows"),
             ("", "kernel_max_flows = 2000000", "kernel_max_flows"),
             ("", "kernel_max_flows = -1", "kernel_max_flows"),
+            ("", "kernel_event_ring_kib = 0", "kernel_event_ring_kib"),
+            ("", "kernel_event_ring_kib = 100", "kernel_event_ring_kib"),
+            ("", "kernel_event_ring_kib = 524288", "kernel_event_ring_kib"),
+            ("", "kernel_event_ring_kib = \"1M\"", "kernel_event_ring_kib"),
             ("", "max_peers = 0", "max_peers"),
             ("", "burst_history = 0", "burst_history"),
             ("", "ewma_tau_ms = 0", "ewma_tau_ms"),

@@ -234,6 +234,8 @@ pub struct AttachRequest {
     pub prefixes: Vec<PrefixKey>,
     /// Capacity of `FLOWS`, set at load time (config `kernel_max_flows`).
     pub kernel_max_flows: u32,
+    /// Size of `EVENTS` in bytes, set at load time (config `kernel_event_ring_kib`).
+    pub event_ring_bytes: u32,
 }
 
 /// The loaded object, attached to interfaces, with pinned maps. Dropping it detaches (or, in
@@ -316,6 +318,7 @@ impl Attachment {
         }
         let mut loader = EbpfLoader::new();
         loader.map_max_entries(maps::FLOWS, req.kernel_max_flows);
+        loader.map_max_entries(maps::EVENTS, req.event_ring_bytes);
         // aya opens the pin when it exists and otherwise creates the map and pins it there.
         for name in PINNED_MAPS {
             loader.map_pin_path(name, req.pin_dir.join(name));
@@ -625,7 +628,11 @@ pub fn check_layout(bytes: &[u8], req: &AttachRequest) -> Result<(), LoaderError
         let path = dir.join(name);
         let info = MapInfo::from_pin(&path).map_err(|source| LoaderError::OpenPin { path: path.clone(), source })?;
         let want = obj.maps.get(name).ok_or(LoaderError::MissingItem { what: "map", name })?;
-        let want_entries = if name == maps::FLOWS { req.kernel_max_flows } else { want.max_entries() };
+        let want_entries = match name {
+            maps::FLOWS => req.kernel_max_flows,
+            maps::EVENTS => req.event_ring_bytes,
+            _ => want.max_entries(),
+        };
         let found_type = info.map_type().map(|t| t as u32).unwrap_or(u32::MAX);
         let found = (found_type, info.key_size(), info.value_size(), info.max_entries());
         let expected = (want.map_type(), want.key_size(), want.value_size(), want_entries);

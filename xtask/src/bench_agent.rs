@@ -5,7 +5,8 @@
 //! - a 2-host namespace star (h0, h1 on one bridge, in a switch namespace); the release `ringside`
 //!   agent runs in the switch namespace, attached to h0's bridge port, polling every 100 ms
 //!   (`poll_interval_ms = 100`), `[match] udp_ports` covering the flows, `kernel_max_flows` sized
-//!   as docs/operator-guide.md says (next power of two ≥ 2 × flows, at least the default 16,384);
+//!   as docs/operator-guide.md says (next power of two ≥ 2 × flows, at least the default 16,384),
+//!   and so is `kernel_event_ring_kib` (two polls' burst-end events, at least the default 256);
 //!   detection stays on, as in production;
 //! - a sender thread of this process, inside h0, sends real UDP datagrams through the classifier:
 //!   `flows` distinct 5-tuples (sockets bound to source ports 50000.., each sending to up to
@@ -69,6 +70,11 @@ pub struct Opts {
     /// at least 16,384).
     #[arg(long)]
     pub kernel_max_flows: Option<u32>,
+    /// `kernel_event_ring_kib` for every level (default: per level, two polls' events at one
+    /// burst end per packet, as the operator guide sizes it, at least the default 256; the key is
+    /// written only when it differs from 256, so older agents can be measured with `--agent-bin`).
+    #[arg(long)]
+    pub event_ring_kib: Option<u32>,
     /// Use the release binaries already built (skip `cargo xtask build --release`).
     #[arg(long)]
     pub no_build: bool,
@@ -90,7 +96,9 @@ Agent CPU, memory and /metrics cost while it tracks 1k, 10k and 100k flows (issu
 
 Per level: a 2-host namespace star; the release agent in the switch namespace, attached to h0's \
 bridge port, poll_interval_ms = 100, [match] udp_ports covering the flows, kernel_max_flows = the \
-next power of two >= 2 x flows (at least 16384; --kernel-max-flows overrides), detection on. A \
+next power of two >= 2 x flows (at least 16384; --kernel-max-flows overrides), \
+kernel_event_ring_kib = two polls' events at one burst end per packet, 96 bytes each, as a power of \
+two (at least 256; --event-ring-kib overrides), detection on. A \
 sender thread inside h0 sends real UDP datagrams (sendmmsg) on FLOWS distinct 5-tuples (source \
 ports 50000.., up to 25000 destination ports 20000.. each), every flow --rate-per-flow times a \
 second; h1 drops them in nftables prerouting. Once /metrics reports every flow tracked, --warmup \
@@ -142,6 +150,14 @@ impl FlowPlan {
     fn dst_range(&self) -> String {
         format!("{}-{}", DST_PORT_BASE, u32::from(DST_PORT_BASE) + self.ports_per_socket - 1)
     }
+}
+
+/// `kernel_event_ring_kib` as the operator guide sizes it: two polls' events, every packet of
+/// every flow ending a burst (one packet per round), 96 bytes an event.
+fn event_ring_kib(flows: u32, rate_per_flow: u32) -> u32 {
+    let per_poll = u64::from(flows) * u64::from(rate_per_flow) * POLL_INTERVAL_MS / 1000;
+    let kib = (per_poll * 2 * 96).div_ceil(1024).max(256);
+    u32::try_from(kib.next_power_of_two()).unwrap_or(u32::MAX)
 }
 
 /// `kernel_max_flows` as the operator guide sizes it for `flows` active flows.
@@ -261,8 +277,10 @@ fn drop_at_receiver(star: &Star, plan: &FlowPlan) -> Result<()> {
 fn measure_level(star: &Star, ringside: &Path, out_dir: &Path, flows: u32, o: &Opts, stop: &AtomicBool) -> Result<Value> {
     let plan = FlowPlan::new(flows);
     let capacity = o.kernel_max_flows.unwrap_or_else(|| kernel_capacity(flows));
+    let ring_kib = o.event_ring_kib.unwrap_or_else(|| event_ring_kib(flows, o.rate_per_flow));
+    let ring_line = if ring_kib == 256 { String::new() } else { format!("kernel_event_ring_kib = {ring_kib}\n") };
     let config = format!(
-        "poll_interval_ms = {POLL_INTERVAL_MS}\nkernel_max_flows = {capacity}\n[match]\nudp_ports = [\"{}\"]\n",
+        "poll_interval_ms = {POLL_INTERVAL_MS}\nkernel_max_flows = {capacity}\n{ring_line}[match]\nudp_ports = [\"{}\"]\n",
         plan.dst_range()
     );
     let load_before = loadavg();
@@ -344,6 +362,7 @@ fn measure_level(star: &Star, ringside: &Path, out_dir: &Path, flows: u32, o: &O
     Ok(json!({
         "flows": flows,
         "kernel_max_flows": capacity,
+        "kernel_event_ring_kib": ring_kib,
         "sockets": plan.sockets,
         "dst_ports": plan.dst_range(),
         "flows_tracked_before": before.value("ringside_flows_tracked", None),
