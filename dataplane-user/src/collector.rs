@@ -441,6 +441,37 @@ mod tests {
     }
 
     #[test]
+    fn top_flows_are_selected_at_the_first_poll_and_then_only_while_asked_for() {
+        use crate::flow_table::tests::{key, stats};
+        use dataplane_common::{direction, flow_kind};
+        const MS: u64 = 1_000_000;
+        let (a, b) = (key(1, 2, 29500, direction::EGRESS, flow_kind::TCP), key(1, 3, 29500, direction::EGRESS, flow_kind::TCP));
+        let (mut c, snaps) = Collector::new(TableSettings::default());
+        let poll = |c: &mut Collector, t: u64, flows: Vec<(FlowKey, dataplane_common::FlowStats)>| {
+            c.fold(&PollSnapshot { mono_ns: t, flows, partial: true, ..Default::default() });
+            c.poll_done(Duration::from_micros(100));
+        };
+        poll(&mut c, 100 * MS, vec![(a, stats(1, 100, 100 * MS, 100 * MS))]);
+        let s = snaps.borrow().clone();
+        assert_eq!((s.top_flows.len(), s.top_flows_poll, s.poll.polls), (1, 1, 1), "the first poll selects them");
+        // No reader: b is tracked but the list stays as it was.
+        poll(&mut c, 200 * MS, vec![(b, stats(1, 500, 200 * MS, 200 * MS))]);
+        let s = snaps.borrow().clone();
+        assert_eq!((s.flows_tracked, s.top_flows.len(), s.top_flows_poll), (2, 1, 1));
+        // A reader asks (through any snapshot): the next poll selects them, largest first, with
+        // rates as of that poll (b sent 500 bytes in its first 100 ms, then nothing for 100 ms:
+        // rate 0 now, its EWMA decayed by e^(-0.1) with the default 1 s time constant).
+        s.flows_demand.request();
+        poll(&mut c, 300 * MS, vec![]);
+        let s = snaps.borrow().clone();
+        assert_eq!(s.top_flows_poll, 3);
+        assert_eq!(s.top_flows.iter().map(|e| e.key).collect::<Vec<_>>(), vec![b, a]);
+        let r = s.top_flows[0].rates;
+        assert_eq!(r.bytes_per_second, 0.0);
+        assert!((r.ewma_bytes_per_second - 5000.0 * (-0.1f64).exp()).abs() < 1e-6, "{r:?}");
+    }
+
+    #[test]
     fn publishes_every_poll_and_feeds_due_windows_without_blocking() {
         const S: u64 = 1_000_000_000;
         let (mut c, snaps) = Collector::new(TableSettings::default());
