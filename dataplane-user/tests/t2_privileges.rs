@@ -56,8 +56,16 @@ impl Scratch {
         let s = Scratch { dir, pin_dir };
         std::fs::create_dir_all(s.state_dir()).unwrap();
         std::fs::set_permissions(&s.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::copy(env!("CARGO_BIN_EXE_ringside"), s.bin()).expect("copying the ringside binary");
-        std::fs::set_permissions(s.bin(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Copied by a child process, not by this one: a file this process held open for writing
+        // would be inherited by any child the other test's thread forks meanwhile, and executing
+        // the copy while such a child still held it failed with ETXTBSY ("Text file busy", 1 of
+        // 20 rounds next to a build loop).
+        let out = Command::new("install")
+            .args(["-m", "0755", env!("CARGO_BIN_EXE_ringside")])
+            .arg(s.bin())
+            .output()
+            .expect("running install(1) to copy the ringside binary");
+        assert!(out.status.success(), "copying the ringside binary: {}", String::from_utf8_lossy(&out.stderr));
         // Count the testbed's TCP traffic (with neither ports nor prefixes only RoCEv2 matches).
         std::fs::write(s.config(), "[match]\nprefixes = [\"10.77.0.0/24\"]\n").unwrap();
         std::fs::set_permissions(s.config(), std::fs::Permissions::from_mode(0o644)).unwrap();
