@@ -37,7 +37,7 @@ use crate::{
     attribution::{self, DirectedConn},
     config::{JobFile, PortSpec, PrefixSpec},
     detect::{merge_phases, BurstSummary, DetectorConfig, JobWindow, LinkWindow, LocalSends, PeerWindow},
-    flow_table::{BurstRecord, Counters, WindowAccumulator, OTHER_PEER},
+    flow_table::{peer_of, BurstRecord, Counters, WindowAccumulator, OTHER_PEER},
 };
 
 /// Name of the job that holds every flow when no `[[job]]` is configured.
@@ -121,7 +121,7 @@ impl JobSet {
     /// The job a flow belongs to, if any.
     pub fn job_of(&self, key: &FlowKey) -> Option<&str> {
         if self.jobs.is_empty() {
-            return (peer_of_key(key) != OTHER_PEER).then_some(DEFAULT_JOB);
+            return (peer_of(key) != OTHER_PEER).then_some(DEFAULT_JOB);
         }
         self.jobs.iter().find(|j| j.matches(key)).map(|j| j.name.as_str())
     }
@@ -441,13 +441,9 @@ fn loss_packets(c: &Counters) -> u64 {
         .saturating_add(c.roce_naks)
 }
 
-fn peer_of_key(key: &FlowKey) -> [u8; 16] {
-    crate::flow_table::peer_of(key)
-}
-
 /// The peer of a flow as an address (IPv4-mapped addresses as IPv4).
 pub fn peer_ip(key: &FlowKey) -> IpAddr {
-    addr_ip(peer_of_key(key))
+    addr_ip(peer_of(key))
 }
 
 /// A flow-key address as an `IpAddr` (IPv4-mapped addresses as IPv4).
