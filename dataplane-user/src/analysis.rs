@@ -275,7 +275,8 @@ impl Analysis {
                 .or_insert_with(|| board.latest(&jw.job).unwrap_or_else(|| baseline_hint(&jw.job, FIRST_VERSION, 0)));
             let Some(policy) = self.policies.policy(&jw.job, || PlanChoice::from_hint(latest)) else { continue };
             let now = clock.unix_ms(jw.window_end_ns);
-            let out = policy.observe(jw, verdicts, &ctx, now);
+            let in_force = board.applied(&jw.job, clock.unix_ms);
+            let out = policy.observe(jw, verdicts, &ctx, in_force.as_ref(), now);
             if let Some(d) = &out.change {
                 tracing::info!(job = %jw.job, kind = ?d.kind, from = %d.from.label(), to = %d.to.label(), reasons = ?d.reasons, confidence = d.confidence, "plan changed");
             }

@@ -19,10 +19,10 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use ringside_client::Hint;
+use ringside_client::{Hint, APPLIED_PLAN_TTL_MS};
 use tokio::sync::watch;
 
-use crate::policy::JobInsight;
+use crate::policy::{JobInsight, PlanChoice, PlanInForce};
 
 /// Plan changes remembered per job (for verification and the operator's view).
 pub const HISTORY_LEN: usize = 32;
@@ -32,6 +32,8 @@ struct JobChannel {
     tx: watch::Sender<Option<Hint>>,
     history: VecDeque<Hint>,
     insight: Option<JobInsight>,
+    /// The job's last report of the plan it runs, and when it came (unix ms).
+    applied: Option<(PlanInForce, u64)>,
 }
 
 /// Current hints of every registered job (a shared handle: clones see the same board).
@@ -62,6 +64,7 @@ impl HintBoard {
             tx: watch::channel(None).0,
             history: VecDeque::new(),
             insight: None,
+            applied: None,
         });
     }
 
@@ -128,6 +131,28 @@ impl HintBoard {
     pub fn insight(&self, job: &str) -> Option<JobInsight> {
         self.lock().get(job).and_then(|c| c.insight.clone())
     }
+
+    /// Records the job's report that it runs `plan` (`PUT /v1/jobs/{id}/plan`) at `now_unix_ms`.
+    /// Returns whether the plan differs from the last fresh report (then it counts from now).
+    pub fn report_applied(&self, job: &str, plan: PlanChoice, now_unix_ms: u64) -> Result<bool, UnknownJob> {
+        let mut jobs = self.lock();
+        let ch = jobs.get_mut(job).ok_or_else(|| UnknownJob { job: job.to_owned() })?;
+        let fresh = ch.applied.filter(|(_, at)| now_unix_ms.saturating_sub(*at) <= APPLIED_PLAN_TTL_MS);
+        let (in_force, changed) = match fresh {
+            Some((f, _)) if f.plan == plan => (f, false),
+            _ => (PlanInForce { plan, since_unix_ms: now_unix_ms }, true),
+        };
+        ch.applied = Some((in_force, now_unix_ms));
+        Ok(changed)
+    }
+
+    /// The plan the job last reported it runs, unless that report is older than
+    /// [`APPLIED_PLAN_TTL_MS`] at `now_unix_ms`.
+    pub fn applied(&self, job: &str, now_unix_ms: u64) -> Option<PlanInForce> {
+        let jobs = self.lock();
+        let (f, at) = jobs.get(job)?.applied?;
+        (now_unix_ms.saturating_sub(at) <= APPLIED_PLAN_TTL_MS).then_some(f)
+    }
 }
 
 impl JobChannel {
@@ -171,5 +196,25 @@ mod tests {
         b.remove_job("j1");
         assert!(rx.has_changed().is_err(), "the stream ends when the job goes");
         assert!(b.subscribe("j1").is_none());
+    }
+
+    #[test]
+    fn a_reported_plan_counts_from_its_first_report_until_it_goes_stale() {
+        let b = HintBoard::default();
+        let none = PlanChoice::from_hint(&hint("j1", 1, 0));
+        let int8 = PlanChoice { compression: ringside_client::Codec::Int8, ..none };
+        assert!(b.report_applied("j1", none, 1_000).is_err(), "unknown job");
+        b.ensure_job("j1");
+        assert_eq!(b.applied("j1", 1_000), None);
+        assert!(b.report_applied("j1", none, 1_000).unwrap());
+        assert!(!b.report_applied("j1", none, 6_000).unwrap(), "the same plan again is a refresh");
+        assert_eq!(b.applied("j1", 7_000), Some(PlanInForce { plan: none, since_unix_ms: 1_000 }));
+        assert!(b.report_applied("j1", int8, 8_000).unwrap());
+        assert_eq!(b.applied("j1", 8_000), Some(PlanInForce { plan: int8, since_unix_ms: 8_000 }));
+        assert_eq!(b.applied("j1", 8_000 + APPLIED_PLAN_TTL_MS), Some(PlanInForce { plan: int8, since_unix_ms: 8_000 }));
+        assert_eq!(b.applied("j1", 8_001 + APPLIED_PLAN_TTL_MS), None, "stale");
+        assert!(b.report_applied("j1", int8, 9_000 + APPLIED_PLAN_TTL_MS).unwrap(), "after a gap the plan counts anew");
+        b.remove_job("j1");
+        assert_eq!(b.applied("j1", 1_000), None);
     }
 }

@@ -5,6 +5,9 @@
 //!   [`crate::Algorithm`] and [`crate::CodecKind`] (both defined once, in `ringside-client`).
 //! - [`HintFollower`]: a [`PlanSource`] fed by a background thread that runs a
 //!   [`ringside_client::HintStream`].
+//! - [`PlanReporter`]: the other direction, the plan the job runs, reported to the agent
+//!   (`PUT {job}/plan`) from a background thread, so the agent's policy judges each window by the
+//!   plan that actually ran (in managed mode the services' agreed plan, not always its own hint).
 //!
 //! Invariants:
 //! - Fail open: nothing the hint service does can stop training. The follower starts without
@@ -24,9 +27,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
-use ringside_client::{Hint, JobClient};
+use ringside_client::{AppliedPlan, Hint, JobClient, APPLIED_PLAN_REFRESH_MS};
 
 use crate::plan::{AppliedHint, Compression, Plan, PlanError, PlanSource};
 
@@ -51,6 +55,101 @@ pub fn plan_from_hint(h: &Hint) -> Plan {
         chunk_bytes: h.chunk_bytes,
         channels: h.channels,
         compression: Compression { codec: h.compression, error_feedback: h.error_feedback },
+    }
+}
+
+/// What the agent is told a job runs: `plan` without its `step_from`, and the step it ran at.
+pub fn applied_plan(plan: &Plan, step: u64) -> AppliedPlan {
+    AppliedPlan {
+        algorithm: plan.algorithm,
+        chunk_bytes: plan.chunk_bytes,
+        channels: plan.channels,
+        compression: plan.compression.codec,
+        error_feedback: plan.compression.error_feedback,
+        step,
+    }
+}
+
+#[derive(Default)]
+struct ReportState {
+    /// The plan to report, and whether it changed since the last report.
+    latest: Option<AppliedPlan>,
+    changed: bool,
+    stop: bool,
+}
+
+/// Reports the plan the job runs to its agent (`PUT {job}/plan`): at once when it changes, and
+/// again every [`APPLIED_PLAN_REFRESH_MS`] while it does not (the agent forgets a report after
+/// [`ringside_client::APPLIED_PLAN_TTL_MS`]).
+///
+/// Fail open like the follower: [`PlanReporter::ran`] only stores the plan and wakes the thread,
+/// so a slow or absent agent never delays a collective; failed reports are logged (once per
+/// outage) and retried at the next change or refresh. Dropping the reporter ends its thread.
+pub struct PlanReporter {
+    shared: Arc<(Mutex<ReportState>, Condvar)>,
+}
+
+impl PlanReporter {
+    /// Starts the reporting thread for `client`'s job (no request until the first [`Self::ran`]).
+    pub fn start(client: JobClient) -> std::io::Result<Self> {
+        Self::start_every(client, Duration::from_millis(APPLIED_PLAN_REFRESH_MS))
+    }
+
+    fn start_every(client: JobClient, refresh: Duration) -> std::io::Result<Self> {
+        let shared = Arc::new((Mutex::new(ReportState::default()), Condvar::new()));
+        let theirs = shared.clone();
+        std::thread::Builder::new().name("plan-reporter".into()).spawn(move || report(client, &theirs, refresh))?;
+        Ok(PlanReporter { shared })
+    }
+
+    /// The job ran `plan` at `step`. Cheap: a lock and, when the plan changed, a wake-up.
+    pub fn ran(&self, plan: &Plan, step: u64) {
+        let applied = applied_plan(plan, step);
+        let (lock, wake) = &*self.shared;
+        let mut st = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let same = st.latest.as_ref().is_some_and(|l| AppliedPlan { step: l.step, ..applied.clone() } == *l);
+        if !same {
+            st.latest = Some(applied);
+            st.changed = true;
+            wake.notify_one();
+        }
+    }
+}
+
+impl Drop for PlanReporter {
+    fn drop(&mut self) {
+        let (lock, wake) = &*self.shared;
+        lock.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
+        wake.notify_one();
+    }
+}
+
+fn report(client: JobClient, shared: &(Mutex<ReportState>, Condvar), refresh: Duration) {
+    let (lock, wake) = shared;
+    let mut failing = false;
+    loop {
+        let plan = {
+            let st = lock.lock().unwrap_or_else(|p| p.into_inner());
+            let (mut st, _) = wake.wait_timeout_while(st, refresh, |s| !s.changed && !s.stop).unwrap_or_else(|p| p.into_inner());
+            if st.stop {
+                return;
+            }
+            st.changed = false;
+            st.latest.clone()
+        };
+        let Some(plan) = plan else { continue };
+        match client.report_plan(&plan) {
+            Ok(()) if failing => {
+                failing = false;
+                tracing::info!(job = %client.job_url(), "reporting the plan in force to the agent again");
+            }
+            Ok(()) => {}
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(job = %client.job_url(), error = %e, "cannot report the plan in force to the agent; retrying at the next change or refresh");
+            }
+            Err(_) => {}
+        }
     }
 }
 
@@ -274,6 +373,55 @@ mod tests {
                 assert!(f.poll(step).is_empty());
             }
             assert!(t0.elapsed() < Duration::from_millis(500), "poll blocked for {:?}", t0.elapsed());
+        });
+    }
+
+    #[test]
+    fn the_reporter_puts_each_new_plan_at_once_refreshes_it_and_survives_a_refusal() {
+        within(30, || {
+            let srv = serve(vec![Reply::json(500, r#"{"error":"busy"}"#), Reply::json(204, ""), Reply::json(204, ""), Reply::json(204, ""), Reply::json(204, "")]);
+            let client = JobClient::with_config(&format!("{}/v1/jobs/j1", srv.base), "tok", fast()).unwrap();
+            let r = PlanReporter::start_every(client, Duration::from_millis(1000)).unwrap();
+            let none = Plan::default();
+            let int8 = Plan { step_from: 9, compression: Compression { codec: CodecKind::Int8, error_feedback: true }, ..none };
+            let wait_for = |n: usize| {
+                let t0 = Instant::now();
+                while srv.requests.lock().unwrap().len() < n {
+                    assert!(t0.elapsed() < Duration::from_secs(10), "{} of {n} reports", srv.requests.lock().unwrap().len());
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                srv.requests.lock().unwrap().clone()
+            };
+            for step in 1..=3 {
+                r.ran(&none, step);
+            }
+            wait_for(1);
+            r.ran(&int8, 9);
+            let reqs = wait_for(4);
+            let bodies: Vec<AppliedPlan> = reqs.iter().map(|q| serde_json::from_str(&q.body).unwrap()).collect();
+            assert_eq!(reqs[0].request_line(), "PUT /v1/jobs/j1/plan HTTP/1.1");
+            assert_eq!(reqs[0].header("authorization").as_deref(), Some("Bearer tok"));
+            assert_eq!(bodies[0], applied_plan(&none, 1), "one report for three collectives of one plan");
+            // The refused one is not retried at once: the next report is the change.
+            assert_eq!(bodies[1], applied_plan(&int8, 9));
+            assert_eq!((bodies[1].compression, bodies[1].error_feedback), (CodecKind::Int8, true));
+            assert!(bodies[2..].iter().all(|b| *b == bodies[1]), "refreshed while unchanged: {bodies:?}");
+            drop(r);
+        });
+    }
+
+    #[test]
+    fn reporting_to_an_unreachable_agent_never_blocks_a_collective() {
+        within(30, || {
+            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let client = JobClient::with_config(&format!("http://127.0.0.1:{port}/v1/jobs/j1"), "t", fast()).unwrap();
+            let r = PlanReporter::start_every(client, Duration::from_millis(1)).unwrap();
+            let t0 = Instant::now();
+            for step in 0..1000u64 {
+                let p = Plan { channels: 1 + (step % 2) as u8, ..Plan::default() };
+                r.ran(&p, step);
+            }
+            assert!(t0.elapsed() < Duration::from_millis(500), "ran blocked for {:?}", t0.elapsed());
         });
     }
 }

@@ -33,7 +33,7 @@ pub mod wire;
 pub use codec::{Bf16, CodecKind};
 pub use engine::{allreduce_busbw, segment, Communicator, CommunicatorConfig, OpReport, PlanOrigin};
 pub use error::CollectiveError;
-pub use hints::{plan_from_hint, HintFollower};
+pub use hints::{applied_plan, plan_from_hint, HintFollower, PlanReporter};
 pub use plan::{AppliedHint, Algorithm, Compression, Dtype, Plan, PlanProposal, PlanSource, PlanVoter, ScriptedPlans};
 pub use mesh::{MeshOptions, MeshTransport, TransportKind};
 #[cfg(feature = "rdma")]

@@ -549,6 +549,8 @@ impl Buffer {
 /// [`CollectiveRunner`] over the engine; on rank 0 each report names the vote behind its plan.
 pub struct EngineRunner<T: Transport> {
     pub comm: Communicator<T>,
+    /// Tells this IPU's agent which plan each collective ran (the agreed one), if following one.
+    pub reporter: Option<crate::PlanReporter>,
 }
 
 impl<T: Transport> CollectiveRunner for EngineRunner<T> {
@@ -564,6 +566,9 @@ impl<T: Transport> CollectiveRunner for EngineRunner<T> {
             (op, _) => return Err(CollectiveError::InvalidArgument { name: "dtype", reason: format!("{op:?} supports f32 only") }),
         };
         let origin = self.comm.plan_origin(&rep.plan);
+        if let Some(r) = &self.reporter {
+            r.ran(&rep.plan, req.step);
+        }
         Ok(ManagedReport {
             op: rep.op,
             plan: rep.plan,
@@ -1103,7 +1108,7 @@ mod tests {
                 let t = crate::TcpTransport::connect(l, rank, &addrs, TcpOptions::default()).unwrap();
                 let comm = Communicator::new(t, crate::CommunicatorConfig::default()).unwrap();
                 let stop = Arc::new(AtomicBool::new(false));
-                serve(host, EngineRunner { comm }, 2, ServiceConfig::default(), Arc::new(ServiceStats::default()), stop)
+                serve(host, EngineRunner { comm, reporter: None }, 2, ServiceConfig::default(), Arc::new(ServiceStats::default()), stop)
             });
         }
         let tenants: Vec<_> = svc

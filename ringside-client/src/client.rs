@@ -42,7 +42,7 @@ use ureq::http::Response;
 use ureq::{Agent, Body};
 
 use crate::operator::{EventsResponse, FlowsResponse, JobsResponse, StatusResponse};
-use crate::types::{ApiError, Hint, JobCreated, JobRegistration};
+use crate::types::{ApiError, AppliedPlan, Hint, JobCreated, JobRegistration};
 
 /// Largest JSON response body read (a hint, a job list, flows or events), in bytes.
 pub const MAX_JSON_BYTES: u64 = 4 << 20;
@@ -326,6 +326,16 @@ impl JobClient {
         let url = format!("{}/metrics", self.job_url);
         let mut resp = self.http.get(&url)?;
         resp.body_mut().with_config().limit(MAX_METRICS_BYTES).read_to_string().map_err(Http::transport(&url))
+    }
+
+    /// `PUT {job}/plan`: tells the agent which plan the job's collectives run now (see
+    /// [`AppliedPlan`]). Report when the plan changes and again every
+    /// [`APPLIED_PLAN_REFRESH_MS`](crate::types::APPLIED_PLAN_REFRESH_MS): the agent forgets a
+    /// report after [`APPLIED_PLAN_TTL_MS`](crate::types::APPLIED_PLAN_TTL_MS).
+    pub fn report_plan(&self, plan: &AppliedPlan) -> Result<()> {
+        let url = format!("{}/plan", self.job_url);
+        let resp = self.http.agent.put(&url).header("Authorization", &self.http.auth).send_json(plan).map_err(Http::transport(&url))?;
+        Http::check(&url, resp).map(drop)
     }
 
     /// Opens the hint stream now: a connection failure or refusal is returned here, and only

@@ -32,7 +32,7 @@ pub mod operator;
 pub mod types;
 
 pub use types::{
-    Algorithm, ApiError, Codec, Constraints, Hint, JobCreated, JobRegistration, JobView, ParseError,
+    Algorithm, ApiError, AppliedPlan, Codec, APPLIED_PLAN_REFRESH_MS, APPLIED_PLAN_TTL_MS, Constraints, Hint, JobCreated, JobRegistration, JobView, ParseError,
     PortRange,
 };
 pub use operator::{EventsResponse, FlowsResponse, JobsResponse, StatusResponse};

@@ -360,6 +360,44 @@ pub struct Hint {
     pub expires_at: u64,
 }
 
+/// The plan a job's collectives run now, as the job's runtime reports it
+/// (`PUT /v1/jobs/{id}/plan`): in managed mode each IPU's `ringside-ipu` reports the plan the
+/// services agreed on, which may be another IPU's advice rather than this agent's hint. The policy
+/// then attributes each window's measurements to the plan that actually ran (docs/policy.md).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppliedPlan {
+    pub algorithm: Algorithm,
+    /// Pipeline chunk (frame) size in bytes, at least 1.
+    pub chunk_bytes: u32,
+    /// Parallel connections per peer pair, at least 1.
+    pub channels: u8,
+    pub compression: Codec,
+    #[serde(default)]
+    pub error_feedback: bool,
+    /// The job's step from which it runs (informational: ringside does not see the job's steps).
+    #[serde(default)]
+    pub step: u64,
+}
+
+/// How long the agent trusts an [`AppliedPlan`] report without a new one, ms.
+pub const APPLIED_PLAN_TTL_MS: u64 = 30_000;
+/// How often a runtime repeats an unchanged report, ms (well inside [`APPLIED_PLAN_TTL_MS`]).
+pub const APPLIED_PLAN_REFRESH_MS: u64 = 5_000;
+
+impl AppliedPlan {
+    /// The values the agent refuses (a 400 with this message).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.chunk_bytes == 0 {
+            return Err("chunk_bytes must be at least 1".into());
+        }
+        if self.channels == 0 {
+            return Err("channels must be at least 1".into());
+        }
+        self.compression.validate().map_err(str::to_owned)
+    }
+}
+
 /// Every API error: `{"error": "..."}` with a 4xx/5xx status.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ApiError {

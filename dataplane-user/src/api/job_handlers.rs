@@ -1,6 +1,6 @@
 //! Jobs and their hints: `POST`/`GET /v1/jobs` and `DELETE /v1/jobs/{id}` (operator; onboarding
 //! and removal go through the [`JobCatalog`](crate::jobs::JobCatalog)), and each job's hints, hint
-//! stream and metrics (its tenant or the operator).
+//! stream and metrics, and its report of the plan it runs (its tenant or the operator).
 use std::{
     convert::Infallible,
     sync::{
@@ -18,13 +18,14 @@ use axum::{
     },
     Json,
 };
-use ringside_client::{operator::JobsResponse, Hint, JobCreated, JobRegistration};
+use ringside_client::{operator::JobsResponse, AppliedPlan, Hint, JobCreated, JobRegistration};
 
 use super::{error, json_rejection, MAX_HINT_STREAMS, SSE_KEEP_ALIVE};
 use crate::{
     auth::{JobAccess, Operator},
     jobs::RegisterError,
     metrics,
+    policy::PlanChoice,
     view::AgentView,
 };
 
@@ -81,6 +82,28 @@ pub(super) async fn job_hints(access: JobAccess, State(state): State<AgentView>)
     match state.hints.latest(&access.job_id) {
         Some(h) => Json(h).into_response(),
         None => error(StatusCode::NOT_FOUND, "no hint yet for this job: the policy has not planned it; retry after the next detection window"),
+    }
+}
+
+/// `PUT /v1/jobs/{id}/plan`: the job's runtime says which plan its collectives run now. The policy
+/// attributes each window to the plan that ran ([`crate::policy::PlanInForce`]); 204 on success.
+pub(super) async fn put_job_plan(access: JobAccess, State(state): State<AgentView>, body: Result<Json<AppliedPlan>, JsonRejection>) -> Response {
+    let plan = match body {
+        Ok(Json(p)) => p,
+        Err(rej) => return json_rejection(rej),
+    };
+    if let Err(e) = plan.validate() {
+        return error(StatusCode::BAD_REQUEST, e);
+    }
+    let choice = PlanChoice::from_applied(&plan);
+    match state.hints.report_applied(&access.job_id, choice, crate::clock::unix_ms()) {
+        Ok(changed) => {
+            if changed {
+                tracing::info!(job = %access.job_id, plan = %choice.label(), step = plan.step, "the job reports a new plan in force");
+            }
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(_) => error(StatusCode::NOT_FOUND, "the job has no hint channel; it may have just been deleted"),
     }
 }
 

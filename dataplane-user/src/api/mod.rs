@@ -7,7 +7,8 @@
 //! - operator token: `/v1/flows`, `/v1/status`, `/v1/events`, `POST`/`GET /v1/jobs`,
 //!   `DELETE /v1/jobs/{id}`;
 //! - the job's tenant token or the operator token: `/v1/jobs/{id}/hints`, `.../hints/stream`
-//!   (server-sent events), `.../metrics`. A tenant response names only its own job and peers.
+//!   (server-sent events), `.../metrics`, and `PUT .../plan` (the job's report of the plan it runs).
+//!   A tenant response names only its own job and peers.
 //!
 //! Who may call what is decided by the extractors in [`crate::auth`]. Handlers read the stages'
 //! published snapshots through [`AgentView`] (never a stage's working state) and write jobs only
@@ -19,7 +20,7 @@
 //! - [`views`]: how each response is built from the snapshots;
 //! - [`operator_handlers`]: `/v1/flows`, `/v1/status`, `/v1/events`;
 //! - [`job_handlers`]: `/v1/jobs` (onboard, list, remove through the job catalog) and each job's
-//!   hints, hint stream and metrics;
+//!   hints, hint stream, metrics and plan report;
 //! - this module: the router, the open endpoints, errors and the shared helpers.
 mod job_handlers;
 mod operator_handlers;
@@ -38,7 +39,7 @@ use axum::{
 use ringside_client::ApiError;
 
 use crate::{metrics, view::AgentView};
-use job_handlers::{create_job, delete_job, job_hints, job_hints_stream, job_metrics, list_jobs};
+use job_handlers::{create_job, delete_job, job_hints, job_hints_stream, job_metrics, list_jobs, put_job_plan};
 use operator_handlers::{events, flows, status};
 pub use operator_handlers::{parse_limit, EventsQuery, FlowsQuery, DEFAULT_EVENTS_LIMIT, DEFAULT_FLOWS_LIMIT, MAX_EVENTS_LIMIT, MAX_FLOWS_LIMIT};
 pub use views::{events_of, flow_view, status_of, STATS_NAMES};
@@ -71,6 +72,7 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/jobs/{id}/hints", &["get"]),
     ("/v1/jobs/{id}/hints/stream", &["get"]),
     ("/v1/jobs/{id}/metrics", &["get"]),
+    ("/v1/jobs/{id}/plan", &["put"]),
 ];
 
 /// The router over the agent's published state.
@@ -89,6 +91,7 @@ pub fn router(state: AgentView) -> Router {
         .route("/v1/jobs/{id}/hints", get(job_hints))
         .route("/v1/jobs/{id}/hints/stream", get(job_hints_stream))
         .route("/v1/jobs/{id}/metrics", get(job_metrics))
+        .route("/v1/jobs/{id}/plan", axum::routing::put(put_job_plan))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -524,6 +527,42 @@ mod tests {
                 assert!(!body.contains(leak), "{suffix} leaks {leak}: {body}");
             }
         }
+    }
+
+    #[tokio::test]
+    async fn a_job_reports_the_plan_it_runs_and_bad_reports_are_400() {
+        let state = sample_state();
+        let a = register(&state, REG_A).await;
+        let b = register(&state, REG_B).await;
+        let url = format!("/v1/jobs/{}/plan", a.id);
+        let int8 = r#"{"algorithm":"ring","chunk_bytes":1048576,"channels":1,"compression":"int8","error_feedback":true,"step":42}"#;
+        let (st, _, body) = call(state.clone(), "PUT", &url, Some(&a.tenant_token), Some(int8)).await;
+        assert_eq!(st, StatusCode::NO_CONTENT, "{body}");
+        let f = state.hints.applied(&a.id, crate::clock::unix_ms()).expect("recorded");
+        assert_eq!((f.plan.compression, f.plan.channels, f.plan.error_feedback), (ringside_client::Codec::Int8, 1, true));
+        // The operator may report too; the same plan again keeps its start.
+        let (st, _, _) = call(state.clone(), "PUT", &url, Some(OP), Some(int8)).await;
+        assert_eq!(st, StatusCode::NO_CONTENT);
+        assert_eq!(state.hints.applied(&a.id, crate::clock::unix_ms()).unwrap().since_unix_ms, f.since_unix_ms);
+        for (bad, says) in [
+            (r#"{"algorithm":"ring","chunk_bytes":0,"channels":1,"compression":"none"}"#, "chunk_bytes"),
+            (r#"{"algorithm":"ring","chunk_bytes":1,"channels":0,"compression":"none"}"#, "channels"),
+            (r#"{"algorithm":"ring","chunk_bytes":1,"channels":1,"compression":"topk:1.5"}"#, "topk"),
+            (r#"{"algorithm":"star","chunk_bytes":1,"channels":1,"compression":"none"}"#, "algorithm"),
+            (r#"{"algorithm":"ring","chunk_bytes":1,"channels":1,"compression":"none","extra":1}"#, "extra"),
+            (r#"{"algorithm":"ring""#, "JSON"),
+        ] {
+            let (st, ct, body) = call(state.clone(), "PUT", &url, Some(&a.tenant_token), Some(bad)).await;
+            let e = assert_json_error(st, StatusCode::BAD_REQUEST, &ct, &body, bad);
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        assert_eq!(state.hints.applied(&a.id, crate::clock::unix_ms()).unwrap().plan, f.plan, "a refused report changes nothing");
+        // Another tenant's job: 403; nobody: 401.
+        let (st, _, _) = call(state.clone(), "PUT", &format!("/v1/jobs/{}/plan", b.id), Some(&a.tenant_token), Some(int8)).await;
+        assert_eq!(st, StatusCode::FORBIDDEN);
+        let (st, _, _) = call(state.clone(), "PUT", &url, None, Some(int8)).await;
+        assert_eq!(st, StatusCode::UNAUTHORIZED);
+        assert!(state.hints.applied(&b.id, crate::clock::unix_ms()).is_none());
     }
 
     #[tokio::test]

@@ -55,6 +55,17 @@ impl PlanChoice {
         }
     }
 
+    /// The plan a job reports it runs (validated: `channels` ≥ 1).
+    pub fn from_applied(p: &ringside_client::AppliedPlan) -> Self {
+        PlanChoice {
+            algorithm: p.algorithm,
+            chunk_bytes: p.chunk_bytes,
+            channels: p.channels.max(1),
+            compression: p.compression,
+            error_feedback: p.error_feedback,
+        }
+    }
+
     /// The hint that carries this plan.
     pub fn to_hint(&self, job: &str, version: u64, reasons: Vec<String>, confidence: f64, expires_at: u64) -> Hint {
         Hint {

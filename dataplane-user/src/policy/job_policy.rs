@@ -83,12 +83,22 @@ pub struct PolicyOutput {
     pub insight: JobInsight,
 }
 
+/// The plan a job reports it runs (`PUT /v1/jobs/{id}/plan`, kept by the hint board while fresh).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PlanInForce {
+    pub plan: PlanChoice,
+    /// When the job first reported this plan (a different plan resets it), unix ms.
+    pub since_unix_ms: u64,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 struct Verification {
     from: PlanChoice,
     from_comm_s: f64,
     predicted_s: f64,
     samples: Vec<f64>,
+    /// Windows after settling in which the plan under test ran (with or without a step).
+    ran_windows: u64,
     /// Verifying a revert: undone only if the plan it left was clearly faster (see `decide`).
     revert: bool,
 }
@@ -286,13 +296,13 @@ impl JobPolicy {
         self.healthy_streak = 0;
         self.verifying = match (kind, observed_s, predicted_s) {
             (DecisionKind::Adapt, Some(o), Some(p)) => {
-                Some(Verification { from, from_comm_s: o, predicted_s: p, samples: Vec::new(), revert: false })
+                Some(Verification { from, from_comm_s: o, predicted_s: p, samples: Vec::new(), ran_windows: 0, revert: false })
             }
             // A revert is checked too: the time it was judged against may predate the fault (a
             // verdict acts before the old plan was ever observed degraded), so reverting is
             // itself the measurement of the old plan under current conditions.
             (DecisionKind::Revert, Some(o), Some(p)) if !self.reverted_a_revert => {
-                Some(Verification { from, from_comm_s: o, predicted_s: p, samples: Vec::new(), revert: true })
+                Some(Verification { from, from_comm_s: o, predicted_s: p, samples: Vec::new(), ran_windows: 0, revert: true })
             }
             _ => None,
         };
@@ -304,13 +314,32 @@ impl JobPolicy {
         self.cooldown.iter().any(|(c, all, until)| self.window < *until && (c == p || (*all && compressed)))
     }
 
-    /// Feeds one window of the job with its open verdicts; `now_unix_ms` is the window's end.
-    pub fn observe(&mut self, w: &JobWindow, verdicts: VerdictSummary, ctx: &JobContext, now_unix_ms: u64) -> PolicyOutput {
+    /// Whether the plan this policy advises ran throughout the window ending at `now_unix_ms`:
+    /// without a report from the job ([`PlanInForce`]) it is assumed to; with one, only when the
+    /// reported plan is the advised one and was already running at the window's start. In managed
+    /// mode the job runs the services' agreed plan, which can be another agent's advice.
+    fn ran_advised_plan(&self, w: &JobWindow, in_force: Option<&PlanInForce>, now_unix_ms: u64) -> bool {
+        let start_ms = now_unix_ms.saturating_sub(w.window_end_ns.saturating_sub(w.window_start_ns) / 1_000_000);
+        in_force.is_none_or(|f| f.plan == self.current && f.since_unix_ms <= start_ms)
+    }
+
+    /// Feeds one window of the job with its open verdicts and the plan it reports it runs
+    /// (`in_force`, if fresh); `now_unix_ms` is the window's end.
+    ///
+    /// A window in which the advised plan did not run (another plan was in force, or the plan
+    /// changed during it) is attributed to no plan: it does not enter the recent history (which
+    /// is cleared), the healthy baseline or a verification, and starts no change or return.
+    pub fn observe(&mut self, w: &JobWindow, verdicts: VerdictSummary, ctx: &JobContext, in_force: Option<&PlanInForce>, now_unix_ms: u64) -> PolicyOutput {
         self.window += 1;
         self.cooldown.retain(|(_, _, until)| *until > self.window);
         let obs = WindowObservation::from_window(&self.phases, w, verdicts, &mut self.steps);
         let summary = WindowSummary::of(&obs);
-        self.recent.push(summary);
+        let ran = self.ran_advised_plan(w, in_force, now_unix_ms);
+        if ran {
+            self.recent.push(summary);
+        } else {
+            self.recent.clear();
+        }
         let cal = self.calibrated(ctx);
         let comm = self.recent.comm_s();
         let healthy_comm = self.healthy_comm_s(cal.as_ref());
@@ -343,7 +372,7 @@ impl JobPolicy {
         }
         let degraded = network || inflated;
         self.degraded_streak = if degraded { self.degraded_streak.saturating_add(1) } else { 0 };
-        self.healthy_streak = if !degraded && ratio.is_none_or(|r| r < self.cfg.degrade_ratio) { self.healthy_streak.saturating_add(1) } else { 0 };
+        self.healthy_streak = if ran && !degraded && ratio.is_none_or(|r| r < self.cfg.degrade_ratio) { self.healthy_streak.saturating_add(1) } else { 0 };
         let target_s = ctx.constraints.step_time_target_ms.map(|t| t / 1e3);
         let step = self.recent.step_s();
         let target_missed = !obs.verdicts.straggler && target_s.zip(step).is_some_and(|(t, s)| s > t);
@@ -352,7 +381,7 @@ impl JobPolicy {
         let budget_s = target_s.zip(step).zip(comm).map(|((t, s), c)| t - (s - c).max(0.0)).filter(|b| *b > 0.0);
 
         // Healthy baseline under the baseline plan.
-        if self.current == self.baseline_plan && self.verifying.is_none() && !degraded && !obs.verdicts.straggler {
+        if ran && self.current == self.baseline_plan && self.verifying.is_none() && !degraded && !obs.verdicts.straggler {
             let bytes = cal.as_ref().map(|c| c.path.bytes);
             if let (Some(c), Some(b), Some(s)) = (summary.comm_s, summary.bottleneck_bps, bytes) {
                 let cap = self.cfg.baseline_windows.max(1);
@@ -366,7 +395,7 @@ impl JobPolicy {
             }
         }
 
-        let change = self.decide(ctx, &obs, cal.as_ref(), &triggers, (verdict, network), target_s, budget_s, step, now_unix_ms);
+        let change = self.decide(ctx, &obs, ran, cal.as_ref(), &triggers, (verdict, network), target_s, budget_s, step, now_unix_ms);
 
         let renew = change.is_some() || self.renew_due(now_unix_ms);
         let predicted = self.predicted_s.or_else(|| cal.as_ref().map(|c| c.predict(&self.current)));
@@ -401,6 +430,7 @@ impl JobPolicy {
         &mut self,
         ctx: &JobContext,
         obs: &WindowObservation,
+        ran: bool,
         cal: Option<&Calibrated>,
         triggers: &[Trigger],
         (verdict, network): (bool, bool),
@@ -413,14 +443,21 @@ impl JobPolicy {
 
         // Verification of the last change.
         if let Some(v) = self.verifying.as_mut() {
-            if since_change > self.cfg.settle_windows {
+            // Only windows in which the plan under test ran are measurements of it.
+            if since_change > self.cfg.settle_windows && ran {
+                v.ran_windows += 1;
                 if let Some(c) = obs.comm_s() {
                     v.samples.push(c);
                 }
             }
             let enough = v.samples.len() >= self.cfg.verify_windows.max(1);
-            let timed_out = since_change > self.cfg.settle_windows + 3 * self.cfg.verify_windows.max(1) as u64;
+            let timed_out = v.ran_windows > 3 * self.cfg.verify_windows.max(1) as u64;
             if !enough && !timed_out {
+                // A plan the job never ran (another was in force the whole time) cannot be
+                // judged: after a cooldown's length the change stands unverified.
+                if since_change > self.cfg.settle_windows + self.cfg.cooldown_windows {
+                    self.verifying = None;
+                }
                 return None;
             }
             let v = self.verifying.take()?;
@@ -450,7 +487,7 @@ impl JobPolicy {
                     self.reverted_a_revert = true;
                     let d = self.change(DecisionKind::Revert, v.from, vec![reason], 0.9, Some(v.from_comm_s), after.is_finite().then_some(after), now);
                     // Judged against what was just measured, like an adaptation.
-                    self.verifying = Some(Verification { from: to, from_comm_s: after, predicted_s: v.from_comm_s, samples: Vec::new(), revert: false });
+                    self.verifying = Some(Verification { from: to, from_comm_s: after, predicted_s: v.from_comm_s, samples: Vec::new(), ran_windows: 0, revert: false });
                     return Some(d);
                 }
                 return None;
@@ -496,7 +533,7 @@ impl JobPolicy {
             let after = after.is_finite().then_some(after);
             return Some(self.change(DecisionKind::Revert, v.from, vec![reason], 0.9, Some(v.from_comm_s), after, now));
         }
-        if since_change < self.cfg.min_dwell_windows {
+        if since_change < self.cfg.min_dwell_windows || !ran {
             return None;
         }
 

@@ -33,7 +33,7 @@ pub use config::PolicyConfig;
 pub use cost::PlanChoice;
 pub use baseline::{baseline_hint, restart_first_version, FIRST_VERSION};
 pub use insight::{JobInsight, PeerHealth};
-pub use job_policy::{JobContext, JobPolicy};
+pub use job_policy::{JobContext, JobPolicy, PlanInForce};
 pub use observe::{PhaseParams, VerdictSummary};
 
 /// The policies of the jobs on the hint board, keyed by job id.

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ringside_client::{Algorithm, Codec, Constraints};
 
 use super::cost::{CostConstants, CostModel, PathModel, PlanChoice};
-use super::job_policy::{DecisionKind, JobContext, JobPolicy};
+use super::job_policy::{DecisionKind, JobContext, JobPolicy, PlanInForce};
 use super::observe::{PhaseParams, VerdictSummary};
 use super::PolicyConfig;
 use crate::detect::{BurstSummary, JobWindow, PeerWindow};
@@ -173,7 +173,7 @@ fn run(
     for w in 0..windows {
         at(w, job, &mut verdicts);
         let jw = job.window(p.current());
-        let out = p.observe(&jw, verdicts.clone(), &ctx, 1_000 * w as u64);
+        let out = p.observe(&jw, verdicts.clone(), &ctx, None, 1_000 * w as u64);
         if let Some(c) = &out.change {
             assert!(c.kind != DecisionKind::Verified);
             assert!(!c.reasons.is_empty(), "{c:?}");
@@ -391,7 +391,7 @@ fn a_change_that_cannot_be_verified_is_reverted() {
             // The job went quiet right after the change: no steps to verify with.
             jw.peers.clear();
         }
-        if let Some(d) = p.observe(&jw, VerdictSummary::default(), &ctx, w * 1000).change {
+        if let Some(d) = p.observe(&jw, VerdictSummary::default(), &ctx, None, w * 1000).change {
             last = Some(d);
         }
     }
@@ -413,7 +413,7 @@ fn hints_get_the_next_version_on_change_and_renew_in_between() {
             job.bw[1] /= 4.0;
         }
         let now = 100_000 + w * 1000;
-        let out = p.observe(&job.window(p.current()), VerdictSummary::default(), &ctx, now);
+        let out = p.observe(&job.window(p.current()), VerdictSummary::default(), &ctx, None, now);
         if let Some(h) = p.hint("j", &out, Some(&latest), now) {
             assert_eq!(h.expires_at, now + 60_000);
             published.push((w, h.version));
@@ -432,6 +432,95 @@ fn hints_get_the_next_version_on_change_and_renew_in_between() {
     assert_eq!(idle.renewal(&latest, 1_000_000).unwrap().expires_at, 1_060_000);
 }
 
+/// A report of `plan` running from window `w` on (the test's windows end at `1000 × w` ms and
+/// last about a second; the window before is left mixed).
+fn in_force_from(plan: PlanChoice, w: u64) -> PlanInForce {
+    PlanInForce { plan, since_unix_ms: (1000 * w).saturating_sub(2000) }
+}
+
+#[test]
+fn a_change_is_verified_only_on_windows_in_which_it_ran() {
+    // The job keeps its old plan for 20 windows after the policy's change (in managed mode, the
+    // services' vote held it), then runs it. Judged on the windows of the old plan the change
+    // looks useless; with the job's reports it waits for its own windows and is verified.
+    let decisions = |report: bool| {
+        let mut job = FakeJob::testbed(14);
+        let mut p = JobPolicy::new(PolicyConfig::default(), PhaseParams::default(), baseline());
+        let c = Constraints::default();
+        let ctx = JobContext { constraints: &c, gradient_bytes: None };
+        let mut running = in_force_from(baseline(), 0);
+        let mut adapted_at = None;
+        for w in 0..80u64 {
+            if w == 20 {
+                job.bw[1] /= 4.0;
+            }
+            if adapted_at.is_some_and(|a| w == a + 20) {
+                running = in_force_from(*p.current(), w);
+            }
+            let jw = job.window(&running.plan);
+            let out = p.observe(&jw, VerdictSummary::default(), &ctx, report.then_some(&running), 1000 * w);
+            if adapted_at.is_none() && out.change.is_some_and(|d| d.kind == DecisionKind::Adapt) {
+                adapted_at = Some(w);
+            }
+        }
+        kinds(&p)
+    };
+    assert_eq!(decisions(true), [DecisionKind::Adapt, DecisionKind::Verified]);
+    let blind = decisions(false);
+    assert_eq!(blind[..2], [DecisionKind::Adapt, DecisionKind::Revert], "without reports the old plan's windows are taken for the new one's: {blind:?}");
+}
+
+/// Higher is more severe (the services' vote: the most severe proposal runs).
+fn severity(p: &PlanChoice) -> u8 {
+    match p.compression {
+        Codec::None => 0,
+        Codec::Fp16 | Codec::Bf16 => 1,
+        Codec::Int8 => 2,
+        Codec::TopK { .. } => 3,
+    }
+}
+
+#[test]
+fn managed_an_agent_whose_plan_is_outvoted_stops_judging_the_job() {
+    // Two IPUs' agents advise one managed job, which runs the more severe advice. A path slows
+    // at window 20; to agent A's view compression does not help (its verification reverts it),
+    // to B's it does. The job stays compressed on B's advice. Without the job's reports, A
+    // takes the compressed windows for its own plan's and keeps adapting and reverting; with
+    // them A's revert waits for its plan to run, which never happens, and A stays quiet.
+    let decisions = |report: bool| {
+        let (mut view_a, mut view_b) = (FakeJob::testbed(15), FakeJob::testbed(16));
+        view_a.compression_helps = false;
+        let c = Constraints::default();
+        let ctx = JobContext { constraints: &c, gradient_bytes: None };
+        let mut a = JobPolicy::new(PolicyConfig::default(), PhaseParams::default(), baseline());
+        let mut b = a.clone();
+        let mut running = in_force_from(baseline(), 0);
+        let mut plans = Vec::new();
+        for w in 0..240u64 {
+            if w == 20 {
+                view_a.bw[1] /= 4.0;
+                view_b.bw[1] /= 4.0;
+            }
+            let agreed = if severity(a.current()) > severity(b.current()) { *a.current() } else { *b.current() };
+            if agreed != running.plan {
+                running = in_force_from(agreed, w);
+            }
+            plans.push(running.plan);
+            let f = report.then_some(&running);
+            a.observe(&view_a.window(&running.plan), VerdictSummary::default(), &ctx, f, 1000 * w);
+            b.observe(&view_b.window(&running.plan), VerdictSummary::default(), &ctx, f, 1000 * w);
+        }
+        (kinds(&a), kinds(&b), plans)
+    };
+    let (a, b, plans) = decisions(true);
+    assert_eq!(a, [DecisionKind::Adapt, DecisionKind::Revert], "A: {a:?}");
+    assert_eq!(b, [DecisionKind::Adapt, DecisionKind::Verified], "B: {b:?}");
+    let first = plans.iter().position(|p| p.compression != Codec::None).expect("compressed");
+    assert!(plans[first..].iter().all(|p| p.compression != Codec::None), "the job stays compressed");
+    let (blind_a, _, _) = decisions(false);
+    assert!(blind_a.len() > 2, "without reports A keeps changing its advice: {blind_a:?}");
+}
+
 /// The detectors' simulators are open loop (they ignore the plan), so these check the policy's
 /// reaction to what the detectors say, not the effect of its plans.
 mod with_detectors {
@@ -447,7 +536,7 @@ mod with_detectors {
         for (i, w) in windows.iter().enumerate() {
             det.observe(w).unwrap();
             let v = VerdictSummary::of_job(&w.job, det.open_verdicts());
-            pol.observe(w, v, &ctx, i as u64 * 1000);
+            pol.observe(w, v, &ctx, None, i as u64 * 1000);
         }
         pol
     }

@@ -17,7 +17,7 @@ use clap::Parser;
 use ipu_firmware::job::parse_size;
 use ipu_firmware::managed::{check_plan, serve, EngineRunner, HintVoter, ServiceConfig, ServiceStats, DEFAULT_MAX_BUFFER};
 use ipu_firmware::plan::PlanArgs;
-use ipu_firmware::{Communicator, CommunicatorConfig, HintFollower, PlanVoter, TcpOptions, TcpTransport};
+use ipu_firmware::{Communicator, CommunicatorConfig, HintFollower, PlanReporter, PlanVoter, TcpOptions, TcpTransport};
 use ringside_client::{Constraints, JobClient};
 
 /// ringside's managed collective service (runs in the IPU, serves the tenant on the host link).
@@ -54,7 +54,9 @@ struct Args {
     timeout_ms: u64,
     /// Follow this IPU's agent's hints for the job (http://HOST:PORT/v1/jobs/ID: the job as
     /// registered with this IPU's agent) and vote with them: every collective runs the plan agreed
-    /// from all services' votes (the most severe wins). Without it the service abstains.
+    /// from all services' votes (the most severe wins). The service also reports the agreed plan
+    /// to that agent (PUT .../plan), so its policy judges the plan that ran. Without it the
+    /// service abstains.
     #[arg(long, value_name = "JOB_URL", requires_all = ["token", "constraints"])]
     agent: Option<String>,
     /// The job's tenant token for --agent. Prefer the environment variable (not visible in `ps`).
@@ -98,15 +100,16 @@ fn main() -> anyhow::Result<()> {
     let stats = Arc::new(ServiceStats::default());
     // Bound before the mesh is built, so a tenant that starts first is queued, not refused.
     let listener = TcpListener::bind(a.listen).with_context(|| format!("binding the host link --listen {}; is it this IPU's address on the host link?", a.listen))?;
-    let voter: Box<dyn PlanVoter> = match &a.agent {
+    let (voter, reporter): (Box<dyn PlanVoter>, _) = match &a.agent {
         Some(url) => {
             let token = a.token.as_deref().context("--agent needs --token or RINGSIDE_TOKEN")?;
             let client = JobClient::new(url, token).context("--agent")?;
+            let reporter = PlanReporter::start(client.clone()).context("starting the plan reporter thread")?;
             let follower = HintFollower::start(client, max_channels).context("starting the hint follower thread")?;
             let constraints = constraints.clone().context("--agent needs --constraints")?;
-            Box::new(HintVoter::new(follower, constraints, plan, stats.clone()))
+            (Box::new(HintVoter::new(follower, constraints, plan, stats.clone())), Some(reporter))
         }
-        None => Box::new(HintVoter::abstaining(constraints.clone(), plan, stats.clone())),
+        None => (Box::new(HintVoter::abstaining(constraints.clone(), plan, stats.clone())), None),
     };
     tracing::info!(rank = a.rank, world = a.world, listen = %a.listen, following = a.agent.is_some(), "building the service mesh");
     let timeout = Duration::from_millis(a.timeout_ms);
@@ -119,6 +122,6 @@ fn main() -> anyhow::Result<()> {
     let cfg = ServiceConfig { max_buffer: a.max_buffer as u64, tenant_timeout: Duration::from_millis(a.tenant_timeout_ms) };
     // Runs until killed (the provider's supervisor owns the lifetime); each session's end logs the
     // counters.
-    serve(listener, EngineRunner { comm }, a.world, cfg, stats.clone(), Arc::new(AtomicBool::new(false))).context("serving the host link")?;
+    serve(listener, EngineRunner { comm, reporter }, a.world, cfg, stats.clone(), Arc::new(AtomicBool::new(false))).context("serving the host link")?;
     Ok(())
 }
