@@ -317,10 +317,11 @@ impl JobPolicy {
     /// Whether the plan this policy advises ran throughout the window ending at `now_unix_ms`:
     /// without a report from the job ([`PlanInForce`]) it is assumed to; with one, only when the
     /// reported plan is the advised one and was already running at the window's start. In managed
-    /// mode the job runs the services' agreed plan, which can be another agent's advice.
+    /// mode the job runs the services' agreed plan, which can be another agent's advice. The chunk
+    /// size is not compared: the policy never changes it, and a job may run its own.
     fn ran_advised_plan(&self, w: &JobWindow, in_force: Option<&PlanInForce>, now_unix_ms: u64) -> bool {
         let start_ms = now_unix_ms.saturating_sub(w.window_end_ns.saturating_sub(w.window_start_ns) / 1_000_000);
-        in_force.is_none_or(|f| f.plan == self.current && f.since_unix_ms <= start_ms)
+        in_force.is_none_or(|f| PlanChoice { chunk_bytes: self.current.chunk_bytes, ..f.plan } == self.current && f.since_unix_ms <= start_ms)
     }
 
     /// Feeds one window of the job with its open verdicts and the plan it reports it runs

@@ -458,7 +458,9 @@ fn a_change_is_verified_only_on_windows_in_which_it_ran() {
                 running = in_force_from(*p.current(), w);
             }
             let jw = job.window(&running.plan);
-            let out = p.observe(&jw, VerdictSummary::default(), &ctx, report.then_some(&running), 1000 * w);
+            // The job runs its own chunk size: not a different plan.
+            let reported = PlanInForce { plan: PlanChoice { chunk_bytes: 1 << 18, ..running.plan }, ..running };
+            let out = p.observe(&jw, VerdictSummary::default(), &ctx, report.then_some(&reported), 1000 * w);
             if adapted_at.is_none() && out.change.is_some_and(|d| d.kind == DecisionKind::Adapt) {
                 adapted_at = Some(w);
             }
