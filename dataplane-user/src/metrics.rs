@@ -155,6 +155,8 @@ metric!(API_HINT_STREAMS, "ringside_api_hint_streams", Gauge,
 // --- one job (GET /v1/jobs/{id}/metrics only; every series carries `job`) ---
 metric!(JOB_PLAN_INFO, "ringside_job_plan_info", Gauge,
     "The job's current plan: 1, labelled with the algorithm and the compression (codec) to use");
+metric!(JOB_PLAN_REPORTED_INFO, "ringside_job_plan_reported_info", Gauge,
+    "The plan the job last reported it runs (PUT /v1/jobs/{id}/plan, within 30 s): 1, labelled with the algorithm and the compression; absent without a report");
 metric!(JOB_PLAN_CHUNK_BYTES, "ringside_job_plan_chunk_bytes", Gauge,
     "Pipeline chunk size of the current plan, bytes");
 metric!(JOB_PLAN_CHANNELS, "ringside_job_plan_channels", Gauge,
@@ -215,8 +217,8 @@ pub const PROCESS_ALL: &[&Metric] = &[
 /// Every job-scoped metric (`GET /v1/jobs/{id}/metrics`), in exposition order.
 #[cfg_attr(not(test), allow(dead_code))] // the catalogue the tests check names and help against
 pub const JOB_ALL: &[&Metric] = &[
-    &JOB_PLAN_INFO, &JOB_PLAN_CHUNK_BYTES, &JOB_PLAN_CHANNELS, &JOB_PLAN_VERSION, &JOB_PLAN_CONFIDENCE,
-    &JOB_PLAN_EXPIRES, &JOB_STEP_SECONDS, &JOB_COMM_SECONDS, &JOB_PREDICTED_COMM_SECONDS,
+    &JOB_PLAN_INFO, &JOB_PLAN_REPORTED_INFO, &JOB_PLAN_CHUNK_BYTES, &JOB_PLAN_CHANNELS, &JOB_PLAN_VERSION,
+    &JOB_PLAN_CONFIDENCE, &JOB_PLAN_EXPIRES, &JOB_STEP_SECONDS, &JOB_COMM_SECONDS, &JOB_PREDICTED_COMM_SECONDS,
     &JOB_PEER_HEALTH, &JOB_PEER_GOODPUT, &JOB_PEER_LOSS_RATIO,
 ];
 
@@ -503,19 +505,20 @@ fn rdma_families(r: &crate::rdma_counters::RdmaSnapshot) -> Vec<Family> {
 
 /// The families of one job's metrics: its plan and what the policy measured, nothing else
 /// (no interface, link or other job).
-fn job_families(job: &str, hint: Option<&ringside_client::Hint>, insight: Option<&crate::policy::JobInsight>) -> Vec<Family> {
+fn job_families(job: &str, hint: Option<&ringside_client::Hint>, reported: Option<&crate::policy::PlanInForce>, insight: Option<&crate::policy::JobInsight>) -> Vec<Family> {
     let j = || vec![("job", job.to_owned())];
     let gauge = |metric, v: Option<f64>| Family { metric, series: v.map(|v| (j(), Value::Gauge(v))).into_iter().collect() };
-    let mut out = vec![Family {
-        metric: &JOB_PLAN_INFO,
-        series: hint
-            .map(|h| {
-                let labels = vec![("job", job.to_owned()), ("algorithm", h.algorithm.to_string()), ("compression", h.compression.to_string())];
-                (labels, Value::Count(1))
-            })
+    let info = |metric, plan: Option<(ringside_client::Algorithm, ringside_client::Codec)>| Family {
+        metric,
+        series: plan
+            .map(|(a, c)| (vec![("job", job.to_owned()), ("algorithm", a.to_string()), ("compression", c.to_string())], Value::Count(1)))
             .into_iter()
             .collect(),
-    }];
+    };
+    let mut out = vec![
+        info(&JOB_PLAN_INFO, hint.map(|h| (h.algorithm, h.compression))),
+        info(&JOB_PLAN_REPORTED_INFO, reported.map(|r| (r.plan.algorithm, r.plan.compression))),
+    ];
     out.push(gauge(&JOB_PLAN_CHUNK_BYTES, hint.map(|h| f64::from(h.chunk_bytes))));
     out.push(gauge(&JOB_PLAN_CHANNELS, hint.map(|h| f64::from(h.channels))));
     out.push(gauge(&JOB_PLAN_VERSION, hint.map(|h| h.version as f64)));
@@ -560,7 +563,8 @@ fn encode_families(fams: Vec<Family>) -> String {
 /// Renders job `job`'s metrics (`GET /v1/jobs/{id}/metrics`) as OpenMetrics text.
 pub fn render_job(board: &HintBoard, job: &str) -> String {
     let (hint, insight) = (board.latest(job), board.insight(job));
-    encode_families(job_families(job, hint.as_ref(), insight.as_ref()))
+    let reported = board.applied(job, crate::clock::unix_ms());
+    encode_families(job_families(job, hint.as_ref(), reported.as_ref(), insight.as_ref()))
 }
 
 fn with_bounds(bounds: &[f64], counts: &[u64]) -> Vec<(f64, u64)> {
@@ -860,7 +864,7 @@ mod job_tests {
             assert!(!ALL.iter().any(|a| a.name == m.name), "{} is also agent-wide", m.name);
         }
         // A job on the board with no plan and no insight yet: descriptors only, no series.
-        let text = encode_families(job_families("j-1", None, None));
+        let text = encode_families(job_families("j-1", None, None, None));
         assert!(text.contains("# HELP ringside_job_plan_info "), "{text}");
         assert!(text.lines().all(|l| l.starts_with('#')), "{text}");
     }

@@ -563,6 +563,12 @@ mod tests {
         let (st, _, _) = call(state.clone(), "PUT", &url, None, Some(int8)).await;
         assert_eq!(st, StatusCode::UNAUTHORIZED);
         assert!(state.hints.applied(&b.id, crate::clock::unix_ms()).is_none());
+        // The tenant sees what it reported next to the hint.
+        let (_, _, text) = call(state.clone(), "GET", &format!("/v1/jobs/{}/metrics", a.id), Some(&a.tenant_token), None).await;
+        let want = format!("ringside_job_plan_reported_info{{job=\"{}\",algorithm=\"ring\",compression=\"int8\"}} 1", a.id);
+        assert!(text.contains(&want), "{text}");
+        let (_, _, text) = call(state.clone(), "GET", &format!("/v1/jobs/{}/metrics", b.id), Some(&b.tenant_token), None).await;
+        assert!(!text.contains("ringside_job_plan_reported_info{"), "no report, no series: {text}");
     }
 
     #[tokio::test]

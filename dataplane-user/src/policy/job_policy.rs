@@ -400,10 +400,13 @@ impl JobPolicy {
 
         let renew = change.is_some() || self.renew_due(now_unix_ms);
         let predicted = self.predicted_s.or_else(|| cal.as_ref().map(|c| c.predict(&self.current)));
+        // What the tenant sees is the job's time whatever plan ran: this window's own when the
+        // window was attributed to no plan (the recent history was cleared).
+        let (step_s, comm_s) = if ran { (self.recent.step_s(), self.recent.comm_s()) } else { (summary.step_s, summary.comm_s) };
         let insight = JobInsight {
             updated_unix_ms: now_unix_ms,
-            step_ms: self.recent.step_s().map(|s| s * 1e3),
-            comm_ms: self.recent.comm_s().map(|s| s * 1e3),
+            step_ms: step_s.map(|s| s * 1e3),
+            comm_ms: comm_s.map(|s| s * 1e3),
             predicted_comm_ms: predicted.map(|s| s * 1e3),
             peers: obs
                 .peers

@@ -498,6 +498,7 @@ fn managed_an_agent_whose_plan_is_outvoted_stops_judging_the_job() {
         let mut b = a.clone();
         let mut running = in_force_from(baseline(), 0);
         let mut plans = Vec::new();
+        let mut a_comm_ms = None;
         for w in 0..240u64 {
             if w == 20 {
                 view_a.bw[1] /= 4.0;
@@ -509,17 +510,18 @@ fn managed_an_agent_whose_plan_is_outvoted_stops_judging_the_job() {
             }
             plans.push(running.plan);
             let f = report.then_some(&running);
-            a.observe(&view_a.window(&running.plan), VerdictSummary::default(), &ctx, f, 1000 * w);
+            a_comm_ms = a.observe(&view_a.window(&running.plan), VerdictSummary::default(), &ctx, f, 1000 * w).insight.comm_ms;
             b.observe(&view_b.window(&running.plan), VerdictSummary::default(), &ctx, f, 1000 * w);
         }
-        (kinds(&a), kinds(&b), plans)
+        (kinds(&a), kinds(&b), plans, a_comm_ms)
     };
-    let (a, b, plans) = decisions(true);
+    let (a, b, plans, a_comm_ms) = decisions(true);
+    assert!(a_comm_ms.is_some(), "the tenant still sees its communication time while A's plan does not run");
     assert_eq!(a, [DecisionKind::Adapt, DecisionKind::Revert], "A: {a:?}");
     assert_eq!(b, [DecisionKind::Adapt, DecisionKind::Verified], "B: {b:?}");
     let first = plans.iter().position(|p| p.compression != Codec::None).expect("compressed");
     assert!(plans[first..].iter().all(|p| p.compression != Codec::None), "the job stays compressed");
-    let (blind_a, _, _) = decisions(false);
+    let (blind_a, _, _, _) = decisions(false);
     assert!(blind_a.len() > 2, "without reports A keeps changing its advice: {blind_a:?}");
 }
 
