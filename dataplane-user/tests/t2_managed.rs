@@ -18,7 +18,9 @@
 //! - the plans never left the registered constraints (no top-k: not registered);
 //! - when at least 3 steps ran capped and uncompressed, the compressed steps' mean communication
 //!   time is at least 1.3× lower (a ratio within one run);
-//! - the tenant's namespace reaches its IPU's service on the host link, but not the agent's API.
+//! - the tenant's namespace reaches its IPU's service on the host link, but not the agent's API;
+//! - every agent's job metrics show the plan the job ended on as reported by its IPU's service
+//!   (`ringside_job_plan_reported_info`, from `PUT /v1/jobs/{id}/plan`).
 //!
 //! Needs root, the eBPF objects (`cargo xtask build`), `ringside-rank` and `ringside-ipu`
 //! (`RINGSIDE_RANK_BIN` / `RINGSIDE_IPU_BIN`, set by `cargo xtask test`, else
@@ -268,6 +270,15 @@ fn rate_cap_off_rank_0_is_applied_by_every_ipu_service_without_the_tenant() {
         // one on a static job; the managed comparison is `cargo xtask eval adaptation --source
         // managed`). Said, not hidden.
         eprintln!("NOTE only {} capped uncompressed steps: the comm-time recovery ratio is not asserted in this run", capped.len());
+    }
+    // Every service told its own agent the agreed plan (PUT /v1/jobs/{id}/plan, every 5 s): each
+    // agent's job metrics name the plan the job ended on, whichever IPU's advice it was.
+    let last = &steps0.last().unwrap()["plan"];
+    let (algorithm, last_codec) = (last["algorithm"].as_str().unwrap_or_default(), codec(last));
+    for (i, (a, c)) in agents.iter().zip(&created).enumerate() {
+        let text = a.client(|op| op.job(&c.id, &c.tenant_token)?.metrics()).expect("the job's metrics");
+        let want = format!("ringside_job_plan_reported_info{{job=\"{}\",algorithm=\"{algorithm}\",compression=\"{last_codec}\"}} 1", c.id);
+        assert!(text.contains(&want), "ipu{i}'s agent does not show the plan in force ({want}):\n{text}");
     }
     drop(services);
     drop(agents);
