@@ -137,7 +137,7 @@ impl HintBoard {
     pub fn report_applied(&self, job: &str, plan: PlanChoice, now_unix_ms: u64) -> Result<bool, UnknownJob> {
         let mut jobs = self.lock();
         let ch = jobs.get_mut(job).ok_or_else(|| UnknownJob { job: job.to_owned() })?;
-        let fresh = ch.applied.filter(|(_, at)| now_unix_ms.saturating_sub(*at) <= APPLIED_PLAN_TTL_MS);
+        let fresh = ch.applied.filter(|(_, at)| report_is_fresh(*at, now_unix_ms));
         let (in_force, changed) = match fresh {
             Some((f, _)) if f.plan == plan => (f, false),
             _ => (PlanInForce { plan, since_unix_ms: now_unix_ms }, true),
@@ -151,8 +151,13 @@ impl HintBoard {
     pub fn applied(&self, job: &str, now_unix_ms: u64) -> Option<PlanInForce> {
         let jobs = self.lock();
         let (f, at) = jobs.get(job)?.applied?;
-        (now_unix_ms.saturating_sub(at) <= APPLIED_PLAN_TTL_MS).then_some(f)
+        report_is_fresh(at, now_unix_ms).then_some(f)
     }
+}
+
+/// Whether a plan report received at `at` (unix ms) still counts at `now`.
+fn report_is_fresh(at: u64, now: u64) -> bool {
+    now.saturating_sub(at) <= APPLIED_PLAN_TTL_MS
 }
 
 impl JobChannel {
