@@ -277,6 +277,14 @@ impl Analysis {
             let now = clock.unix_ms(jw.window_end_ns);
             let in_force = board.applied(&jw.job, clock.unix_ms);
             let out = policy.observe(jw, verdicts, &ctx, in_force.as_ref(), now);
+            tracing::debug!(
+                target: "ringside::policy",
+                job = %jw.job,
+                advised = %policy.current().label(),
+                step_ms = ?out.insight.step_ms,
+                comm_ms = ?out.insight.comm_ms,
+                "job window"
+            );
             if let Some(d) = &out.change {
                 tracing::info!(job = %jw.job, kind = ?d.kind, from = %d.from.label(), to = %d.to.label(), reasons = ?d.reasons, confidence = d.confidence, "plan changed");
             }

@@ -32,8 +32,8 @@ struct JobChannel {
     tx: watch::Sender<Option<Hint>>,
     history: VecDeque<Hint>,
     insight: Option<JobInsight>,
-    /// The job's last report of the plan it runs, and when it came (unix ms).
-    applied: Option<(PlanInForce, u64)>,
+    /// The job's last report of the plan it runs.
+    applied: Option<PlanInForce>,
 }
 
 /// Current hints of every registered job (a shared handle: clones see the same board).
@@ -132,26 +132,23 @@ impl HintBoard {
         self.lock().get(job).and_then(|c| c.insight.clone())
     }
 
-    /// Records the job's report that it runs `plan` (`PUT /v1/jobs/{id}/plan`) at `now_unix_ms`.
-    /// Returns whether the plan differs from the last fresh report (then it counts from now).
-    pub fn report_applied(&self, job: &str, plan: PlanChoice, now_unix_ms: u64) -> Result<bool, UnknownJob> {
+    /// Records the job's report that it runs `plan` (`PUT /v1/jobs/{id}/plan`) at `now_unix_ms`,
+    /// with the job's own mean step time since its previous report if it sent one. Returns
+    /// whether the plan differs from the last fresh report (then it counts from now).
+    pub fn report_applied(&self, job: &str, plan: PlanChoice, step_time_ms: Option<f64>, now_unix_ms: u64) -> Result<bool, UnknownJob> {
         let mut jobs = self.lock();
         let ch = jobs.get_mut(job).ok_or_else(|| UnknownJob { job: job.to_owned() })?;
-        let fresh = ch.applied.filter(|(_, at)| report_is_fresh(*at, now_unix_ms));
-        let (in_force, changed) = match fresh {
-            Some((f, _)) if f.plan == plan => (f, false),
-            _ => (PlanInForce { plan, since_unix_ms: now_unix_ms }, true),
-        };
-        ch.applied = Some((in_force, now_unix_ms));
-        Ok(changed)
+        let since = ch.applied.filter(|f| f.plan == plan && report_is_fresh(f.reported_unix_ms, now_unix_ms)).map(|f| f.since_unix_ms);
+        ch.applied = Some(PlanInForce { plan, since_unix_ms: since.unwrap_or(now_unix_ms), reported_unix_ms: now_unix_ms, step_time_ms });
+        Ok(since.is_none())
     }
 
     /// The plan the job last reported it runs, unless that report is older than
     /// [`APPLIED_PLAN_TTL_MS`] at `now_unix_ms`.
     pub fn applied(&self, job: &str, now_unix_ms: u64) -> Option<PlanInForce> {
         let jobs = self.lock();
-        let (f, at) = jobs.get(job)?.applied?;
-        report_is_fresh(at, now_unix_ms).then_some(f)
+        let f = jobs.get(job)?.applied?;
+        report_is_fresh(f.reported_unix_ms, now_unix_ms).then_some(f)
     }
 }
 
@@ -208,17 +205,18 @@ mod tests {
         let b = HintBoard::default();
         let none = PlanChoice::from_hint(&hint("j1", 1, 0));
         let int8 = PlanChoice { compression: ringside_client::Codec::Int8, ..none };
-        assert!(b.report_applied("j1", none, 1_000).is_err(), "unknown job");
+        let f = |plan, since_unix_ms, reported_unix_ms, step_time_ms| Some(PlanInForce { plan, since_unix_ms, reported_unix_ms, step_time_ms });
+        assert!(b.report_applied("j1", none, None, 1_000).is_err(), "unknown job");
         b.ensure_job("j1");
         assert_eq!(b.applied("j1", 1_000), None);
-        assert!(b.report_applied("j1", none, 1_000).unwrap());
-        assert!(!b.report_applied("j1", none, 6_000).unwrap(), "the same plan again is a refresh");
-        assert_eq!(b.applied("j1", 7_000), Some(PlanInForce { plan: none, since_unix_ms: 1_000 }));
-        assert!(b.report_applied("j1", int8, 8_000).unwrap());
-        assert_eq!(b.applied("j1", 8_000), Some(PlanInForce { plan: int8, since_unix_ms: 8_000 }));
-        assert_eq!(b.applied("j1", 8_000 + APPLIED_PLAN_TTL_MS), Some(PlanInForce { plan: int8, since_unix_ms: 8_000 }));
+        assert!(b.report_applied("j1", none, None, 1_000).unwrap());
+        assert!(!b.report_applied("j1", none, Some(120.0), 6_000).unwrap(), "the same plan again is a refresh");
+        assert_eq!(b.applied("j1", 7_000), f(none, 1_000, 6_000, Some(120.0)), "the newest report's step time");
+        assert!(b.report_applied("j1", int8, None, 8_000).unwrap());
+        assert_eq!(b.applied("j1", 8_000), f(int8, 8_000, 8_000, None), "a new plan comes without the old one's step time");
+        assert_eq!(b.applied("j1", 8_000 + APPLIED_PLAN_TTL_MS), f(int8, 8_000, 8_000, None));
         assert_eq!(b.applied("j1", 8_001 + APPLIED_PLAN_TTL_MS), None, "stale");
-        assert!(b.report_applied("j1", int8, 9_000 + APPLIED_PLAN_TTL_MS).unwrap(), "after a gap the plan counts anew");
+        assert!(b.report_applied("j1", int8, None, 9_000 + APPLIED_PLAN_TTL_MS).unwrap(), "after a gap the plan counts anew");
         b.remove_job("j1");
         assert_eq!(b.applied("j1", 1_000), None);
     }

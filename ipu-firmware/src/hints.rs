@@ -67,6 +67,7 @@ pub fn applied_plan(plan: &Plan, step: u64) -> AppliedPlan {
         compression: plan.compression.codec,
         error_feedback: plan.compression.error_feedback,
         step,
+        step_time_ms: None,
     }
 }
 

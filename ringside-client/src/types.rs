@@ -378,12 +378,20 @@ pub struct AppliedPlan {
     /// The job's step from which it runs (informational: ringside does not see the job's steps).
     #[serde(default)]
     pub step: u64,
+    /// The job's own mean step time, ms, over the steps it completed since its previous report,
+    /// every one of them under this plan (optional). The network shows when bytes move, not what
+    /// a codec costs the job's CPU or the overlap it gives up; with this the policy keeps a
+    /// change only if the job's steps got faster (docs/policy.md, rule 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_time_ms: Option<f64>,
 }
 
 /// How long the agent trusts an [`AppliedPlan`] report without a new one, ms.
 pub const APPLIED_PLAN_TTL_MS: u64 = 30_000;
 /// How often a runtime repeats an unchanged report, ms (well inside [`APPLIED_PLAN_TTL_MS`]).
 pub const APPLIED_PLAN_REFRESH_MS: u64 = 5_000;
+/// The longest step time a report may carry, ms (an hour: anything longer is a unit mistake).
+pub const MAX_REPORTED_STEP_TIME_MS: f64 = 3_600_000.0;
 
 impl AppliedPlan {
     /// The values the agent refuses (a 400 with this message).
@@ -393,6 +401,11 @@ impl AppliedPlan {
         }
         if self.channels == 0 {
             return Err("channels must be at least 1".into());
+        }
+        if let Some(t) = self.step_time_ms {
+            if !(t.is_finite() && t > 0.0 && t <= MAX_REPORTED_STEP_TIME_MS) {
+                return Err(format!("step_time_ms {t} must be a number of milliseconds above 0 and at most {MAX_REPORTED_STEP_TIME_MS}"));
+            }
         }
         self.compression.validate().map_err(str::to_owned)
     }

@@ -96,7 +96,7 @@ pub(super) async fn put_job_plan(access: JobAccess, State(state): State<AgentVie
         return error(StatusCode::BAD_REQUEST, e);
     }
     let choice = PlanChoice::from_applied(&plan);
-    match state.hints.report_applied(&access.job_id, choice, crate::clock::unix_ms()) {
+    match state.hints.report_applied(&access.job_id, choice, plan.step_time_ms, crate::clock::unix_ms()) {
         Ok(changed) => {
             if changed {
                 tracing::info!(job = %access.job_id, plan = %choice.label(), step = plan.step, "the job reports a new plan in force");

@@ -544,7 +544,17 @@ mod tests {
         let (st, _, _) = call(state.clone(), "PUT", &url, Some(OP), Some(int8)).await;
         assert_eq!(st, StatusCode::NO_CONTENT);
         assert_eq!(state.hints.applied(&a.id, crate::clock::unix_ms()).unwrap().since_unix_ms, f.since_unix_ms);
+        // With the job's own step time.
+        let timed = r#"{"algorithm":"ring","chunk_bytes":1048576,"channels":1,"compression":"int8","error_feedback":true,"step":50,"step_time_ms":207.5}"#;
+        let (st, _, body) = call(state.clone(), "PUT", &url, Some(&a.tenant_token), Some(timed)).await;
+        assert_eq!(st, StatusCode::NO_CONTENT, "{body}");
+        let g = state.hints.applied(&a.id, crate::clock::unix_ms()).unwrap();
+        assert_eq!((g.since_unix_ms, g.step_time_ms), (f.since_unix_ms, Some(207.5)));
         for (bad, says) in [
+            (r#"{"algorithm":"ring","chunk_bytes":1,"channels":1,"compression":"none","step_time_ms":0}"#, "step_time_ms"),
+            (r#"{"algorithm":"ring","chunk_bytes":1,"channels":1,"compression":"none","step_time_ms":-3}"#, "step_time_ms"),
+            (r#"{"algorithm":"ring","chunk_bytes":1,"channels":1,"compression":"none","step_time_ms":4e6}"#, "step_time_ms"),
+            (r#"{"algorithm":"ring","chunk_bytes":1,"channels":1,"compression":"none","step_time_ms":"fast"}"#, "step_time_ms"),
             (r#"{"algorithm":"ring","chunk_bytes":0,"channels":1,"compression":"none"}"#, "chunk_bytes"),
             (r#"{"algorithm":"ring","chunk_bytes":1,"channels":0,"compression":"none"}"#, "channels"),
             (r#"{"algorithm":"ring","chunk_bytes":1,"channels":1,"compression":"topk:1.5"}"#, "topk"),
@@ -556,7 +566,7 @@ mod tests {
             let e = assert_json_error(st, StatusCode::BAD_REQUEST, &ct, &body, bad);
             assert!(e.contains(says), "{bad}: {e}");
         }
-        assert_eq!(state.hints.applied(&a.id, crate::clock::unix_ms()).unwrap().plan, f.plan, "a refused report changes nothing");
+        assert_eq!(state.hints.applied(&a.id, crate::clock::unix_ms()).unwrap(), g, "a refused report changes nothing");
         // Another tenant's job: 403; nobody: 401.
         let (st, _, _) = call(state.clone(), "PUT", &format!("/v1/jobs/{}/plan", b.id), Some(&a.tenant_token), Some(int8)).await;
         assert_eq!(st, StatusCode::FORBIDDEN);

@@ -89,6 +89,11 @@ pub struct PlanInForce {
     pub plan: PlanChoice,
     /// When the job first reported this plan (a different plan resets it), unix ms.
     pub since_unix_ms: u64,
+    /// When its latest report came, unix ms.
+    pub reported_unix_ms: u64,
+    /// The job's own mean step time in that report (steps since its previous report, all under
+    /// this plan), ms, if it sent one.
+    pub step_time_ms: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -97,11 +102,29 @@ struct Verification {
     from_comm_s: f64,
     predicted_s: f64,
     samples: Vec<f64>,
+    /// The job's own step time under the previous plan, seconds, when the job reports it.
+    from_step_s: Option<f64>,
+    /// The job's reported step times under the plan under test (one per window at most).
+    step_samples: Vec<f64>,
     /// Windows after settling in which the plan under test ran (with or without a step).
     ran_windows: u64,
     /// Verifying a revert: undone only if the plan it left was clearly faster (see `decide`).
     revert: bool,
 }
+
+impl Verification {
+    fn new(from: PlanChoice, from_comm_s: f64, predicted_s: f64, revert: bool) -> Self {
+        Verification { from, from_comm_s, predicted_s, samples: Vec::new(), from_step_s: None, step_samples: Vec::new(), ran_windows: 0, revert }
+    }
+}
+
+/// The window's start in unix ms, from its end (`now_unix_ms`) and its length.
+fn window_start_ms(w: &JobWindow, now_unix_ms: u64) -> u64 {
+    now_unix_ms.saturating_sub(w.window_end_ns.saturating_sub(w.window_start_ns) / 1_000_000)
+}
+
+/// Reported step times needed in a verification before the job's own step time judges it.
+const MIN_STEP_SAMPLES: usize = 2;
 
 /// Healthy-baseline samples (communication time, bottleneck goodput) under the baseline plan.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -131,9 +154,12 @@ pub struct JobPolicy {
     /// similar speed cannot alternate).
     reverted_a_revert: bool,
     /// Reverted plans not to choose again before a window: (plan, every compressed plan too, until).
-    cooldown: Vec<(PlanChoice, bool, u64)>,
+    cooldown: Vec<(PlanChoice, Cooling, u64)>,
     history: VecDeque<Decision>,
     recent: ObservationHistory,
+    /// The job's own step times (`PlanInForce::step_time_ms`) in the recent windows in which the
+    /// advised plan ran, seconds: cleared with `recent`.
+    reported_steps: VecDeque<f64>,
     steps: StepTracker,
     baseline: Baseline,
     degraded_streak: u32,
@@ -143,6 +169,19 @@ pub struct JobPolicy {
 }
 
 const MAX_COOLDOWN: usize = 16;
+
+/// What a reverted plan keeps out of the candidates during its cooldown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cooling {
+    /// That plan only.
+    Plan,
+    /// Every plan with its codec (whatever the algorithm and channels): the codec cut the wire
+    /// time but cost the job's steps more.
+    Codec,
+    /// That plan and every compressed plan: compression did not cut the wire time, the job is
+    /// not bound by its wire bytes now.
+    EveryCodec,
+}
 
 impl JobPolicy {
     /// A policy whose baseline (and current) plan is `baseline`: the hint the job registered with.
@@ -165,6 +204,7 @@ impl JobPolicy {
             cooldown: Vec::new(),
             history: VecDeque::new(),
             recent,
+            reported_steps: VecDeque::new(),
             steps: StepTracker::default(),
             baseline: Baseline::default(),
             degraded_streak: 0,
@@ -174,7 +214,7 @@ impl JobPolicy {
         }
     }
 
-    #[cfg(test)]
+    /// The plan this policy advises now.
     pub fn current(&self) -> &PlanChoice {
         &self.current
     }
@@ -291,18 +331,19 @@ impl JobPolicy {
         self.predicted_s = predicted_s;
         self.last_change_window = Some(self.window);
         self.recent.clear();
+        self.reported_steps.clear();
         self.degraded_streak = 0;
         self.target_streak = 0;
         self.healthy_streak = 0;
         self.verifying = match (kind, observed_s, predicted_s) {
             (DecisionKind::Adapt, Some(o), Some(p)) => {
-                Some(Verification { from, from_comm_s: o, predicted_s: p, samples: Vec::new(), ran_windows: 0, revert: false })
+                Some(Verification::new(from, o, p, false))
             }
             // A revert is checked too: the time it was judged against may predate the fault (a
             // verdict acts before the old plan was ever observed degraded), so reverting is
             // itself the measurement of the old plan under current conditions.
             (DecisionKind::Revert, Some(o), Some(p)) if !self.reverted_a_revert => {
-                Some(Verification { from, from_comm_s: o, predicted_s: p, samples: Vec::new(), ran_windows: 0, revert: true })
+                Some(Verification::new(from, o, p, true))
             }
             _ => None,
         };
@@ -311,7 +352,14 @@ impl JobPolicy {
 
     fn in_cooldown(&self, p: &PlanChoice) -> bool {
         let compressed = p.compression != Codec::None;
-        self.cooldown.iter().any(|(c, all, until)| self.window < *until && (c == p || (*all && compressed)))
+        self.cooldown.iter().any(|(c, scope, until)| {
+            self.window < *until
+                && match scope {
+                    Cooling::Plan => c == p,
+                    Cooling::Codec => c.compression == p.compression,
+                    Cooling::EveryCodec => c == p || compressed,
+                }
+        })
     }
 
     /// Whether the plan this policy advises ran throughout the window ending at `now_unix_ms`:
@@ -320,7 +368,7 @@ impl JobPolicy {
     /// mode the job runs the services' agreed plan, which can be another agent's advice. The chunk
     /// size is not compared: the policy never changes it, and a job may run its own.
     fn ran_advised_plan(&self, w: &JobWindow, in_force: Option<&PlanInForce>, now_unix_ms: u64) -> bool {
-        let start_ms = now_unix_ms.saturating_sub(w.window_end_ns.saturating_sub(w.window_start_ns) / 1_000_000);
+        let start_ms = window_start_ms(w, now_unix_ms);
         in_force.is_none_or(|f| PlanChoice { chunk_bytes: self.current.chunk_bytes, ..f.plan } == self.current && f.since_unix_ms <= start_ms)
     }
 
@@ -336,10 +384,24 @@ impl JobPolicy {
         let obs = WindowObservation::from_window(&self.phases, w, verdicts, &mut self.steps);
         let summary = WindowSummary::of(&obs);
         let ran = self.ran_advised_plan(w, in_force, now_unix_ms);
+        // The job's own step time, from a report that came during this window (each report is
+        // used once), of steps that all ran the advised plan.
+        let start_ms = window_start_ms(w, now_unix_ms);
+        let reported_step_s = in_force
+            .filter(|f| ran && f.reported_unix_ms > start_ms && f.reported_unix_ms <= now_unix_ms)
+            .and_then(|f| f.step_time_ms)
+            .map(|ms| ms / 1e3);
         if ran {
             self.recent.push(summary);
+            if let Some(s) = reported_step_s {
+                if self.reported_steps.len() >= self.cfg.recent_windows.max(1) {
+                    self.reported_steps.pop_front();
+                }
+                self.reported_steps.push_back(s);
+            }
         } else {
             self.recent.clear();
+            self.reported_steps.clear();
         }
         let cal = self.calibrated(ctx);
         let comm = self.recent.comm_s();
@@ -396,7 +458,7 @@ impl JobPolicy {
             }
         }
 
-        let change = self.decide(ctx, &obs, ran, cal.as_ref(), &triggers, (verdict, network), target_s, budget_s, step, now_unix_ms);
+        let change = self.decide(ctx, &obs, ran, reported_step_s, cal.as_ref(), &triggers, (verdict, network), target_s, budget_s, step, now_unix_ms);
 
         let renew = change.is_some() || self.renew_due(now_unix_ms);
         let predicted = self.predicted_s.or_else(|| cal.as_ref().map(|c| c.predict(&self.current)));
@@ -435,6 +497,7 @@ impl JobPolicy {
         ctx: &JobContext,
         obs: &WindowObservation,
         ran: bool,
+        reported_step_s: Option<f64>,
         cal: Option<&Calibrated>,
         triggers: &[Trigger],
         (verdict, network): (bool, bool),
@@ -453,6 +516,7 @@ impl JobPolicy {
                 if let Some(c) = obs.comm_s() {
                     v.samples.push(c);
                 }
+                v.step_samples.extend(reported_step_s);
             }
             let enough = v.samples.len() >= self.cfg.verify_windows.max(1);
             let timed_out = v.ran_windows > 3 * self.cfg.verify_windows.max(1) as u64;
@@ -466,76 +530,125 @@ impl JobPolicy {
             }
             let v = self.verifying.take()?;
             let after = median(v.samples.iter().copied()).unwrap_or(f64::INFINITY);
+            let g = self.cfg.verify_min_gain;
+            // The job's own step times, when it reports them (before the change and in enough of
+            // the windows since): what the job lives by, including what the network cannot show
+            // (a codec's CPU time, the overlap with computation it gives up).
+            let after_step = (v.step_samples.len() >= MIN_STEP_SAMPLES).then(|| median(v.step_samples.iter().copied())).flatten();
+            let steps = v.from_step_s.zip(after_step);
             let to = self.current;
             if v.revert {
                 // Undo the revert only when the plan it left was clearly faster than the one it
-                // went back to (within `verify_min_gain`, the original plan is preferred).
-                // No step completed at all in the verification windows counts as slower: on a
-                // capped path the original plan's steps can outlast the windows.
-                if after * (1.0 - self.cfg.verify_min_gain) >= v.from_comm_s {
+                // went back to (within `verify_min_gain`, the original plan is preferred): by the
+                // job's step times when known, else by communication time. No step completed at
+                // all in the verification windows counts as slower: on a capped path the original
+                // plan's steps can outlast the windows.
+                let slower = match steps {
+                    Some((left, now_step)) => now_step * (1.0 - g) >= left,
+                    None => after * (1.0 - g) >= v.from_comm_s,
+                };
+                if slower {
                     self.cooldown.retain(|(p, _, _)| *p != v.from);
                     if v.from.compression != Codec::None {
-                        self.cooldown.retain(|(_, all, _)| !*all);
+                        self.cooldown.retain(|(_, scope, _)| *scope != Cooling::EveryCodec);
                     }
-                    let reason = if after.is_finite() {
-                        format!(
+                    let reason = match steps {
+                        Some((left, now_step)) => format!(
+                            "back to {}: the job's steps are slower with {} under the current conditions ({:.0} ms vs {:.0} ms, as the job reports)",
+                            v.from.label(),
+                            to.label(),
+                            now_step * 1e3,
+                            left * 1e3
+                        ),
+                        None if after.is_finite() => format!(
                             "back to {}: {} is slower under the current conditions ({:.0} ms vs {:.0} ms)",
                             v.from.label(),
                             to.label(),
                             after * 1e3,
                             v.from_comm_s * 1e3
-                        )
-                    } else {
-                        format!("back to {}: no step of {} completed under the current conditions", v.from.label(), to.label())
+                        ),
+                        None => format!("back to {}: no step of {} completed under the current conditions", v.from.label(), to.label()),
                     };
                     self.reverted_a_revert = true;
                     let d = self.change(DecisionKind::Revert, v.from, vec![reason], 0.9, Some(v.from_comm_s), after.is_finite().then_some(after), now);
                     // Judged against what was just measured, like an adaptation.
-                    self.verifying = Some(Verification { from: to, from_comm_s: after, predicted_s: v.from_comm_s, samples: Vec::new(), ran_windows: 0, revert: false });
+                    self.verifying = Some(Verification { from_step_s: after_step, ..Verification::new(to, after, v.from_comm_s, false) });
                     return Some(d);
                 }
                 return None;
             }
-            if after <= v.from_comm_s * (1.0 - self.cfg.verify_min_gain) {
+            let comm_cut = after <= v.from_comm_s * (1.0 - g);
+            // With the job's step times: kept when its steps got `verify_min_gain` faster, or
+            // communication fell that much and the steps got faster at all.
+            let kept = match steps {
+                Some((before, now_step)) => now_step <= before * (1.0 - g) || (comm_cut && now_step < before),
+                None => comm_cut,
+            };
+            if kept {
+                let mut reason = format!(
+                    "{} cut communication time from {:.0} ms to {:.0} ms (predicted {:.0} ms)",
+                    to.compression,
+                    v.from_comm_s * 1e3,
+                    after * 1e3,
+                    v.predicted_s * 1e3
+                );
+                if let Some((before, now_step)) = steps {
+                    reason = format!("{reason}; the job's steps went from {:.0} ms to {:.0} ms", before * 1e3, now_step * 1e3);
+                }
                 let d = Decision {
                     unix_ms: now,
                     kind: DecisionKind::Verified,
                     from: v.from,
                     to,
-                    reasons: vec![format!(
-                        "{} cut communication time from {:.0} ms to {:.0} ms (predicted {:.0} ms)",
-                        to.compression,
-                        v.from_comm_s * 1e3,
-                        after * 1e3,
-                        v.predicted_s * 1e3
-                    )],
+                    reasons: vec![reason],
                     confidence: self.confidence,
-                    observed_comm_ms: Some(after * 1e3),
+                    observed_comm_ms: after.is_finite().then_some(after * 1e3),
                     predicted_comm_ms: Some(v.predicted_s * 1e3),
                 };
-                self.predicted_s = Some(after);
+                if after.is_finite() {
+                    self.predicted_s = Some(after);
+                }
                 self.record(d);
                 return None;
             }
             let what = if to.compression != v.from.compression { to.compression.to_string() } else { to.label() };
-            let reason = if v.samples.is_empty() {
-                format!("reverted: {what} could not be verified (no training steps observed)")
-            } else {
-                format!(
-                    "reverted: {what} did not reduce communication time ({:.0} ms vs {:.0} ms)",
+            let reason = match steps {
+                Some((before, now_step)) if comm_cut => format!(
+                    "reverted: {what} cut communication time ({:.0} ms vs {:.0} ms) but not the job's step time ({:.0} ms vs {:.0} ms, as the job reports)",
                     after * 1e3,
-                    v.from_comm_s * 1e3
-                )
+                    v.from_comm_s * 1e3,
+                    now_step * 1e3,
+                    before * 1e3
+                ),
+                Some((before, now_step)) => format!(
+                    "reverted: {what} did not reduce the job's step time ({:.0} ms vs {:.0} ms, as the job reports)",
+                    now_step * 1e3,
+                    before * 1e3
+                ),
+                None if v.samples.is_empty() => format!("reverted: {what} could not be verified (no training steps observed)"),
+                None => format!("reverted: {what} did not reduce communication time ({:.0} ms vs {:.0} ms)", after * 1e3, v.from_comm_s * 1e3),
             };
             if self.cooldown.len() >= MAX_COOLDOWN {
                 self.cooldown.remove(0);
             }
             // Compression that did not cut communication time means the job is not bound by
             // its wire bytes now: no codec is retried during the cooldown, not only this one.
-            let all_codecs = to.compression != Codec::None && v.from.compression == Codec::None;
-            self.cooldown.push((to, all_codecs, self.window + self.cfg.cooldown_windows));
-            let after = after.is_finite().then_some(after);
-            return Some(self.change(DecisionKind::Revert, v.from, vec![reason], 0.9, Some(v.from_comm_s), after, now));
+            // One that cut it but cost the job's steps more is this codec's cost: another codec
+            // may still pay off.
+            let scope = if comm_cut && to.compression != Codec::None {
+                Cooling::Codec
+            } else if to.compression != Codec::None && v.from.compression == Codec::None {
+                Cooling::EveryCodec
+            } else {
+                Cooling::Plan
+            };
+            self.cooldown.push((to, scope, self.window + self.cfg.cooldown_windows));
+            let observed = after.is_finite().then_some(after);
+            let d = self.change(DecisionKind::Revert, v.from, vec![reason], 0.9, Some(v.from_comm_s), observed, now);
+            if let Some(rv) = self.verifying.as_mut() {
+                rv.from_step_s = after_step;
+            }
+            return Some(d);
         }
         if since_change < self.cfg.min_dwell_windows || !ran {
             return None;
@@ -581,7 +694,16 @@ impl JobPolicy {
                 (Some(now), Some(med)) => Some(now.max(med)),
                 (a, b) => a.or(b),
             };
-            return Some(self.change(DecisionKind::Adapt, choice.plan, reasons, confidence, Some(choice.predicted_s), observed, now));
+            // The same for the job's own step time, when it reports it.
+            let from_step = match (reported_step_s, median(self.reported_steps.iter().copied())) {
+                (Some(now), Some(med)) => Some(now.max(med)),
+                (a, b) => a.or(b),
+            };
+            let d = self.change(DecisionKind::Adapt, choice.plan, reasons, confidence, Some(choice.predicted_s), observed, now);
+            if let Some(v) = self.verifying.as_mut() {
+                v.from_step_s = from_step;
+            }
+            return Some(d);
         }
 
         if self.current != self.baseline_plan && !network && self.healthy_streak >= self.cfg.recover_windows.max(1) {

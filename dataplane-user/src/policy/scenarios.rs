@@ -435,7 +435,8 @@ fn hints_get_the_next_version_on_change_and_renew_in_between() {
 /// A report of `plan` running from window `w` on (the test's windows end at `1000 × w` ms and
 /// last about a second; the window before is left mixed).
 fn in_force_from(plan: PlanChoice, w: u64) -> PlanInForce {
-    PlanInForce { plan, since_unix_ms: (1000 * w).saturating_sub(2000) }
+    let since_unix_ms = (1000 * w).saturating_sub(2000);
+    PlanInForce { plan, since_unix_ms, reported_unix_ms: since_unix_ms, step_time_ms: None }
 }
 
 #[test]
@@ -470,6 +471,109 @@ fn a_change_is_verified_only_on_windows_in_which_it_ran() {
     assert_eq!(decisions(true), [DecisionKind::Adapt, DecisionKind::Verified]);
     let blind = decisions(false);
     assert_eq!(blind[..2], [DecisionKind::Adapt, DecisionKind::Revert], "without reports the old plan's windows are taken for the new one's: {blind:?}");
+}
+
+#[test]
+fn a_codec_that_slows_the_jobs_steps_is_reverted_when_the_job_reports_them() {
+    // A path slows at window 20 and every codec cuts the wire time the agent sees. But the job's
+    // int8 and top-k run on its CPU, synchronously (as the PyTorch hook's do), and make each step
+    // half as long again; fp16/bf16 are cheap and make it shorter. Only the job's own step times
+    // show that. With them the policy reverts the costly codecs and settles on a cheap one;
+    // without them it keeps the first codec the model prefers (asserted, so the test can fail).
+    let run_with = |report: bool| {
+        let mut job = FakeJob::testbed(17);
+        let mut p = JobPolicy::new(PolicyConfig::default(), PhaseParams::default(), baseline());
+        let c = Constraints::default();
+        let ctx = JobContext { constraints: &c, gradient_bytes: None };
+        let mut running = in_force_from(baseline(), 0);
+        for w in 0..200u64 {
+            if w == 20 {
+                job.bw[1] /= 4.0;
+            }
+            if running.plan != *p.current() {
+                running = in_force_from(*p.current(), w);
+            }
+            let uncompressed_ms = if w < 20 { 150.0 } else { 300.0 };
+            let step_ms = match running.plan.compression {
+                Codec::None => uncompressed_ms,
+                Codec::Fp16 | Codec::Bf16 => 0.7 * uncompressed_ms,
+                Codec::Int8 | Codec::TopK { .. } => 1.5 * uncompressed_ms,
+            };
+            // One report per window, during it, of steps that all ran the reported plan.
+            let reported = PlanInForce { reported_unix_ms: (1000 * w).saturating_sub(100), step_time_ms: Some(step_ms), ..running };
+            let jw = job.window(&running.plan);
+            p.observe(&jw, VerdictSummary::default(), &ctx, report.then_some(&reported), 1000 * w);
+        }
+        p
+    };
+    let p = run_with(true);
+    let history: Vec<_> = p.history().cloned().collect();
+    let first_revert = history.iter().find(|d| d.kind == DecisionKind::Revert).unwrap_or_else(|| panic!("a revert: {history:#?}"));
+    assert!(
+        first_revert.reasons.iter().any(|r| r.contains("but not the job's step time") && r.contains("as the job reports")),
+        "{:?}",
+        first_revert.reasons
+    );
+    for d in history.iter().filter(|d| d.kind == DecisionKind::Revert) {
+        assert!(d.reasons[0].contains("but not the job's step time"), "no revert is undone (the job's steps were slower with the codec): {d:#?}");
+    }
+    assert!(matches!(p.current().compression, Codec::Fp16 | Codec::Bf16), "settles on a cheap codec: {:?} after {history:#?}", p.current());
+    assert!(
+        history.iter().any(|d| d.kind == DecisionKind::Verified
+            && matches!(d.to.compression, Codec::Fp16 | Codec::Bf16)
+            && d.reasons[0].contains("the job's steps went from 300 ms to 210 ms")),
+        "{history:#?}"
+    );
+    // A costly codec is tried again only once its cooldown (60 windows) is over: over 180
+    // windows of fault, int8 and top-k at most 3 times each.
+    let probes = history.iter().filter(|d| d.kind == DecisionKind::Adapt && matches!(d.to.compression, Codec::Int8 | Codec::TopK { .. })).count();
+    assert!(probes <= 6, "{probes} probes: {history:#?}");
+    let blind = run_with(false);
+    let blind_history: Vec<_> = blind.history().map(|d| d.kind).collect();
+    assert_eq!(blind_history, [DecisionKind::Adapt, DecisionKind::Verified], "without step reports the codec stays: {blind_history:?}");
+    assert!(matches!(blind.current().compression, Codec::Int8 | Codec::TopK { .. }), "{:?}", blind.current());
+}
+
+#[test]
+fn a_revert_judged_before_the_slowdown_is_undone_by_the_jobs_step_times() {
+    // A verdict opens at window 20, before the job's steps slow (the cap bites at 26). int8 is
+    // judged against the healthy step time, is no faster yet, and is reverted. Uncompressed under
+    // the cap the job then reports steps four times as long as int8's: the revert is undone and
+    // int8 verified against them.
+    let mut job = FakeJob::testbed(18);
+    let mut p = JobPolicy::new(PolicyConfig::default(), PhaseParams::default(), baseline());
+    let c = Constraints { codecs: vec!["none".into(), "int8".into()], algorithms: vec![Algorithm::Ring], ..Constraints::default() };
+    let ctx = JobContext { constraints: &c, gradient_bytes: None };
+    let mut running = in_force_from(baseline(), 0);
+    let peer = job.peers[1];
+    for w in 0..80u64 {
+        if w == 26 {
+            job.bw[1] /= 8.0;
+        }
+        if running.plan != *p.current() {
+            running = in_force_from(*p.current(), w);
+        }
+        let capped = w >= 26;
+        let step_ms = match (running.plan.compression, capped) {
+            (Codec::None, false) => 150.0,
+            (Codec::None, true) => 800.0,
+            (_, false) => 165.0,
+            (_, true) => 200.0,
+        };
+        let mut verdicts = VerdictSummary::default();
+        if w >= 20 {
+            verdicts.gray_peers.insert(peer);
+        }
+        let reported = PlanInForce { reported_unix_ms: (1000 * w).saturating_sub(100), step_time_ms: Some(step_ms), ..running };
+        let jw = job.window(&running.plan);
+        p.observe(&jw, verdicts, &ctx, Some(&reported), 1000 * w);
+    }
+    let history: Vec<_> = p.history().cloned().collect();
+    let k: Vec<_> = history.iter().map(|d| d.kind).collect();
+    assert_eq!(k[..4], [DecisionKind::Adapt, DecisionKind::Revert, DecisionKind::Revert, DecisionKind::Verified], "{history:#?}");
+    assert!(history[1].reasons[0].contains("not the job's step time"), "{:?}", history[1].reasons);
+    assert!(history[2].reasons[0].contains("the job's steps are slower with ring/none/1ch"), "{:?}", history[2].reasons);
+    assert_eq!(p.current().compression, Codec::Int8);
 }
 
 /// Higher is more severe (the services' vote: the most severe proposal runs).
