@@ -120,6 +120,8 @@ class ScriptedAgent:
         self._stopping = False
         self._open: set = set()
         self.streams_opened = 0
+        #: Plan reports received (``PUT {job}/plan``), per job: (body, monotonic time).
+        self.plans: Dict[str, List[Tuple[dict, float]]] = {}
         agent = self
 
         class Handler(_Handler):
@@ -170,9 +172,25 @@ class ScriptedAgent:
             self._cond.notify_all()
 
     def script(self, endpoint: str, *replies: Reply) -> None:
-        """Queues replies for the next requests to ``endpoint``: "hints", "stream" or "metrics"."""
+        """Queues replies for the next requests to ``endpoint``: "hints", "stream", "metrics" or "plan"."""
         with self._cond:
             self._script[endpoint].extend(replies)
+
+    def plan_reports(self, job: str = "j-1") -> List[dict]:
+        """The bodies of the plan reports received for ``job``, oldest first."""
+        with self._cond:
+            return [b for b, _ in self.plans.get(job, [])]
+
+    def wait_plan_reports(self, n: int, job: str = "j-1", timeout: float = 10.0) -> List[dict]:
+        """Waits until ``n`` plan reports for ``job`` arrived (AssertionError after ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self.plans.get(job, [])) < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"{len(self.plans.get(job, []))} plan reports after {timeout} s, wanted {n}")
+                self._cond.wait(left)
+            return [b for b, _ in self.plans[job]]
 
     def stream_requests(self) -> List[Recorded]:
         with self._cond:
@@ -255,15 +273,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         endpoint = {"hints": "hints", "hints/stream": "stream", "metrics": "metrics"}.get(rest)
         if endpoint is None:
             return self._error(404, f"no such endpoint `{self.path}`; GET /v1/openapi.json lists every endpoint")
-        auth = self.headers.get("Authorization", "")
-        scheme, _, token = auth.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            return self._error(401, "missing bearer token: send `Authorization: Bearer <token>`", {"WWW-Authenticate": WWW_AUTHENTICATE})
-        if token not in a.tokens:
-            return self._error(401, "invalid token: use the operator token or the tenant token POST /v1/jobs returned for this job", {"WWW-Authenticate": WWW_AUTHENTICATE})
-        if a.tokens[token] != job:
-            return self._error(403, "this token is not valid for the requested job; use the tenant token of that job")
+        if not self._authorized(job):
+            return None
         reply = a._next_reply(endpoint)
         if reply is not None and reply.kind == "error":
             return self._error(reply.status, reply.message, reply.headers)
@@ -283,6 +294,57 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             body = f'# HELP ringside_job_step_seconds Step time.\n# TYPE ringside_job_step_seconds gauge\nringside_job_step_seconds{{job="{job}"}} 0.25\n'
             return self._send(200, "text/plain; version=0.0.4; charset=utf-8", body.encode())
         return self._stream(job, reply)
+
+    def _authorized(self, job: str) -> bool:
+        """The agent's bearer checks; sends the 401/403 and returns False when they fail."""
+        a = self.agent
+        auth = self.headers.get("Authorization", "")
+        scheme, _, token = auth.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            self._error(401, "missing bearer token: send `Authorization: Bearer <token>`", {"WWW-Authenticate": WWW_AUTHENTICATE})
+            return False
+        if token not in a.tokens:
+            self._error(401, "invalid token: use the operator token or the tenant token POST /v1/jobs returned for this job", {"WWW-Authenticate": WWW_AUTHENTICATE})
+            return False
+        if a.tokens[token] != job:
+            self._error(403, "this token is not valid for the requested job; use the tenant token of that job")
+            return False
+        return True
+
+    def do_PUT(self):
+        """``PUT /v1/jobs/{id}/plan``: recorded in :attr:`ScriptedAgent.plans` (body, time); 204."""
+        a = self.agent
+        with a._cond:
+            a.requests.append(Recorded("PUT", self.path, {k.lower(): v for k, v in self.headers.items()}, time.monotonic()))
+        parts = self.path.split("/")
+        if len(parts) != 5 or parts[1:3] != ["v1", "jobs"] or parts[4] != "plan":
+            return self._error(404, f"no such endpoint `{self.path}`; GET /v1/openapi.json lists every endpoint")
+        job = parts[3]
+        length = int(self.headers.get("Content-Length", "0") or 0)
+        body = self.rfile.read(min(length, 65536))
+        if not self._authorized(job):
+            return None
+        reply = a._next_reply("plan")
+        if reply is not None and reply.kind == "error":
+            return self._error(reply.status, reply.message, reply.headers)
+        try:
+            plan = json.loads(body)
+            missing = [k for k in ("algorithm", "chunk_bytes", "channels", "compression") if k not in plan]
+        except ValueError as e:
+            return self._error(400, f"bad JSON: {e}")
+        if missing:
+            return self._error(400, f"missing field `{missing[0]}`")
+        t = plan.get("step_time_ms")
+        if t is not None and not (isinstance(t, (int, float)) and t > 0):
+            return self._error(400, f"step_time_ms {t} must be a number of milliseconds above 0 and at most 3600000")
+        with a._cond:
+            a.plans.setdefault(job, []).append((plan, time.monotonic()))
+            a._cond.notify_all()
+        self.send_response(204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        return None
 
     def _stream(self, job: str, reply: Optional[Reply]):
         a = self.agent

@@ -130,6 +130,27 @@ def test_each_agent_error_maps_to_its_exception_with_the_servers_message(agent):
         c.hint()
 
 
+def test_report_plan_puts_the_plan_and_the_agent_refusals_are_errors(agent):
+    c = client(agent)
+    c.report_plan(algorithm="ring", chunk_bytes=1 << 20, channels=1, compression="int8", error_feedback=True, step=42, step_time_ms=207.5)
+    c.report_plan(algorithm="ring", chunk_bytes=1 << 20, channels=1, compression="none")
+    req = agent.requests[-1]
+    assert (req.method, req.path, req.headers["authorization"], req.headers["content-type"]) == ("PUT", "/v1/jobs/j-1/plan", f"Bearer {TOKEN}", "application/json")
+    assert agent.plan_reports() == [
+        {"algorithm": "ring", "chunk_bytes": 1 << 20, "channels": 1, "compression": "int8", "error_feedback": True, "step": 42, "step_time_ms": 207.5},
+        {"algorithm": "ring", "chunk_bytes": 1 << 20, "channels": 1, "compression": "none", "error_feedback": False, "step": 0},
+    ]
+    for bad in (0, -1.0, float("nan"), float("inf"), "207", True):
+        with pytest.raises(ringside.ConfigError, match="step_time_ms"):
+            c.report_plan(algorithm="ring", chunk_bytes=1, channels=1, compression="none", step_time_ms=bad)
+    agent.script("plan", Reply.error(400, "channels must be at least 1"))
+    with pytest.raises(ringside.BadRequest, match="channels must be at least 1"):
+        c.report_plan(algorithm="ring", chunk_bytes=1, channels=0, compression="none")
+    with pytest.raises(ringside.Forbidden):
+        JobClient(agent.job_url("j-2"), TOKEN, config=fast()).report_plan(algorithm="ring", chunk_bytes=1, channels=1, compression="none")
+    assert len(agent.plan_reports()) == 2, "refused reports are not recorded"
+
+
 def test_an_unreachable_agent_is_a_transport_error():
     c = JobClient(f"http://127.0.0.1:{free_port()}/v1/jobs/j-1", TOKEN, config=fast())
     with pytest.raises(ringside.TransportError, match="cannot reach") as e:

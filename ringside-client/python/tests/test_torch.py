@@ -19,7 +19,7 @@ import torch.multiprocessing as mp  # noqa: E402
 import ringside  # noqa: E402
 import ringside.torch as rt  # noqa: E402
 from ddp_ranks import CODEC_N, codec_worker, follow_worker, run_ranks  # noqa: E402
-from scripted_agent import ScriptedAgent, make_hint  # noqa: E402
+from scripted_agent import Reply, ScriptedAgent, make_hint  # noqa: E402
 
 TOKEN = "tenant-secret"
 WORLD = 3
@@ -151,6 +151,45 @@ def test_error_feedback_shrinks_the_accumulated_error(codec_results, codec):
     assert all(r["ef"][(codec, True)]["residual_after_flush"] == 0.0 for r in codec_results)
 
 
+# -- reporting the plan and its step times (rank 0's reporter, no process group needed) -------------
+
+
+def test_the_reporter_sends_each_plan_at_once_then_its_mean_step_time(caplog):
+    from ringside.torch.follower import _PlanReporter
+
+    none = {"algorithm": "ring", "chunk_bytes": 1 << 20, "channels": 1, "compression": "none", "error_feedback": False}
+    int8 = dict(none, compression="int8", error_feedback=True)
+    with ScriptedAgent({TOKEN: "j-1"}) as agent:
+        rep = _PlanReporter(ringside.JobClient(agent.job_url(), TOKEN, config=FAST), 0.2)
+        try:
+            rep.step_done(9.0)  # before any plan: not reported
+            rep.plan_changed(none, 10)
+            first = agent.wait_plan_reports(1)[0]
+            assert first == dict(none, step=10), "at once, without a step time: no step of it has ended yet"
+            for d in (0.1, 0.2, 0.3):
+                rep.step_done(d)
+            reports = agent.wait_plan_reports(2)
+            assert reports[1]["step_time_ms"] == pytest.approx(200.0) and reports[1]["compression"] == "none"
+            rep.step_done(0.5)  # a step of the old plan, then the switch: dropped
+            rep.plan_changed(int8, 14)
+            rep.step_done(0.05)
+            deadline = time.monotonic() + 10
+            while not any(r["compression"] == "int8" and "step_time_ms" in r for r in agent.plan_reports()):
+                assert time.monotonic() < deadline, agent.plan_reports()
+                time.sleep(0.05)
+            timed = [r for r in agent.plan_reports() if r["compression"] == "int8" and "step_time_ms" in r]
+            assert timed[0]["step_time_ms"] == pytest.approx(50.0) and timed[0]["step"] == 14
+            assert all(r.get("step_time_ms") in (None, pytest.approx(200.0)) for r in agent.plan_reports() if r["compression"] == "none")
+            # Fail open: an agent that refuses is logged once, and reporting goes on.
+            agent.script("plan", *[Reply.error(500, "boom")] * 3)
+            n = len(agent.plan_reports())
+            agent.wait_plan_reports(n + 1, timeout=10)
+            assert sum("plan report failed" in r.getMessage() for r in caplog.records) == 1
+        finally:
+            rep.close()
+        assert not rep._thread.is_alive()
+
+
 # -- following hints -------------------------------------------------------------------------------------
 
 
@@ -209,6 +248,7 @@ def follow_run(tmp_path_factory):
             follow_worker, WORLD, tmp_path_factory.mktemp("follow"), job_url, TOKEN, events, 5, 1500, constraints, FAST, 0.01, timeout=120, while_running=drive
         )
         seen["stream_requests"] = agents[0].stream_requests()
+        seen["plan_reports"] = agents[0].plan_reports()
     finally:
         for a in agents:
             a.stop()
@@ -266,6 +306,19 @@ def test_training_goes_on_while_the_agent_is_down(follow_run):
     # only other warning is the refused hint.
     assert sum("hints unavailable" in m for m in r0["warnings"]) == 1, r0["warnings"]
     assert len(r0["warnings"]) == 2, r0["warnings"]
+
+
+def test_rank_0_reports_each_plan_it_applies(follow_run):
+    results, seen = follow_run
+    reported = [r["compression"] for r in seen["plan_reports"]]
+    # At once when a plan takes effect (refreshes repeat it): the applied plans in order, perhaps
+    # without the last one (the ranks stop 3 steps after it).
+    distinct = [c for i, c in enumerate(reported) if i == 0 or reported[i - 1] != c]
+    assert distinct[:3] == ["none", "int8", "topk:0.25"], reported
+    applied_at = {name: step for step, _, name in results[0]["applied"]}
+    for r in seen["plan_reports"]:
+        assert r["step"] == applied_at[r["compression"]], r
+        assert r.get("step_time_ms", 1.0) > 0
 
 
 def test_only_rank_0_talks_to_the_agent(follow_run):

@@ -44,6 +44,7 @@ import email.utils
 import http.client
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -248,6 +249,44 @@ class JobClient:
         url = f"{self.job_url}/metrics"
         return self._get(url, "/metrics", MAX_METRICS_BYTES, "text/plain").decode("utf-8", "replace")
 
+    def report_plan(
+        self,
+        *,
+        algorithm: str,
+        chunk_bytes: int,
+        channels: int,
+        compression: str,
+        error_feedback: bool = False,
+        step: int = 0,
+        step_time_ms: Optional[float] = None,
+    ) -> None:
+        """Tells the agent which plan the job's collectives run now (``PUT {job}/plan``), and, if
+        given, the job's mean step time in ms over the steps since its previous report, all of
+        them under this plan. The agent attributes what it measures to the plan that ran, and
+        keeps a change only if the job's steps got faster. The agent forgets a report after 30 s:
+        repeat it. A value the agent refuses raises :class:`~ringside.errors.BadRequest`."""
+        if step_time_ms is not None and not (isinstance(step_time_ms, (int, float)) and not isinstance(step_time_ms, bool) and math.isfinite(step_time_ms) and step_time_ms > 0):
+            raise ConfigError(f"step_time_ms {step_time_ms!r} must be a number of milliseconds above 0")
+        body: Dict[str, object] = {
+            "algorithm": algorithm,
+            "chunk_bytes": chunk_bytes,
+            "channels": channels,
+            "compression": compression,
+            "error_feedback": bool(error_feedback),
+            "step": step,
+        }
+        if step_time_ms is not None:
+            body["step_time_ms"] = float(step_time_ms)
+        url = f"{self.job_url}/plan"
+        headers = {**self._headers("application/json"), "Content-Type": "application/json"}
+        conn, resp = self._open(url, "/plan", headers, self.config.request_timeout, method="PUT", body=json.dumps(body).encode())
+        try:
+            resp.read(_MAX_ERROR_BYTES)
+        except (OSError, http.client.HTTPException):
+            pass
+        finally:
+            conn.close()
+
     def stream(self, *, on_failure: Optional[FailureCallback] = None) -> "HintStream":
         """Opens the hint stream now: a connection failure or refusal is raised here, and only
         later losses are retried by the stream. See :class:`HintStream` for ``on_failure``."""
@@ -263,8 +302,10 @@ class JobClient:
     def _headers(self, accept: str) -> Dict[str, str]:
         return {"Authorization": f"Bearer {self._token}", "Accept": accept, "User-Agent": "ringside-python/0.1"}
 
-    def _open(self, url: str, suffix: str, headers: Dict[str, str], read_timeout: float) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """Connects, sends a GET and reads the status line and headers. A non-2xx status becomes the
+    def _open(
+        self, url: str, suffix: str, headers: Dict[str, str], read_timeout: float, *, method: str = "GET", body: Optional[bytes] = None
+    ) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Connects, sends the request (a GET unless told otherwise) and reads the status line and headers. A non-2xx status becomes the
         matching :class:`~ringside.errors.ApiError` (with the agent's message); the connection is
         closed on every error."""
         conn = self._endpoint.connection(self.config.connect_timeout)
@@ -273,7 +314,7 @@ class JobClient:
                 conn.connect()
                 # From here on, each socket operation (send, every recv) is bounded by read_timeout.
                 conn.sock.settimeout(read_timeout)
-                conn.request("GET", self._endpoint.path + suffix, headers=headers)
+                conn.request(method, self._endpoint.path + suffix, body=body, headers=headers)
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as e:
                 raise TransportError(url, _describe(e)) from None

@@ -12,6 +12,12 @@ How it works:
   step, every rank switches at the same step. With ``sync_every=N`` the broadcast runs only every
   N steps (hints then take up to N-1 steps longer to arrive); pending plans still apply at their
   exact step.
+- Rank 0 also tells the agent which plan runs and how long its steps take (:class:`_PlanReporter`,
+  ``PUT {job}/plan`` from another daemon thread: at once when a plan takes effect, then every
+  ``report_every_s``, 1 s, with the mean time of the steps since the previous report, all under
+  that plan). The network shows the agent when bytes move, not what a codec costs the job's CPU
+  or the overlap with the backward pass it gives up; with the job's step times the agent keeps a
+  codec only if the steps got faster. ``report_every_s=0`` turns reporting off.
 - Fail open: if the agent is unreachable, the stream fails, or a hint breaks the constraints, the
   job keeps its current plan, logs the problem once (at WARNING, until it recovers) and keeps
   retrying in the background with bounded backoff. A plan already in force stays in force when
@@ -153,6 +159,75 @@ class _HintFeed:
             self._stop.wait(backoff.delay(rounds))
 
 
+class _PlanReporter:
+    """Rank 0's reports of the plan in force and its step times (daemon thread, never blocks
+    training: ``step_done`` and ``plan_changed`` only update a few fields under a lock)."""
+
+    def __init__(self, client: JobClient, every_s: float):
+        self._client = client
+        self._every_s = every_s
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._plan: Optional[dict] = None
+        self._step = 0
+        self._count = 0
+        self._total_s = 0.0
+        self._trouble: Optional[str] = None
+        #: Reports the agent accepted (for logs and tests).
+        self.sent = 0
+        self._thread = threading.Thread(target=self._run, name="ringside-plan-report", daemon=True)
+        self._thread.start()
+
+    def plan_changed(self, plan: dict, step_index: int) -> None:
+        """A new plan runs from ``step_index``: steps timed so far ran the old one and are dropped."""
+        with self._lock:
+            self._plan, self._step, self._count, self._total_s = dict(plan), step_index, 0, 0.0
+        self._wake.set()
+
+    def step_done(self, seconds: float) -> None:
+        """One step of the plan in force took ``seconds``."""
+        with self._lock:
+            if self._plan is not None:
+                self._count += 1
+                self._total_s += seconds
+
+    def close(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _take(self) -> Optional[dict]:
+        with self._lock:
+            if self._plan is None:
+                return None
+            body = dict(self._plan, step=self._step)
+            if self._count:
+                body["step_time_ms"] = self._total_s / self._count * 1e3
+            self._count, self._total_s = 0, 0.0
+            return body
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._every_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            body = self._take()
+            if body is None:
+                continue
+            try:
+                self._client.report_plan(**body)
+                self.sent += 1
+                if self._trouble is not None:
+                    log.info("ringside plan reports accepted again")
+                    self._trouble = None
+            except Exception as e:  # noqa: BLE001 - fail open: training never depends on a report
+                if self._trouble is None:
+                    log.warning("ringside plan report failed (%s); training goes on, reports are retried every %.1f s", e, self._every_s)
+                self._trouble = str(e)
+
+
 class HintFollower:
     """What :func:`follow_hints` returns. Call :meth:`step` once per training step on every rank."""
 
@@ -168,8 +243,11 @@ class HintFollower:
         sync_every: int = 1,
         int8_block: int = INT8_BLOCK,
         client_config: Optional[ClientConfig] = None,
+        report_every_s: float = 1.0,
     ):
         _check_ddp(ddp_model)
+        if isinstance(report_every_s, bool) or not isinstance(report_every_s, (int, float)) or not math.isfinite(report_every_s) or report_every_s < 0:
+            raise ConfigError(f"report_every_s {report_every_s!r} must be a number of seconds >= 0 (0: do not report)")
         if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
             raise ConfigError(f"sync_every {sync_every!r} must be a whole number of steps >= 1")
         if constraints is not None and not isinstance(constraints, Constraints):
@@ -201,6 +279,10 @@ class HintFollower:
 
         ddp_model.register_comm_hook(self.hook, compression_hook)
         self._feed = _HintFeed(client, self.constraints) if client is not None else None
+        self._reporter = _PlanReporter(client, float(report_every_s)) if client is not None and report_every_s > 0 else None
+        #: Rank 0: the hints broadcast, by version, until their plan takes effect.
+        self._hints: dict = {}
+        self._step_started: Optional[float] = None
         #: Version of the hint whose plan is in force, or None (the initial plan).
         self.hint_version: Optional[int] = None
         #: The newest version seen (applied or pending).
@@ -238,6 +320,11 @@ class HintFollower:
         if self._last_step is not None and step_index <= self._last_step:
             raise ValueError(f"step_index {step_index} is not after the previous step {self._last_step}: pass the training step, increasing")
         self._last_step = step_index
+        now = time.monotonic()
+        if self._reporter is not None and self._step_started is not None:
+            # The step that just ended ran the plan in force until now.
+            self._reporter.step_done(now - self._step_started)
+        self._step_started = now
         if step_index % self.sync_every == 0:
             self._sync(step_index)
         p = self._pending
@@ -247,6 +334,11 @@ class HintFollower:
             self.hook.set_plan(codec, ef)
             self.hint_version = version
             self.applied.append((step_index, version, str(codec)))
+            hint = self._hints.pop(version, None)
+            self._hints = {v: h for v, h in self._hints.items() if v > version}
+            if self._reporter is not None and hint is not None:
+                plan = {"algorithm": hint.algorithm.value, "chunk_bytes": hint.chunk_bytes, "channels": hint.channels, "compression": str(codec), "error_feedback": ef}
+                self._reporter.plan_changed(plan, step_index)
             if self.rank == 0:
                 log.info("ringside hint v%d applied at step %d: compression %s%s", version, step_index, codec, " with error feedback" if ef else "")
 
@@ -254,6 +346,8 @@ class HintFollower:
         """Stops rank 0's background stream (the hook stays registered with the current plan)."""
         if self._feed is not None:
             self._feed.close()
+        if self._reporter is not None:
+            self._reporter.close()
 
     def __enter__(self) -> "HintFollower":
         return self
@@ -268,6 +362,8 @@ class HintFollower:
         if self._feed is not None:
             h = self._feed.latest()
             if h is not None:
+                if h.version > self._seen_version:
+                    self._hints[h.version] = h
                 c = h.compression
                 msg = torch.tensor(
                     [float(h.version), float(_FAMILIES.index(c.family)), float(c.ratio or 0.0), 1.0 if h.error_feedback else 0.0, min(float(h.step_from), _MAX_EXACT)],
