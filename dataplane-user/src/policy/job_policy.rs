@@ -123,6 +123,14 @@ fn window_start_ms(w: &JobWindow, now_unix_ms: u64) -> u64 {
     now_unix_ms.saturating_sub(w.window_end_ns.saturating_sub(w.window_start_ns) / 1_000_000)
 }
 
+/// The larger of two measurements, or the one that is known.
+fn larger_known(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Reported step times needed in a verification before the job's own step time judges it.
 const MIN_STEP_SAMPLES: usize = 2;
 
@@ -153,7 +161,7 @@ pub struct JobPolicy {
     /// A revert was itself undone since the last adaptation (at most once, so two plans of
     /// similar speed cannot alternate).
     reverted_a_revert: bool,
-    /// Reverted plans not to choose again before a window: (plan, every compressed plan too, until).
+    /// Reverted plans not to choose again before a window: (plan, what else it keeps out, until).
     cooldown: Vec<(PlanChoice, Cooling, u64)>,
     history: VecDeque<Decision>,
     recent: ObservationHistory,
@@ -585,16 +593,21 @@ impl JobPolicy {
                 None => comm_cut,
             };
             if kept {
-                let mut reason = format!(
-                    "{} cut communication time from {:.0} ms to {:.0} ms (predicted {:.0} ms)",
-                    to.compression,
-                    v.from_comm_s * 1e3,
-                    after * 1e3,
-                    v.predicted_s * 1e3
-                );
-                if let Some((before, now_step)) = steps {
-                    reason = format!("{reason}; the job's steps went from {:.0} ms to {:.0} ms", before * 1e3, now_step * 1e3);
-                }
+                let comm = if after.is_finite() {
+                    format!(
+                        "{} cut communication time from {:.0} ms to {:.0} ms (predicted {:.0} ms)",
+                        to.compression,
+                        v.from_comm_s * 1e3,
+                        after * 1e3,
+                        v.predicted_s * 1e3
+                    )
+                } else {
+                    format!("{}: communication time not measured (no step seen in the windows)", to.compression)
+                };
+                let reason = match steps {
+                    Some((before, now_step)) => format!("{comm}; the job's steps went from {:.0} ms to {:.0} ms", before * 1e3, now_step * 1e3),
+                    None => comm,
+                };
                 let d = Decision {
                     unix_ms: now,
                     kind: DecisionKind::Verified,
@@ -690,15 +703,9 @@ impl JobPolicy {
             // What the change is verified against: the degraded time. A severe verdict acts in the
             // fault's first window, when the recent median is still the healthy time, so take the
             // larger of it and this window's.
-            let observed = match (obs.comm_s(), self.recent.comm_s()) {
-                (Some(now), Some(med)) => Some(now.max(med)),
-                (a, b) => a.or(b),
-            };
+            let observed = larger_known(obs.comm_s(), self.recent.comm_s());
             // The same for the job's own step time, when it reports it.
-            let from_step = match (reported_step_s, median(self.reported_steps.iter().copied())) {
-                (Some(now), Some(med)) => Some(now.max(med)),
-                (a, b) => a.or(b),
-            };
+            let from_step = larger_known(reported_step_s, median(self.reported_steps.iter().copied()));
             let d = self.change(DecisionKind::Adapt, choice.plan, reasons, confidence, Some(choice.predicted_s), observed, now);
             if let Some(v) = self.verifying.as_mut() {
                 v.from_step_s = from_step;
