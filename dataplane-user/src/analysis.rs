@@ -285,6 +285,9 @@ impl Analysis {
                 comm_ms = ?out.insight.comm_ms,
                 "job window"
             );
+            if let Some(d) = &out.verified {
+                tracing::info!(job = %jw.job, plan = %d.to.label(), reasons = ?d.reasons, "plan verified");
+            }
             if let Some(d) = &out.change {
                 tracing::info!(job = %jw.job, kind = ?d.kind, from = %d.from.label(), to = %d.to.label(), reasons = ?d.reasons, confidence = d.confidence, "plan changed");
             }

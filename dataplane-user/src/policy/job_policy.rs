@@ -81,6 +81,8 @@ pub struct PolicyOutput {
     /// The current hint is due for renewal.
     pub renew: bool,
     pub insight: JobInsight,
+    /// The verification that concluded in this window and kept the change (for the log).
+    pub verified: Option<Decision>,
 }
 
 /// The plan a job reports it runs (`PUT /v1/jobs/{id}/plan`, kept by the hint board while fresh).
@@ -130,6 +132,10 @@ fn larger_known(a: Option<f64>, b: Option<f64>) -> Option<f64> {
         (a, b) => a.or(b),
     }
 }
+
+/// How long a reported step time stands for the job's step time in its insight, ms (the Python
+/// follower reports every second).
+const REPORTED_STEP_FRESH_MS: u64 = ringside_client::APPLIED_PLAN_REFRESH_MS;
 
 /// Reported step times needed in a verification before the job's own step time judges it.
 const MIN_STEP_SAMPLES: usize = 2;
@@ -473,6 +479,13 @@ impl JobPolicy {
         // What the tenant sees is the job's time whatever plan ran: this window's own when the
         // window was attributed to no plan (the recent history was cleared).
         let (step_s, comm_s) = if ran { (self.recent.step_s(), self.recent.comm_s()) } else { (summary.step_s, summary.comm_s) };
+        // The job's own step time when it reported one lately: packets cannot tell a step whose
+        // communication runs in pieces inside it (a synchronous codec) from two steps.
+        let step_s = in_force
+            .filter(|f| now_unix_ms.saturating_sub(f.reported_unix_ms) <= REPORTED_STEP_FRESH_MS)
+            .and_then(|f| f.step_time_ms)
+            .map(|ms| ms / 1e3)
+            .or(step_s);
         let insight = JobInsight {
             updated_unix_ms: now_unix_ms,
             step_ms: step_s.map(|s| s * 1e3),
@@ -496,7 +509,8 @@ impl JobPolicy {
                 })
                 .collect(),
         };
-        PolicyOutput { change, renew, insight }
+        let verified = self.history.back().filter(|d| d.kind == DecisionKind::Verified && d.unix_ms == now_unix_ms).cloned();
+        PolicyOutput { change, renew, insight, verified }
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -502,7 +502,13 @@ fn a_codec_that_slows_the_jobs_steps_is_reverted_when_the_job_reports_them() {
             // One report per window, during it, of steps that all ran the reported plan.
             let reported = PlanInForce { reported_unix_ms: (1000 * w).saturating_sub(100), step_time_ms: Some(step_ms), ..running };
             let jw = job.window(&running.plan);
-            p.observe(&jw, VerdictSummary::default(), &ctx, report.then_some(&reported), 1000 * w);
+            let out = p.observe(&jw, VerdictSummary::default(), &ctx, report.then_some(&reported), 1000 * w);
+            if report {
+                assert_eq!(out.insight.step_ms, Some(step_ms), "the tenant sees the step time it reported");
+            }
+            if let Some(d) = &out.verified {
+                assert_eq!(p.history().last(), Some(d));
+            }
         }
         p
     };
