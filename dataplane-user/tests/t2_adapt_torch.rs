@@ -15,7 +15,9 @@
 //!   least 1.3× faster than the steps of a static (uncompressed) run of the same job started right
 //!   after on the same rig under the same cap (ratios, never absolute times; not step time, which
 //!   other work on the cores stretches by CPU time the link never touched);
-//! - the model still trained: every loss finite, and the loss fell.
+//! - the model still trained: every loss finite, and the loss fell;
+//! - the agent's job metrics show the plan the job ended on as rank 0 reported it
+//!   (`ringside_job_plan_reported_info`, from `ringside.torch`'s `PUT {job}/plan`).
 //!
 //! Why the algorithm is constrained to ring: DDP's allreduce is gloo's, which the hook cannot
 //! change; only the codec is the tenant's to switch (a tenant registers what its job can follow).
@@ -140,7 +142,8 @@ fn rate_cap_makes_a_ddp_job_compress_on_every_rank_at_once_and_its_communication
     let report = running.wait(None).expect("the DDP job ran to the end");
     eprintln!("job wall time {:.1} s; test so far {:.1} s; rank reports in {}", report.wall_ms / 1e3, t0.elapsed().as_secs_f64(), report.out_dir.display());
     eprintln!("agent events:{}", detect_rig::summary(&agent.events(&star)));
-    eprintln!("job metrics:\n{}", job.metrics(&star));
+    let metrics = job.metrics(&star);
+    eprintln!("job metrics:\n{metrics}");
 
     // Every rank finished, and every rank ran the same number of steps (rank 0 decides the stop).
     let ranks: Vec<Value> = report.ranks.iter().map(|r| serde_json::from_str(&std::fs::read_to_string(&r.out).unwrap()).unwrap()).collect();
@@ -188,6 +191,10 @@ fn rate_cap_makes_a_ddp_job_compress_on_every_rank_at_once_and_its_communication
     // must settle on a compressed plan, with few changes.
     assert!(hints.len() <= 5, "the plan flapped: {} changes applied", hints.len());
     assert_ne!(codec(steps0.last().unwrap()), "none", "the job ended uncompressed under the cap");
+    // Rank 0 reported the plan it ran (`PUT {job}/plan`, ringside.torch's reporter, every second):
+    // the agent shows the last one next to the hint.
+    let want = format!("ringside_job_plan_reported_info{{job=\"{}\",algorithm=\"ring\",compression=\"{}\"}} 1", job.id, codec(steps0.last().unwrap()));
+    assert!(metrics.contains(&want), "the agent does not show the plan rank 0 reported ({want}):\n{metrics}");
 
     // (b) Step time. The reference for "uncompressed under the cap" is a second, static run of
     // the same job on the same rig under the same cap, right after: the agent reacts within one
