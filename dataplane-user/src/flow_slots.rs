@@ -258,24 +258,37 @@ impl SlotTable {
 /// (`PollSnapshot::partial`): an idle flow then costs two loads from the slot's first cache line
 /// per poll (its state word and `packets`) and no hash lookup in the agent's table. The per-slot
 /// words the walk reads every poll (`prev`, 16 bytes a slot) are kept apart from the keys (44
-/// bytes a slot), which only a reported or vanished flow touches.
+/// bytes a slot) and digests (8 bytes), which only a reported or vanished flow touches.
 ///
 /// `packets` alone tells whether a live flow moved: the program adds at least one to it for every
-/// packet it accounts, after the packet's other stores (`last_seen_ns`, the burst), and a flow
-/// that moved is reported once more at the next poll (`MOVED`), which picks up what a CPU
-/// stored after this poll's copy.
+/// packet it accounts, after the packet's `last_seen_ns` and burst stores. The stores after it
+/// (`bytes`, `payload_bytes`, ECN, the TCP/RoCE tracking) may land just after this poll's copy,
+/// so a flow that moved is read once more at the next poll (`MOVED`) and reported again only if
+/// its counters differ from the copy reported (a digest of them, [`stats_digest`]): a flow that
+/// moved once costs one report, not two.
 #[derive(Default)]
 pub struct SlotDiff {
     prev: Vec<SlotSeen>,
     /// The key of each slot's flow as last reported (valid while `prev`'s state is `LIVE`).
     keys: Vec<FlowKey>,
+    /// [`stats_digest`] of each slot's counters as last reported (same validity as `keys`).
+    digests: Vec<u64>,
+}
+
+/// A 64-bit digest of a flow's counters and tracking words: two copies that differ in any word
+/// differ in their digest but for a 2^-64 chance (a missed re-report then leaves a counter
+/// behind only until the flow's next packet).
+fn stats_digest(s: &FlowStats) -> u64 {
+    use std::hash::BuildHasher as _;
+    foldhash::fast::FixedState::default().hash_one(zerocopy::IntoBytes::as_bytes(s))
 }
 
 #[derive(Clone, Copy, Default)]
 struct SlotSeen {
     /// The state word; [`MOVED`] set when the slot was reported last poll because it moved: it
-    /// is reported once more, so counters a CPU added just after `packets` (the TCP/RoCE
-    /// counters of the same packet) are not left behind. The program never sets that bit.
+    /// is read once more (and reported if its digest changed), so counters a CPU added just
+    /// after `packets` (`bytes`, the TCP/RoCE counters of the same packet) are not left behind.
+    /// The program never sets that bit.
     state: u64,
     packets: u64,
 }
@@ -302,6 +315,7 @@ impl SlotTable {
         let n = self.slots as usize;
         diff.prev.resize(n, SlotSeen::default());
         diff.keys.resize(n, FlowKey::default());
+        diff.digests.resize(n, 0);
         let mut out = SlotChanges { counts: SlotCounts { capacity: u64::from(self.slots), ..SlotCounts::default() }, ..SlotChanges::default() };
         for i in 0..self.slots {
             self.prefetch(i.wrapping_add(PREFETCH_SLOTS) & (self.slots - 1));
@@ -338,8 +352,15 @@ impl SlotTable {
             if was_live && seen_state != st {
                 out.vanished.push(diff.keys[i as usize]);
             }
+            let digest = stats_digest(&s.stats);
+            if !moved && diff.digests[i as usize] == digest {
+                // Read again because it moved last poll, and nothing was stored after that copy.
+                seen.state = st;
+                continue;
+            }
             out.changed.push((s.key, s.stats));
             diff.keys[i as usize] = s.key;
+            diff.digests[i as usize] = digest;
             *seen = SlotSeen { state: if moved { st | MOVED } else { st }, packets: s.stats.packets };
         }
         out
@@ -434,8 +455,13 @@ mod tests {
         let i2 = insert(&t, key(2), 1);
         let c = t.changes(&mut diff);
         assert_eq!((c.changed.len(), c.vanished.len(), c.counts.live), (2, 0, 2));
-        // Moved last poll: reported once more, then quiet.
-        assert_eq!(t.changes(&mut diff).changed.len(), 2);
+        // Moved last poll: read once more, reported again only for what was stored after the
+        // first copy (key(2)'s bytes, added after its `packets`), then quiet.
+        let mut s2 = t.read(i2);
+        s2.stats.bytes += 100;
+        t.write(i2, s2);
+        let c = t.changes(&mut diff);
+        assert_eq!(c.changed.iter().map(|(k, s)| (k.src_port, s.bytes)).collect::<Vec<_>>(), vec![(2, 100)]);
         let c = t.changes(&mut diff);
         assert_eq!((c.changed.len(), c.vanished.len()), (0, 0));
         // key(1) gets a packet; key(2) is evicted and its slot reused by key(3).

@@ -212,6 +212,9 @@ pub struct FlowEntry {
     /// touched by later polls; its rates are brought up to date when it moves again or is read
     /// ([`FlowTable::top_flows`]), with the same result as decaying them at every poll.
     pub(crate) rates_ns: u64,
+    /// Where its growth in the detection window went: (`WindowAccumulator::id`, row of
+    /// `deltas`); (0, 0) before it first moved in a window.
+    pub(crate) window_row: (u64, u32),
 }
 
 impl FlowEntry {
@@ -387,12 +390,33 @@ pub struct WindowAccumulator {
     pub start_ns: Option<u64>,
     /// CLOCK_MONOTONIC of the last poll folded in.
     pub end_ns: u64,
-    /// Counter growth per flow over the window (bounded by the flows seen in it, ≤ `FLOWS`' size).
-    pub deltas: FastMap<FlowKey, Counters>,
+    /// Counter growth per flow over the window, one row per flow in the order flows first moved
+    /// in it (bounded by the flows seen in it, ≤ `FLOWS`' size). A flow forgotten and seen again
+    /// within one window can have two rows: readers sum them. A row, not a map entry: each flow's
+    /// entry remembers its row ([`FlowEntry::window_row`]), so a moved flow costs no second hash
+    /// lookup per poll.
+    pub deltas: Vec<(FlowKey, Counters)>,
+    /// This window among those the table cut (1, 2, ...), so a row remembered from an earlier
+    /// window is not taken for one of this window.
+    id: u64,
     /// `BURST_END` events drained in the window, with their flow key.
     pub bursts: Vec<(FlowKey, BurstRecord)>,
     /// Bursts dropped because the window already held [`MAX_WINDOW_BURSTS`].
     pub bursts_dropped: u64,
+}
+
+impl WindowAccumulator {
+    /// Adds `delta` to `key`'s row, `row` being where the flow's entry remembers it
+    /// ([`FlowEntry::window_row`]): the same row again within this window, a new one otherwise.
+    fn add(&mut self, key: &FlowKey, delta: &Counters, row: &mut (u64, u32)) {
+        // The key check keeps a stale or default `row` from ever adding to another flow's row.
+        if let Some((_, c)) = self.deltas.get_mut(row.1 as usize).filter(|(k, _)| row.0 == self.id && k == key) {
+            c.add(delta);
+        } else {
+            *row = (self.id, self.deltas.len() as u32);
+            self.deltas.push((*key, *delta));
+        }
+    }
 }
 
 impl FlowTable {
@@ -458,6 +482,9 @@ impl FlowTable {
                     }
                     e.rates.update(&delta, dt_ns.unwrap_or(0), alpha);
                     e.rates_ns = snap.mono_ns;
+                    if let Some(w) = self.window.as_mut().filter(|_| !adopting && delta != Counters::default()) {
+                        w.add(key, &delta, &mut e.window_row);
+                    }
                     (delta, false)
                 }
                 Entry::Vacant(v) => {
@@ -473,9 +500,13 @@ impl FlowTable {
                         in_kernel: true,
                         updated_poll: poll,
                         rates_ns: snap.mono_ns,
+                        window_row: (0, 0),
                     });
                     // A new flow's first delta spans at most one interval: a lower bound of its rate.
                     e.rates.update(&totals.counters, dt_ns.unwrap_or(0), alpha);
+                    if let Some(w) = self.window.as_mut().filter(|_| !adopting && totals.counters != Counters::default()) {
+                        w.add(key, &totals.counters, &mut e.window_row);
+                    }
                     (totals.counters, true)
                 }
             };
@@ -483,11 +514,6 @@ impl FlowTable {
             // its peer takes a label slot in the order flows appear.
             if new || delta != Counters::default() {
                 self.account(key, &delta);
-                if let Some(w) = self.window.as_mut().filter(|_| !adopting) {
-                    if delta != Counters::default() {
-                        w.deltas.entry(*key).or_default().add(&delta);
-                    }
-                }
             }
         }
         // Flows this poll did not touch (gone, or unchanged in a partial snapshot) are left as
@@ -507,7 +533,7 @@ impl FlowTable {
     /// Starts accumulating per-window deltas and bursts for the detectors (the agent calls it
     /// once when detection is on). The first window starts at the next applied snapshot.
     pub fn enable_windows(&mut self) {
-        self.window.get_or_insert_with(WindowAccumulator::default);
+        self.window.get_or_insert_with(|| WindowAccumulator { id: 1, ..Default::default() });
     }
 
     /// How much time the current window spans so far (0 when windows are off or no poll came).
@@ -523,9 +549,9 @@ impl FlowTable {
         if w.end_ns <= start {
             return None;
         }
-        // Sized like the window before: the map is not grown again, rehashing, in every window.
-        let deltas = FastMap::with_capacity_and_hasher(w.deltas.len(), FastState::default());
-        let next = WindowAccumulator { start_ns: Some(w.end_ns), end_ns: w.end_ns, deltas, ..Default::default() };
+        // Sized like the window before: the rows are not grown again, copying, in every window.
+        let deltas = Vec::with_capacity(w.deltas.len());
+        let next = WindowAccumulator { start_ns: Some(w.end_ns), end_ns: w.end_ns, deltas, id: w.id + 1, ..Default::default() };
         Some(std::mem::replace(w, next))
     }
 
@@ -585,8 +611,8 @@ impl FlowTable {
     /// collector evicts them from the kernel). A flow read with `last_seen_ns == 0` in this
     /// poll's snapshot was caught between its slot's claim and its first packet's stamp (a
     /// nanosecond window): it is neither idle nor the least recent, and is judged at a later
-    /// poll, by which time the stamp is there (the collector reports a flow that moved once
-    /// more at the next poll). One still unstamped after a poll that did not re-read it is
+    /// poll, by which time the stamp is there (the collector reads a flow that moved once
+    /// more at the next poll, and reports it if the stamp or any counter landed since). One still unstamped after a poll that did not re-read it is
     /// treated as idle since 0, so a slot that never got its stamp does not stay forever.
     /// Idle flows are looked for at most every [`IDLE_SCAN_EVERY`]; capacity is enforced at
     /// every poll.
@@ -842,7 +868,7 @@ pub(crate) mod tests {
         assert_eq!(t.take_window().expect("a window").deltas.len(), 2);
         t.apply(&snap(3 * MS, vec![(busy, stats(3, 300, 1, 3 * MS)), (idle, stats(1, 100, 1, MS)), (empty, FlowStats::default())]));
         let w = t.take_window().expect("a window");
-        assert_eq!(w.deltas.keys().collect::<Vec<_>>(), vec![&busy], "only flows that moved");
+        assert_eq!(w.deltas.iter().map(|(k, _)| k).collect::<Vec<_>>(), vec![&busy], "only flows that moved");
         assert_eq!(t.flows_per_interface(), HashMap::from([(2, 2), (7, 1)]));
         t.apply(&snap(4 * MS, vec![(busy, stats(3, 300, 1, 3 * MS))]));
         assert!(t.get(&busy).unwrap().in_kernel && !t.get(&idle).unwrap().in_kernel && !t.get(&empty).unwrap().in_kernel);
@@ -894,6 +920,25 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_window_has_one_row_per_flow_summed_over_its_polls() {
+        let a = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        let b = key(1, 3, 29500, direction::EGRESS, flow_kind::TCP);
+        let mut t = FlowTable::new(TableSettings::default());
+        t.enable_windows();
+        t.apply(&snap(MS, vec![(a, stats(1, 100, 1, MS))]));
+        t.apply(&snap(2 * MS, vec![(b, stats(1, 10, 1, 2 * MS)), (a, stats(3, 300, 1, 2 * MS))]));
+        t.apply(&snap(3 * MS, vec![(b, stats(4, 40, 1, 3 * MS)), (a, stats(3, 300, 1, 2 * MS))]));
+        let rows = |w: &WindowAccumulator| w.deltas.iter().map(|(k, c)| (k.dst_addr[15], c.packets, c.bytes)).collect::<Vec<_>>();
+        let w = t.take_window().expect("a window");
+        assert_eq!(rows(&w), vec![(2, 3, 300), (3, 4, 40)], "in the order flows first moved");
+        // The next window starts empty: the rows remembered by the entries are the old window's.
+        t.apply(&snap(4 * MS, vec![(b, stats(5, 50, 1, 4 * MS))]));
+        t.apply(&snap(5 * MS, vec![(a, stats(4, 400, 1, 5 * MS)), (b, stats(6, 60, 1, 5 * MS))]));
+        let w = t.take_window().expect("a window");
+        assert_eq!(rows(&w), vec![(3, 2, 20), (2, 1, 100)]);
+    }
+
+    #[test]
     fn recreated_flow_counts_new_totals() {
         let k = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
         let mut t = FlowTable::new(TableSettings::default());
@@ -918,7 +963,7 @@ pub(crate) mod tests {
         t.apply(&snap(2 * MS, vec![(k, stats(103, 10_300, 1, 2 * MS))]));
         assert_eq!(t.interfaces()[&ik].packets, 103);
         let w = t.take_window().expect("a window over two polls");
-        assert_eq!(w.deltas[&k].packets, 3, "only the growth seen by this agent is the window's traffic");
+        assert_eq!(w.deltas.iter().map(|(k, c)| (*k, c.packets)).collect::<Vec<_>>(), vec![(k, 3)], "only the growth seen by this agent is the window's traffic");
     }
 
     #[test]
