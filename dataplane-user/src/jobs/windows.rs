@@ -259,19 +259,33 @@ fn local_sends(egress: Vec<EgressBurst>, ifname: &impl Fn(u32) -> String) -> Opt
     })
 }
 
-/// A directed connection: a flow's 5-tuple without interface or direction.
+/// A directed connection: a flow's 5-tuple without interface or direction. The addresses are the
+/// key's 16 bytes read big-endian, so the order is the bytes' order and hashing or comparing one
+/// is a few integer operations (a window can hold tens of thousands).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct ConnId {
     kind: u8,
-    src: [u8; 16],
+    src: u128,
     src_port: u16,
-    dst: [u8; 16],
+    dst: u128,
     dst_port: u16,
 }
 
 impl ConnId {
     fn of(k: &FlowKey) -> Self {
-        ConnId { kind: k.kind, src: k.src_addr, src_port: k.src_port, dst: k.dst_addr, dst_port: k.dst_port }
+        ConnId {
+            kind: k.kind,
+            src: u128::from_be_bytes(k.src_addr),
+            src_port: k.src_port,
+            dst: u128::from_be_bytes(k.dst_addr),
+            dst_port: k.dst_port,
+        }
+    }
+    fn src_ip(&self) -> IpAddr {
+        addr_ip(self.src.to_be_bytes())
+    }
+    fn dst_ip(&self) -> IpAddr {
+        addr_ip(self.dst.to_be_bytes())
     }
 }
 
@@ -280,7 +294,7 @@ impl DirectedConn {
         Self::of_id(&ConnId::of(k))
     }
     fn of_id(c: &ConnId) -> Self {
-        DirectedConn { src: Some(addr_ip(c.src)), dst: Some(addr_ip(c.dst)), ..Default::default() }
+        DirectedConn { src: Some(c.src_ip()), dst: Some(c.dst_ip()), ..Default::default() }
     }
 }
 
@@ -356,7 +370,7 @@ impl<'a> LinkTraffic<'a> {
                 d.conns.iter().filter(|(_, (loss, data, _))| attribution::is_lossy(*loss, *data)).collect();
             let mut common: Option<BTreeSet<IpAddr>> = None;
             for (c, _) in &lossy {
-                let ends = BTreeSet::from([addr_ip(c.src), addr_ip(c.dst)]);
+                let ends = BTreeSet::from([c.src_ip(), c.dst_ip()]);
                 common = Some(match common {
                     None => ends,
                     Some(s) => s.intersection(&ends).copied().collect(),
@@ -379,7 +393,7 @@ impl<'a> LinkTraffic<'a> {
             };
             if lw.direction == "egress" && (lw.other_bytes > 0 || lw.lossy_flows > lw.lossy_job_flows) {
                 for c in &job_conns {
-                    for end in [addr_ip(c.src), addr_ip(c.dst)] {
+                    for end in [c.src_ip(), c.dst_ip()] {
                         let v = shared.entry(end).or_default();
                         if !v.contains(&lw.link) {
                             v.push(lw.link.clone());
