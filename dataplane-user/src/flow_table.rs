@@ -612,8 +612,9 @@ impl FlowTable {
     /// poll's snapshot was caught between its slot's claim and its first packet's stamp (a
     /// nanosecond window): it is neither idle nor the least recent, and is judged at a later
     /// poll, by which time the stamp is there (the collector reads a flow that moved once
-    /// more at the next poll, and reports it if the stamp or any counter landed since). One still unstamped after a poll that did not re-read it is
-    /// treated as idle since 0, so a slot that never got its stamp does not stay forever.
+    /// more at the next poll, and reports it again if the stamp or any counter landed since).
+    /// One still unstamped after a poll that did not report it again is treated as idle since
+    /// 0, so a slot that never got its stamp does not stay forever.
     /// Idle flows are looked for at most every [`IDLE_SCAN_EVERY`]; capacity is enforced at
     /// every poll.
     fn evict(&mut self, now_ns: u64) -> Vec<FlowKey> {
