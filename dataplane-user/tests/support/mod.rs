@@ -45,3 +45,51 @@ pub mod agent;
 // Only the IPU tests use it; the others compile the module too.
 #[allow(dead_code)]
 pub mod ipu_agent;
+
+/// A busy machine: `n` threads that each copy 32 MiB (the caches and memory bandwidth a build
+/// takes) and spin on arithmetic in turn, until dropped (at most 5 minutes). Drop stops and joins
+/// them.
+#[allow(dead_code)]
+pub struct CpuHogs {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<u64>>,
+}
+
+#[allow(dead_code)]
+impl CpuHogs {
+    const LIMIT: Duration = Duration::from_secs(300);
+
+    pub fn start(n: usize) -> CpuHogs {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|i| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let started = Instant::now();
+                    let mut x = i as u64 + 1;
+                    let (mut a, mut b) = (vec![1u8; 32 << 20], vec![0u8; 32 << 20]);
+                    while !stop.load(Ordering::Relaxed) && started.elapsed() < Self::LIMIT {
+                        b.copy_from_slice(&a);
+                        std::mem::swap(&mut a, &mut b);
+                        x = x.wrapping_add(u64::from(a[(x as usize) % a.len()]));
+                        for _ in 0..1_000_000 {
+                            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                        }
+                    }
+                    x
+                })
+            })
+            .collect();
+        CpuHogs { stop, threads }
+    }
+}
+
+impl Drop for CpuHogs {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = std::hint::black_box(t.join());
+        }
+    }
+}
