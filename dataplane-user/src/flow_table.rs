@@ -464,7 +464,7 @@ impl FlowTable {
         }
         for (key, value) in &snap.flows {
             let totals = FlowTotals::from_value(value);
-            let (delta, new) = match self.flows.entry(*key) {
+            let (e, delta, new) = match self.flows.entry(*key) {
                 Entry::Occupied(o) => {
                     let e = o.into_mut();
                     // Re-created by the kernel (LRU eviction) if it started later or any counter shrank.
@@ -482,10 +482,7 @@ impl FlowTable {
                     }
                     e.rates.update(&delta, dt_ns.unwrap_or(0), alpha);
                     e.rates_ns = snap.mono_ns;
-                    if let Some(w) = self.window.as_mut().filter(|_| !adopting && delta != Counters::default()) {
-                        w.add(key, &delta, &mut e.window_row);
-                    }
-                    (delta, false)
+                    (e, delta, false)
                 }
                 Entry::Vacant(v) => {
                     match self.per_interface.iter_mut().find(|(i, _)| *i == key.ifindex) {
@@ -504,12 +501,12 @@ impl FlowTable {
                     });
                     // A new flow's first delta spans at most one interval: a lower bound of its rate.
                     e.rates.update(&totals.counters, dt_ns.unwrap_or(0), alpha);
-                    if let Some(w) = self.window.as_mut().filter(|_| !adopting && totals.counters != Counters::default()) {
-                        w.add(key, &totals.counters, &mut e.window_row);
-                    }
-                    (totals.counters, true)
+                    (e, totals.counters, true)
                 }
             };
+            if let Some(w) = self.window.as_mut().filter(|_| !adopting && delta != Counters::default()) {
+                w.add(key, &delta, &mut e.window_row);
+            }
             // An idle flow adds nothing; a new one is accounted even with zero counters so that
             // its peer takes a label slot in the order flows appear.
             if new || delta != Counters::default() {
