@@ -204,34 +204,14 @@ fn loss_on_a_peer_ipu_link_is_a_gray_failure_from_ipu0() {
 #[ignore = "needs root and the eBPF objects (T2): run with cargo xtask test"]
 fn rate_cap_on_a_peer_changes_the_hint_read_in_ipu0() {
     let _serial = preconditions();
-    let rank_bin = rank_binary();
-    let hosts = 4;
-    let star = ipu_star(hosts);
-    let body = "[match]\nprefixes = [\"10.77.0.0/24\"]\n[detect.gray]\nmin_peers = 2\n";
-    let agent = IpuAgent::start(&star, 0, "t2ipu", "hint", 9483, body);
-    let wanted = support::adapt::registration("t2-ipu-hint", vec!["10.77.0.0/24".into()], PortRange { lo: JOB_PORT, hi: JOB_PORT }, 4 << 20, Algorithm::ALL.to_vec());
-    let created = agent.client(|c| c.register(&wanted)).expect("POST /v1/jobs to IPU 0's agent");
-    let job_url = format!("{}/v1/jobs/{}", agent.url(), created.id);
-    // As the provider's side reads it: from inside the IPU, with the job's tenant token.
-    let hint = || -> Hint { agent.ns.try_run(|| JobClient::new(&job_url, &created.tenant_token).and_then(|c| c.hint())).unwrap().expect("GET the job's hint") };
+    let ring = RegisteredRing::start("hint", 9483);
+    let (star, agent, job) = (&ring.star, &ring.agent, &ring.job);
+    let hint = || ring.hint();
     // What the agent's policy sees of the job (its /metrics), for a failure's message.
-    let job_metrics = || -> String {
-        agent.ns.try_run(|| JobClient::new(&job_url, &created.tenant_token).and_then(|c| c.metrics())).unwrap().unwrap_or_else(|e| format!("(GET metrics: {e})"))
-    };
-    let baseline = hint();
+    let job_metrics = || ring.metrics();
+    let baseline = ring.baseline.clone();
     assert_eq!((baseline.version, baseline.compression.to_string().as_str()), (1, "none"), "the registered baseline hint: {baseline:?}");
 
-    let cfg = JobConfig {
-        ranks: hosts,
-        size: ByteSize(4 << 20),
-        steps: 100_000,
-        compute_ms: 50,
-        rank_bin: Some(rank_bin),
-        timeout: Duration::from_secs(120),
-        extra_args: vec!["--max-channels".into(), "1".into()],
-        ..Default::default()
-    };
-    let job = testbed::spawn_job(&star, &cfg).expect("starting the emulated job");
     // The policy needs a healthy baseline (`min_baseline_windows` 1 s windows), the detectors too.
     std::thread::sleep(Duration::from_secs(12));
     let healthy = hint();
@@ -252,7 +232,7 @@ fn rate_cap_on_a_peer_changes_the_hint_read_in_ipu0() {
     }
     let events = agent.events();
     let changed = changed.unwrap_or_else(|| {
-        let tails: String = (0..hosts)
+        let tails: String = (0..RING_HOSTS)
             .map(|r| {
                 let log = std::fs::read_to_string(job.out_dir().join(format!("rank-{r}.log"))).unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(5).collect();
@@ -280,30 +260,9 @@ fn rate_cap_on_a_peer_changes_the_hint_read_in_ipu0() {
 #[ignore = "needs root and the eBPF objects (T2): run with cargo xtask test"]
 fn a_healthy_job_on_a_busy_machine_keeps_its_plan_in_ipu0() {
     let _serial = preconditions();
-    let rank_bin = rank_binary();
-    let hosts = 4;
-    let star = ipu_star(hosts);
-    let body = "[match]\nprefixes = [\"10.77.0.0/24\"]\n[detect.gray]\nmin_peers = 2\n";
-    let agent = IpuAgent::start(&star, 0, "t2ipu", "busy", 9484, body);
-    let wanted = support::adapt::registration("t2-ipu-busy", vec!["10.77.0.0/24".into()], PortRange { lo: JOB_PORT, hi: JOB_PORT }, 4 << 20, Algorithm::ALL.to_vec());
-    let created = agent.client(|c| c.register(&wanted)).expect("POST /v1/jobs to IPU 0's agent");
-    let job_url = format!("{}/v1/jobs/{}", agent.url(), created.id);
-    let job_metrics = || -> String {
-        agent.ns.try_run(|| JobClient::new(&job_url, &created.tenant_token).and_then(|c| c.metrics())).unwrap().unwrap_or_else(|e| format!("(GET metrics: {e})"))
-    };
-    let hint = || -> Hint { agent.ns.try_run(|| JobClient::new(&job_url, &created.tenant_token).and_then(|c| c.hint())).unwrap().expect("GET the job's hint") };
-    let baseline = hint();
-    let cfg = JobConfig {
-        ranks: hosts,
-        size: ByteSize(4 << 20),
-        steps: 100_000,
-        compute_ms: 50,
-        rank_bin: Some(rank_bin),
-        timeout: Duration::from_secs(120),
-        extra_args: vec!["--max-channels".into(), "1".into()],
-        ..Default::default()
-    };
-    let _job = testbed::spawn_job(&star, &cfg).expect("starting the emulated job");
+    let ring = RegisteredRing::start("busy", 9484);
+    let (hint, job_metrics) = (|| ring.hint(), || ring.metrics());
+    let baseline = ring.baseline.clone();
     // The policy's healthy baseline first (`min_baseline_windows`, 5 windows of 1 s, once the
     // job's steps show), then the machine gets busy just as the baseline is there: four threads
     // per core copying memory and spinning, for 40 s (a build next to the job). The one false
@@ -325,13 +284,74 @@ fn a_healthy_job_on_a_busy_machine_keeps_its_plan_in_ipu0() {
         changed = Some(hint()).filter(|h| h.version != baseline.version);
     }
     drop(hogs);
-    eprintln!("under load, every second:\n{}\nevents:{}", seen.join("\n"), summary(&agent.events()));
+    eprintln!("under load, every second:\n{}\nevents:{}", seen.join("\n"), summary(&ring.agent.events()));
     if let Some(h) = changed {
         panic!(
             "the policy changed the healthy job's plan {:.1} s into the CPU load: {h:?}\nevents:{}",
             started.elapsed().as_secs_f64(),
-            summary(&agent.events())
+            summary(&ring.agent.events())
         );
+    }
+}
+
+/// A job's hint as the provider's side reads it: from inside the agent's IPU, with the job's
+/// tenant token.
+fn job_hint(agent: &IpuAgent, job_url: &str, token: &str) -> Hint {
+    agent.ns.try_run(|| JobClient::new(job_url, token).and_then(|c| c.hint())).unwrap().expect("GET the job's hint")
+}
+
+/// The hosts (and ranks) of [`RegisteredRing`].
+const RING_HOSTS: usize = 4;
+
+/// The closed-loop tests' setup: a 4-host IPU star, the agent in IPU 0 (`[match]` on the star's
+/// prefix, `min_peers = 2`), a job registered through that agent (`POST /v1/jobs`, the baseline
+/// hint read back), and the emulated ring job running (4 MiB, 50 ms compute, one channel). Drops
+/// the job, then the agent, then the star.
+struct RegisteredRing {
+    job: testbed::RunningJob,
+    agent: IpuAgent,
+    star: IpuStar,
+    job_url: String,
+    tenant_token: String,
+    /// The hint read right after the registration, before the job started.
+    baseline: Hint,
+}
+
+impl RegisteredRing {
+    fn start(tag: &str, port: u16) -> RegisteredRing {
+        let hosts = RING_HOSTS;
+        let star = ipu_star(hosts);
+        let body = "[match]\nprefixes = [\"10.77.0.0/24\"]\n[detect.gray]\nmin_peers = 2\n";
+        let agent = IpuAgent::start(&star, 0, "t2ipu", tag, port, body);
+        let wanted = support::adapt::registration(&format!("t2-ipu-{tag}"), vec!["10.77.0.0/24".into()], PortRange { lo: JOB_PORT, hi: JOB_PORT }, 4 << 20, Algorithm::ALL.to_vec());
+        let created = agent.client(|c| c.register(&wanted)).expect("POST /v1/jobs to IPU 0's agent");
+        let job_url = format!("{}/v1/jobs/{}", agent.url(), created.id);
+        let cfg = JobConfig {
+            ranks: hosts,
+            size: ByteSize(4 << 20),
+            steps: 100_000,
+            compute_ms: 50,
+            rank_bin: Some(rank_binary()),
+            timeout: Duration::from_secs(120),
+            extra_args: vec!["--max-channels".into(), "1".into()],
+            ..Default::default()
+        };
+        let baseline = job_hint(&agent, &job_url, &created.tenant_token);
+        let job = testbed::spawn_job(&star, &cfg).expect("starting the emulated job");
+        RegisteredRing { job, agent, star, job_url, tenant_token: created.tenant_token, baseline }
+    }
+
+    fn hint(&self) -> Hint {
+        job_hint(&self.agent, &self.job_url, &self.tenant_token)
+    }
+
+    /// What the agent's policy sees of the job (its `/metrics`), for messages.
+    fn metrics(&self) -> String {
+        self.agent
+            .ns
+            .try_run(|| JobClient::new(&self.job_url, &self.tenant_token).and_then(|c| c.metrics()))
+            .unwrap()
+            .unwrap_or_else(|e| format!("(GET metrics: {e})"))
     }
 }
 
