@@ -261,36 +261,37 @@ fn rate_cap_on_a_peer_changes_the_hint_read_in_ipu0() {
 fn a_healthy_job_on_a_busy_machine_keeps_its_plan_in_ipu0() {
     let _serial = preconditions();
     let ring = RegisteredRing::start("busy", 9484);
-    let (hint, job_metrics) = (|| ring.hint(), || ring.metrics());
     let baseline = ring.baseline.clone();
+    // The job's step and communication time and its peers' goodput, as the policy sees them.
+    let policy_view = || -> String {
+        let metrics = ring.metrics();
+        let keep: Vec<&str> = metrics.lines().filter(|l| !l.starts_with('#') && (l.contains("comm_seconds") || l.contains("step_seconds") || l.contains("goodput"))).collect();
+        keep.join(" | ")
+    };
     // The policy's healthy baseline first (`min_baseline_windows`, 5 windows of 1 s, once the
     // job's steps show), then the machine gets busy just as the baseline is there: four threads
     // per core copying memory and spinning, for 40 s (a build next to the job). The one false
     // adaptation seen in CI (the rate-cap test, busy machine, 2026-11-27) came 9 s after the
     // registration, on "communication time 1.4x its healthy baseline".
     std::thread::sleep(Duration::from_secs(8));
-    assert_eq!(hint().version, baseline.version, "the plan changed on the healthy job before the load: {:?}", hint());
-    let before = job_metrics();
-    eprintln!("before the load:\n{}", before.lines().filter(|l| !l.starts_with('#') && l.contains("seconds")).collect::<Vec<_>>().join("\n"));
+    let healthy = ring.hint();
+    assert_eq!(healthy.version, baseline.version, "the plan changed on the healthy job before the load: {healthy:?}");
+    eprintln!("before the load: {}", policy_view());
     let hogs = support::CpuHogs::start(4 * std::thread::available_parallelism().map_or(2, |n| n.get()));
     let started = Instant::now();
     let mut seen = Vec::new();
     let mut changed = None;
     while changed.is_none() && started.elapsed() < Duration::from_secs(40) {
         std::thread::sleep(Duration::from_secs(1));
-        let metrics = job_metrics();
-        let keep: Vec<&str> = metrics.lines().filter(|l| !l.starts_with('#') && (l.contains("comm_seconds") || l.contains("step_seconds") || l.contains("goodput"))).collect();
-        seen.push(format!("{:>4.1} s: {}", started.elapsed().as_secs_f64(), keep.join(" | ")));
-        changed = Some(hint()).filter(|h| h.version != baseline.version);
+        seen.push(format!("{:>4.1} s: {}", started.elapsed().as_secs_f64(), policy_view()));
+        changed = Some(ring.hint()).filter(|h| h.version != baseline.version);
     }
+    let loaded_s = started.elapsed().as_secs_f64();
     drop(hogs);
-    eprintln!("under load, every second:\n{}\nevents:{}", seen.join("\n"), summary(&ring.agent.events()));
+    let events = summary(&ring.agent.events());
+    eprintln!("under load, every second:\n{}\nevents:{events}", seen.join("\n"));
     if let Some(h) = changed {
-        panic!(
-            "the policy changed the healthy job's plan {:.1} s into the CPU load: {h:?}\nevents:{}",
-            started.elapsed().as_secs_f64(),
-            summary(&ring.agent.events())
-        );
+        panic!("the policy changed the healthy job's plan {loaded_s:.1} s into the CPU load: {h:?}\nevents:{events}");
     }
 }
 
