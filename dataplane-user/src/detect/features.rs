@@ -35,8 +35,10 @@
 //!   counts as 0. (A peer that starts sending elsewhere right after is forwarding this one's data;
 //!   one that had already sent to it earlier in the step and stalled is resuming as its TCP
 //!   receive window opens: neither makes the start ambiguous.)
-//!   So does a late start whose receivers told it to go ahead just before (a small send from the
-//!   receiver to this peer in the `go_ahead_ns` before its data, [`PeerWindow::pokes`]): it was
+//!   So does a late start whose receivers told it to go ahead just before (a small send with
+//!   payload from the receiver to this peer in the `go_ahead_ns` before its data,
+//!   [`PeerWindow::pokes`]; pure ACKs are not pokes, or a straggler whose receiver acknowledges
+//!   its previous data as it reads it would be excused at every step): it was
 //!   waiting for that receiver, not computing (recursive doubling's folded ranks send to their
 //!   partner, the straggler, only once it asks). With an eager protocol nothing comes back
 //!   before the data, and the late sender keeps the blame.
@@ -267,7 +269,7 @@ fn another_starts_within(peers: &[PeerFeatures], me: usize, t: u64, within: u64,
 }
 
 /// Whether every peer `peers[me]` starts sending data to at `t` had just told it to go ahead:
-/// a small send from that receiver to `me` in `[t - go_ahead_ns, t)`.
+/// a small send with payload (a poke) from that receiver to `me` in `[t - go_ahead_ns, t)`.
 fn waited_for_go_ahead(cfg: &DetectorConfig, peers: &[PeerFeatures], me: usize, t: u64) -> bool {
     let me_addr = peers[me].peer;
     let window = cfg.straggler.co_start_ns;

@@ -74,9 +74,11 @@ pub struct PeerWindow {
     /// degradation is that link's, not a gray failure of the peer.
     #[serde(default)]
     pub shared_links: Vec<String>,
-    /// The peer's small sends of the window (bursts of its flows without data-sized packets:
-    /// ACKs, and a protocol's control messages such as a rendezvous go-ahead), with their
-    /// destination: whether it told another peer to go ahead just before that peer sent to it.
+    /// The peer's small sends of the window that carried payload (bursts of its flows without
+    /// data-sized packets but with more bytes than headers: a protocol's control messages such
+    /// as a rendezvous go-ahead; not runs of pure ACKs, which its kernel sends whatever the
+    /// application does), with their destination: whether it told another peer to go ahead just
+    /// before that peer sent to it.
     #[serde(default)]
     pub pokes: Vec<BurstSummary>,
 }
@@ -185,7 +187,7 @@ pub struct LocalSends {
     pub link: String,
     /// Its data bursts that ended in the window (`to`: the receiving peer), in any order.
     pub bursts: Vec<BurstSummary>,
-    /// Its small sends (ACKs, a protocol's go-ahead), as [`PeerWindow::pokes`].
+    /// Its small sends that carried payload (a protocol's go-ahead), as [`PeerWindow::pokes`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pokes: Vec<BurstSummary>,
 }

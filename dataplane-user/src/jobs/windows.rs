@@ -177,11 +177,11 @@ impl JobSet {
             if key.direction == direction::EGRESS {
                 let e = egress.entry(job).or_default();
                 if e.len() < MAX_LOCAL_BURSTS {
-                    e.push((addr_ip(key.src_addr), key.ifindex, is_data(b), summary(key, b)));
+                    e.push(EgressBurst { from: addr_ip(key.src_addr), ifindex: key.ifindex, data: is_data(b), payload: carried_payload(key, b), burst: summary(key, b) });
                 }
             }
             if !sent_by_peer_with_data(key, b) {
-                if key.direction == direction::INGRESS && acc.pokes.len() < MAX_POKES_PER_PEER {
+                if key.direction == direction::INGRESS && carried_payload(key, b) && acc.pokes.len() < MAX_POKES_PER_PEER {
                     acc.pokes.push(summary(key, b));
                 }
                 continue;
@@ -233,29 +233,37 @@ impl JobSet {
     }
 }
 
-/// A burst leaving by an egress hook: (sender, interface, carried data, the burst).
-type EgressBurst = (IpAddr, u32, bool, BurstSummary);
+/// A burst leaving by an egress hook.
+struct EgressBurst {
+    from: IpAddr,
+    ifindex: u32,
+    /// [`is_data`].
+    data: bool,
+    /// [`carried_payload`].
+    payload: bool,
+    burst: BurstSummary,
+}
 
 /// This vantage's own host's bursts, if every egress burst of the job came from one address (a
 /// host NIC, an IPU's fabric port); `None` when none carried data or several hosts sent (a
 /// switch's ports carry every host's traffic out). The link is the interface most of its data
 /// left by.
 fn local_sends(egress: Vec<EgressBurst>, ifname: &impl Fn(u32) -> String) -> Option<LocalSends> {
-    let addr = egress.first()?.0;
-    if egress.iter().any(|(a, _, _, _)| *a != addr) || !egress.iter().any(|(_, _, data, _)| *data) {
+    let addr = egress.first()?.from;
+    if egress.iter().any(|e| e.from != addr) || !egress.iter().any(|e| e.data) {
         return None;
     }
     let mut by_if: BTreeMap<u32, u64> = BTreeMap::new();
-    for (_, i, _, b) in egress.iter().filter(|e| e.2) {
-        *by_if.entry(*i).or_default() += b.bytes;
+    for e in egress.iter().filter(|e| e.data) {
+        *by_if.entry(e.ifindex).or_default() += e.burst.bytes;
     }
     let ifindex = by_if.iter().max_by(|x, y| x.1.cmp(y.1).then(y.0.cmp(x.0))).map(|(i, _)| *i).unwrap_or(0);
-    let (data, small): (Vec<EgressBurst>, Vec<EgressBurst>) = egress.into_iter().partition(|e| e.2);
+    let (data, small): (Vec<EgressBurst>, Vec<EgressBurst>) = egress.into_iter().partition(|e| e.data);
     Some(LocalSends {
         addr,
         link: ifname(ifindex),
-        bursts: data.into_iter().map(|e| e.3).collect(),
-        pokes: small.into_iter().map(|e| e.3).collect(),
+        bursts: data.into_iter().map(|e| e.burst).collect(),
+        pokes: small.into_iter().filter(|e| e.payload).map(|e| e.burst).collect(),
     })
 }
 
@@ -416,6 +424,21 @@ const MAX_POKES_PER_PEER: usize = 4096;
 
 /// At most this many of the local host's bursts per job and window ([`LocalSends`]).
 const MAX_LOCAL_BURSTS: usize = 4096;
+
+/// Largest packet that may carry no payload over IPv4: a 20-byte IP header and a TCP header with
+/// the most options (60 bytes: timestamps and three SACK blocks). A pure ACK with timestamps is
+/// 52 bytes, a RoCEv2 ACK 48. Over IPv6 the IP header takes 20 more.
+const MAX_HEADER_ONLY_PACKET_V4: u64 = 80;
+const MAX_HEADER_ONLY_PACKET_V6: u64 = MAX_HEADER_ONLY_PACKET_V4 + 20;
+
+/// Whether a burst carried some payload: more bytes than its packets' headers alone can take. A
+/// run of pure ACKs never does (its kernel sends those whatever the application does); a
+/// protocol's control message does (an OpenMPI rendezvous reply, the go-ahead
+/// [`PeerWindow::pokes`] are kept for).
+fn carried_payload(key: &FlowKey, b: &BurstRecord) -> bool {
+    let header = if addr_ip(key.src_addr).is_ipv4() { MAX_HEADER_ONLY_PACKET_V4 } else { MAX_HEADER_ONLY_PACKET_V6 };
+    b.bytes > b.packets.saturating_mul(header)
+}
 
 /// Whether a burst carried data (not a run of pure ACKs).
 fn is_data(b: &BurstRecord) -> bool {
@@ -722,6 +745,49 @@ mod tests {
         assert_eq!(local.addr, "10.77.0.1".parse::<IpAddr>().unwrap());
         assert_eq!(local.bursts.iter().map(|b| (b.start_ns, b.to)).collect::<Vec<_>>(), vec![(80 * MS, Some("10.77.0.2".parse().unwrap()))]);
         assert!(local.pokes.is_empty());
+    }
+
+    #[test]
+    fn only_small_sends_with_payload_are_pokes() {
+        // A peer's pure ACKs (52 B with timestamps, 80 B with three SACK blocks) are what its
+        // kernel sends whatever its application does; a 120 B control message (a rendezvous
+        // reply) is the application telling us to go ahead.
+        let mut t = FlowTable::new(TableSettings::default());
+        t.enable_windows();
+        let acks_in = key(2, 1, 29501, direction::INGRESS, flow_kind::TCP);
+        let ctrl_in = key(2, 1, 29502, direction::INGRESS, flow_kind::TCP);
+        let sack_in = key(2, 1, 29503, direction::INGRESS, flow_kind::TCP);
+        let acks_out = key(1, 2, 29501, direction::EGRESS, flow_kind::TCP);
+        let ctrl_out = key(1, 2, 29502, direction::EGRESS, flow_kind::TCP);
+        let data_out = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        let ev = |k, start: u64, bytes, packets| Event {
+            kind: event_kind::BURST_END,
+            key: k,
+            burst: BurstState { start_ns: start, last_ns: start + MS, bytes, packets },
+            ..Default::default()
+        };
+        t.apply(&PollSnapshot { mono_ns: 10 * MS, ..Default::default() });
+        t.apply(&PollSnapshot {
+            mono_ns: 500 * MS,
+            events: vec![
+                ev(acks_in, 100 * MS, 52, 1),
+                ev(acks_in, 110 * MS, 156, 3),
+                ev(sack_in, 120 * MS, 160, 2),
+                ev(ctrl_in, 130 * MS, 120, 1),
+                ev(ctrl_in, 140 * MS, 300, 3),
+                ev(acks_out, 150 * MS, 52, 1),
+                ev(ctrl_out, 160 * MS, 120, 1),
+                ev(data_out, 170 * MS, 1_448_000, 1000),
+            ],
+            ..Default::default()
+        });
+        let jw = JobSet::from_config(None).windows(&t.take_window().unwrap(), |_| "eth0".into());
+        let starts = |v: &[BurstSummary]| v.iter().map(|b| b.start_ns / MS).collect::<Vec<_>>();
+        assert_eq!(starts(&jw[0].peers[0].pokes), vec![130, 140], "the peer's pokes: its control messages, not its ACKs");
+        assert!(jw[0].peers[0].bursts.is_empty());
+        let local = jw[0].local.as_ref().expect("the local host's sends");
+        assert_eq!(starts(&local.pokes), vec![160], "our own pokes: the control message, not the ACK");
+        assert_eq!(starts(&local.bursts), vec![170]);
     }
 
     #[test]
