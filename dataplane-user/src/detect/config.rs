@@ -348,8 +348,8 @@ pub struct StragglerConfig {
     /// A late start that another peer's start follows within this (3 ms) names no one: with a
     /// rendezvous protocol the straggler's predecessor sends only once the straggler asks.
     pub co_start_ns: u64,
-    /// A late start whose receiver sent this peer anything small (a go-ahead) in the 10 ms
-    /// before names no one: it was waiting for that receiver.
+    /// A late start whose receiver sent this peer a small message with payload (a go-ahead; pure
+    /// ACKs are not one) in the 10 ms before names no one: it was waiting for that receiver.
     pub go_ahead_ns: u64,
     /// Raise a straggler on `raise_k` (4) of the last `raise_n` (5) windows, stricter than
     /// network faults: a rank of a busy host runs late for a window or two without being one.
