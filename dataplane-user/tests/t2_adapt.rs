@@ -4,7 +4,10 @@
 //! training job (`ringside-rank`, ring allreduce over TCP port 29500) following its hints from rank 0.
 //! After a healthy warm-up (the policy needs a healthy baseline), one host's link is rate-capped
 //! until the job ends. The test asserts, from the ranks' own reports:
-//! - the cap hurt (capped communication time ≥ 1.5× healthy) and the plan did not change before it;
+//! - the cap hurt (capped communication time ≥ 1.5× healthy) and the plan did not change before it
+//!   (unless rank 0's own communication time explains the change, ≥ 1.3× in the 2 s before it:
+//!   then the machine broke the healthy phase, and the run is inconclusive and runs once more,
+//!   `support::adapt::early_change`);
 //! - a hint of version ≥ 2 with a compressed codec was applied after the cap started, every
 //!   rank ran the same plan at every step, and the job settled on a compressed plan (at most one
 //!   undone change: a revert that made the job slower is itself undone, see "Verification" in

@@ -14,7 +14,9 @@
 //! - no plan change before the cap; after it, steps ran a compressed plan that came from a hint of
 //!   version ≥ 2 that the winning service had proposed (the services report the rank and version
 //!   behind each plan; the ranks had no hint flag and no agent address), a service other than
-//!   rank 0's proposed a compressed plan, and the job ended compressed;
+//!   rank 0's proposed a compressed plan, and the job ended compressed (a plan change before the
+//!   cap that rank 0's own communication time explains, ≥ 1.3× in the 2 s before it, makes the
+//!   run inconclusive and it runs once more: `support::adapt::early_change`);
 //! - the plans never left the registered constraints (no top-k: not registered);
 //! - when at least 3 steps ran capped and uncompressed, the compressed steps' mean communication
 //!   time is at least 1.3× lower (a ratio within one run);
