@@ -16,8 +16,9 @@ use crate::{
     util::{cargo, output, sh, workspace_root},
 };
 
-/// The scenarios named on the command line (all when none), in `all`'s order of the names given.
-pub fn pick<S: Copy>(all: &[S], names: &[String], name: impl Fn(S) -> String) -> Result<Vec<S>> {
+/// The items (`what`: scenario, source, vantage) named on the command line (all when none), in
+/// the order of the names given.
+pub fn pick<S: Copy>(what: &str, all: &[S], names: &[String], name: impl Fn(S) -> String) -> Result<Vec<S>> {
     if names.is_empty() {
         return Ok(all.to_vec());
     }
@@ -25,7 +26,7 @@ pub fn pick<S: Copy>(all: &[S], names: &[String], name: impl Fn(S) -> String) ->
         .iter()
         .map(|n| {
             all.iter().copied().find(|s| name(*s) == *n).with_context(|| {
-                format!("unknown scenario {n:?}; known: {}", all.iter().map(|s| name(*s)).collect::<Vec<_>>().join(", "))
+                format!("unknown {what} {n:?}; known: {}", all.iter().map(|s| name(*s)).collect::<Vec<_>>().join(", "))
             })
         })
         .collect()

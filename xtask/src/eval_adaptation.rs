@@ -278,8 +278,8 @@ type Rows = Vec<(Scenario, RunResult, RunResult)>;
 pub fn run(opts: Opts) -> Result<()> {
     testbed::require_root().context("the evaluation creates network namespaces and loads eBPF programs")?;
     let stop = testbed::signals::stop_flag();
-    let scenarios = pick(&ALL, &opts.scenarios, |s| s.name().to_string())?;
-    let sources = pick(&SOURCES, &opts.sources, |s| s.name().to_string())?;
+    let scenarios = pick("scenario", &ALL, &opts.scenarios, |s| s.name().to_string())?;
+    let sources = pick("source", &SOURCES, &opts.sources, |s| s.name().to_string())?;
     let (ringside, rank_bin) = release_binaries(opts.no_build)?;
     let ipu_bin = crate::build::bin_path("ringside-ipu", true);
     if sources.contains(&Source::Managed) {

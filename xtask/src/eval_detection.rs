@@ -77,7 +77,7 @@ pub struct Opts {
     /// Traffic source (repeatable; default: all three): `rank` (ringside's emulated job),
     /// `openmpi` (OpenMPI's MPI_Allreduce; run i of a scenario uses its i-th coll_tuned algorithm
     /// of default, ring, segmented_ring, recursive_doubling, rabenseifner, so --repeats 5 covers
-    /// each), `openmpi-ALGORITHM` (one algorithm only), `torch` (PyTorch DDP over gloo).
+    /// each), `openmpi-ALGORITHM` (one algorithm only, its name with hyphens: `openmpi-recursive-doubling`), `torch` (PyTorch DDP over gloo).
     #[arg(long = "source", value_name = "SOURCE")]
     pub sources: Vec<String>,
     /// Where the agents watch from (repeatable; default `switch`): `switch` (one agent in the
@@ -327,13 +327,13 @@ pub fn run(opts: Opts) -> Result<()> {
         Phases { warmup: secs(opts.warmup_s.unwrap_or(12)), fault: secs(opts.fault_s.unwrap_or(15)), cooldown: secs(4), healthy: secs(opts.healthy_s.unwrap_or(60)) }
     };
     let repeats = if opts.quick { 1 } else { opts.repeats.max(1) };
-    let scenarios = pick(&ALL, &opts.scenarios, |s| s.name())?;
+    let scenarios = pick("scenario", &ALL, &opts.scenarios, |s| s.name())?;
     let sources = if opts.sources.is_empty() {
         vec![Source::Rank, Source::OpenMpi(None), Source::Torch]
     } else {
-        pick(&Source::all(), &opts.sources, |s| s.name())?
+        pick("source", &Source::all(), &opts.sources, |s| s.name())?
     };
-    let vantages = if opts.vantages.is_empty() { vec![Vantage::Switch] } else { pick(&Vantage::ALL, &opts.vantages, |v| v.name().to_string())? };
+    let vantages = if opts.vantages.is_empty() { vec![Vantage::Switch] } else { pick("vantage", &Vantage::ALL, &opts.vantages, |v| v.name().to_string())? };
 
     let (ringside, rank_bin) = release_binaries(opts.no_build)?;
     let out_dir = opts.out_dir.clone().unwrap_or_else(|| workspace_root().join("target/eval"));
