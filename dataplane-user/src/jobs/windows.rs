@@ -713,30 +713,31 @@ mod tests {
         assert_eq!(jw[0].peers[0].bytes, 0, "a burst without counter growth still names its peer");
     }
 
-    #[test]
-    fn ack_bursts_and_our_own_sends_are_not_the_peers_bursts() {
+    /// The job windows of one window (from 10 to 500 ms) whose `BURST_END` events are these
+    /// (key, start ms, bytes, packets), each burst 1 ms long, every interface named `ifname`.
+    fn windows_of_bursts(bursts: &[(FlowKey, u64, u64, u64)], ifname: &str) -> Vec<JobWindow> {
         let mut t = FlowTable::new(TableSettings::default());
         t.enable_windows();
+        t.apply(&PollSnapshot { mono_ns: 10 * MS, ..Default::default() });
+        let events = bursts
+            .iter()
+            .map(|&(key, start_ms, bytes, packets)| Event {
+                kind: event_kind::BURST_END,
+                key,
+                burst: BurstState { start_ns: start_ms * MS, last_ns: (start_ms + 1) * MS, bytes, packets },
+                ..Default::default()
+            })
+            .collect();
+        t.apply(&PollSnapshot { mono_ns: 500 * MS, events, ..Default::default() });
+        JobSet::from_config(None).windows(&t.take_window().unwrap(), |_| ifname.into())
+    }
+
+    #[test]
+    fn ack_bursts_and_our_own_sends_are_not_the_peers_bursts() {
         let data_in = key(2, 1, 29500, direction::INGRESS, flow_kind::TCP);
         let acks_in = key(2, 1, 29501, direction::INGRESS, flow_kind::TCP);
         let data_out = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
-        let ev = |k, start: u64, bytes, packets| Event {
-            kind: event_kind::BURST_END,
-            key: k,
-            burst: BurstState { start_ns: start, last_ns: start + MS, bytes, packets },
-            ..Default::default()
-        };
-        t.apply(&PollSnapshot { mono_ns: 10 * MS, ..Default::default() });
-        t.apply(&PollSnapshot {
-            mono_ns: 500 * MS,
-            events: vec![
-                ev(data_in, 100 * MS, 1_448_000, 1000),
-                ev(acks_in, 90 * MS, 52_000, 1000),
-                ev(data_out, 80 * MS, 1_448_000, 1000),
-            ],
-            ..Default::default()
-        });
-        let jw = JobSet::from_config(None).windows(&t.take_window().unwrap(), |_| "eth0".into());
+        let jw = windows_of_bursts(&[(data_in, 100, 1_448_000, 1000), (acks_in, 90, 52_000, 1000), (data_out, 80, 1_448_000, 1000)], "eth0");
         let starts: Vec<u64> = jw[0].peers[0].bursts.iter().map(|b| b.start_ns).collect();
         assert_eq!(starts, vec![100 * MS], "only the data 10.77.0.2 sent");
         // Our own data (one sender, 10.77.0.1) is the window's local sends, for the straggler
@@ -752,36 +753,25 @@ mod tests {
         // A peer's pure ACKs (52 B with timestamps, 80 B with three SACK blocks) are what its
         // kernel sends whatever its application does; a 120 B control message (a rendezvous
         // reply) is the application telling us to go ahead.
-        let mut t = FlowTable::new(TableSettings::default());
-        t.enable_windows();
         let acks_in = key(2, 1, 29501, direction::INGRESS, flow_kind::TCP);
         let ctrl_in = key(2, 1, 29502, direction::INGRESS, flow_kind::TCP);
         let sack_in = key(2, 1, 29503, direction::INGRESS, flow_kind::TCP);
         let acks_out = key(1, 2, 29501, direction::EGRESS, flow_kind::TCP);
         let ctrl_out = key(1, 2, 29502, direction::EGRESS, flow_kind::TCP);
         let data_out = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
-        let ev = |k, start: u64, bytes, packets| Event {
-            kind: event_kind::BURST_END,
-            key: k,
-            burst: BurstState { start_ns: start, last_ns: start + MS, bytes, packets },
-            ..Default::default()
-        };
-        t.apply(&PollSnapshot { mono_ns: 10 * MS, ..Default::default() });
-        t.apply(&PollSnapshot {
-            mono_ns: 500 * MS,
-            events: vec![
-                ev(acks_in, 100 * MS, 52, 1),
-                ev(acks_in, 110 * MS, 156, 3),
-                ev(sack_in, 120 * MS, 160, 2),
-                ev(ctrl_in, 130 * MS, 120, 1),
-                ev(ctrl_in, 140 * MS, 300, 3),
-                ev(acks_out, 150 * MS, 52, 1),
-                ev(ctrl_out, 160 * MS, 120, 1),
-                ev(data_out, 170 * MS, 1_448_000, 1000),
+        let jw = windows_of_bursts(
+            &[
+                (acks_in, 100, 52, 1),
+                (acks_in, 110, 156, 3),
+                (sack_in, 120, 160, 2),
+                (ctrl_in, 130, 120, 1),
+                (ctrl_in, 140, 300, 3),
+                (acks_out, 150, 52, 1),
+                (ctrl_out, 160, 120, 1),
+                (data_out, 170, 1_448_000, 1000),
             ],
-            ..Default::default()
-        });
-        let jw = JobSet::from_config(None).windows(&t.take_window().unwrap(), |_| "eth0".into());
+            "eth0",
+        );
         let starts = |v: &[BurstSummary]| v.iter().map(|b| b.start_ns / MS).collect::<Vec<_>>();
         assert_eq!(starts(&jw[0].peers[0].pokes), vec![130, 140], "the peer's pokes: its control messages, not its ACKs");
         assert!(jw[0].peers[0].bursts.is_empty());
@@ -794,21 +784,8 @@ mod tests {
     fn a_switch_port_s_egress_carries_many_senders_so_no_local_host() {
         // Egress data from two sources (a switch forwarding hosts 2 and 3 to host 1): no local
         // host to judge.
-        let mut t = FlowTable::new(TableSettings::default());
-        t.enable_windows();
-        let ev = |k, start: u64| Event {
-            kind: event_kind::BURST_END,
-            key: k,
-            burst: BurstState { start_ns: start, last_ns: start + MS, bytes: 1_448_000, packets: 1000 },
-            ..Default::default()
-        };
-        t.apply(&PollSnapshot { mono_ns: 10 * MS, ..Default::default() });
-        t.apply(&PollSnapshot {
-            mono_ns: 500 * MS,
-            events: vec![ev(key(2, 1, 29500, direction::EGRESS, flow_kind::TCP), 80 * MS), ev(key(3, 1, 29500, direction::EGRESS, flow_kind::TCP), 90 * MS)],
-            ..Default::default()
-        });
-        let jw = JobSet::from_config(None).windows(&t.take_window().unwrap(), |_| "p1".into());
+        let egress = |from| key(from, 1, 29500, direction::EGRESS, flow_kind::TCP);
+        let jw = windows_of_bursts(&[(egress(2), 80, 1_448_000, 1000), (egress(3), 90, 1_448_000, 1000)], "p1");
         assert_eq!(jw[0].local, None);
     }
 }
