@@ -37,7 +37,11 @@ use std::{
 
 use ringside_client::{Algorithm, Constraints, JobCreated, JobRegistration, PortRange};
 use serde_json::Value;
-use support::{adapt::Inconclusive, ipu_agent::IpuAgent, wait_for};
+use support::{
+    adapt::{f, mean, Inconclusive},
+    ipu_agent::IpuAgent,
+    wait_for,
+};
 use testbed::managed::{self, ManagedServices, ServiceConfig};
 use testbed::{ByteSize, IpuStar, IpuStarConfig, JobConfig, Rig};
 
@@ -81,16 +85,8 @@ fn preconditions() -> (PathBuf, PathBuf) {
     (binary("RINGSIDE_RANK_BIN", "ringside-rank"), binary("RINGSIDE_IPU_BIN", "ringside-ipu"))
 }
 
-fn f(v: &Value, k: &str) -> f64 {
-    v[k].as_f64().unwrap_or_else(|| panic!("step record without numeric {k}: {v}"))
-}
-
 fn codec(plan: &Value) -> &str {
     plan["compression"]["codec"].as_str().unwrap_or_else(|| panic!("plan without a codec: {plan}"))
-}
-
-fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
 fn unix_ms() -> f64 {

@@ -77,7 +77,8 @@ pub struct Opts {
     /// Traffic source (repeatable; default: all three): `rank` (ringside's emulated job),
     /// `openmpi` (OpenMPI's MPI_Allreduce; run i of a scenario uses its i-th coll_tuned algorithm
     /// of default, ring, segmented_ring, recursive_doubling, rabenseifner, so --repeats 5 covers
-    /// each), `openmpi-ALGORITHM` (one algorithm only, its name with hyphens: `openmpi-recursive-doubling`), `torch` (PyTorch DDP over gloo).
+    /// each), `openmpi-ALGORITHM` (one algorithm only, its name with hyphens:
+    /// `openmpi-recursive-doubling`), `torch` (PyTorch DDP over gloo).
     #[arg(long = "source", value_name = "SOURCE")]
     pub sources: Vec<String>,
     /// Where the agents watch from (repeatable; default `switch`): `switch` (one agent in the

@@ -177,11 +177,12 @@ impl JobSet {
             if key.direction == direction::EGRESS {
                 let e = egress.entry(job).or_default();
                 if e.len() < MAX_LOCAL_BURSTS {
-                    e.push(EgressBurst { from: addr_ip(key.src_addr), ifindex: key.ifindex, data: is_data(b), payload: carried_payload(key, b), burst: summary(key, b) });
+                    let from = addr_ip(key.src_addr);
+                    e.push(EgressBurst { from, ifindex: key.ifindex, data: is_data(b), payload: carried_payload(from, b), burst: summary(key, b) });
                 }
             }
             if !sent_by_peer_with_data(key, b) {
-                if key.direction == direction::INGRESS && carried_payload(key, b) && acc.pokes.len() < MAX_POKES_PER_PEER {
+                if key.direction == direction::INGRESS && carried_payload(addr_ip(key.src_addr), b) && acc.pokes.len() < MAX_POKES_PER_PEER {
                     acc.pokes.push(summary(key, b));
                 }
                 continue;
@@ -435,8 +436,9 @@ const MAX_HEADER_ONLY_PACKET_V6: u64 = MAX_HEADER_ONLY_PACKET_V4 + 20;
 /// run of pure ACKs never does (its kernel sends those whatever the application does); a
 /// protocol's control message does (an OpenMPI rendezvous reply, the go-ahead
 /// [`PeerWindow::pokes`] are kept for).
-fn carried_payload(key: &FlowKey, b: &BurstRecord) -> bool {
-    let header = if addr_ip(key.src_addr).is_ipv4() { MAX_HEADER_ONLY_PACKET_V4 } else { MAX_HEADER_ONLY_PACKET_V6 };
+/// `sender`: the burst's source address.
+fn carried_payload(sender: IpAddr, b: &BurstRecord) -> bool {
+    let header = if sender.is_ipv4() { MAX_HEADER_ONLY_PACKET_V4 } else { MAX_HEADER_ONLY_PACKET_V6 };
     b.bytes > b.packets.saturating_mul(header)
 }
 
