@@ -1,23 +1,33 @@
 //! T1: the real flow monitor in the kernel, run with `BPF_PROG_TEST_RUN` on crafted frames.
 //!
-//! Each test loads its own instance of the embedded object (maps are per load, so tests running in
-//! parallel never share state), writes `CONFIG` / `MATCH_PREFIXES`, runs frames through `flowmon`,
-//! and asserts the exact contents of `FLOWS`, `STATS` and `EVENTS`. Nothing is attached
-//! to an interface. Every run also checks the fail-open contract: verdict `TC_ACT_PIPE` and the
-//! packet bytes unchanged.
+//! Each test takes an instance of the embedded object for itself ([`Monitor::load`]), writes
+//! `CONFIG` / `MATCH_PREFIXES`, runs frames through `flowmon`, and asserts the exact contents of
+//! `FLOWS`, `STATS` and `EVENTS`. Nothing is attached to an interface. Every run also checks the
+//! fail-open contract: verdict `TC_ACT_PIPE` and the packet bytes unchanged.
+//!
+//! Instances are reused: loading `flowmon` is nearly all of a test's time (the verifier walks
+//! about 200,000 instructions: 0.2 s on this machine's 6.18, 12-30 s per load in the kernel
+//! matrix's TCG guests, where a load per test made `t1_flowmon` take 15 minutes on 6.1). A test
+//! holds the binary's one turn ([`TURN`]) while its `Monitor`s live, so tests run one at a time,
+//! and each gets an instance whose every map was reset first ([`reset`]): `FLOWS` all `EMPTY`,
+//! `STATS` and the log budgets zero on every CPU, `EVENTS` drained, `MATCH_PREFIXES` empty, then
+//! its own `CONFIG` and prefixes. An instance whose debug log was read (aya-log takes `AYA_LOGS`
+//! out of the object), which ran with the debug log on, or whose test panicked is dropped instead
+//! of reused.
 //!
 //! Needs root (CAP_BPF + CAP_NET_ADMIN) and an object built by `cargo xtask build`; without either
 //! the tests fail with a message saying so, they never pass vacuously. Run:
 //! `RINGSIDE_EBPF_OBJECT=target/ebpf/bpfel-unknown-none/release/flowmon cargo test -p dataplane-user --test t1_flowmon`
 //! (what `cargo xtask test` does).
 use std::{
-    sync::{Arc, Mutex},
+    mem::ManuallyDrop,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
     thread,
     time::{Duration, Instant},
 };
 
 use aya::{
-    maps::{lpm_trie::Key, Array, LpmTrie, MapData, PerCpuArray, RingBuf},
+    maps::{lpm_trie::Key, Array, LpmTrie, MapData, PerCpuArray, PerCpuValues, RingBuf},
     programs::SchedClassifier,
     Ebpf, EbpfLoader,
 };
@@ -41,9 +51,102 @@ const A: [u8; 4] = [10, 0, 0, 1];
 const B: [u8; 4] = [10, 0, 0, 2];
 const NCCL_PORT: u16 = 29500;
 
-/// One loaded instance of the monitor.
+/// One loaded instance of the monitor, this test's alone while it lives (see the module docs).
 struct Monitor {
-    ebpf: Ebpf,
+    ebpf: ManuallyDrop<Ebpf>,
+    /// `FLOWS` capacity it was loaded with (`None`: the object's default).
+    slots: Option<u32>,
+    /// Whether it can go back to [`POOL`] when the test ends.
+    reusable: bool,
+    _turn: Turn,
+}
+
+/// Held by the test whose `Monitor`s live: one test at a time uses instances.
+static TURN: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    /// This thread's live `Turn`s and, while there is one, its hold on [`TURN`] (a test may hold
+    /// two monitors at once).
+    static HELD: std::cell::RefCell<(u32, Option<MutexGuard<'static, ()>>)> = const { std::cell::RefCell::new((0, None)) };
+}
+
+/// One monitor's share of its thread's hold on [`TURN`].
+struct Turn;
+
+impl Turn {
+    fn take() -> Turn {
+        HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            if h.0 == 0 {
+                h.1 = Some(TURN.lock().unwrap_or_else(PoisonError::into_inner));
+            }
+            h.0 += 1;
+        });
+        Turn
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            h.0 -= 1;
+            if h.0 == 0 {
+                h.1 = None;
+            }
+        });
+    }
+}
+/// Loaded instances free for the next test, with the `FLOWS` capacity each was loaded with.
+static POOL: Mutex<Vec<(Option<u32>, Ebpf)>> = Mutex::new(Vec::new());
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; the field is not used after.
+        let ebpf = unsafe { ManuallyDrop::take(&mut self.ebpf) };
+        if self.reusable && !thread::panicking() {
+            POOL.lock().unwrap_or_else(PoisonError::into_inner).push((self.slots, ebpf));
+        }
+    }
+}
+
+/// Puts every map of an instance back as a fresh load has it, but `CONFIG` (the caller writes it).
+fn reset(ebpf: &mut Ebpf) {
+    clear_flows(ebpf);
+    let cpus = aya::util::nr_cpus().expect("the number of possible CPUs");
+    {
+        let mut st: PerCpuArray<&mut MapData, u64> = PerCpuArray::try_from(ebpf.map_mut(maps::STATS).unwrap()).unwrap();
+        for i in 0..stats::COUNT {
+            st.set(i, PerCpuValues::try_from(vec![0u64; cpus]).unwrap(), 0).unwrap();
+        }
+    }
+    {
+        // The program's `LogBudget { credit_ns, last_ns }` per CPU; all zero is a full bucket.
+        let mut budgets: PerCpuArray<&mut MapData, [u64; 2]> = PerCpuArray::try_from(ebpf.map_mut("LOG_BUDGET").expect("the LOG_BUDGET map")).unwrap();
+        for i in 0..budgets.len() {
+            budgets.set(i, PerCpuValues::try_from(vec![[0u64; 2]; cpus]).unwrap(), 0).unwrap();
+        }
+    }
+    {
+        let mut rb = RingBuf::try_from(ebpf.map_mut(maps::EVENTS).unwrap()).unwrap();
+        while rb.next().is_some() {}
+    }
+    let mut trie: LpmTrie<&mut MapData, [u8; 16], PrefixValue> = LpmTrie::try_from(ebpf.map_mut(maps::MATCH_PREFIXES).unwrap()).unwrap();
+    let keys: Vec<Key<[u8; 16]>> = trie.keys().map(|k| k.unwrap()).collect();
+    for k in keys {
+        trie.remove(&k).unwrap();
+    }
+}
+
+/// Writes a zeroed slot over every slot of `FLOWS` that is not all zero (found through one mmap:
+/// a syscall per slot would be slow in the kernel matrix's guests).
+fn clear_flows(ebpf: &mut Ebpf) {
+    let Some(aya::maps::Map::Array(data)) = ebpf.map(maps::FLOWS) else { panic!("FLOWS is an array map") };
+    let used: Vec<u32> = testrun::flow_slots(data).expect("mmap FLOWS").iter().enumerate().filter(|(_, s)| **s != FlowSlot::default()).map(|(i, _)| i as u32).collect();
+    let mut flows: Array<&mut MapData, FlowSlot> = Array::try_from(ebpf.map_mut(maps::FLOWS).unwrap()).unwrap();
+    for i in used {
+        flows.set(i, FlowSlot::default(), 0).unwrap();
+    }
 }
 
 impl Monitor {
@@ -51,8 +154,10 @@ impl Monitor {
         Self::load_sized(config, prefixes, None)
     }
 
-    /// `load` with `FLOWS` sized `slots` at load time (and `CONFIG`'s mask to match).
+    /// `load` with `FLOWS` sized `slots` at load time (and `CONFIG`'s mask to match): an instance
+    /// of that capacity from [`POOL`], its maps reset, or a new one.
     fn load_sized(mut config: Config, prefixes: &[(u32, [u8; 16])], slots: Option<u32>) -> Self {
+        let turn = Turn::take();
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             panic!(
@@ -63,16 +168,31 @@ impl Monitor {
         let object = dataplane_user::object::flowmon_object().unwrap_or_else(|e| {
             panic!("{e} (for T1: set RINGSIDE_EBPF_OBJECT to the built flowmon object)")
         });
-        let mut loader = EbpfLoader::new();
         if let Some(n) = slots {
-            loader.map_max_entries(maps::FLOWS, n);
             config.flow_slot_mask = n - 1;
         }
-        let mut ebpf = loader.load(object).expect("the flowmon object loads");
-        for name in [programs::FLOWMON, programs::NOOP] {
-            let prog: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
-            prog.load().unwrap_or_else(|e| panic!("verifier rejected {name}: {e:?}"));
-        }
+        let pooled = {
+            let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+            pool.iter().position(|(n, _)| *n == slots).map(|i| pool.swap_remove(i).1)
+        };
+        let mut ebpf = match pooled {
+            Some(mut ebpf) => {
+                reset(&mut ebpf);
+                ebpf
+            }
+            None => {
+                let mut loader = EbpfLoader::new();
+                if let Some(n) = slots {
+                    loader.map_max_entries(maps::FLOWS, n);
+                }
+                let mut ebpf = loader.load(object).expect("the flowmon object loads");
+                for name in [programs::FLOWMON, programs::NOOP] {
+                    let prog: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
+                    prog.load().unwrap_or_else(|e| panic!("verifier rejected {name}: {e:?}"));
+                }
+                ebpf
+            }
+        };
         {
             let mut cfg: Array<&mut MapData, Config> =
                 Array::try_from(ebpf.map_mut(maps::CONFIG).unwrap()).unwrap();
@@ -90,7 +210,9 @@ impl Monitor {
         // SAFETY: sched_getcpu has no preconditions.
         let cpu = unsafe { libc::sched_getcpu() }.max(0) as usize;
         testrun::pin_current_thread(cpu).expect("pin the test thread to its CPU");
-        Self { ebpf }
+        // A test that turns the debug log on leaves records in AYA_LOGS; reset does not drain it.
+        let reusable = config.flags & config_flags::DEBUG_LOG == 0;
+        Self { ebpf: ManuallyDrop::new(ebpf), slots, reusable, _turn: turn }
     }
 
     fn program(&self, name: &str) -> &SchedClassifier {
@@ -181,10 +303,7 @@ impl Monitor {
 
     /// Empties every slot that is not empty.
     fn clear_flows(&mut self) {
-        let used: Vec<u32> = self.slots().iter().enumerate().filter(|(_, s)| s.state != slot_state::EMPTY).map(|(i, _)| i as u32).collect();
-        for i in used {
-            self.set_slot(i, FlowSlot::default());
-        }
+        clear_flows(&mut self.ebpf);
     }
 
     /// The flow's open burst, as a `BURST_END` event would report it if it ended now.
@@ -872,8 +991,9 @@ impl Monitor {
     /// Every record on the classifier's debug log (`AYA_LOGS`) so far, decoded by aya-log. Takes
     /// the map out of the object (the loaded program keeps it alive): call it once per monitor.
     fn log_records(&mut self) -> Vec<(log::Level, String)> {
+        self.reusable = false;
         let capture = LogCapture::default();
-        let mut logger = aya_log::EbpfLogger::init_with_logger(&mut self.ebpf, capture.clone())
+        let mut logger = aya_log::EbpfLogger::init_with_logger(&mut *self.ebpf, capture.clone())
             .expect("the object has the AYA_LOGS ring buffer");
         logger.flush();
         drop(logger);

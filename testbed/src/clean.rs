@@ -1,6 +1,7 @@
 //! [`clean`]: removes what crashed runs left behind: `rs-*` namespaces whose creating process is
-//! gone (see the naming invariant in [`crate::netns`]) and a raised `net.core.netdev_max_backlog`
-//! (see [`crate::tuning`]). It sits above both, so neither imports the other.
+//! gone (see the naming invariant in [`crate::netns`]), a raised `net.core.netdev_max_backlog`
+//! (see [`crate::tuning`]) and job output directories of processes that are gone (see
+//! [`crate::job::stale_job_dirs`]). It sits above both, so neither imports the other.
 
 use std::path::Path;
 
@@ -20,12 +21,16 @@ pub struct CleanReport {
     pub failed: Vec<(String, String)>,
     /// Whether a stale raised `net.core.netdev_max_backlog` was restored.
     pub backlog_restored: Option<u64>,
+    /// Job output directories under the temp dir left by processes that are gone
+    /// (`ringside-{job,mpi,torch}-PID-N`, see [`crate::job::stale_job_dirs`]), removed.
+    pub job_dirs_removed: Vec<std::path::PathBuf>,
 }
 
 /// Deletes leftover testbed namespaces: every `rs-*` namespace whose creating process is gone, or
 /// every `rs-*` namespace with `all` (this also breaks rigs of runs still in progress). Interfaces,
 /// qdiscs and nftables tables inside a namespace die with it. Also restores a
-/// `net.core.netdev_max_backlog` left raised by a crashed run.
+/// `net.core.netdev_max_backlog` left raised by a crashed run, and removes the job output
+/// directories (`ringside-{job,mpi,torch}-PID-N` under the temp dir) of processes that are gone.
 pub fn clean(all: bool) -> Result<CleanReport> {
     cmd::require_root()?;
     let mut report = CleanReport::default();
@@ -46,5 +51,10 @@ pub fn clean(all: bool) -> Result<CleanReport> {
         }
     }
     report.backlog_restored = tuning::restore_stale_backlog()?;
+    for dir in crate::job::stale_job_dirs(&std::env::temp_dir()) {
+        if std::fs::remove_dir_all(&dir).is_ok() {
+            report.job_dirs_removed.push(dir);
+        }
+    }
     Ok(report)
 }

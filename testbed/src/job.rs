@@ -114,6 +114,40 @@ pub struct RunningJob {
     /// Processes to kill on drop that are not our children: (namespaces, command names). mpirun's
     /// daemons and ranks are started through `nsenter` and can outlive a killed mpirun.
     sweep: Option<(Vec<String>, Vec<String>)>,
+    /// `out_dir` was made by [`RunningJob::prepare`] under the temp dir (no directory was given):
+    /// removed on drop unless [`RunningJob::wait`] ran (its report or error points into it),
+    /// [`RunningJob::keep_output_dir`] was called, or the thread is panicking (a failing test's logs stay). `cargo xtask testbed clean` removes those
+    /// left by processes that are gone ([`stale_job_dirs`]).
+    own_dir: bool,
+    keep_dir: std::sync::atomic::AtomicBool,
+}
+
+/// Prefixes of the output directories [`RunningJob::prepare`] makes under the temp dir, named
+/// `PREFIX-PID-N`: the emulated job, OpenMPI, PyTorch.
+pub(crate) const JOB_DIR_PREFIXES: [&str; 3] = ["ringside-job", "ringside-mpi", "ringside-torch"];
+
+/// Output directories under `tmp` that a job launcher of a process now gone made and left (a
+/// killed run, or a failed one whose logs were read): `PREFIX-PID-N` with a dead PID.
+pub fn stale_job_dirs(tmp: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(tmp) else { return Vec::new() };
+    let mut out: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            JOB_DIR_PREFIXES.iter().any(|p| {
+                let Some(rest) = name.strip_prefix(p).and_then(|r| r.strip_prefix('-')) else { return false };
+                let Some((pid, n)) = rest.split_once('-') else { return false };
+                match (pid.parse::<i32>(), n.parse::<u64>()) {
+                    (Ok(pid), Ok(_)) => !crate::netns::pid_alive(pid),
+                    _ => false,
+                }
+            })
+        })
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
 }
 
 #[derive(Debug)]
@@ -208,6 +242,8 @@ impl RunningJob {
     /// temp dir named `<prefix>-<pid>-<n>`). For the launchers of this crate: the emulated job,
     /// OpenMPI ([`crate::mpi`]) and PyTorch ([`crate::torch`]).
     pub(crate) fn prepare(out_dir: Option<&Path>, prefix: &str, timeout: Duration) -> Result<Self> {
+        debug_assert!(JOB_DIR_PREFIXES.contains(&prefix), "{prefix} is not in JOB_DIR_PREFIXES (testbed clean would not find its leftovers)");
+        let own_dir = out_dir.is_none();
         let out_dir = match out_dir {
             Some(d) => d.to_path_buf(),
             None => std::env::temp_dir().join(format!("{prefix}-{}-{}", std::process::id(), JOB_COUNTER.fetch_add(1, Ordering::Relaxed))),
@@ -223,6 +259,8 @@ impl RunningJob {
             timeout,
             straggler_fault: None,
             sweep: None,
+            own_dir,
+            keep_dir: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -341,6 +379,11 @@ impl RunningJob {
         &self.out_dir
     }
 
+    /// Keeps the output directory when the job is dropped (an error about to name a log in it).
+    pub fn keep_output_dir(&self) {
+        self.keep_dir.store(true, Ordering::Relaxed);
+    }
+
     /// Process ids of the ranks (index = rank).
     pub fn pids(&self) -> Vec<Option<u32>> {
         self.ranks.iter().map(|r| r.child.as_ref().map(|c| c.id())).collect()
@@ -349,6 +392,8 @@ impl RunningJob {
     /// Waits (bounded by the job's timeout and `stop`) for every rank to exit, then reads their
     /// JSON. A rank that fails or the timeout kills the whole job.
     pub fn wait(mut self, stop: Option<&std::sync::atomic::AtomicBool>) -> Result<JobReport> {
+        // The report, or the error naming a rank's log, points into the directory.
+        self.keep_output_dir();
         let deadline = self.started + self.timeout;
         let poll = Duration::from_millis(50);
         for _ in 0..(self.timeout.as_millis() / poll.as_millis() + 2) {
@@ -470,6 +515,9 @@ impl Drop for RunningJob {
                 }
             }
         }
+        if self.own_dir && !self.keep_dir.load(Ordering::Relaxed) && !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.out_dir);
+        }
     }
 }
 
@@ -490,6 +538,29 @@ mod tests {
         assert_eq!((d.count, d.mean, d.p50, d.max), (100, 50.5, 50.5, 100.0));
         assert!((d.p99 - 99.01).abs() < 1e-9, "p99 {}", d.p99);
         assert_eq!(Dist::of(&[]), Dist::default());
+    }
+
+    #[test]
+    fn stale_job_dirs_are_those_of_processes_that_are_gone() {
+        let tmp = std::env::temp_dir().join(format!("ringside-stale-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        // Above any pid_max (at most 2^22): never a live process.
+        let gone = i32::MAX - 1;
+        let me = std::process::id();
+        for name in [
+            format!("ringside-job-{gone}-0"),
+            format!("ringside-torch-{gone}-12"),
+            format!("ringside-job-{me}-0"),
+            format!("ringside-mpi-{gone}-x"),
+            format!("ringside-other-{gone}-0"),
+            format!("ringside-job-{gone}"),
+        ] {
+            std::fs::create_dir_all(tmp.join(name)).unwrap();
+        }
+        std::fs::write(tmp.join(format!("ringside-mpi-{gone}-3")), b"a file, not a directory").unwrap();
+        let found: Vec<String> = stale_job_dirs(&tmp).iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        std::fs::remove_dir_all(&tmp).unwrap();
+        assert_eq!(found, vec![format!("ringside-job-{gone}-0"), format!("ringside-torch-{gone}-12")]);
     }
 
     #[test]

@@ -70,7 +70,9 @@ enum Command {
     LeafSpine(LeafSpineArgs),
 
     /// Delete namespaces left behind by testbed runs that died (rs-<pid>-... whose pid is gone),
-    /// and restore net.core.netdev_max_backlog if a dead run left it raised.
+    /// restore net.core.netdev_max_backlog if a dead run left it raised, and remove the job
+    /// output directories of processes that are gone (ringside-{job,mpi,torch}-<pid>-<n> under
+    /// the temp dir: logs of killed or failed jobs).
     Clean {
         /// Delete every rs-* namespace, including those of runs still in progress.
         #[arg(long)]
@@ -1007,6 +1009,9 @@ fn main() -> anyhow::Result<()> {
             }
             if let Some(v) = r.backlog_restored {
                 eprintln!("restored net.core.netdev_max_backlog = {v}");
+            }
+            for d in &r.job_dirs_removed {
+                eprintln!("removed {} (job output of a process that is gone)", d.display());
             }
             print_json(&r)?;
             if !r.failed.is_empty() {

@@ -339,6 +339,7 @@ pub fn wait_training_started(job: &RunningJob, timeout: Duration, stop: Option<&
                 None => {
                     latest = None;
                     if pid.is_some_and(|p| !process_alive(p)) {
+                        job.keep_output_dir();
                         let log = job.out_dir().join(format!("rank-{rank}.log"));
                         return Err(Error::RankFailed { rank, detail: "exited before training began".into(), log });
                     }
@@ -356,6 +357,7 @@ pub fn wait_training_started(job: &RunningJob, timeout: Duration, stop: Option<&
         }
         std::thread::sleep(poll);
     }
+    job.keep_output_dir();
     Err(Error::Timeout {
         what: "every PyTorch rank to begin training".into(),
         waited: started.elapsed(),
