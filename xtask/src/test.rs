@@ -240,7 +240,9 @@ fn t1_binaries(object: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// The T1 binaries on each kernel of `versions`, one summary line per kernel. A kernel that
-/// cannot be fetched or booted fails its line and the others still run.
+/// cannot be fetched or booted fails its line and the others still run. The kernels are fetched
+/// one after another, then booted side by side: a TCG guest keeps about one host core busy (the
+/// tests in it run one at a time), so on two cores the matrix takes as long as its slowest kernel.
 fn run_kernels(versions: &[String], object: &Path) -> Result<Vec<TierResult>> {
     println!("\n==> {} on {}", Tier::T1Kernels.describe(), versions.join(", "));
     setup::kernel_matrix_tools()?;
@@ -251,58 +253,71 @@ fn run_kernels(versions: &[String], object: &Path) -> Result<Vec<TierResult>> {
             env.push((var.to_owned(), v));
         }
     }
-    let mut results = Vec::new();
-    for v in versions {
-        println!("\n==> T1 on Linux {v} (QEMU)");
-        let started = Instant::now();
-        let mut counts = Counts::default();
-        let mut label = format!("T1 on Linux {v}");
-        let ok = match kernel::prepare(v) {
-            Err(e) => {
-                counts.failures.push(format!("(kernel {v} not prepared: {e:#})"));
-                false
-            }
-            Ok(k) => {
-                label = format!("T1 on {}", k.release);
-                match kernel::boot(&k, &tests, &env, |l| counts.add_line(l)) {
-                    Err(e) => {
-                        counts.failures.push(format!("(guest: {e:#})"));
-                        false
+    let started = Instant::now();
+    let prepared: Vec<(&String, Result<kernel::GuestKernel>)> = versions.iter().map(|v| (v, kernel::prepare(v))).collect();
+    println!("\n==> T1 on Linux {} (QEMU, side by side; each console line is prefixed with its kernel)", versions.join(", "));
+    let results = std::thread::scope(|scope| {
+        let runs: Vec<_> = prepared
+            .into_iter()
+            .map(|(v, k)| {
+                let (tests, env) = (&tests, &env);
+                scope.spawn(move || guest_result(v, k, tests, env, started))
+            })
+            .collect();
+        runs.into_iter().map(|h| h.join().expect("a kernel's guest thread panicked")).collect()
+    });
+    Ok(results)
+}
+
+/// One kernel's summary line: boots `kernel` (or reports why it could not be prepared) and checks
+/// what its guest reported.
+fn guest_result(v: &str, kernel: Result<kernel::GuestKernel>, tests: &[PathBuf], env: &[(String, String)], started: Instant) -> TierResult {
+    let mut counts = Counts::default();
+    let mut label = format!("T1 on Linux {v}");
+    let ok = match kernel {
+        Err(e) => {
+            counts.failures.push(format!("(kernel {v} not prepared: {e:#})"));
+            false
+        }
+        Ok(k) => {
+            label = format!("T1 on {}", k.release);
+            match kernel::boot(&k, tests, env, |l| counts.add_line(l)) {
+                Err(e) => {
+                    counts.failures.push(format!("(guest: {e:#})"));
+                    false
+                }
+                Ok(run) => {
+                    let mut problems = Vec::new();
+                    if run.uname.as_deref() != Some(k.release.as_str()) {
+                        problems.push(format!("the guest ran kernel {:?}, not {}", run.uname, k.release));
                     }
-                    Ok(run) => {
-                        let mut problems = Vec::new();
-                        if run.uname.as_deref() != Some(k.release.as_str()) {
-                            problems.push(format!("the guest ran kernel {:?}, not {}", run.uname, k.release));
-                        }
-                        if run.btf != Some(true) {
-                            problems.push("the guest kernel has no /sys/kernel/btf/vmlinux".to_owned());
-                        }
-                        if let Some(e) = &run.error {
-                            problems.push(format!("guest error: {e}"));
-                        }
-                        for t in &tests {
-                            let name = t.file_name().unwrap().to_string_lossy();
-                            match run.exits.iter().find(|(n, _)| *n == name) {
-                                Some((_, 0)) => {}
-                                Some((_, code)) => problems.push(format!("{name} exited with {code}")),
-                                None => problems.push(format!("{name} did not finish in the guest")),
-                            }
-                        }
-                        if !run.done {
-                            problems.push("the guest's /init did not reach its end".to_owned());
-                        }
-                        let ok = problems.is_empty() && counts.failed == 0 && counts.passed > 0;
-                        for p in problems {
-                            counts.failures.push(format!("({p})"));
-                        }
-                        ok
+                    if run.btf != Some(true) {
+                        problems.push("the guest kernel has no /sys/kernel/btf/vmlinux".to_owned());
                     }
+                    if let Some(e) = &run.error {
+                        problems.push(format!("guest error: {e}"));
+                    }
+                    for t in tests {
+                        let name = t.file_name().unwrap().to_string_lossy();
+                        match run.exits.iter().find(|(n, _)| *n == name) {
+                            Some((_, 0)) => {}
+                            Some((_, code)) => problems.push(format!("{name} exited with {code}")),
+                            None => problems.push(format!("{name} did not finish in the guest")),
+                        }
+                    }
+                    if !run.done {
+                        problems.push("the guest's /init did not reach its end".to_owned());
+                    }
+                    let ok = problems.is_empty() && counts.failed == 0 && counts.passed > 0;
+                    for p in problems {
+                        counts.failures.push(format!("({p})"));
+                    }
+                    ok
                 }
             }
-        };
-        results.push(TierResult { label, tag: format!("T1@{v}"), ok, counts, took: started.elapsed() });
-    }
-    Ok(results)
+        }
+    };
+    TierResult { label, tag: format!("T1@{v}"), ok, counts, took: started.elapsed() }
 }
 
 #[derive(Default, Clone)]
