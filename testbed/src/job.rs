@@ -116,8 +116,9 @@ pub struct RunningJob {
     sweep: Option<(Vec<String>, Vec<String>)>,
     /// `out_dir` was made by [`RunningJob::prepare`] under the temp dir (no directory was given):
     /// removed on drop unless [`RunningJob::wait`] ran (its report or error points into it),
-    /// [`RunningJob::keep_output_dir`] was called, or the thread is panicking (a failing test's logs stay). `cargo xtask testbed clean` removes those
-    /// left by processes that are gone ([`stale_job_dirs`]).
+    /// [`RunningJob::keep_output_dir`] was called, or the thread is panicking (a failing test's
+    /// logs stay). `cargo xtask testbed clean` removes those left by processes that are gone
+    /// ([`stale_job_dirs`]).
     own_dir: bool,
     keep_dir: std::sync::atomic::AtomicBool,
 }
