@@ -97,6 +97,7 @@ impl Drop for Turn {
         });
     }
 }
+
 /// Loaded instances free for the next test, with the `FLOWS` capacity each was loaded with.
 static POOL: Mutex<Vec<(Option<u32>, Ebpf)>> = Mutex::new(Vec::new());
 
