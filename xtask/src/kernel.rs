@@ -280,8 +280,10 @@ fn resolve_modules(modules_dir: &Path, targets: &[&str]) -> Result<Vec<(String, 
     Ok(out)
 }
 
-/// Debian's static busybox, fetched once into `target/kernels/busybox`.
-fn busybox() -> Result<PathBuf> {
+/// Debian's static busybox, fetched once into `target/kernels/busybox` (written under another
+/// name and renamed, so a reader never sees a partial file). Not safe to call from two threads
+/// for the first time: the matrix calls it once before booting its guests side by side.
+pub fn busybox() -> Result<PathBuf> {
     let path = kernels_dir().join("busybox");
     if path.is_file() {
         return Ok(path);
@@ -293,7 +295,9 @@ fn busybox() -> Result<PathBuf> {
         .context("apt knows no busybox-static; run `apt-get update`")?;
     let scratch = kernels_dir().join(".scratch-busybox");
     let tree = fetch_deb("busybox-static", &version, &scratch)?;
-    fs::copy(tree.join("bin/busybox"), &path).context("busybox-static has no bin/busybox")?;
+    let partial = kernels_dir().join(".busybox.partial");
+    fs::copy(tree.join("bin/busybox"), &partial).context("busybox-static has no bin/busybox")?;
+    fs::rename(&partial, &path)?;
     let _ = fs::remove_dir_all(&scratch);
     Ok(path)
 }

@@ -254,7 +254,11 @@ fn run_kernels(versions: &[String], object: &Path) -> Result<Vec<TierResult>> {
         }
     }
     let started = Instant::now();
-    let prepared: Vec<(&String, Result<kernel::GuestKernel>)> = versions.iter().map(|v| (v, kernel::prepare(v))).collect();
+    // Everything the guests share is fetched here, before they start side by side: the kernels
+    // and busybox (two first fetches at once raced on its scratch directory in a fresh clone,
+    // and one guest's init was a partial file).
+    let prepared: Vec<(&String, Result<kernel::GuestKernel>)> =
+        versions.iter().map(|v| (v, kernel::prepare(v).and_then(|k| kernel::busybox().map(|_| k)))).collect();
     println!("\n==> T1 on Linux {} (QEMU, side by side; each console line is prefixed with its kernel)", versions.join(", "));
     let results = std::thread::scope(|scope| {
         let runs: Vec<_> = prepared
