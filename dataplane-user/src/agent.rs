@@ -240,7 +240,6 @@ pub fn run(settings: AgentSettings) -> Result<(), AgentError> {
         attachment.take_map(maps::STATS)?,
         attachment.take_map(maps::EVENTS)?,
         attachment.hash_seed(),
-        &kernel_config,
     )?;
 
     let stop = Arc::new(AtomicBool::new(false));

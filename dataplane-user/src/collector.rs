@@ -24,11 +24,11 @@ use std::{
 };
 
 use aya::maps::{Map, MapData, MapError, PerCpuArray, RingBuf};
-use dataplane_common::{event_kind, maps, Event, FlowKey};
+use dataplane_common::{maps, Event, FlowKey};
 use tokio::sync::watch;
 use zerocopy::FromBytes as _;
 
-use crate::flow_slots::{Guide, SlotDiff, SlotTable};
+use crate::flow_slots::{SlotDiff, SlotTable};
 use crate::flow_table::{
     BurstAggregate, Counters, EventCounts, Evictions, FlowEntry, FlowTable, InterfaceKey, PeerKey, PollSnapshot, SlotCounts, TableSettings,
     WindowAccumulator, STATS_COUNT,
@@ -299,19 +299,11 @@ pub struct KernelMaps {
     _flows_map: MapData,
     stats: PerCpuArray<MapData, u64>,
     events: RingBuf<MapData>,
-    /// The program's burst gap when it emits both `FLOW_START` and `BURST_END` events: polls
-    /// then read only the slots the events and the previous poll point at (`flow_slots::Guide`).
-    guide_gap_ns: Option<u64>,
-    /// `STATS[RINGBUF_FULL]` at the previous poll: when it grows, events were lost and the next
-    /// poll walks every slot.
-    ringbuf_full: Option<u64>,
 }
 
 impl KernelMaps {
-    /// `hash_seed`: `Config::hash_seed` of these maps (`Attachment::hash_seed`). `config`: what
-    /// the program was given; polls are guided by its events when it emits `FLOW_START` and
-    /// `BURST_END` ([`crate::flow_slots::Guide`]).
-    pub fn new(flows: Map, stats: Map, events: Map, hash_seed: u32, config: &dataplane_common::Config) -> Result<Self, CollectError> {
+    /// `hash_seed`: `Config::hash_seed` of these maps (`Attachment::hash_seed`).
+    pub fn new(flows: Map, stats: Map, events: Map, hash_seed: u32) -> Result<Self, CollectError> {
         use std::os::fd::AsFd as _;
         let Map::Array(data) = flows else {
             return Err(CollectError::MapType { name: maps::FLOWS, source: MapError::InvalidMapType { map_type: 0 } });
@@ -324,17 +316,15 @@ impl KernelMaps {
             _flows_map: data,
             stats: PerCpuArray::try_from(stats).map_err(|source| CollectError::MapType { name: maps::STATS, source })?,
             events: RingBuf::try_from(events).map_err(|source| CollectError::MapType { name: maps::EVENTS, source })?,
-            guide_gap_ns: guide_gap_ns(config),
-            ringbuf_full: None,
         })
     }
 
-    /// Reads everything into a snapshot: `STATS` with one lookup per index, `EVENTS` drained,
-    /// then `FLOWS` by walking the mapped slots (no syscall; only new, moved and vanished flows
-    /// are reported, see `PollSnapshot::partial`), all of them or only those this poll's events
-    /// and the previous poll point at (see `flow_slots::Guide`).
+    /// Reads everything into a snapshot: `FLOWS` by walking the mapped slots (no syscall; only
+    /// new, moved and vanished flows are reported, see `PollSnapshot::partial`),
+    /// `STATS` with one lookup per index, `EVENTS` drained.
     pub fn snapshot(&mut self) -> Result<PollSnapshot, CollectError> {
         let mono_ns = crate::clock::monotonic_ns();
+        let changes = self.flows.changes(&mut self.diff);
         let mut stats = [0u64; STATS_COUNT];
         for (i, slot) in stats.iter_mut().enumerate() {
             let per_cpu = self.stats.get(&(i as u32), 0).map_err(|source| CollectError::Read { name: maps::STATS, source })?;
@@ -346,14 +336,6 @@ impl KernelMaps {
                 events.push(ev);
             }
         }
-        let ringbuf_full = stats[dataplane_common::stats::RINGBUF_FULL as usize];
-        let lost = self.ringbuf_full.replace(ringbuf_full) != Some(ringbuf_full);
-        let hints: Vec<FlowKey> = match self.guide_gap_ns {
-            Some(_) => events.iter().filter(|e| e.kind == event_kind::FLOW_START || e.kind == event_kind::BURST_END).map(|e| e.key).collect(),
-            None => Vec::new(),
-        };
-        let guide = self.guide_gap_ns.map(|gap_ns| Guide { now_ns: mono_ns, gap_ns, hints: &hints, full: lost });
-        let changes = self.flows.poll(&mut self.diff, guide);
         Ok(PollSnapshot {
             mono_ns,
             flows: changes.changed,
@@ -368,16 +350,8 @@ impl KernelMaps {
     /// Evicts forgotten flows from `FLOWS` (their slots become tombstones the program reuses; a
     /// flow already gone is fine).
     pub fn forget(&mut self, keys: &[FlowKey]) -> usize {
-        keys.iter().filter(|k| self.flows.evict_seen(k, &mut self.diff)).count()
+        keys.iter().filter(|k| self.flows.evict(k)).count()
     }
-}
-
-/// The burst gap a program with `config` guides polls with: `Some` when it emits both
-/// `FLOW_START` and `BURST_END` events.
-fn guide_gap_ns(config: &dataplane_common::Config) -> Option<u64> {
-    use dataplane_common::config_flags::{BURST_EVENTS, FLOW_START_EVENTS};
-    let both = BURST_EVENTS | FLOW_START_EVENTS;
-    (config.flags & both == both).then(|| if config.burst_gap_ns == 0 { dataplane_common::DEFAULT_BURST_GAP_NS } else { config.burst_gap_ns })
 }
 
 /// Decodes one ring-buffer record; records shorter than an `Event` are ignored. A copy, so any

@@ -263,9 +263,7 @@ pub struct MatchFile {
     pub udp_ports: Option<Vec<PortSpec>>,
     /// IPv4/IPv6 CIDR prefixes; a packet matches if its source or destination is inside one.
     pub prefixes: Option<Vec<PrefixSpec>>,
-    /// Emit a FLOW_START event for each new flow, default true: with them (and the burst-end
-    /// events the program always emits) a poll reads only the `FLOWS` slots that can have moved
-    /// (`flow_slots::Guide`); without them every poll walks every slot.
+    /// Emit a FLOW_START event for each new flow, default false.
     pub flow_start_events: Option<bool>,
 }
 
@@ -741,7 +739,7 @@ impl MatchSettings {
             tcp_ports: m.tcp_ports.unwrap_or_default(),
             udp_ports: m.udp_ports.unwrap_or_default(),
             prefixes: m.prefixes.unwrap_or_default(),
-            flow_start_events: m.flow_start_events.unwrap_or(true),
+            flow_start_events: m.flow_start_events.unwrap_or(false),
         }
     }
 
@@ -1208,9 +1206,6 @@ mod tests {
         assert_eq!(cfg.port_ranges[1], PortRange { lo: 90, hi: 99, protocol: 6, _pad: [0; 3] });
         assert_eq!(cfg.port_ranges[2], PortRange { lo: 5000, hi: 5000, protocol: 17, _pad: [0; 3] });
         assert_eq!(cfg.port_ranges[3], PortRange::default());
-        assert_eq!(cfg.flags, config_flags::BURST_EVENTS | config_flags::FLOW_START_EVENTS, "flow-start events are on by default");
-        let off = parse("[match]\ntcp_ports = [80]\nflow_start_events = false\n").unwrap();
-        let cfg = MatchSettings::from_file(off.match_.as_ref()).kernel_config(Duration::from_micros(500)).unwrap();
         assert_eq!(cfg.flags, config_flags::BURST_EVENTS);
         assert!(parse("[match]\ntcp_ports = [70000]\n").unwrap_err().to_string().contains("line 2"));
     }

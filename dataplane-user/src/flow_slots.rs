@@ -137,8 +137,9 @@ impl SlotTable {
         unsafe { std::ptr::write_volatile(self.slot_ptr(i), s) }
     }
 
-    /// The live slot of `key`, probing as the program does (`evict` probes on its own, since it
-    /// must visit every copy).
+    /// The live slot of `key`, probing as the program does (tests; `evict` probes on its own,
+    /// since it must visit every copy).
+    #[cfg(test)]
     pub fn find(&self, key: &FlowKey) -> Option<u32> {
         let h = flow_hash(key, self.seed);
         let live = slot_state::with_fp(slot_state::LIVE, h);
@@ -164,30 +165,9 @@ impl SlotTable {
         self.evict_with(key, &mut |_, _| {})
     }
 
-    /// `evict`, and `diff` forgets the evicted slots' flow: no poll reports it vanished (the
-    /// agent evicts only flows it has forgotten; a report polls later, after the flow came back
-    /// in another slot, would mark the live flow gone).
-    pub fn evict_seen(&self, key: &FlowKey, diff: &mut SlotDiff) -> bool {
-        let mut evicted = |_: &Self, i: u32| {
-            let i = i as usize;
-            if let Some(seen) = diff.prev.get_mut(i) {
-                if seen.state & slot_state::TAG_MASK == slot_state::LIVE && diff.keys[i] == *key {
-                    *seen = SlotSeen { state: slot_state::TOMBSTONE, ..SlotSeen::default() };
-                }
-            }
-        };
-        self.evict_with_then(key, &mut |_, _| {}, &mut evicted)
-    }
-
     /// `evict`, calling `before_cas(self, slot)` just before each compare-and-exchange (tests:
     /// another writer changing the slot at that instant).
     fn evict_with(&self, key: &FlowKey, before_cas: &mut dyn FnMut(&Self, u32)) -> bool {
-        self.evict_with_then(key, before_cas, &mut |_, _| {})
-    }
-
-    /// `evict_with`, calling `evicted(self, slot)` for each slot its compare-and-exchange
-    /// tombstoned.
-    fn evict_with_then(&self, key: &FlowKey, before_cas: &mut dyn FnMut(&Self, u32), evicted_slot: &mut dyn FnMut(&Self, u32)) -> bool {
         let h = flow_hash(key, self.seed);
         let live = slot_state::with_fp(slot_state::LIVE, h);
         let mut evicted: Option<u32> = None;
@@ -200,7 +180,6 @@ impl SlotTable {
             if st == live && self.read_stable(i, live).is_some_and(|s| s.key == *key) {
                 before_cas(self, i);
                 if self.state_word(i).compare_exchange(live, slot_state::TOMBSTONE, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                    evicted_slot(self, i);
                     // A second copy lies further along; reclaiming from the last one covers both
                     // when only tombstones lie between them.
                     evicted = Some(i);
@@ -294,41 +273,7 @@ pub struct SlotDiff {
     keys: Vec<FlowKey>,
     /// [`stats_digest`] of each slot's counters as last reported (same validity as `keys`).
     digests: Vec<u64>,
-    /// `last_seen_ns` of each slot's flow as last reported (same validity as `keys`).
-    last_seen: Vec<u64>,
-    /// The slots a guided poll reads whatever the events say (see [`Guide`]): those that moved
-    /// at this poll, and those whose flow's last packet was within the burst gap of it.
-    watch: Vec<u32>,
-    /// What the last full walk counted (a guided poll reads too few slots to count them).
-    counts: SlotCounts,
-    /// Guided polls since the last full walk.
-    guided_in_a_row: u32,
 }
-
-/// What lets a poll read only some slots ([`SlotTable::poll`]). The program emits an event for
-/// each new flow (`FLOW_START`, when `[match] flow_start_events` is on) and for each packet that
-/// follows an idle gap longer than the burst gap (`BURST_END`, always on): a flow that is new, or
-/// moved after being idle longer than the gap, is named by an event. So between two polls a flow
-/// can move *without* an event only if its previous packet was within the gap of this one: it was
-/// then either moving at the previous poll or idle for less than the gap at its start, and is in
-/// [`SlotDiff::watch`]. A guided poll reads the watched slots and those of the keys of this
-/// poll's events, nothing else. Events the program could not emit (ring buffer full) break the
-/// argument: the caller then sets `full`. Every [`FULL_WALK_EVERY`]th poll walks every slot anyway,
-/// which also refreshes the slot counts.
-#[derive(Debug, Clone, Copy)]
-pub struct Guide<'a> {
-    /// `CLOCK_MONOTONIC` (the program's `bpf_ktime_get_ns`) read before any slot of this poll.
-    pub now_ns: u64,
-    /// The program's burst gap (`Config::burst_gap_ns`).
-    pub gap_ns: u64,
-    /// Keys of this poll's `FLOW_START` and `BURST_END` events.
-    pub hints: &'a [FlowKey],
-    /// Walk every slot this time (events were lost).
-    pub full: bool,
-}
-
-/// A guided poll walks every slot at least this often (1 s at the default 100 ms poll interval).
-pub const FULL_WALK_EVERY: u32 = 10;
 
 /// A 64-bit digest of a flow's counters and tracking words: two copies that differ in any word
 /// differ in their digest but for a 2^-64 chance (a missed re-report then leaves a counter
@@ -365,118 +310,60 @@ pub struct SlotChanges {
 }
 
 impl SlotTable {
-    /// Reads the table against `diff` (the previous poll's view) and updates it: every slot.
+    /// Reads the table against `diff` (the previous poll's view) and updates it.
     pub fn changes(&self, diff: &mut SlotDiff) -> SlotChanges {
-        self.poll(diff, None)
-    }
-
-    /// Reads the table against `diff` and updates it: every slot without a `guide`, only the
-    /// slots it allows to skip otherwise (see [`Guide`]; it walks every slot anyway at the first
-    /// poll, when `full` is set and every [`FULL_WALK_EVERY`]th poll).
-    pub fn poll(&self, diff: &mut SlotDiff, guide: Option<Guide<'_>>) -> SlotChanges {
         let n = self.slots as usize;
-        let first = diff.prev.len() != n;
         diff.prev.resize(n, SlotSeen::default());
         diff.keys.resize(n, FlowKey::default());
         diff.digests.resize(n, 0);
-        diff.last_seen.resize(n, 0);
-        let mut out = SlotChanges::default();
-        let recent = guide.map(|g| (g.now_ns, g.gap_ns));
-        let mut watch = Vec::with_capacity(diff.watch.len());
-        let guided = match guide {
-            Some(g) if !first && !g.full && diff.guided_in_a_row + 1 < FULL_WALK_EVERY => Some(g),
-            _ => None,
-        };
-        match guided {
-            None => {
-                let mut counts = SlotCounts { capacity: u64::from(self.slots), ..SlotCounts::default() };
-                for i in 0..self.slots {
-                    self.prefetch(i.wrapping_add(PREFETCH_SLOTS) & (self.slots - 1));
-                    let st = self.state(i);
-                    match st & slot_state::TAG_MASK {
-                        slot_state::LIVE => counts.live += 1,
-                        slot_state::CLAIMING => counts.claiming += 1,
-                        slot_state::TOMBSTONE => counts.tombstones += 1,
-                        _ => {}
-                    }
-                    self.visit(i, st, diff, &mut out, recent, &mut watch);
-                }
-                diff.counts = counts;
-                diff.guided_in_a_row = 0;
+        let mut out = SlotChanges { counts: SlotCounts { capacity: u64::from(self.slots), ..SlotCounts::default() }, ..SlotChanges::default() };
+        for i in 0..self.slots {
+            self.prefetch(i.wrapping_add(PREFETCH_SLOTS) & (self.slots - 1));
+            let st = self.state(i);
+            let seen = &mut diff.prev[i as usize];
+            match st & slot_state::TAG_MASK {
+                slot_state::LIVE => out.counts.live += 1,
+                slot_state::CLAIMING => out.counts.claiming += 1,
+                slot_state::TOMBSTONE => out.counts.tombstones += 1,
+                _ => {}
             }
-            Some(g) => {
-                let mut visit: Vec<u32> = std::mem::take(&mut diff.watch);
-                visit.extend(g.hints.iter().filter_map(|k| self.find(k)));
-                visit.sort_unstable();
-                visit.dedup();
-                for i in visit {
-                    self.visit(i, self.state(i), diff, &mut out, recent, &mut watch);
+            let seen_state = seen.state & !MOVED;
+            let was_live = seen_state & slot_state::TAG_MASK == slot_state::LIVE;
+            if st & slot_state::TAG_MASK != slot_state::LIVE {
+                if was_live {
+                    out.vanished.push(diff.keys[i as usize]);
                 }
-                diff.guided_in_a_row += 1;
+                if seen.state != st {
+                    *seen = SlotSeen { state: st, ..SlotSeen::default() };
+                }
+                continue;
             }
+            let p = self.slot_ptr(i);
+            // SAFETY: in bounds; an aligned u64 read whole.
+            let packets = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*p).stats.packets)) };
+            let moved = st != seen_state || packets != seen.packets;
+            if !moved && seen.state & MOVED == 0 {
+                continue;
+            }
+            let Some(s) = self.read_stable(i, st) else {
+                // Re-claimed during the copy: look again next poll.
+                continue;
+            };
+            if was_live && seen_state != st {
+                out.vanished.push(diff.keys[i as usize]);
+            }
+            let digest = stats_digest(&s.stats);
+            if !moved && diff.digests[i as usize] == digest {
+                // Read again because it moved last poll, and nothing was stored after that copy.
+                seen.state = st;
+                continue;
+            }
+            out.changed.push((s.key, s.stats));
+            diff.keys[i as usize] = s.key;
+            diff.digests[i as usize] = digest;
+            *seen = SlotSeen { state: if moved { st | MOVED } else { st }, packets: s.stats.packets };
         }
-        diff.watch = watch;
-        out.counts = diff.counts;
         out
-    }
-
-    /// One slot of a poll: reports it in `out` if it is new, moved or vanished, and puts it on
-    /// `watch` if the next guided poll must read it (`recent`: the poll's clock and the burst gap).
-    fn visit(&self, i: u32, st: u64, diff: &mut SlotDiff, out: &mut SlotChanges, recent: Option<(u64, u64)>, watch: &mut Vec<u32>) {
-        let idx = i as usize;
-        let within_gap = |last_seen: u64| recent.is_some_and(|(now, gap)| now.saturating_sub(last_seen) <= gap);
-        let seen = &mut diff.prev[idx];
-        let seen_state = seen.state & !MOVED;
-        let was_live = seen_state & slot_state::TAG_MASK == slot_state::LIVE;
-        if st & slot_state::TAG_MASK != slot_state::LIVE {
-            if was_live {
-                out.vanished.push(diff.keys[idx]);
-            }
-            if seen.state != st {
-                *seen = SlotSeen { state: st, ..SlotSeen::default() };
-            }
-            if st & slot_state::TAG_MASK == slot_state::CLAIMING {
-                // Becoming live right now (its FLOW_START comes with the next poll's events):
-                // read it then either way.
-                watch.push(i);
-            }
-            return;
-        }
-        let p = self.slot_ptr(i);
-        // SAFETY: in bounds; an aligned u64 read whole.
-        let packets = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*p).stats.packets)) };
-        let moved = st != seen_state || packets != seen.packets;
-        if !moved && seen.state & MOVED == 0 {
-            if within_gap(diff.last_seen[idx]) {
-                watch.push(i);
-            }
-            return;
-        }
-        let Some(s) = self.read_stable(i, st) else {
-            // Re-claimed during the copy: look again next poll.
-            watch.push(i);
-            return;
-        };
-        if was_live && seen_state != st {
-            out.vanished.push(diff.keys[idx]);
-        }
-        diff.last_seen[idx] = s.stats.last_seen_ns;
-        let digest = stats_digest(&s.stats);
-        if !moved && diff.digests[idx] == digest {
-            // Read again because it moved last poll, and nothing was stored after that copy.
-            seen.state = st;
-            if within_gap(s.stats.last_seen_ns) {
-                watch.push(i);
-            }
-            return;
-        }
-        out.changed.push((s.key, s.stats));
-        diff.keys[idx] = s.key;
-        diff.digests[idx] = digest;
-        *seen = SlotSeen { state: if moved { st | MOVED } else { st }, packets: s.stats.packets };
-        if moved || within_gap(s.stats.last_seen_ns) {
-            watch.push(i);
-        }
     }
 
     /// Asks the CPU to start loading slot `i`'s first cache line (state word and `packets`): the
@@ -589,129 +476,6 @@ mod tests {
         assert_eq!(c.vanished, vec![key(2)]);
         assert_eq!(changed, vec![1, 3], "key(3) took slot {i3} (key(2) had {i2})");
         assert_eq!(c.counts.live, 2);
-    }
-
-    /// A packet for the flow in slot `i` at `now_ns`, as the program accounts it.
-    fn packet(t: &SlotTable, i: u32, now_ns: u64) {
-        let mut s = t.read(i);
-        s.stats.packets += 1;
-        s.stats.bytes += 100;
-        s.stats.last_seen_ns = now_ns;
-        t.write(i, s);
-    }
-
-    fn ports(c: &SlotChanges) -> Vec<u16> {
-        let mut p: Vec<u16> = c.changed.iter().map(|(k, _)| k.src_port).collect();
-        p.sort();
-        p
-    }
-
-    const GAP: u64 = 1_000_000;
-
-    fn guide(now_ns: u64, hints: &[FlowKey]) -> Option<Guide<'_>> {
-        Some(Guide { now_ns, gap_ns: GAP, hints, full: false })
-    }
-
-    #[test]
-    fn a_guided_poll_reads_the_slots_events_and_the_last_poll_point_at() {
-        let t = SlotTable::in_memory(vec![FlowSlot::default(); 64], 5);
-        let mut diff = SlotDiff::default();
-        let slots: Vec<u32> = (0..4).map(|p| insert(&t, key(p), 1)).collect();
-        for &i in &slots {
-            packet(&t, i, 1_000);
-        }
-        // The first poll walks everything; the next reads the four again (they moved) and finds
-        // them idle for longer than the gap.
-        let mut now = 100_000_000;
-        assert_eq!(ports(&t.poll(&mut diff, guide(now, &[]))), vec![0, 1, 2, 3]);
-        now += 100_000_000;
-        assert_eq!(ports(&t.poll(&mut diff, guide(now, &[]))), Vec::<u16>::new());
-        assert!(diff.watch.is_empty());
-
-        // A move with no event is not read (the program would have emitted one: the flow's last
-        // packet is older than the gap)...
-        packet(&t, slots[0], now + 1);
-        now += 100_000_000;
-        let c = t.poll(&mut diff, guide(now, &[]));
-        assert_eq!(ports(&c), Vec::<u16>::new());
-        assert_eq!(c.counts.live, 4, "a guided poll reports the last full walk's counts");
-        // ...its event brings it in, and the next poll reads it again for what was stored late.
-        now += 100_000_000;
-        assert_eq!(ports(&t.poll(&mut diff, guide(now, &[key(0)]))), vec![0]);
-        assert_eq!(diff.watch, vec![slots[0]]);
-
-        // Flow 1 moves at the end of a poll's interval: within the gap of the next poll, so it
-        // stays watched and a packet that extends its burst (no event) is still read.
-        packet(&t, slots[1], now - 10);
-        let c = t.poll(&mut diff, guide(now, &[key(1)]));
-        assert_eq!(ports(&c), vec![1]);
-        packet(&t, slots[1], now + 500_000);
-        now += GAP / 2 + 600_000;
-        // (A poll within the gap of flow 1's last packet.)
-        let c = t.poll(&mut diff, guide(now - 600_000, &[]));
-        assert_eq!(ports(&c), vec![1]);
-
-        // A new flow comes with its FLOW_START; a slot reused for another flow reports the old
-        // one vanished.
-        let i9 = insert(&t, key(9), 1);
-        assert!(t.evict(&key(2)));
-        let i10 = insert(&t, key(10), 1);
-        let c = t.poll(&mut diff, guide(now, &[key(9), key(10)]));
-        assert_eq!(ports(&c), vec![9, 10]);
-        assert!(slots[2] != i10 || c.vanished == vec![key(2)], "a reused slot reports its old flow vanished");
-        assert_ne!(i9, i10);
-
-        // Events lost: every slot is read (9 and 10, read again for having moved, changed no
-        // further).
-        packet(&t, slots[3], now);
-        now += 100_000_000;
-        let c = t.poll(&mut diff, Some(Guide { now_ns: now, gap_ns: GAP, hints: &[], full: true }));
-        assert_eq!(ports(&c), vec![3]);
-        if slots[2] != i10 {
-            assert_eq!(c.vanished, vec![key(2)], "the evicted flow is found gone by the full walk");
-        }
-    }
-
-    #[test]
-    fn a_guided_poll_walks_every_slot_every_tenth_poll() {
-        let t = SlotTable::in_memory(vec![FlowSlot::default(); 64], 5);
-        let mut diff = SlotDiff::default();
-        let i = insert(&t, key(1), 1);
-        let mut now = 100_000_000;
-        t.poll(&mut diff, guide(now, &[]));
-        now += 100_000_000;
-        t.poll(&mut diff, guide(now, &[]));
-        // A move the events do not name (as after a lost event nobody counted): found by the next
-        // full walk, FULL_WALK_EVERY polls after the last.
-        packet(&t, i, now);
-        let mut found = None;
-        for n in 2..=FULL_WALK_EVERY {
-            now += 100_000_000;
-            if !t.poll(&mut diff, guide(now, &[])).changed.is_empty() {
-                found = Some(n);
-                break;
-            }
-        }
-        assert_eq!(found, Some(FULL_WALK_EVERY), "found at poll {found:?} (the first poll is 0)");
-        // Without a guide every poll is a full walk.
-        packet(&t, i, now);
-        assert_eq!(ports(&t.poll(&mut diff, None)), vec![1]);
-    }
-
-    #[test]
-    fn a_flow_the_agent_evicts_through_its_diff_is_not_reported_vanished() {
-        let t = SlotTable::in_memory(vec![FlowSlot::default(); 16], 1);
-        let mut diff = SlotDiff::default();
-        insert(&t, key(1), 1);
-        insert(&t, key(2), 1);
-        t.changes(&mut diff);
-        assert!(t.evict_seen(&key(1), &mut diff));
-        assert!(t.evict(&key(2)));
-        assert_eq!(t.changes(&mut diff).vanished, vec![key(2)], "only the flow evicted behind the diff's back");
-        // Back in the table later (here: in its old slot or another): reported new, nothing vanished.
-        insert(&t, key(1), 1);
-        let c = t.changes(&mut diff);
-        assert_eq!((ports(&c), c.vanished.len()), (vec![1], 0));
     }
 
     #[test]

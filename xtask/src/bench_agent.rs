@@ -75,11 +75,6 @@ pub struct Opts {
     /// written only when it differs from 256, so older agents can be measured with `--agent-bin`).
     #[arg(long)]
     pub event_ring_kib: Option<u32>,
-    /// Write `[match] flow_start_events = BOOL` into the agent's config (default: not written,
-    /// the agent's default). With them on (and the burst events it always has) the agent reads
-    /// only the slots its events point at between full walks.
-    #[arg(long, value_name = "BOOL")]
-    pub flow_start_events: Option<bool>,
     /// Use the release binaries already built (skip `cargo xtask build --release`).
     #[arg(long)]
     pub no_build: bool,
@@ -237,7 +232,6 @@ pub fn run(o: Opts) -> Result<()> {
         "agent_bin": built.display().to_string(),
         "method": "real UDP flows through the classifier on a namespace star; agent CPU from /proc/PID/stat over the window (no scrape inside it), RSS from /proc/PID/status, /metrics timed after the window",
         "poll_interval_ms": POLL_INTERVAL_MS,
-        "flow_start_events": o.flow_start_events,
         "seconds": o.seconds,
         "warmup_seconds": o.warmup,
         "rate_per_flow": o.rate_per_flow,
@@ -285,9 +279,8 @@ fn measure_level(star: &Star, ringside: &Path, out_dir: &Path, flows: u32, o: &O
     let capacity = o.kernel_max_flows.unwrap_or_else(|| kernel_capacity(flows));
     let ring_kib = o.event_ring_kib.unwrap_or_else(|| event_ring_kib(flows, o.rate_per_flow));
     let ring_line = if ring_kib == 256 { String::new() } else { format!("kernel_event_ring_kib = {ring_kib}\n") };
-    let start_line = o.flow_start_events.map(|b| format!("flow_start_events = {b}\n")).unwrap_or_default();
     let config = format!(
-        "poll_interval_ms = {POLL_INTERVAL_MS}\nkernel_max_flows = {capacity}\n{ring_line}[match]\nudp_ports = [\"{}\"]\n{start_line}",
+        "poll_interval_ms = {POLL_INTERVAL_MS}\nkernel_max_flows = {capacity}\n{ring_line}[match]\nudp_ports = [\"{}\"]\n",
         plan.dst_range()
     );
     let load_before = loadavg();
