@@ -51,6 +51,9 @@ pub struct JobConfig {
     pub max_channels: u8,
     pub timeout_ms: u64,
     pub verify: bool,
+    /// Appends each step's record to this file as one JSON line when the step ends (the report
+    /// comes only at the end): a harness can follow a job that runs until it is killed.
+    pub progress: Option<std::path::PathBuf>,
 }
 
 impl JobConfig {
@@ -273,6 +276,14 @@ fn run_steps(cfg: &JobConfig, mut allreduce: impl FnMut(u64, &mut Gradients) -> 
     };
     let mut steps = Vec::with_capacity(cfg.steps as usize);
     let mut error = None;
+    let mut progress = cfg.progress.as_ref().and_then(|path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| tracing::warn!(path = %path.display(), error = %e, "cannot open the progress file; steps are not recorded there"))
+            .ok()
+    });
     for step in 0..cfg.steps {
         let t0 = Instant::now();
         let mut rng = rand::rngs::StdRng::seed_from_u64((cfg.rank as u64) << 32 ^ step);
@@ -320,6 +331,14 @@ fn run_steps(cfg: &JobConfig, mut allreduce: impl FnMut(u64, &mut Gradients) -> 
             hint_version: rep.hint_version,
             hint_rank: rep.hint_rank,
         });
+        if let (Some(f), Some(record)) = (progress.as_mut(), steps.last()) {
+            use std::io::Write as _;
+            let line = serde_json::to_string(record).map(|l| l + "\n");
+            if let Err(e) = line.map_err(std::io::Error::from).and_then(|l| f.write_all(l.as_bytes())) {
+                tracing::warn!(error = %e, "writing the progress file failed; steps are no longer recorded there");
+                progress = None;
+            }
+        }
     }
     let col = |f: fn(&StepRecord) -> f64| steps.iter().map(f).collect::<Vec<_>>();
     let summary = JobSummary {

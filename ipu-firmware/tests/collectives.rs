@@ -264,6 +264,7 @@ fn plan_change_mid_run_switches_every_rank_at_the_same_step() {
         max_channels: 3,
         timeout_ms: 20_000,
         verify: true,
+        progress: None,
     };
     let later = Plan {
         step_from: 3,
@@ -291,6 +292,47 @@ fn plan_change_mid_run_switches_every_rank_at_the_same_step() {
         assert_eq!(r.summary.all_verified, Some(true));
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["steps"][3]["plan"]["algorithm"], "rhd");
+    }
+}
+
+#[test]
+fn every_step_is_appended_to_the_progress_file_as_it_ends() {
+    let path = std::env::temp_dir().join(format!("ringside-progress-test-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let template = JobConfig {
+        rank: 0,
+        world: 2,
+        peers: vec![],
+        size_bytes: 4 * 257,
+        dtype: Dtype::F32,
+        steps: 5,
+        compute_ms: 1.0,
+        compute_jitter_ms: 0.0,
+        straggler_extra_ms: 0.0,
+        compute_mode: ComputeMode::Sleep,
+        plan: Plan::default(),
+        max_channels: 1,
+        timeout_ms: 20_000,
+        verify: true,
+        progress: Some(path.clone()),
+    };
+    let reports: Vec<_> = run_job_in_process(&template, None).into_iter().map(|r| r.unwrap()).collect();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    // Both ranks (threads here) append to the one file: a line per step of each, the same records
+    // as the reports'.
+    let mut lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 10, "{text}");
+    let mut reported: Vec<serde_json::Value> = reports.iter().flat_map(|r| r.steps.iter().map(|s| serde_json::to_value(s).unwrap())).collect();
+    // Floats read back from JSON may differ in their last bit: compared within 1e-9 ms.
+    let key = |v: &serde_json::Value| (v["end_unix_ms"].as_u64(), v["step"].as_u64(), v["bytes_sent"].as_u64(), (v["comm_ms"].as_f64().unwrap() * 1e6).round() as u64);
+    lines.sort_by_key(key);
+    reported.sort_by_key(key);
+    for (l, r) in lines.iter().zip(&reported) {
+        assert_eq!((&l["step"], &l["end_unix_ms"], &l["bytes_sent"], &l["plan"], &l["verified"]), (&r["step"], &r["end_unix_ms"], &r["bytes_sent"], &r["plan"], &r["verified"]));
+        for k in ["comm_ms", "compute_ms", "step_ms"] {
+            assert!((l[k].as_f64().unwrap() - r[k].as_f64().unwrap()).abs() < 1e-9, "{k}: {l} against {r}");
+        }
     }
 }
 

@@ -94,6 +94,10 @@ struct Args {
     /// Where to write the JSON report.
     #[arg(long)]
     out: PathBuf,
+    /// Also append each step's record to this file as one JSON line when the step ends (the
+    /// report at --out is written only when the job ends); `{rank}` in it is replaced by the rank.
+    #[arg(long, value_name = "PATH")]
+    progress: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -151,6 +155,7 @@ fn main() -> anyhow::Result<()> {
         max_channels,
         timeout_ms: a.timeout_ms,
         verify: a.verify,
+        progress: a.progress.as_ref().map(|p| PathBuf::from(p.to_string_lossy().replace("{rank}", &a.rank.to_string()))),
     };
     let mut report = match a.managed {
         Some(addr) => {
