@@ -40,7 +40,7 @@ use std::{
 use detect_rig::{wait_for, Agent, POLL};
 use ringside_client::{Algorithm, PortRange};
 use serde_json::Value;
-use support::adapt::{Inconclusive, f, host_send_rate_mbit, mean, registration, unix_ms, RegisteredJob};
+use support::adapt::{Inconclusive, OutDir, f, host_send_rate_mbit, mean, registration, unix_ms, RegisteredJob};
 use testbed::{Star, StarConfig, TorchConfig};
 
 const RANKS: usize = 4;
@@ -65,21 +65,6 @@ const REFERENCE_STEPS: u64 = SKIP_STEPS as u64 + 6;
 /// Steps left out of the healthy mean: step 0 opens connections and DDP rebuilds its buckets
 /// after it; the next ones still warm caches and allocators.
 const SKIP_STEPS: usize = 3;
-
-/// Removes the job's output directory when the test passed (a failure keeps it for a look).
-struct OutDir {
-    path: PathBuf,
-}
-
-impl Drop for OutDir {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("rank reports and logs kept in {}", self.path.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.path);
-        }
-    }
-}
 
 fn preconditions() -> PathBuf {
     if let Err(e) = testbed::require_root() {

@@ -162,6 +162,32 @@ pub fn comm_per_second(steps: &[Value], until_ms: f64) -> String {
     seconds.iter().map(|v| if v.is_empty() { "-".to_string() } else { format!("{:.0}", mean(v)) }).collect::<Vec<_>>().join(" ")
 }
 
+/// A directory for a test's job output under the temp dir (`ringside-NAME-PID`, emptied first by
+/// `new`), removed on drop unless the thread is panicking (a failing test's logs stay, and the
+/// message says where).
+pub struct OutDir {
+    pub path: std::path::PathBuf,
+}
+
+impl OutDir {
+    pub fn new(name: &str) -> OutDir {
+        let path = std::env::temp_dir().join(format!("ringside-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        OutDir { path }
+    }
+}
+
+impl Drop for OutDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("rank reports and logs kept in {}", self.path.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
 /// A run whose premise the machine broke: the "healthy" job before the fault was not healthy (its
 /// own communication time grew, so the policy was right to act on it). Says why.
 #[derive(Debug)]
