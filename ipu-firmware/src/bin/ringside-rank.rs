@@ -114,6 +114,11 @@ fn main() -> anyhow::Result<()> {
     }
     let plan = a.plan.plan()?;
     let max_channels = a.plan.max_channels();
+    let progress = a.progress.as_ref().map(|p| PathBuf::from(p.to_string_lossy().replace("{rank}", &a.rank.to_string())));
+    if let Some(path) = &progress {
+        // Fail now, not steps later: the job itself would only warn and run on without it.
+        std::fs::OpenOptions::new().create(true).append(true).open(path).with_context(|| format!("--progress {}: cannot open it for appending", path.display()))?;
+    }
     // The follower's log of applied hints, read back after the run for the report.
     let mut applied_hints: Option<AppliedHints> = None;
     let source: Option<Box<dyn PlanSource>> = match (&a.plan_schedule, &a.follow_hints, a.rank) {
@@ -155,7 +160,7 @@ fn main() -> anyhow::Result<()> {
         max_channels,
         timeout_ms: a.timeout_ms,
         verify: a.verify,
-        progress: a.progress.as_ref().map(|p| PathBuf::from(p.to_string_lossy().replace("{rank}", &a.rank.to_string()))),
+        progress,
     };
     let mut report = match a.managed {
         Some(addr) => {
