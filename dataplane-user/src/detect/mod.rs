@@ -30,6 +30,7 @@ mod features;
 mod gray;
 mod input;
 mod lifecycle;
+mod outage;
 mod port;
 mod robust;
 mod straggler;
@@ -107,6 +108,21 @@ struct JobState {
     links: BTreeMap<String, LinkState>,
     /// Who the job's last windows blamed structurally ([`crate::attribution`]).
     blame: attribution::BlameMemory,
+    /// The job's recent stalls ([`outage`]).
+    outages: outage::OutageMemory,
+}
+
+/// The evidence of an [`outage::Outage`]: the job's silence in the window against its usual one.
+fn outage_evidence(o: &outage::Outage) -> Evidence {
+    Evidence {
+        metric: Metric::SilenceNs,
+        value: o.silence_ns,
+        reference: o.usual.median,
+        reference_kind: Reference::OwnBaseline,
+        mad: o.usual.mad,
+        peers: None,
+        windows: WindowCount { anomalous: o.stalls, of: outage::MEMORY_WINDOWS as u32 },
+    }
 }
 
 fn warm(ring: &Ring, cfg: &DetectorConfig) -> Option<Robust> {
@@ -114,7 +130,7 @@ fn warm(ring: &Ring, cfg: &DetectorConfig) -> Option<Robust> {
 }
 
 impl JobState {
-    fn new() -> Self {
+    fn new(cfg: &DetectorConfig) -> Self {
         Self {
             #[cfg(test)]
             last_lateness: Vec::new(),
@@ -122,6 +138,7 @@ impl JobState {
             peers: BTreeMap::new(),
             links: BTreeMap::new(),
             blame: attribution::BlameMemory::default(),
+            outages: outage::OutageMemory::new(cfg.congestion.baseline_windows),
         }
     }
 
@@ -298,6 +315,27 @@ impl JobState {
         let own_cable_open = |link: &str| {
             w.local.is_some() && self.links.get(link).is_some_and(|l| l.congestion.open_verdict().is_some())
         };
+        // A host whose outages stall the whole job again and again (`outage`): the other
+        // peers stall with it, so no per-peer comparison sees it. Raised on this window: the
+        // rule already asked for several stalls.
+        let outage = self.outages.observe(
+            cfg.gray.stall_open_ns,
+            cfg.congestion.baseline_min_windows,
+            &feats,
+            &w.conns,
+            w.local.as_ref().map(|l| l.addr),
+        );
+        if let Some(o) = outage {
+            if let Some(i) = feats.iter().position(|f| f.peer == o.peer) {
+                if !gray_all[i].as_ref().is_some_and(Assessment::is_anomalous) {
+                    gray_all[i] = Some(Assessment {
+                        state: lifecycle::WindowState::Anomalous { severe: true },
+                        severity: Severity::Critical,
+                        evidence: vec![outage_evidence(&o)],
+                    });
+                }
+            }
+        }
         let own_cable: Vec<bool> = feats.iter().map(|f| own_cable_open(&f.link)).collect();
         for (i, ((f, s), gray_a)) in feats.iter().zip(&stats).zip(gray_all).enumerate() {
             let Some(ps) = self.peers.get_mut(&f.peer) else { continue };
@@ -423,7 +461,7 @@ impl DetectorSet {
             _ => {}
         }
         let mut changes = self.expire(end);
-        let job = self.jobs.entry(w.job.clone()).or_insert_with(JobState::new);
+        let job = self.jobs.entry(w.job.clone()).or_insert_with(|| JobState::new(&self.cfg));
         changes.extend(job.observe(&self.cfg, w, &mut self.next_id, &mut self.ignored_peers_total));
         Ok(changes)
     }
