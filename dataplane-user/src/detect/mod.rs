@@ -121,7 +121,7 @@ fn outage_evidence(o: &outage::Outage) -> Evidence {
         reference_kind: Reference::OwnBaseline,
         mad: o.usual.mad,
         peers: None,
-        windows: WindowCount { anomalous: o.stalls, of: outage::MEMORY_WINDOWS as u32 },
+        windows: WindowCount::default(),
     }
 }
 
