@@ -7,27 +7,37 @@
 //! host resends it after a retransmission timeout, a handful of packets on a connection that moved
 //! tens of thousands in the window, far below any loss *rate* threshold. Seen on OpenMPI's
 //! allreduce (every algorithm) with a 400 ms outage every 3 s: 5-10 resends on each connection of
-//! the flapped host, 0-2 on the others, in windows where every peer was silent for 300-900 ms
-//! against 50-200 ms in the windows before.
+//! the flapped host, 0-2 on most others (but one ring connection between two healthy hosts
+//! that resent 4-20 packets in every window of two runs), in windows where every peer was
+//! silent for 500-1130 ms against 80-160 ms in the windows before.
 //!
 //! The rule, per job and window (pure; state: the job's recent windows):
 //! - the window is a *stall* when the median over the active peers of their longest silence (at
-//!   least [`MIN_PEERS`] of them) exceeds the job's own usual silence (the median of that figure
-//!   over its recent windows that were not stalls, once warm) by at least `gray.stall_open_ns`;
+//!   least [`MIN_PEERS`] of them) exceeds the job's usual silence by at least `gray.stall_open_ns`
+//!   and by [`STALL_FACTOR`] times the usual silence. The usual silence is the median of that
+//!   figure over the job's recent windows (`congestion.baseline_windows`, once warm), or over its
+//!   last [`LATELY_WINDOWS`] windows that were not stalls when that is longer: a job that slows
+//!   down as the machine gets busier is not stalling;
 //! - a stall's *suspects* are the hosts that are an end of more than half of the connections with
 //!   at least [`MIN_RESENDS`] loss packets in the window or the one before it (a silence is
 //!   counted in the window it ends in, and the resends of the outage behind it often fall in the
 //!   window before; more than half, not all, so that one stray connection resending a few packets
-//!   does not hide the host the others share); none when no connection resent that much (a
-//!   stall without loss is the job pausing, not the network) or no host has that majority (loss
-//!   spread over the fabric is not one host's path);
-//! - consecutive stall windows are one *episode* (one outage that spans a window boundary);
+//!   does not hide the host the others share), leaving out the connections that resend away from
+//!   stalls too (in [`CHRONIC_WINDOWS`] of the remembered windows that were neither a stall nor
+//!   just before one: their resends are background, not the outage's); none when no connection
+//!   resent that much (a stall without loss is the job pausing, not the network) or no host has
+//!   that majority (loss spread over the fabric is not one host's path);
+//! - consecutive stall windows are one *episode* (one outage that spans a window boundary); an
+//!   episode longer than [`MAX_EPISODE_WINDOWS`] is the job slowing down, not an outage, and none
+//!   of its windows counts;
 //! - a host is named when the stall windows of at least [`MIN_STALLS`] episodes among the job's
 //!   last [`MEMORY_WINDOWS`] windows (this one included, and this one a stall with suspects)
-//!   have that host, and no other, in common among their suspects. One episode names no one:
-//!   its resends may all be on one connection, whose two ends are equally suspect, and a single
-//!   stall with a few resends can be a busy machine's hiccup; a flap repeats, and its other
-//!   episodes show the host's other connections.
+//!   have that host, and no other, in common among their suspects, and at most half of those
+//!   windows were stalls (more is the job's pace). One episode names no one: its resends may all
+//!   be on one connection, whose two ends are equally suspect, and a single stall with a few
+//!   resends can be a busy machine's hiccup; a flap repeats, and its other episodes may show the
+//!   host's other connections. When every episode shows the same single connection, its two ends
+//!   stay equally suspect and no one is named.
 //!
 //! The caller raises a gray failure on the named peer unless something else explains it (its
 //! link congested, upstream loss, attribution naming another peer), like any other gray evidence.
@@ -48,19 +58,46 @@ pub const MIN_RESENDS: u64 = 4;
 pub const MIN_STALLS: usize = 2;
 /// Windows over which those stalls are looked for (a flap every few seconds fits several).
 pub const MEMORY_WINDOWS: usize = 10;
+/// A stall's silence exceeds the usual one by at least this many times the usual one (and by
+/// `gray.stall_open_ns`): recorded flaps stalled OpenMPI for 500-1130 ms against a usual 80-160
+/// ms, while PyTorch on a busy machine drifts between 200 and 650 ms with no fault at all.
+pub const STALL_FACTOR: f64 = 2.0;
+/// The longest episode that can be one outage: a flap's outage (400 ms in the evaluation) ends
+/// within two windows; a longer run of stall windows is the job slowing down.
+pub const MAX_EPISODE_WINDOWS: usize = 2;
+/// The short memory of the job's silence: a stall must stand out against it too (a job whose
+/// silences grew from 150 to 450 ms over a minute as the machine got busier is not stalling;
+/// a flap every 3 s leaves at most 2 of 5 windows stalled, so their median stays the usual one).
+pub const LATELY_WINDOWS: usize = 5;
+/// Quiet windows (no stall in them or just after) in which a connection resent before its
+/// resends no longer count as an outage's: seen on OpenMPI's ring and segmented ring, one
+/// connection resending 4-20 packets in nearly every window, fault or not, which outvoted the
+/// flapped host's connection in every stall of one run and pointed at its own ends in others.
+pub const CHRONIC_WINDOWS: usize = 2;
 
 /// One job's recent windows, for the rule of the module docs.
 #[derive(Debug)]
 pub(crate) struct OutageMemory {
-    /// The job's median peer silence in its recent windows that were not stalls.
+    /// The job's median peer silence in its recent windows.
     usual_silence: Ring,
-    /// The last [`MEMORY_WINDOWS`] windows: for a stall with suspects, its episode and suspects.
-    recent: VecDeque<Option<(u64, BTreeSet<IpAddr>)>>,
-    /// The ends of the previous window's connections with at least [`MIN_RESENDS`] loss packets.
-    prev_resending: Vec<[Option<IpAddr>; 2]>,
-    /// Whether the previous window was a stall, and the episode it belonged to.
-    prev_stall: Option<u64>,
+    /// The same over the last [`LATELY_WINDOWS`] windows that were not stalls.
+    lately: Ring,
+    /// The last [`MEMORY_WINDOWS`] windows.
+    recent: VecDeque<Recent>,
+    /// The episode the previous window's stall belonged to, and how many windows it has lasted.
+    prev_stall: Option<(u64, usize)>,
     episodes: u64,
+}
+
+/// What the memory keeps of one window.
+#[derive(Debug)]
+struct Recent {
+    stall: bool,
+    /// The ends of its connections with at least [`MIN_RESENDS`] loss packets.
+    resending: Vec<Ends>,
+    /// For a stall with suspects in an episode still short enough to be an outage: the episode
+    /// and the suspects.
+    suspects: Option<(u64, BTreeSet<IpAddr>)>,
 }
 
 /// A host named by the rule, with the window's evidence.
@@ -69,27 +106,27 @@ pub(crate) struct Outage {
     pub peer: IpAddr,
     /// The job's median peer silence in this window, ns.
     pub silence_ns: f64,
-    /// The job's usual silence (median and MAD of its recent non-stall windows), ns.
+    /// The job's usual silence (median and MAD of its recent windows), ns.
     pub usual: Robust,
     /// Stall episodes in the memory whose suspects include the peer (this one included).
     pub stalls: u32,
 }
 
 impl OutageMemory {
-    /// `baseline_windows`: how many non-stall windows the usual silence remembers.
+    /// `baseline_windows`: how many windows the usual silence remembers.
     pub fn new(baseline_windows: usize) -> Self {
         OutageMemory {
             usual_silence: Ring::new(baseline_windows),
+            lately: Ring::new(LATELY_WINDOWS),
             recent: VecDeque::with_capacity(MEMORY_WINDOWS),
-            prev_resending: Vec::new(),
             prev_stall: None,
             episodes: 0,
         }
     }
 
     /// Judges one window (module docs). `stall_open_ns`: `gray.stall_open_ns`; `warm_windows`:
-    /// non-stall windows needed before the usual silence is trusted; `local`: the vantage's own
-    /// host, never named.
+    /// windows needed before the usual silence is trusted; `local`: the vantage's own host,
+    /// never named.
     pub fn observe(
         &mut self,
         stall_open_ns: u64,
@@ -100,30 +137,67 @@ impl OutageMemory {
     ) -> Option<Outage> {
         let silences: Vec<f64> = feats.iter().filter_map(|f| f.silence_ns).collect();
         let job_silence = (silences.len() >= MIN_PEERS).then(|| Robust::of(silences)).flatten().map(|r| r.median);
-        let usual = (self.usual_silence.len() >= warm_windows.max(1)).then(|| self.usual_silence.robust()).flatten();
-        let stall = matches!((job_silence, usual), (Some(s), Some(u)) if s - u.median >= stall_open_ns as f64);
-        let resending: Vec<[Option<IpAddr>; 2]> =
-            conns.iter().filter(|c| c.loss_packets >= MIN_RESENDS).map(|c| [c.src, c.dst]).collect();
-        // A silence is counted in the window it ends in, the resends of the outage behind it in
-        // that window or the one before: both windows' resends are the stall's.
-        let suspects = if stall { majority_ends(resending.iter().chain(&self.prev_resending)) } else { None };
-        let episode = stall.then(|| {
-            self.prev_stall.unwrap_or_else(|| {
+        // The job's usual silence, and its last few windows' when they were longer (the job
+        // slowed down lately: a busy machine moves it faster than the long memory follows).
+        let usual = (self.usual_silence.len() >= warm_windows.max(1))
+            .then(|| self.usual_silence.robust())
+            .flatten()
+            .map(|u| match self.lately.robust() {
+                Some(l) if l.median > u.median => l,
+                _ => u,
+            });
+        let stall = matches!((job_silence, &usual), (Some(s), Some(u)) if s - u.median >= (stall_open_ns as f64).max(STALL_FACTOR * u.median));
+        let resending: Vec<Ends> = conns.iter().filter(|c| c.loss_packets >= MIN_RESENDS).map(|c| [c.src, c.dst]).collect();
+        let episode = stall.then(|| match self.prev_stall {
+            Some((e, len)) => (e, len + 1),
+            None => {
                 self.episodes += 1;
-                self.episodes
-            })
+                (self.episodes, 1)
+            }
         });
         self.prev_stall = episode;
-        self.prev_resending = resending;
-        if !stall {
-            job_silence.inspect(|&s| self.usual_silence.push(s));
-        }
+        job_silence.inspect(|&s| {
+            self.usual_silence.push(s);
+            if !stall {
+                self.lately.push(s);
+            }
+        });
+        // A silence is counted in the window it ends in, the resends of the outage behind it in
+        // that window or the one before: both windows' resends are the stall's, but for those of
+        // connections that also resend away from stalls (background, not the outage's).
+        let suspects = match (stall, self.recent.back()) {
+            (true, prev) => {
+                let chronic = self.chronic();
+                let before = prev.map_or(&[][..], |p| &p.resending[..]);
+                majority_ends(resending.iter().chain(before).filter(|c| !chronic.contains(*c)))
+            }
+            (false, _) => None,
+        };
         if self.recent.len() == MEMORY_WINDOWS {
             self.recent.pop_front();
         }
-        self.recent.push_back(episode.zip(suspects.clone()));
-        let now = suspects?;
-        let agreeing: Vec<&(u64, BTreeSet<IpAddr>)> = self.recent.iter().flatten().filter(|(_, s)| !s.is_disjoint(&now)).collect();
+        let mut this = Recent { stall, suspects: None, resending };
+        match episode {
+            // Longer than an outage: the job slowed down (a busy machine), and none of the
+            // episode's windows counts.
+            Some((e, len)) if len > MAX_EPISODE_WINDOWS => {
+                for r in &mut self.recent {
+                    if r.suspects.as_ref().is_some_and(|(re, _)| *re == e) {
+                        r.suspects = None;
+                    }
+                }
+            }
+            Some((e, _)) => this.suspects = suspects.map(|s| (e, s)),
+            None => {}
+        }
+        self.recent.push_back(this);
+        let (_, now) = self.recent.back()?.suspects.clone()?;
+        // Stalls in most recent windows: the job's pace, not outages.
+        if 2 * self.recent.iter().filter(|r| r.stall).count() > MEMORY_WINDOWS {
+            return None;
+        }
+        let agreeing: Vec<&(u64, BTreeSet<IpAddr>)> =
+            self.recent.iter().filter_map(|r| r.suspects.as_ref()).filter(|(_, s)| !s.is_disjoint(&now)).collect();
         let episodes: BTreeSet<u64> = agreeing.iter().map(|(e, _)| *e).collect();
         if episodes.len() < MIN_STALLS {
             return None;
@@ -134,6 +208,25 @@ impl OutageMemory {
             return None;
         }
         Some(Outage { peer, silence_ns: job_silence?, usual: usual?, stalls: episodes.len() as u32 })
+    }
+}
+
+/// A connection by its two ends (source, destination).
+type Ends = [Option<IpAddr>; 2];
+
+impl OutageMemory {
+    /// The connections that resent in at least [`CHRONIC_WINDOWS`] of the remembered windows
+    /// that were neither a stall nor just before one: resends that come without outages.
+    fn chronic(&self) -> BTreeSet<Ends> {
+        let mut count: BTreeMap<Ends, usize> = BTreeMap::new();
+        for (r, next) in self.recent.iter().zip(self.recent.iter().skip(1)) {
+            if !r.stall && !next.stall {
+                for c in &r.resending {
+                    *count.entry(*c).or_default() += 1;
+                }
+            }
+        }
+        count.into_iter().filter(|&(_, n)| n >= CHRONIC_WINDOWS).map(|(c, _)| c).collect()
     }
 }
 
@@ -292,6 +385,71 @@ mod tests {
         m.observe(100_000_000, 5, &peers(600.0), &[conn(2, 9, 6), conn(3, 9, 6)], None);
         m.observe(100_000_000, 5, &peers(70.0), &[], None);
         assert_eq!(m.observe(100_000_000, 5, &peers(600.0), &[conn(2, 9, 6), conn(4, 9, 6)], None), None);
+    }
+
+    #[test]
+    fn a_job_that_slows_down_is_not_stalling() {
+        // Recorded (OpenMPI, 10 minutes healthy, the machine getting busier): the job's silence
+        // went from ~150 to ~450 ms within a minute, with a resend now and then on .1's
+        // connections.
+        let mut m = warm();
+        for i in 0..40 {
+            let silence = 70.0 + 10.0 * f64::from(i.min(30));
+            let conns = if i % 4 == 0 { vec![conn(3, 1, 5)] } else { vec![] };
+            assert_eq!(m.observe(100_000_000, 5, &peers(silence), &conns, None), None, "window {i}");
+        }
+        // The same job, now at ~370 ms, and a jump to 600 ms with .1's resends: not 3x its pace.
+        for _ in 0..3 {
+            assert_eq!(m.observe(100_000_000, 5, &peers(600.0), &[conn(3, 1, 5), conn(2, 1, 5)], None), None);
+            assert_eq!(m.observe(100_000_000, 5, &peers(370.0), &[], None), None);
+        }
+    }
+
+    #[test]
+    fn stalls_longer_than_an_outage_or_in_most_windows_name_no_one() {
+        let mut m = warm();
+        // Three windows in a row: the job slowed down, whatever the resends say.
+        for _ in 0..3 {
+            for _ in 0..3 {
+                assert_eq!(m.observe(100_000_000, 5, &peers(600.0), &[conn(2, 4, 6), conn(3, 4, 6)], None), None);
+            }
+            assert_eq!(m.observe(100_000_000, 5, &peers(70.0), &[], None), None);
+        }
+        // Short stalls, but in most windows (recorded: PyTorch on a busy machine), first with
+        // resends all over, then with resends that point at .4.
+        let mut m = warm();
+        for _ in 0..4 {
+            assert_eq!(m.observe(100_000_000, 5, &peers(600.0), &[conn(1, 2, 6), conn(5, 6, 6)], None), None);
+            assert_eq!(m.observe(100_000_000, 5, &peers(600.0), &[], None), None);
+            assert_eq!(m.observe(100_000_000, 5, &peers(70.0), &[], None), None);
+        }
+        for _ in 0..4 {
+            assert_eq!(m.observe(100_000_000, 5, &peers(600.0), &[conn(2, 4, 6), conn(3, 4, 6)], None), None);
+            assert_eq!(m.observe(100_000_000, 5, &peers(600.0), &[conn(2, 4, 6), conn(3, 4, 6)], None), None);
+            assert_eq!(m.observe(100_000_000, 5, &peers(70.0), &[], None), None);
+        }
+    }
+
+    #[test]
+    fn a_connection_that_resends_in_quiet_windows_is_not_an_outages() {
+        // Recorded (OpenMPI ring and segmented ring): .6 -> .1 resent 4-20 packets in nearly
+        // every window, healthy or not; .3 flapped.
+        let mut m = OutageMemory::new(30);
+        for _ in 0..6 {
+            assert_eq!(m.observe(100_000_000, 5, &peers(70.0), &[conn(6, 1, 8)], None), None);
+        }
+        // Stalls whose only resends are that connection's: no one (.1 and .6 are healthy).
+        for _ in 0..3 {
+            assert_eq!(m.observe(100_000_000, 5, &peers(70.0), &[conn(6, 1, 8)], None), None);
+            assert_eq!(m.observe(100_000_000, 5, &peers(700.0), &[conn(6, 1, 8)], None), None);
+            assert_eq!(m.observe(100_000_000, 5, &peers(70.0), &[conn(6, 1, 8)], None), None);
+        }
+        // Stalls with .3's connections resending beside it: .3 (.6 -> .1 is not counted, so it
+        // does not outvote .3's connection).
+        assert_eq!(m.observe(100_000_000, 5, &peers(700.0), &[conn(2, 3, 9), conn(6, 1, 8)], None), None);
+        assert_eq!(m.observe(100_000_000, 5, &peers(70.0), &[conn(6, 1, 8)], None), None);
+        let named = m.observe(100_000_000, 5, &peers(700.0), &[conn(3, 4, 9), conn(6, 1, 8)], None);
+        assert_eq!(named.map(|o| o.peer), Some(ip(3)));
     }
 
     #[test]
