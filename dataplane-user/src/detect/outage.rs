@@ -166,8 +166,7 @@ impl OutageMemory {
             }
         });
         // A silence is counted in the window it ends in, the resends of the outage behind it in
-        // that window or the one before: both windows' resends are the stall's, but for those of
-        // connections that also resend away from stalls (background, not the outage's).
+        // that window or the one before: both windows' resends are the stall's.
         let suspects = match (stall, self.recent.back()) {
             (true, prev) => {
                 let chronic = self.chronic();
