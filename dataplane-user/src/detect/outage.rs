@@ -7,9 +7,9 @@
 //! host resends it after a retransmission timeout, a handful of packets on a connection that moved
 //! tens of thousands in the window, far below any loss *rate* threshold. Seen on OpenMPI's
 //! allreduce (every algorithm) with a 400 ms outage every 3 s: 5-10 resends on each connection of
-//! the flapped host, 0-2 on most others (but one ring connection between two healthy hosts
-//! that resent 4-20 packets in every window of two runs), in windows where every peer was
-//! silent for 500-1130 ms against 80-160 ms in the windows before.
+//! the flapped host, 0-2 on most others (but one ring connection that resent 2-20 packets in
+//! nearly every window of four runs, fault or not), in windows where every peer was silent for
+//! 500-1130 ms against 80-160 ms in the windows before.
 //!
 //! The rule, per job and window (pure; state: the job's recent windows):
 //! - the window is a *stall* when the median over the active peers of their longest silence (at
@@ -77,6 +77,9 @@ pub const LATELY_WINDOWS: usize = 5;
 /// ringside-rank's ring, its two connections resending in every window, beside which a stray
 /// resend on another host's connections in two stalls named that healthy host.
 pub const CHRONIC_WINDOWS: usize = 2;
+
+/// A connection by its two ends (source, destination).
+type Ends = [Option<IpAddr>; 2];
 
 /// One job's recent windows, for the rule of the module docs.
 #[derive(Debug)]
@@ -167,20 +170,20 @@ impl OutageMemory {
         });
         // A silence is counted in the window it ends in, the resends of the outage behind it in
         // that window or the one before: both windows' resends are the stall's.
-        let suspects = match (stall, self.recent.back()) {
-            (true, prev) => {
-                let chronic = self.chronic();
-                let before = prev.map_or(&[][..], |p| &p.resending[..]);
-                // Connections that keep resending resend in this stall too: the job already loses
-                // packets (the loss detectors' business), and whatever else resent is no evidence
-                // of an outage.
-                if resending.iter().chain(before).any(|c| chronic.contains(c)) {
-                    None
-                } else {
-                    majority_ends(resending.iter().chain(before))
-                }
+        let suspects = if stall {
+            let before = self.recent.back().map_or(&[][..], |p| &p.resending[..]);
+            let stall_resends = || resending.iter().chain(before);
+            // Connections that keep resending resend in this stall too: the job already loses
+            // packets (the loss detectors' business), and whatever else resent is no evidence of
+            // an outage.
+            let chronic = self.chronic();
+            if stall_resends().any(|c| chronic.contains(c)) {
+                None
+            } else {
+                majority_ends(stall_resends())
             }
-            (false, _) => None,
+        } else {
+            None
         };
         if self.recent.len() == MEMORY_WINDOWS {
             self.recent.pop_front();
@@ -218,12 +221,7 @@ impl OutageMemory {
         }
         Some(Outage { peer, silence_ns: job_silence?, usual: usual?, stalls: episodes.len() as u32 })
     }
-}
 
-/// A connection by its two ends (source, destination).
-type Ends = [Option<IpAddr>; 2];
-
-impl OutageMemory {
     /// The connections that resent in at least [`CHRONIC_WINDOWS`] of the remembered windows
     /// that were neither a stall nor just before one: resends that come without outages.
     fn chronic(&self) -> BTreeSet<Ends> {
