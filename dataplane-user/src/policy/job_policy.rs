@@ -287,9 +287,12 @@ impl JobPolicy {
 
     fn calibrated(&self, ctx: &JobContext) -> Option<Calibrated> {
         let ranks = self.recent.ranks();
-        let comm = self.recent.comm_s()?;
+        // No step completed lately (each outlasts the windows): the model is used relatively,
+        // so the open step's communication time so far calibrates it as well; the gradient
+        // size, unless registered, is the healthy baseline's.
+        let comm = self.recent.comm_s().or_else(|| self.recent.open_comm_s())?;
         let bandwidth_bps = self.recent.bottleneck_bps()?;
-        let bytes = self.bytes_per_step(ctx, ranks)?;
+        let bytes = self.bytes_per_step(ctx, ranks).or_else(|| median(self.baseline.bytes.iter().copied()))?;
         let lossy = self.recent.max_loss().is_some_and(|l| l >= self.cfg.lossy_ratio);
         let path = PathModel { ranks, bytes, bandwidth_bps, lossy };
         Some(Calibrated::new(self.model.clone(), path, &self.current, comm))
@@ -535,7 +538,10 @@ impl JobPolicy {
             // Only windows in which the plan under test ran are measurements of it.
             if since_change > self.cfg.settle_windows && ran {
                 v.ran_windows += 1;
-                if let Some(c) = obs.comm_s() {
+                // An open step's communication time so far is a lower bound: a measurement only
+                // when it already exceeds the time the plan is judged against (no step of a plan
+                // completes on a path too slow for it).
+                if let Some(c) = obs.comm_s().or(obs.open_comm_s.filter(|&c| c > v.from_comm_s)) {
                     v.samples.push(c);
                 }
                 v.step_samples.extend(reported_step_s);
@@ -716,8 +722,9 @@ impl JobPolicy {
             }
             // What the change is verified against: the degraded time. A severe verdict acts in the
             // fault's first window, when the recent median is still the healthy time, so take the
-            // larger of it and this window's.
-            let observed = larger_known(obs.comm_s(), self.recent.comm_s());
+            // larger of it and this window's (the open step's so far when none completed: the
+            // first step under a rate cap can outlast the window).
+            let observed = larger_known(obs.comm_or_open_s(), self.recent.comm_s().or_else(|| self.recent.open_comm_s()));
             // The same for the job's own step time, when it reports it.
             let from_step = larger_known(reported_step_s, median(self.reported_steps.iter().copied()));
             let d = self.change(DecisionKind::Adapt, choice.plan, reasons, confidence, Some(choice.predicted_s), observed, now);

@@ -121,6 +121,11 @@ pub struct WindowObservation {
     /// Sorted by address.
     pub peers: Vec<PeerObservation>,
     pub steps: Vec<StepSample>,
+    /// No step completed in the window but the job's traffic went on: the communication time
+    /// so far of the step still open ([`StepTracker::open_comm_ns`]), seconds. A lower bound: a
+    /// path so slow that a step outlasts the windows (a rate cap whose queue never drains in
+    /// the compute phase) shows here and in no completed step.
+    pub open_comm_s: Option<f64>,
     /// Bytes the peers sent to this host per step (window bytes / steps in the window).
     pub bytes_per_step: Option<f64>,
     pub verdicts: VerdictSummary,
@@ -184,12 +189,13 @@ impl WindowObservation {
         }
         let phases = merge_phases(&all_bursts, p.merge_gap_ns, p.max_phases);
         let steps = tracker.feed(p, &phases);
+        let open_comm_s = if steps.is_empty() && !phases.is_empty() { tracker.open_comm_ns(w.window_start_ns).map(|ns| ns as f64 / 1e9) } else { None };
         let window_ns = w.window_end_ns.saturating_sub(w.window_start_ns);
         let bytes_per_step = median(steps.iter().map(|s| s.step_ns as f64))
             .filter(|&st| st > 0.0 && window_ns > 0)
             .map(|st| total_bytes as f64 / (window_ns as f64 / st));
         let uplink_congested = !verdicts.congested_links.is_empty();
-        WindowObservation { window_end_ns: w.window_end_ns, peers, steps, bytes_per_step, verdicts, uplink_congested, local_goodput_bps }
+        WindowObservation { window_end_ns: w.window_end_ns, peers, steps, open_comm_s, bytes_per_step, verdicts, uplink_congested, local_goodput_bps }
     }
 
     /// Slowest in-burst goodput among active peers and the local host's sends: the job's
@@ -204,6 +210,11 @@ impl WindowObservation {
 
     pub fn comm_s(&self) -> Option<f64> {
         median(self.steps.iter().map(|s| s.comm_ns as f64 / 1e9))
+    }
+
+    /// The completed steps' communication time, else the open step's so far (a lower bound).
+    pub fn comm_or_open_s(&self) -> Option<f64> {
+        self.comm_s().or(self.open_comm_s)
     }
 
     pub fn step_s(&self) -> Option<f64> {
@@ -254,6 +265,14 @@ impl StepTracker {
         }
         out
     }
+
+    /// Communication time so far of the open step, when its traffic reached into the window that
+    /// starts at `window_start_ns` (a step still running, not a job gone quiet): a lower bound
+    /// on that step's communication time.
+    pub(crate) fn open_comm_ns(&self, window_start_ns: u64) -> Option<u64> {
+        let (s, e) = (self.step_start_ns?, self.last_end_ns?);
+        (e > window_start_ns && e > s).then(|| e - s)
+    }
 }
 
 /// Median of finite values; `None` for none (the definition shared with the evaluations).
@@ -263,6 +282,8 @@ pub use ringside_stats::median;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct WindowSummary {
     pub comm_s: Option<f64>,
+    /// [`WindowObservation::open_comm_s`].
+    pub open_comm_s: Option<f64>,
     pub step_s: Option<f64>,
     pub bottleneck_bps: Option<f64>,
     pub bytes_per_step: Option<f64>,
@@ -275,6 +296,7 @@ impl WindowSummary {
     pub fn of(o: &WindowObservation) -> Self {
         WindowSummary {
             comm_s: o.comm_s(),
+            open_comm_s: o.open_comm_s,
             step_s: o.step_s(),
             bottleneck_bps: o.bottleneck_bps(),
             bytes_per_step: o.bytes_per_step,
@@ -319,6 +341,14 @@ impl ObservationHistory {
 
     pub fn comm_s(&self) -> Option<f64> {
         self.med(|w| w.comm_s)
+    }
+    /// When no recent window completed a step: the longest communication time so far of an
+    /// open step in them (a lower bound on the job's communication time now).
+    pub fn open_comm_s(&self) -> Option<f64> {
+        if self.comm_s().is_some() {
+            return None;
+        }
+        self.windows.iter().filter_map(|w| w.open_comm_s).max_by(f64::total_cmp)
     }
     pub fn step_s(&self) -> Option<f64> {
         self.med(|w| w.step_s)
@@ -465,7 +495,7 @@ mod tests {
     fn history_medians_ignore_one_odd_window() {
         let mut h = ObservationHistory::new(3);
         for c in [0.04, 0.5, 0.041, 0.039] {
-            h.push(WindowSummary { comm_s: Some(c), step_s: None, bottleneck_bps: None, bytes_per_step: None, ranks: 4, max_loss: None });
+            h.push(WindowSummary { comm_s: Some(c), open_comm_s: None, step_s: None, bottleneck_bps: None, bytes_per_step: None, ranks: 4, max_loss: None });
         }
         assert_eq!(h.len(), 3);
         assert_eq!(h.comm_s(), Some(0.041));

@@ -246,6 +246,62 @@ fn a_change_on_the_faults_first_window_is_verified_against_the_degraded_time() {
     assert!(plans[30..].iter().all(|q| q.compression != Codec::None), "still compressed while the path is slow");
 }
 
+/// One window of a job whose uncompressed step outlasts the window: a rate cap whose queue never
+/// drains in the compute phase, so every peer sends without a gap and no step completes.
+fn stalled_window(job: &mut FakeJob) -> JobWindow {
+    let mut jw = job.window(&baseline());
+    let start = jw.window_start_ns;
+    jw.window_end_ns = start + S;
+    job.t_ns = start + S;
+    for pw in &mut jw.peers {
+        // 10 ms bursts 1 ms apart (one phase) at the capped rate, 150 Mbit/s.
+        pw.bursts = (0..90).map(|i| BurstSummary { start_ns: start + i * 11 * MS, end_ns: start + i * 11 * MS + 10 * MS, bytes: 187_500, to: None }).collect();
+        pw.bytes = 90 * 187_500;
+        pw.data_packets = pw.bytes / 1448;
+        pw.retrans = 0;
+    }
+    jw
+}
+
+#[test]
+fn a_verdict_acts_when_no_step_completes_under_the_fault() {
+    // Seen in t2_adapt: a rate cap that queues (no loss), the uncompressed ring's traffic never
+    // pauses, so no step completes in the windows after the cap; the gray verdict opens four
+    // windows later, when the recent history has no communication time left. The open step's
+    // communication time so far stands for it: the policy compresses, and the change is verified
+    // against that stall, not the healthy time.
+    let mut job = FakeJob::testbed(5);
+    let peer = job.peers[1];
+    let constraints = Constraints::default();
+    let ctx = JobContext { constraints: &constraints, gradient_bytes: None };
+    let mut p = JobPolicy::new(PolicyConfig::default(), PhaseParams::default(), baseline());
+    let mut verdicts = VerdictSummary::default();
+    let mut plans = Vec::new();
+    for w in 0..40usize {
+        if w == 24 {
+            verdicts.gray_peers.insert(peer);
+        }
+        let capped = w >= 20;
+        let jw = if capped && p.current().compression == Codec::None {
+            stalled_window(&mut job)
+        } else {
+            job.bw = vec![if capped { 0.43e9 / 6.0 } else { 0.43e9 }; 3];
+            job.window(p.current())
+        };
+        let out = p.observe(&jw, verdicts.clone(), &ctx, None, 1_000 * w as u64);
+        if let Some(c) = &out.change {
+            assert!(c.kind != DecisionKind::Verified);
+        }
+        plans.push(*p.current());
+    }
+    let history: Vec<_> = p.history().cloned().collect();
+    assert!(kinds(&p).starts_with(&[DecisionKind::Adapt, DecisionKind::Verified]), "{history:#?}");
+    let adapt = &history[0];
+    assert!(adapt.observed_comm_ms.is_some_and(|ms| ms >= 3_000.0), "judged against the stall (≥ 4 windows of an open step): {adapt:?}");
+    assert!(plans[24..27].iter().any(|q| q.compression != Codec::None), "acts on the verdict's window or the next: {plans:?}");
+    assert!(plans[30..].iter().all(|q| q.compression != Codec::None), "still compressed while the path is capped");
+}
+
 #[test]
 fn a_revert_that_made_things_worse_is_undone() {
     // The verdict comes one window *before* the job's steps slow (loss seen at once, the slow
