@@ -168,8 +168,8 @@ pub struct FlowStats {
     pub burst_start_ns: u64,
     /// TCP: highest `seq + payload_len` seen (wrapping), low 32 bits; `track::VALID`.
     pub tcp_seq_end: u64,
-    /// TCP: ACK number of the last pure ACK seen, low 32 bits; `track::VALID`.
-    pub tcp_last_ack: u64,
+    /// Unused, zero (layout 3 kept the last pure ACK's number here, for duplicate ACKs).
+    pub _reserved: u64,
     /// RoCEv2: next expected PSN (bits 0..24), destination QP it belongs to (bits 24..48);
     /// `track::VALID`.
     pub roce_psn: u64,
@@ -190,8 +190,10 @@ pub struct FlowStats {
     pub tcp_retrans: u64,
     /// Segments without payload carrying ACK and no SYN/FIN/RST.
     pub tcp_pure_acks: u64,
-    /// Pure ACKs repeating the ACK number of the last pure ACK seen.
-    pub tcp_dup_acks: u64,
+    /// Pure ACKs carrying a D-SACK (RFC 2883: a SACK option whose first block starts below the
+    /// ACK number): the receiver got data it already had, so a retransmission of the reverse
+    /// flow was spurious. Subtracted from that flow's `tcp_retrans` as loss evidence.
+    pub tcp_dsacks: u64,
     pub tcp_ece: u64,
     pub tcp_cwr: u64,
     pub tcp_rst: u64,
@@ -373,8 +375,9 @@ const _: () = assert!(core::mem::size_of::<PortRange>() == 8);
 /// History: 1 = first versioned layout (0 is a `CONFIG` pinned before the version existed);
 /// 2 = `FLOW_STATE` merged into `FLOWS`, now one shared LRU hash of 200-byte `FlowStats` (issue 11);
 /// 3 = `FLOWS` is a mmapable array of 256-byte [`FlowSlot`]s with open addressing, `Config` gained
-/// `flow_slot_mask` and `hash_seed`, `STATS[CONTENDED]` added (issue 11).
-pub const LAYOUT_VERSION: u32 = 3;
+/// `flow_slot_mask` and `hash_seed`, `STATS[CONTENDED]` added (issue 11);
+/// 4 = `FlowStats::tcp_dup_acks` became `tcp_dsacks` and `tcp_last_ack` unused (same sizes).
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// The single entry of the `CONFIG` array, written by the agent.
 ///
@@ -534,7 +537,7 @@ mod tests {
         assert_eq!(offset_of!(FlowStats, last_seen_ns), 24);
         assert_eq!(offset_of!(FlowStats, burst_start_ns), 32);
         assert_eq!(offset_of!(FlowStats, tcp_seq_end), 40);
-        assert_eq!(offset_of!(FlowStats, tcp_last_ack), 48);
+        assert_eq!(offset_of!(FlowStats, _reserved), 48);
         assert_eq!(offset_of!(FlowStats, roce_psn), 56);
         assert_eq!(offset_of!(FlowStats, burst_start_packets), 64);
         assert_eq!(offset_of!(FlowStats, first_seen_ns), 80);

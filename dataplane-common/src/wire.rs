@@ -49,6 +49,10 @@ pub const TCP_ACK: u8 = 0x10;
 pub const TCP_URG: u8 = 0x20;
 pub const TCP_ECE: u8 = 0x40;
 pub const TCP_CWR: u8 = 0x80;
+/// TCP option kinds (RFC 9293 §3.2, RFC 2018).
+pub const TCP_OPT_EOL: u8 = 0;
+pub const TCP_OPT_NOP: u8 = 1;
+pub const TCP_OPT_SACK: u8 = 5;
 
 pub const UDP_HLEN: usize = 8;
 

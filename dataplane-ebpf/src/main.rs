@@ -59,7 +59,7 @@ use crate::parse::{Bth, Packet, Skip, TcpInfo};
 
 /// Per-flow counters, open burst and tracking state, one entry per flow shared by all CPUs: one
 /// hash lookup per matched packet. Shared, not per CPU, because the burst (a burst spread over
-/// CPUs is one burst) and the retransmission / duplicate-ACK / PSN tracking (a retransmission is
+/// CPUs is one burst) and the retransmission / D-SACK / PSN tracking (a retransmission is
 /// seen whichever CPU handled the original) must be; the counters then ride in the same entry
 /// with atomic adds instead of costing a second lookup in a per-CPU map. See "Races on FLOWS".
 ///
@@ -248,7 +248,7 @@ fn monitor(ctx: &TcContext) -> Result<(), Skip> {
     let now = unsafe { bpf_ktime_get_ns() };
     let s = update_flow(&pkt.key, &pkt, now, cfg)?;
     match pkt.key.kind {
-        flow_kind::TCP => tcp_track(s, &pkt.tcp, &pkt),
+        flow_kind::TCP => tcp_track(s, &pkt.tcp, &pkt, ctx),
         flow_kind::ROCEV2 => rocev2_track(s, &pkt.bth),
         _ => {}
     }
@@ -499,15 +499,14 @@ fn new_burst(s: &mut FlowStats, key: &FlowKey, last: u64, now: u64, flags: u32) 
 // none is lost. The burst restarts under a compare-and-exchange of `last_seen_ns` (`new_burst`), so
 // one CPU ends a burst and one BURST_END is emitted. The tracking state is built so a race can only
 // *lose* a detection, never invent one:
-// - Each tracking word (`FlowStats::tcp_seq_end`, `tcp_last_ack`, `roce_psn`) is read once and
+// - Each tracking word (`FlowStats::tcp_seq_end`, `roce_psn`) is read once and
 //   written with one aligned 64-bit store of a value *and* its VALID bit, so every word a reader
 //   sees is exactly what some earlier packet of the flow wrote: only observed values are stored.
 // - TCP retransmission: counted when `seq` is before the stored end. The stored end is the end of
 //   a segment that was seen, so it is at most the true highest end: the segment really starts
 //   below data already seen. Two CPUs raising the end at once may leave the smaller of the two
 //   (a lost update): later retransmissions between the two ends are then missed, none are added.
-// - Duplicate ACK: counted when the ACK number equals the stored one, which another pure ACK of
-//   this flow carried: two pure ACKs with that number were seen. A lost store only hides one.
+// - D-SACK: read from the pure ACK itself (`parse::dsack`), no state: nothing to race on.
 // - RoCEv2 PSN: here a stale expectation *would* invent a gap (the next in-order PSN would look
 //   ahead of it), so the word is advanced with compare-and-exchange from the value the decision
 //   was made on; if another CPU changed it in between, this packet's detection is dropped and the
@@ -563,9 +562,9 @@ fn new_burst(s: &mut FlowStats, key: &FlowKey, last: u64, now: u64, flags: u32) 
 // Cost: one CMPXCHG on the flow's slot per matched packet (a line the counter adds write anyway)
 // and one XCHG per new flow; measured in docs/benchmarks.md ("Flow table memory order").
 
-/// TCP flag counters and the retransmission / duplicate-ACK detections.
+/// TCP flag counters, the retransmission detection and the D-SACKs of pure ACKs.
 #[inline(always)]
-fn tcp_track(s: &mut FlowStats, t: &TcpInfo, pkt: &Packet) {
+fn tcp_track(s: &mut FlowStats, t: &TcpInfo, pkt: &Packet, ctx: &TcContext) {
     let f = t.flags;
     // Rare flags behind one test: data segments and ACKs usually carry none of them.
     if f & (wire::TCP_SYN | wire::TCP_FIN | wire::TCP_RST | wire::TCP_ECE | wire::TCP_CWR) != 0 {
@@ -590,12 +589,9 @@ fn tcp_track(s: &mut FlowStats, t: &TcpInfo, pkt: &Packet) {
         }
     } else if f & wire::TCP_ACK != 0 && f & (wire::TCP_SYN | wire::TCP_FIN | wire::TCP_RST) == 0 {
         atomic_add(&mut s.tcp_pure_acks, 1);
-        let cur = load(&s.tcp_last_ack);
-        let word = track::VALID | t.ack as u64;
-        if cur == word {
-            atomic_add(&mut s.tcp_dup_acks, 1);
-        } else {
-            store(&mut s.tcp_last_ack, word);
+        // Options beyond the fixed header: `dsack` returns at once for Linux's lone timestamp.
+        if t.hlen as usize > wire::TCP_MIN_HLEN && parse::dsack(ctx.data(), ctx.data_end(), t.off as u32, t.hlen as u32, t.ack) {
+            atomic_add(&mut s.tcp_dsacks, 1);
         }
     }
 }

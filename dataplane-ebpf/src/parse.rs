@@ -38,10 +38,14 @@ pub struct TcpInfo {
     pub seq: u32,
     pub ack: u32,
     pub flags: u8,
+    /// Header length in bytes (20..=60): options follow the fixed 20 bytes.
+    pub hlen: u8,
+    /// Offset of the TCP header from the start of the packet (at most 14 + 8 + 60 = 82).
+    pub off: u8,
 }
 
 impl TcpInfo {
-    const NONE: TcpInfo = TcpInfo { seq: 0, ack: 0, flags: 0 };
+    const NONE: TcpInfo = TcpInfo { seq: 0, ack: 0, flags: 0, hlen: 0, off: 0 };
 }
 
 /// The fields of the InfiniBand BTH (and AETH) the monitor uses.
@@ -262,6 +266,8 @@ pub fn parse(ctx: &TcContext) -> Result<Packet, Skip> {
                 seq: rd32(tcp, wire::TCP_SEQ_OFF),
                 ack: rd32(tcp, wire::TCP_ACK_OFF),
                 flags: rd8(tcp, wire::TCP_FLAGS_OFF),
+                hlen: doff as u8,
+                off: l4_off as u8,
             },
             Bth::NONE,
         )
@@ -321,4 +327,72 @@ pub fn parse(ctx: &TcContext) -> Result<Packet, Skip> {
         tcp,
         bth,
     })
+}
+
+/// The option bytes of Linux's timestamp option as every Linux segment carries it first
+/// (NOP, NOP, kind 8, length 10): a 32-byte header that starts with them has no other option.
+const TCP_TS_LEAD: u32 = 0x0101_080a;
+
+/// Options [`dsack`] walks at most before giving up (Linux puts SACK after NOP, NOP, timestamp,
+/// NOP, NOP: the 6th).
+const MAX_TCP_OPTIONS: usize = 8;
+
+/// Whether a pure ACK carries a D-SACK (RFC 2883): a SACK option whose first block starts before
+/// the ACK number, i.e. reports data that arrived again after it had been acknowledged. The
+/// receiver's word that a retransmission was spurious (a tail loss probe fired before a late
+/// ACK, an early timeout): Linux's sender counts the same blocks (TCPDSACKRecv) to undo its
+/// congestion response. Only the first-block-below-ACK form is recognised; a D-SACK for data
+/// above the ACK (first block inside the second) is not.
+///
+/// Cheap for the usual ACK: no options, or exactly Linux's timestamp option, return before
+/// any walk. Out of line: only ACKs with SACK blocks get this far. Reads nothing outside the
+/// packet's linear data and the header's length; anything malformed is "no".
+/// `data` and `end` are the packet's bounds as the caller read them (`ctx.data()`,
+/// `ctx.data_end()`): passed as packet pointers, not re-read from the context here, which LLVM
+/// would turn into a 32-bit truncation of a pointer that the verifier refuses.
+#[inline(never)]
+pub fn dsack(data: usize, end: usize, off: u32, hlen: u32, ack: u32) -> bool {
+    // Masks bound both for the verifier: the header starts within 82 bytes, and is at most 60.
+    let off = (off & 0x7f) as usize;
+    let hlen = (hlen & 0x3f) as usize;
+    if hlen <= wire::TCP_MIN_HLEN {
+        return false;
+    }
+    if hlen == wire::TCP_MIN_HLEN + 12 {
+        let Ok(lead) = ptr_at::<[u8; 4]>(data, end, off + wire::TCP_MIN_HLEN) else { return false };
+        if rd32(lead.cast(), 0) == TCP_TS_LEAD {
+            return false;
+        }
+    }
+    let mut i = wire::TCP_MIN_HLEN;
+    for _ in 0..MAX_TCP_OPTIONS {
+        // Kind and length must lie inside the header.
+        if i + 2 > hlen {
+            return false;
+        }
+        let at = off + (i & 0x3f);
+        let Ok(o) = ptr_at::<[u8; 2]>(data, end, at) else { return false };
+        let o: *const u8 = o.cast();
+        match rd8(o, 0) {
+            wire::TCP_OPT_EOL => return false,
+            wire::TCP_OPT_NOP => i += 1,
+            wire::TCP_OPT_SACK => {
+                // Kind, length and at least one 8-byte block.
+                if rd8(o, 1) < 10 || i + 10 > hlen {
+                    return false;
+                }
+                let Ok(b) = ptr_at::<[u8; 10]>(data, end, at) else { return false };
+                let left = rd32(b.cast(), 2);
+                return (ack.wrapping_sub(left) as i32) > 0;
+            }
+            _ => {
+                let len = rd8(o, 1) as usize;
+                if len < 2 {
+                    return false;
+                }
+                i += len;
+            }
+        }
+    }
+    false
 }

@@ -88,7 +88,7 @@ counters! {
     /// The counter fields of `FlowStats` (timestamps, the open burst and the tracking words excluded).
     pub struct Counters {
         packets, bytes, payload_bytes, ce_marks,
-        tcp_retrans, tcp_pure_acks, tcp_dup_acks, tcp_ece, tcp_cwr, tcp_rst, tcp_fin, tcp_syn,
+        tcp_retrans, tcp_pure_acks, tcp_dsacks, tcp_ece, tcp_cwr, tcp_rst, tcp_fin, tcp_syn,
         roce_psn_gap_events, roce_psn_gap_packets, roce_psn_out_of_order, roce_naks, roce_cnps,
     }
 }

@@ -50,6 +50,9 @@ pub struct TcpInfo {
     pub seq: u32,
     pub ack: u32,
     pub flags: u8,
+    /// The options hold a SACK whose first block starts before `ack`: a D-SACK (RFC 2883), as
+    /// the classifier's `dsack` reads it.
+    pub dsack: bool,
 }
 
 /// The BTH (and AETH) fields the monitor uses.
@@ -188,7 +191,11 @@ pub fn parse(bytes: &[u8], wire_len: usize) -> Outcome {
             return Err(Skip::Malformed);
         }
         let raw = f.need(l4_off, wire::TCP_MIN_HLEN)?;
-        let info = TcpInfo { seq: t.seq_number().0 as u32, ack: t.ack_number().0 as u32, flags: raw[wire::TCP_FLAGS_OFF] };
+        let ack = t.ack_number().0 as u32;
+        // Options beyond the captured bytes (a short snap length) are not read: no D-SACK then.
+        let dsack = doff > wire::TCP_MIN_HLEN
+            && f.need(l4_off, doff).ok().map(TcpPacket::new_unchecked).and_then(|h| h.selective_ack_ranges().ok()).and_then(|r| r[0]).is_some_and(|(left, _)| (ack.wrapping_sub(left) as i32) > 0);
+        let info = TcpInfo { seq: t.seq_number().0 as u32, ack, flags: raw[wire::TCP_FLAGS_OFF], dsack };
         (t.src_port(), t.dst_port(), flow_kind::TCP, l4_len - doff, info, Bth::default())
     } else {
         let u = UdpPacket::new_unchecked(f.need(l4_off, wire::UDP_HLEN)?);
@@ -270,7 +277,7 @@ mod tests {
         let ip = frames::ipv6(Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 1).octets(), Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 2).octets(), wire::IPPROTO_TCP, 0b01, &seg);
         let p = whole(&frames::ethernet(MAC_B, MAC_A, &[], wire::ETH_P_IPV6, &ip)).unwrap();
         assert_eq!((p.key.kind, p.key.protocol, p.key.src_port, p.key.dst_port), (flow_kind::TCP, 6, 40000, 29500));
-        assert_eq!(p.tcp, TcpInfo { seq: 0xdead_beef, ack: 0x0102_0304, flags: wire::TCP_ACK | wire::TCP_PSH });
+        assert_eq!(p.tcp, TcpInfo { seq: 0xdead_beef, ack: 0x0102_0304, flags: wire::TCP_ACK | wire::TCP_PSH, dsack: false });
         assert_eq!((p.l3_bytes, p.payload_bytes, p.ecn), (40 + 20 + 100, 100, 0b01));
     }
 

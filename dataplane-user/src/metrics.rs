@@ -59,6 +59,8 @@ metric!(PEER_PACKETS, "ringside_peer_packets", Counter,
     "Packets exchanged with a peer");
 metric!(PEER_TCP_RETRANSMISSIONS, "ringside_peer_tcp_retransmissions", Counter,
     "TCP data segments at or below the highest sequence already seen (retransmission or reordering)");
+metric!(PEER_TCP_DSACKS, "ringside_peer_tcp_dsacks", Counter,
+    "TCP pure ACKs carrying a D-SACK: the receiver got data again that it already had (a spurious retransmission in the other direction)");
 metric!(PEER_CE_MARKS, "ringside_peer_ce_marks", Counter,
     "Packets carrying ECN Congestion Experienced");
 metric!(PEER_ROCE_PSN_GAPS, "ringside_peer_roce_psn_gaps", Counter,
@@ -226,7 +228,7 @@ pub const JOB_ALL: &[&Metric] = &[
 #[cfg_attr(not(test), allow(dead_code))] // the catalogue the tests check names and help against
 pub const ALL: &[&Metric] = &[
     &DATAPLANE_PACKETS, &DATAPLANE_MAP_FULL, &DATAPLANE_RINGBUF_FULL, &DATAPLANE_EVENTS, &DATAPLANE_FLOW_SLOTS,
-    &FLOWS_TRACKED, &PEER_BYTES, &PEER_PACKETS, &PEER_TCP_RETRANSMISSIONS, &PEER_CE_MARKS,
+    &FLOWS_TRACKED, &PEER_BYTES, &PEER_PACKETS, &PEER_TCP_RETRANSMISSIONS, &PEER_TCP_DSACKS, &PEER_CE_MARKS,
     &PEER_ROCE_PSN_GAPS, &PEER_ROCE_PSN_GAP_PACKETS, &PEER_ROCE_CNPS, &PEER_ROCE_NAKS,
     &INTERFACE_BYTES, &INTERFACE_PACKETS, &BURSTS, &BURST_BYTES, &BURST_DURATION,
     &AGENT_EVENTS, &AGENT_POLLS, &AGENT_POLL_ERRORS, &AGENT_POLL_DURATION, &AGENT_LAST_POLL,
@@ -328,6 +330,7 @@ fn families(view: &AgentView) -> Vec<Family> {
     out.push(peer_family(&PEER_BYTES, |c| c.bytes, None));
     out.push(peer_family(&PEER_PACKETS, |c| c.packets, None));
     out.push(peer_family(&PEER_TCP_RETRANSMISSIONS, |c| c.tcp_retrans, Some("tcp")));
+    out.push(peer_family(&PEER_TCP_DSACKS, |c| c.tcp_dsacks, Some("tcp")));
     out.push(peer_family(&PEER_CE_MARKS, |c| c.ce_marks, None));
     out.push(peer_family(&PEER_ROCE_PSN_GAPS, |c| c.roce_psn_gap_events, Some("rocev2")));
     out.push(peer_family(&PEER_ROCE_PSN_GAP_PACKETS, |c| c.roce_psn_gap_packets, Some("rocev2")));

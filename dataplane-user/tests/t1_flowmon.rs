@@ -503,31 +503,42 @@ fn tcp_retransmissions_acks_flags_and_ce() {
     assert_eq!(s.tcp_pure_acks, 0, "FIN is not a pure ACK");
     let st = m.flow(&key4(A, B, 40000, NCCL_PORT, wire::IPPROTO_TCP, flow_kind::TCP));
     assert_eq!(track::tcp(st.tcp_seq_end), Some(1400));
-    assert_eq!(track::tcp(st.tcp_last_ack), None, "no pure ACK in this direction");
 
-    // Reverse direction: pure ACKs, duplicates, ECE/CWR, RST, SYN.
-    let ack = |ackno: u32, flags: u8| frames::tcp4(B, A, NCCL_PORT, 40000, 1, ackno, flags, 0, &[]);
-    for (ackno, flags) in [
-        (1100, wire::TCP_ACK),
-        (1200, wire::TCP_ACK),
-        (1200, wire::TCP_ACK),               // dup
-        (1200, wire::TCP_ACK | wire::TCP_ECE), // dup, ECE
-        (1400, wire::TCP_ACK | wire::TCP_CWR),
-        (1400, wire::TCP_ACK | wire::TCP_RST), // not pure
-        (0, wire::TCP_SYN),                    // not pure
+    // Reverse direction: pure ACKs with and without D-SACKs (Linux's option layout), ECE/CWR,
+    // RST, SYN, and option bytes that are not a SACK or are malformed.
+    let ts = Some((7, 9));
+    let ack = |ackno: u32, flags: u8, options: Vec<u8>| frames::tcp4_with_options(B, A, NCCL_PORT, 40000, 1, ackno, flags, &options, &[]);
+    for (ackno, flags, options, what) in [
+        (1100, wire::TCP_ACK, vec![], "no options"),
+        (1200, wire::TCP_ACK, frames::linux_ack_options(ts, &[]), "the timestamp alone"),
+        (1200, wire::TCP_ACK, frames::linux_ack_options(ts, &[(1100, 1200)]), "D-SACK: the retransmitted 1100..1200, below the ACK"),
+        (1200, wire::TCP_ACK | wire::TCP_ECE, frames::linux_ack_options(ts, &[(1300, 1400)]), "SACK above the ACK: a hole, not a D-SACK"),
+        (1400, wire::TCP_ACK | wire::TCP_CWR, frames::linux_ack_options(None, &[(1250, 1300)]), "D-SACK without timestamps (32-byte header)"),
+        (1400, wire::TCP_ACK, frames::linux_ack_options(ts, &[(1250, 1300), (1500, 1600)]), "D-SACK, two blocks"),
+        (1400, wire::TCP_ACK, vec![1, 1, wire::TCP_OPT_SACK, 2], "SACK option without a block"),
+        (1400, wire::TCP_ACK, vec![1, 1, 30, 0], "an option of length 0"),
+        (1400, wire::TCP_ACK, vec![1, 1, 30, 40], "an option longer than the header"),
+        (1400, wire::TCP_ACK, vec![1; 40], "40 NOPs: the walk stops after 8"),
+        (1400, wire::TCP_ACK | wire::TCP_RST, frames::linux_ack_options(ts, &[(1250, 1300)]), "RST: not a pure ACK"),
+        (0, wire::TCP_SYN, vec![], "SYN: not a pure ACK"),
     ] {
-        m.run(&ack(ackno, flags));
+        let dsacks = || m.find(&key4(B, A, NCCL_PORT, 40000, wire::IPPROTO_TCP, flow_kind::TCP)).map_or(0, |(_, slot)| slot.stats.tcp_dsacks);
+        let before = dsacks();
+        m.run(&ack(ackno, flags, options));
+        let after = dsacks();
+        let expected = u64::from(what.starts_with("D-SACK"));
+        assert_eq!(after - before, expected, "{what}");
     }
     let r = m.flow(&key4(B, A, NCCL_PORT, 40000, wire::IPPROTO_TCP, flow_kind::TCP));
-    assert_eq!(r.packets, 7);
+    assert_eq!(r.packets, 12);
     assert_eq!(r.payload_bytes, 0);
-    assert_eq!(r.tcp_pure_acks, 5);
-    assert_eq!(r.tcp_dup_acks, 2);
+    assert_eq!(r.tcp_pure_acks, 10);
+    assert_eq!(r.tcp_dsacks, 3);
     assert_eq!((r.tcp_ece, r.tcp_cwr, r.tcp_rst, r.tcp_syn, r.tcp_fin), (1, 1, 1, 1, 0));
     assert_eq!(r.tcp_retrans, 0);
     let st = m.flow(&key4(B, A, NCCL_PORT, 40000, wire::IPPROTO_TCP, flow_kind::TCP));
-    assert_eq!((track::tcp(st.tcp_seq_end), track::tcp(st.tcp_last_ack)), (None, Some(1400)));
-    assert_stats(&m, &[(stats::SEEN, 14), (stats::MATCHED, 14)]);
+    assert_eq!(track::tcp(st.tcp_seq_end), None);
+    assert_stats(&m, &[(stats::SEEN, 19), (stats::MATCHED, 19)]);
 }
 
 #[test]
@@ -586,8 +597,7 @@ fn tcp_options_and_gso_super_packets() {
     assert_eq!(track::tcp(m.flow(&key).tcp_seq_end), Some(5001));
 }
 
-/// The detections compare against state shared by all CPUs: a retransmission, duplicate ACK or
-/// PSN gap is seen on a CPU that never saw the packets before it. Counters stay per CPU.
+/// The detections compare against state shared by all CPUs: a retransmission or PSN gap is seen on a CPU that never saw the packets before it. Counters stay per CPU.
 #[test]
 #[ignore = "needs root (T1): run with cargo xtask test"]
 fn detections_see_packets_handled_by_other_cpus() {
@@ -609,7 +619,7 @@ fn detections_see_packets_handled_by_other_cpus() {
     on_cpu(1);
     m.run(&data(1000)); // original on CPU 0
     m.run(&data(1200)); // new data
-    m.run(&ack(1100)); // duplicate of CPU 0's ACK
+    m.run(&ack(1100));
     m.run(&write(13)); // 12 never seen: gap of 1
     m.run(&write(11)); // behind the expectation (14) CPU 1 set from CPU 0's state
     on_cpu(0);
@@ -622,7 +632,7 @@ fn detections_see_packets_handled_by_other_cpus() {
     let tcp = m.flow(&tcp_key);
     assert_eq!((tcp.packets, tcp.tcp_retrans), (5, 2));
     let acks = m.flow(&key4(B, A, NCCL_PORT, 40003, wire::IPPROTO_TCP, flow_kind::TCP));
-    assert_eq!((acks.packets, acks.tcp_pure_acks, acks.tcp_dup_acks), (2, 2, 1));
+    assert_eq!((acks.packets, acks.tcp_pure_acks), (2, 2));
     let roce = m.flow(&rkey(A, B, 50000));
     let psn = |s: &FlowStats| (s.packets, s.roce_psn_gap_events, s.roce_psn_gap_packets, s.roce_psn_out_of_order);
     assert_eq!(psn(&roce), (5, 1, 1, 1));

@@ -63,7 +63,9 @@ pub struct RatesView {
 pub struct TcpView {
     pub retransmissions: u64,
     pub pure_acks: u64,
-    pub dup_acks: u64,
+    /// Pure ACKs carrying a D-SACK: the receiver got data it already had (a spurious
+    /// retransmission of the reverse flow). Replaced `dup_acks` (layout 4).
+    pub dsacks: u64,
     pub ece: u64,
     pub cwr: u64,
     pub rst: u64,

@@ -286,6 +286,32 @@ pub fn tcp4(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, seq: u32, ack: u
     ethernet(MAC_B, MAC_A, &[], wire::ETH_P_IP, &ipv4(src, dst, wire::IPPROTO_TCP, &opts, &tcp(sport, dport, seq, ack, flags, payload)))
 }
 
+/// TCP options as Linux lays them out on an ACK: NOP, NOP, timestamp (when `ts` is given), then
+/// NOP, NOP, SACK with `blocks` (when any).
+pub fn linux_ack_options(ts: Option<(u32, u32)>, blocks: &[(u32, u32)]) -> Vec<u8> {
+    let mut o = Vec::new();
+    if let Some((tsval, tsecr)) = ts {
+        o.extend([1, 1, 8, 10]);
+        o.extend(tsval.to_be_bytes());
+        o.extend(tsecr.to_be_bytes());
+    }
+    if !blocks.is_empty() {
+        o.extend([1, 1, wire::TCP_OPT_SACK, 2 + 8 * blocks.len() as u8]);
+        for (l, r) in blocks {
+            o.extend(l.to_be_bytes());
+            o.extend(r.to_be_bytes());
+        }
+    }
+    o
+}
+
+/// Convenience: untagged Ethernet + IPv4 + TCP with `options`.
+#[allow(clippy::too_many_arguments)]
+pub fn tcp4_with_options(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, seq: u32, ack: u32, flags: u8, options: &[u8], payload: &[u8]) -> Vec<u8> {
+    let seg = tcp_with_options(sport, dport, seq, ack, flags, options, payload);
+    ethernet(MAC_B, MAC_A, &[], wire::ETH_P_IP, &ipv4(src, dst, wire::IPPROTO_TCP, &Ipv4Opts::default(), &seg))
+}
+
 /// Convenience: untagged Ethernet + IPv4 + UDP.
 pub fn udp4(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
     ethernet(MAC_B, MAC_A, &[], wire::ETH_P_IP, &ipv4(src, dst, wire::IPPROTO_UDP, &Ipv4Opts::default(), &udp(sport, dport, payload)))

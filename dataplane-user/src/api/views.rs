@@ -52,7 +52,7 @@ pub fn flow_view(e: &FlowEntry, attach: &AttachInfo, now_ns: u64) -> FlowView {
         tcp: (k.kind == flow_kind::TCP).then(|| TcpView {
             retransmissions: c.tcp_retrans,
             pure_acks: c.tcp_pure_acks,
-            dup_acks: c.tcp_dup_acks,
+            dsacks: c.tcp_dsacks,
             ece: c.tcp_ece,
             cwr: c.tcp_cwr,
             rst: c.tcp_rst,

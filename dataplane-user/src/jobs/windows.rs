@@ -21,6 +21,10 @@
 //!   [`MIN_DATA_BURST_PACKET_BYTES`]. A rank that computes late still ACKs (its kernel does) and
 //!   still receives its neighbour's data on time (socket buffers absorb it); only its own sends
 //!   start late, so counting the other bursts would hide a compute straggler;
+//! - loss evidence leaves out retransmissions the receiver reported as duplicates: a TCP flow's
+//!   `tcp_retrans` growth minus the D-SACKs of its reverse flow at the same vantage (same
+//!   interface, other direction) in the window, at least 0. A tail loss probe that fired before a
+//!   late ACK (a busy receiver) resends data that was not lost;
 //! - the job's directed connections (loss per connection, goodput over its sender's merged data
 //!   bursts) go with the window, for the detectors' [`crate::attribution`]; the job's
 //!   [`LinkWindow`]s and each peer's `shared_links` from the traffic of *every* matched flow per
@@ -158,7 +162,15 @@ impl JobSet {
         let mut egress: BTreeMap<&str, Vec<EgressBurst>> = BTreeMap::new();
         // Every matched flow, the job's or not, per interface direction (for `LinkWindow`s).
         let mut traffic = LinkTraffic::default();
+        let spurious = SpuriousResends::of(&w.deltas);
         for (key, delta) in &w.deltas {
+            let net;
+            let delta = if delta.tcp_retrans > 0 && !spurious.is_empty() {
+                net = spurious.net(key, delta);
+                &net
+            } else {
+                delta
+            };
             let job = self.job_of(key);
             traffic.add_delta(key, delta, job);
             let Some(job) = job else { continue };
@@ -231,6 +243,41 @@ impl JobSet {
                 local,
             })
             .collect()
+    }
+}
+
+/// The D-SACKs of the window's flows, by the flow whose retransmissions they report spurious:
+/// the reverse flow at the same vantage (same interface, the other direction: a host's data
+/// enters its switch port and its ACKs leave by it; a host NIC sends data and receives ACKs).
+struct SpuriousResends(FastMap<FlowKey, u64>);
+
+impl SpuriousResends {
+    fn of(deltas: &[(FlowKey, Counters)]) -> Self {
+        let mut m = FastMap::default();
+        for (k, c) in deltas.iter().filter(|(k, c)| c.tcp_dsacks > 0 && k.kind == flow_kind::TCP) {
+            let data_flow = FlowKey {
+                src_addr: k.dst_addr,
+                dst_addr: k.src_addr,
+                src_port: k.dst_port,
+                dst_port: k.src_port,
+                direction: if k.direction == direction::INGRESS { direction::EGRESS } else { direction::INGRESS },
+                ..*k
+            };
+            *m.entry(data_flow).or_default() += c.tcp_dsacks;
+        }
+        SpuriousResends(m)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `delta` with the retransmissions its receiver reported as duplicates taken out: loss
+    /// evidence is what was lost, not a tail loss probe that fired before a late ACK. A D-SACK
+    /// that lands in the window after its retransmission is taken out of nothing (clamped).
+    fn net(&self, key: &FlowKey, delta: &Counters) -> Counters {
+        let dup = self.0.get(key).copied().unwrap_or(0);
+        Counters { tcp_retrans: delta.tcp_retrans.saturating_sub(dup), ..*delta }
     }
 }
 
@@ -634,6 +681,56 @@ mod tests {
         // The uplink's ingress carries the job's 4 -> 1 alone: no other traffic, no loss.
         let ingress = jw.links.iter().find(|l| l.link == "uplink" && l.direction == "ingress").expect("uplink ingress");
         assert_eq!((ingress.flows, ingress.lossy_flows, ingress.other_bytes), (1, 0, 0));
+    }
+
+    #[test]
+    fn retransmissions_the_receiver_dsacked_are_not_loss() {
+        // A host NIC's view: data 10.77.0.1 -> .2 leaves (egress) and 9 of its segments are
+        // sent again; .2's ACKs come back (ingress) with 7 D-SACKs: 7 of the 9 were tail loss
+        // probes that fired before a late ACK, 2 were lost. A flow whose reverse has no D-SACK
+        // (to .3), and D-SACKs of another interface, change nothing.
+        let mut t = FlowTable::new(TableSettings::default());
+        t.enable_windows();
+        let data = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
+        let acks = FlowKey { src_addr: data.dst_addr, dst_addr: data.src_addr, src_port: data.dst_port, dst_port: data.src_port, direction: direction::INGRESS, ..data };
+        let other = key(1, 3, 29500, direction::EGRESS, flow_kind::TCP);
+        let acks_elsewhere = FlowKey { ifindex: 9, ..acks };
+        t.apply(&PollSnapshot { mono_ns: 1000 * MS, ..Default::default() });
+        t.apply(&PollSnapshot {
+            mono_ns: 2000 * MS,
+            flows: vec![
+                (data, FlowStats { tcp_retrans: 9, ..stats(2_000, 2_900_000, 1, 1999 * MS) }),
+                (acks, FlowStats { tcp_pure_acks: 1_000, tcp_dsacks: 7, ..stats(1_000, 52_000, 1, 1999 * MS) }),
+                (other, FlowStats { tcp_retrans: 5, ..stats(2_000, 2_900_000, 1, 1999 * MS) }),
+                (acks_elsewhere, FlowStats { tcp_pure_acks: 10, tcp_dsacks: 50, ..stats(10, 520, 1, 1999 * MS) }),
+            ],
+            ..Default::default()
+        });
+        let w = t.take_window().unwrap();
+        let jw = &jobs("").windows(&w, |i| format!("if{i}"))[0];
+        let peer = |a: &str| jw.peers.iter().find(|p| p.peer == a.parse::<IpAddr>().unwrap()).unwrap();
+        assert_eq!(peer("10.77.0.2").retrans, 2, "9 resent, 7 of them D-SACKed");
+        assert_eq!(peer("10.77.0.3").retrans, 5);
+        let conn = |to: &str| jw.conns.iter().find(|c| c.dst == to.parse().ok() && c.src == "10.77.0.1".parse().ok()).unwrap();
+        assert_eq!(conn("10.77.0.2").loss_packets, 2);
+        assert_eq!(conn("10.77.0.3").loss_packets, 5);
+        let egress = jw.links.iter().find(|l| l.link == "if2" && l.direction == "egress").unwrap();
+        let lossy = |loss: u64| if attribution::is_lossy(loss, 2_000) { loss } else { 0 };
+        assert_eq!(egress.loss_packets, lossy(5) + lossy(2), "the link's lossy flows count the net resends");
+        // More D-SACKs than resends in a window (the ACK came in the next one): nothing negative.
+        let mut t = FlowTable::new(TableSettings::default());
+        t.enable_windows();
+        t.apply(&PollSnapshot { mono_ns: 1000 * MS, ..Default::default() });
+        t.apply(&PollSnapshot {
+            mono_ns: 2000 * MS,
+            flows: vec![
+                (data, FlowStats { tcp_retrans: 1, ..stats(2_000, 2_900_000, 1, 1999 * MS) }),
+                (acks, FlowStats { tcp_pure_acks: 1_000, tcp_dsacks: 3, ..stats(1_000, 52_000, 1, 1999 * MS) }),
+            ],
+            ..Default::default()
+        });
+        let jw = &jobs("").windows(&t.take_window().unwrap(), |i| format!("if{i}"))[0];
+        assert_eq!(jw.peers[0].retrans, 0);
     }
 
     #[test]

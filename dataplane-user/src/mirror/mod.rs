@@ -251,12 +251,7 @@ fn tcp_track(s: &mut FlowStats, t: &TcpInfo, payload: u32) {
         }
     } else if f & wire::TCP_ACK != 0 && f & (wire::TCP_SYN | wire::TCP_FIN | wire::TCP_RST) == 0 {
         s.tcp_pure_acks += 1;
-        let word = track::VALID | u64::from(t.ack);
-        if s.tcp_last_ack == word {
-            s.tcp_dup_acks += 1;
-        } else {
-            s.tcp_last_ack = word;
-        }
+        s.tcp_dsacks += u64::from(t.dsack);
     }
 }
 

@@ -143,7 +143,9 @@ fn tcp_rules_and_the_match_rule() {
         tcp(1101, 5, wire::TCP_ACK, 100),
         tcp(1001, 5, wire::TCP_ACK, 100), // retransmission
         tcp(1201, 9, wire::TCP_ACK, 0),   // pure ACK
-        tcp(1201, 9, wire::TCP_ACK, 0),   // duplicate ACK
+        // Pure ACKs with SACK blocks, Linux's layout: a D-SACK (below the ACK), and a hole.
+        frames::tcp4_with_options(H0, H2, 40000, 29500, 1201, 9, wire::TCP_ACK, &frames::linux_ack_options(Some((1, 2)), &[(3, 7)]), &[]),
+        frames::tcp4_with_options(H0, H2, 40000, 29500, 1201, 9, wire::TCP_ACK, &frames::linux_ack_options(Some((1, 2)), &[(20, 30)]), &[]),
         tcp(1201, 9, wire::TCP_ACK | wire::TCP_FIN, 0),
     ]
     .into_iter()
@@ -153,12 +155,12 @@ fn tcp_rules_and_the_match_rule() {
     }
     let (k, s) = only_flow(&t);
     assert_eq!((k.kind, k.direction), (flow_kind::TCP, direction::EGRESS));
-    assert_eq!((s.tcp_syn, s.tcp_fin, s.tcp_retrans, s.tcp_pure_acks, s.tcp_dup_acks), (1, 1, 1, 2, 1));
+    assert_eq!((s.tcp_syn, s.tcp_fin, s.tcp_retrans, s.tcp_pure_acks, s.tcp_dsacks), (1, 1, 1, 3, 1));
     assert_eq!(s.payload_bytes, 300);
     // Another port is parsed but not matched; with no config at all only RoCEv2 matches.
     let other = frames::tcp4(H0, H2, 40000, 80, 1, 0, wire::TCP_ACK, 0, &[]);
     t.ingest(&other, other.len(), 2 * MS);
-    assert_eq!((t.len(), t.counters.parsed, t.counters.matched), (1, 8, 7));
+    assert_eq!((t.len(), t.counters.parsed, t.counters.matched), (1, 9, 8));
     let mut bare = MirrorTable::new(42, &settings(), FlowMatch::default());
     let f = tcp(1, 0, wire::TCP_SYN, 0);
     bare.ingest(&f, f.len(), MS);
