@@ -248,7 +248,7 @@ fn monitor(ctx: &TcContext) -> Result<(), Skip> {
     let now = unsafe { bpf_ktime_get_ns() };
     let s = update_flow(&pkt.key, &pkt, now, cfg)?;
     match pkt.key.kind {
-        flow_kind::TCP => tcp_track(s, &pkt.tcp, &pkt, ctx),
+        flow_kind::TCP => tcp_track(s, &pkt.tcp, &pkt),
         flow_kind::ROCEV2 => rocev2_track(s, &pkt.bth),
         _ => {}
     }
@@ -564,7 +564,7 @@ fn new_burst(s: &mut FlowStats, key: &FlowKey, last: u64, now: u64, flags: u32) 
 
 /// TCP flag counters, the retransmission detection and the D-SACKs of pure ACKs.
 #[inline(always)]
-fn tcp_track(s: &mut FlowStats, t: &TcpInfo, pkt: &Packet, ctx: &TcContext) {
+fn tcp_track(s: &mut FlowStats, t: &TcpInfo, pkt: &Packet) {
     let f = t.flags;
     // Rare flags behind one test: data segments and ACKs usually carry none of them.
     if f & (wire::TCP_SYN | wire::TCP_FIN | wire::TCP_RST | wire::TCP_ECE | wire::TCP_CWR) != 0 {
@@ -589,8 +589,7 @@ fn tcp_track(s: &mut FlowStats, t: &TcpInfo, pkt: &Packet, ctx: &TcContext) {
         }
     } else if f & wire::TCP_ACK != 0 && f & (wire::TCP_SYN | wire::TCP_FIN | wire::TCP_RST) == 0 {
         atomic_add(&mut s.tcp_pure_acks, 1);
-        // Options beyond the fixed header: `dsack` returns at once for Linux's lone timestamp.
-        if t.hlen as usize > wire::TCP_MIN_HLEN && parse::dsack(ctx.data(), ctx.data_end(), t.off as u32, t.hlen as u32, t.ack) {
+        if t.dsack {
             atomic_add(&mut s.tcp_dsacks, 1);
         }
     }

@@ -36,16 +36,16 @@ const PULL_LEN: u32 = 128;
 /// The TCP header fields the monitor uses.
 pub struct TcpInfo {
     pub seq: u32,
-    pub ack: u32,
     pub flags: u8,
-    /// Header length in bytes (20..=60): options follow the fixed 20 bytes.
-    pub hlen: u8,
-    /// Offset of the TCP header from the start of the packet (at most 14 + 8 + 60 = 82).
-    pub off: u8,
+    /// A segment without payload whose SACK option reports a D-SACK ([`dsack`]). Decided here,
+    /// not after the flow lookup: the header's offset and length are exact per parse path, and
+    /// carried through the lookup's probe loop they kept the verifier from merging states (it
+    /// walked 572,486 instructions; deciding here, 275,140; without D-SACKs it was 197,872).
+    pub dsack: bool,
 }
 
 impl TcpInfo {
-    const NONE: TcpInfo = TcpInfo { seq: 0, ack: 0, flags: 0, hlen: 0, off: 0 };
+    const NONE: TcpInfo = TcpInfo { seq: 0, flags: 0, dsack: false };
 }
 
 /// The fields of the InfiniBand BTH (and AETH) the monitor uses.
@@ -262,12 +262,14 @@ pub fn parse(ctx: &TcContext) -> Result<Packet, Skip> {
             flow_kind::TCP,
             l3_len + (segments - 1) * (l3_hlen + doff),
             l4_len - doff,
-            TcpInfo {
-                seq: rd32(tcp, wire::TCP_SEQ_OFF),
-                ack: rd32(tcp, wire::TCP_ACK_OFF),
-                flags: rd8(tcp, wire::TCP_FLAGS_OFF),
-                hlen: doff as u8,
-                off: l4_off as u8,
+            {
+                let ack = rd32(tcp, wire::TCP_ACK_OFF);
+                TcpInfo {
+                    seq: rd32(tcp, wire::TCP_SEQ_OFF),
+                    flags: rd8(tcp, wire::TCP_FLAGS_OFF),
+                    // Only segments without payload, with more than the fixed header.
+                    dsack: l4_len == doff && doff > wire::TCP_MIN_HLEN as u32 && dsack(data, end, l4_off as u32, doff, ack),
+                }
             },
             Bth::NONE,
         )
@@ -330,12 +332,11 @@ pub fn parse(ctx: &TcContext) -> Result<Packet, Skip> {
 }
 
 /// The option bytes of Linux's timestamp option as every Linux segment carries it first
-/// (NOP, NOP, kind 8, length 10): a 32-byte header that starts with them has no other option.
+/// (NOP, NOP, kind 8, length 10).
 const TCP_TS_LEAD: u32 = 0x0101_080a;
 
-/// Options [`dsack`] walks at most before giving up (Linux puts SACK after NOP, NOP, timestamp,
-/// NOP, NOP: the 6th).
-const MAX_TCP_OPTIONS: usize = 8;
+/// NOP, NOP, then the SACK option's kind: how Linux (and the BSDs) align a SACK option.
+const TCP_SACK_LEAD: u32 = 0x0101_0500;
 
 /// Whether a pure ACK carries a D-SACK (RFC 2883): a SACK option whose first block starts before
 /// the ACK number, i.e. reports data that arrived again after it had been acknowledged. The
@@ -344,9 +345,13 @@ const MAX_TCP_OPTIONS: usize = 8;
 /// congestion response. Only the first-block-below-ACK form is recognised; a D-SACK for data
 /// above the ACK (first block inside the second) is not.
 ///
-/// Cheap for the usual ACK: no options, or exactly Linux's timestamp option, return before
-/// any walk. Out of line: only ACKs with SACK blocks get this far. Reads nothing outside the
-/// packet's linear data and the header's length; anything malformed is "no".
+/// The SACK option is looked for where Linux and the BSDs put it, after two NOPs, either first or
+/// right after the timestamp option (itself after two NOPs): a fixed place, not a walk over the
+/// options, which cost the verifier more states (616,729 instructions walked with the walk, from
+/// the flow lookup). A SACK elsewhere is not read, and its retransmissions count as before.
+/// Reads nothing outside the packet's linear data and the header's length; anything malformed
+/// is "no".
+///
 /// `data` and `end` are the packet's bounds as the caller read them (`ctx.data()`,
 /// `ctx.data_end()`): passed as packet pointers, not re-read from the context here, which LLVM
 /// would turn into a 32-bit truncation of a pointer that the verifier refuses.
@@ -355,44 +360,20 @@ pub fn dsack(data: usize, end: usize, off: u32, hlen: u32, ack: u32) -> bool {
     // Masks bound both for the verifier: the header starts within 82 bytes, and is at most 60.
     let off = (off & 0x7f) as usize;
     let hlen = (hlen & 0x3f) as usize;
-    if hlen <= wire::TCP_MIN_HLEN {
+    // The SACK's first block is 4 bytes (NOP, NOP, kind, length) after `at`, 8 bytes long.
+    let at = if hlen >= wire::TCP_MIN_HLEN + 12 + 12 {
+        let Ok(lead) = ptr_at::<[u8; 4]>(data, end, off + wire::TCP_MIN_HLEN) else { return false };
+        if rd32(lead.cast(), 0) == TCP_TS_LEAD { wire::TCP_MIN_HLEN + 12 } else { wire::TCP_MIN_HLEN }
+    } else if hlen >= wire::TCP_MIN_HLEN + 12 {
+        wire::TCP_MIN_HLEN
+    } else {
+        return false;
+    };
+    let Ok(o) = ptr_at::<[u8; 12]>(data, end, off + at) else { return false };
+    let o: *const u8 = o.cast();
+    // NOP, NOP, SACK, and a length of at least one block.
+    if rd32(o, 0) & 0xffff_ff00 != TCP_SACK_LEAD || rd8(o, 3) < 10 {
         return false;
     }
-    if hlen == wire::TCP_MIN_HLEN + 12 {
-        let Ok(lead) = ptr_at::<[u8; 4]>(data, end, off + wire::TCP_MIN_HLEN) else { return false };
-        if rd32(lead.cast(), 0) == TCP_TS_LEAD {
-            return false;
-        }
-    }
-    let mut i = wire::TCP_MIN_HLEN;
-    for _ in 0..MAX_TCP_OPTIONS {
-        // Kind and length must lie inside the header.
-        if i + 2 > hlen {
-            return false;
-        }
-        let at = off + (i & 0x3f);
-        let Ok(o) = ptr_at::<[u8; 2]>(data, end, at) else { return false };
-        let o: *const u8 = o.cast();
-        match rd8(o, 0) {
-            wire::TCP_OPT_EOL => return false,
-            wire::TCP_OPT_NOP => i += 1,
-            wire::TCP_OPT_SACK => {
-                // Kind, length and at least one 8-byte block.
-                if rd8(o, 1) < 10 || i + 10 > hlen {
-                    return false;
-                }
-                let Ok(b) = ptr_at::<[u8; 10]>(data, end, at) else { return false };
-                let left = rd32(b.cast(), 2);
-                return (ack.wrapping_sub(left) as i32) > 0;
-            }
-            _ => {
-                let len = rd8(o, 1) as usize;
-                if len < 2 {
-                    return false;
-                }
-                i += len;
-            }
-        }
-    }
-    false
+    (ack.wrapping_sub(rd32(o, 4)) as i32) > 0
 }

@@ -44,14 +44,36 @@ pub enum Skip {
     Unreadable,
 }
 
+/// Whether a TCP header (`h`, options included) without payload carries a D-SACK, by the
+/// classifier's rule (`dataplane-ebpf` `parse::dsack`): a SACK option after two NOPs, first or
+/// right after Linux's NOP NOP timestamp, whose first block starts before the ACK number. Not
+/// smoltcp's option walk: a SACK elsewhere would then count here and not in the kernel.
+fn dsack(h: &[u8], ack: u32) -> bool {
+    const TS_LEAD: [u8; 4] = [wire::TCP_OPT_NOP, wire::TCP_OPT_NOP, 8, 10];
+    let min = wire::TCP_MIN_HLEN;
+    let at = if h.len() >= min + 24 && h[min..min + 4] == TS_LEAD {
+        min + 12
+    } else if h.len() >= min + 12 {
+        min
+    } else {
+        return false;
+    };
+    let o = &h[at..at + 12];
+    if o[..3] != [wire::TCP_OPT_NOP, wire::TCP_OPT_NOP, wire::TCP_OPT_SACK] || o[3] < 10 {
+        return false;
+    }
+    let left = u32::from_be_bytes([o[4], o[5], o[6], o[7]]);
+    (ack.wrapping_sub(left) as i32) > 0
+}
+
 /// The TCP fields the monitor uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TcpInfo {
     pub seq: u32,
     pub ack: u32,
     pub flags: u8,
-    /// The options hold a SACK whose first block starts before `ack`: a D-SACK (RFC 2883), as
-    /// the classifier's `dsack` reads it.
+    /// A segment without payload whose SACK option's first block starts before `ack`: a D-SACK
+    /// (RFC 2883), read as the classifier reads it ([`dsack`]).
     pub dsack: bool,
 }
 
@@ -193,8 +215,7 @@ pub fn parse(bytes: &[u8], wire_len: usize) -> Outcome {
         let raw = f.need(l4_off, wire::TCP_MIN_HLEN)?;
         let ack = t.ack_number().0 as u32;
         // Options beyond the captured bytes (a short snap length) are not read: no D-SACK then.
-        let dsack = doff > wire::TCP_MIN_HLEN
-            && f.need(l4_off, doff).ok().map(TcpPacket::new_unchecked).and_then(|h| h.selective_ack_ranges().ok()).and_then(|r| r[0]).is_some_and(|(left, _)| (ack.wrapping_sub(left) as i32) > 0);
+        let dsack = l4_len == doff && f.need(l4_off, doff).ok().is_some_and(|h| dsack(h, ack));
         let info = TcpInfo { seq: t.seq_number().0 as u32, ack, flags: raw[wire::TCP_FLAGS_OFF], dsack };
         (t.src_port(), t.dst_port(), flow_kind::TCP, l4_len - doff, info, Bth::default())
     } else {

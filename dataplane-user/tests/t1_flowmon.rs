@@ -518,7 +518,8 @@ fn tcp_retransmissions_acks_flags_and_ce() {
         (1400, wire::TCP_ACK, vec![1, 1, wire::TCP_OPT_SACK, 2], "SACK option without a block"),
         (1400, wire::TCP_ACK, vec![1, 1, 30, 0], "an option of length 0"),
         (1400, wire::TCP_ACK, vec![1, 1, 30, 40], "an option longer than the header"),
-        (1400, wire::TCP_ACK, vec![1; 40], "40 NOPs: the walk stops after 8"),
+        (1400, wire::TCP_ACK, vec![1; 40], "40 NOPs"),
+        (1400, wire::TCP_ACK, [vec![2, 4, 5, 180], frames::linux_ack_options(None, &[(1250, 1300)])].concat(), "a SACK after an MSS option: not where Linux puts it, not read"),
         (1400, wire::TCP_ACK | wire::TCP_RST, frames::linux_ack_options(ts, &[(1250, 1300)]), "RST: not a pure ACK"),
         (0, wire::TCP_SYN, vec![], "SYN: not a pure ACK"),
     ] {
@@ -530,15 +531,15 @@ fn tcp_retransmissions_acks_flags_and_ce() {
         assert_eq!(after - before, expected, "{what}");
     }
     let r = m.flow(&key4(B, A, NCCL_PORT, 40000, wire::IPPROTO_TCP, flow_kind::TCP));
-    assert_eq!(r.packets, 12);
+    assert_eq!(r.packets, 13);
     assert_eq!(r.payload_bytes, 0);
-    assert_eq!(r.tcp_pure_acks, 10);
+    assert_eq!(r.tcp_pure_acks, 11);
     assert_eq!(r.tcp_dsacks, 3);
     assert_eq!((r.tcp_ece, r.tcp_cwr, r.tcp_rst, r.tcp_syn, r.tcp_fin), (1, 1, 1, 1, 0));
     assert_eq!(r.tcp_retrans, 0);
     let st = m.flow(&key4(B, A, NCCL_PORT, 40000, wire::IPPROTO_TCP, flow_kind::TCP));
     assert_eq!(track::tcp(st.tcp_seq_end), None);
-    assert_stats(&m, &[(stats::SEEN, 19), (stats::MATCHED, 19)]);
+    assert_stats(&m, &[(stats::SEEN, 20), (stats::MATCHED, 20)]);
 }
 
 #[test]

@@ -91,6 +91,10 @@ fn seeds() -> Vec<Vec<u8>> {
         frames::rocev2_4(A, B, 50001, bth_opcode::CNP, 0x12, 0, &[], &[0; 16]),
         frames::rocev2_4(A, B, 50002, bth_opcode::RC_ACK, 0x13, 9, &frames::aeth(0x60, 1), &[]),
         frames::tcp4(A, B, 40000, 22, 1, 1, wire::TCP_ACK | wire::TCP_PSH, 3, &[0; 64]),
+        // Pure ACKs with D-SACKs, Linux's option layout with and without timestamps (mutations
+        // move the block edges above and below the ACK and shift the option bytes).
+        frames::tcp4_with_options(B, A, NCCL_PORT, 40000, 1, 1000, wire::TCP_ACK, &frames::linux_ack_options(Some((5, 6)), &[(900, 1000)]), &[]),
+        frames::tcp4_with_options(B, A, NCCL_PORT, 40000, 1, 1000, wire::TCP_ACK, &frames::linux_ack_options(None, &[(900, 1000), (1100, 1200)]), &[]),
     ];
     let frag = Ipv4Opts { flags_frag: 0x2000 | 3, ..Ipv4Opts::default() };
     s.push(frames::ethernet(MAC_B, MAC_A, &[], wire::ETH_P_IP, &frames::ipv4(A, B, 6, &frag, &frames::tcp(1, NCCL_PORT, 1, 1, wire::TCP_ACK, &[0; 8]))));
