@@ -91,18 +91,28 @@ impl Fold {
     }
 }
 
+/// In-burst goodput at most this fraction of both the peers' median and the peer's own baseline,
+/// the window's clear minimum: see `far_below` in [`assess`].
+const FAR_BELOW: f64 = 0.2;
+
 /// `own_baseline`: the peer's own in-burst goodput in its recent windows not judged anomalous,
 /// once warm.
-pub(crate) fn assess(cfg: &GrayConfig, f: &PeerFeatures, s: &PeerStats, own_baseline: Option<Robust>) -> Option<Assessment> {
+pub(crate) fn assess(cfg: &GrayConfig, f: &PeerFeatures, s: &PeerStats, own_baseline: Option<Robust>, clear_minimum: bool) -> Option<Assessment> {
     let mut fold = Fold::default();
     if let (Some(g), Some(r)) = (f.goodput_bps, s.goodput.filter(|r| r.median > 0.0)) {
         let ratio = g / r.median;
         let z = (r.median - g) / r.scale(cfg.rel_scale_floor, 0.0);
         let severe = ratio <= cfg.goodput_severe_ratio;
         let dropped = own_baseline.is_some_and(|b| b.median > 0.0 && g <= cfg.goodput_open_ratio * b.median);
+        // Far below the peers and its own history at once, and the window's clear minimum
+        // (`clear_minimum`: under 0.6× the next lowest peer): an outlier even when other peers
+        // slowed with it (a rate cap's ring neighbours) and their spread hides it from the z
+        // test. A busy host's dip is not that deep (0.40 of the peers, recorded in a ten-minute
+        // healthy OpenMPI run); a capped host's was 0.05-0.08.
+        let far_below = clear_minimum && ratio <= FAR_BELOW && own_baseline.is_some_and(|b| b.median > 0.0 && g <= FAR_BELOW * b.median);
         if ratio <= cfg.goodput_open_ratio && z >= cfg.z_open && !severe && !dropped {
             fold.ambiguous();
-        } else if ratio <= cfg.goodput_open_ratio && z >= cfg.z_open {
+        } else if ratio <= cfg.goodput_open_ratio && (z >= cfg.z_open || far_below) {
             // Never raised on one window: a rank starved of CPU on a busy host moves its bytes
             // as slowly for a window, and only loss is the network's own signature.
             let e = evidence(Metric::InBurstGoodputBps, g, &r, Reference::PeerMedian);
@@ -161,20 +171,20 @@ mod tests {
 
     #[test]
     fn normal_peer_is_clean() {
-        let a = assess(&GrayConfig::default(), &features(98e6, 2e-4), &stats(&G, &L), None).unwrap();
+        let a = assess(&GrayConfig::default(), &features(98e6, 2e-4), &stats(&G, &L), None, false).unwrap();
         assert_eq!(a.state, WindowState::Clean);
     }
 
     #[test]
     fn spurious_retransmissions_do_not_open() {
         // 0.15 %: 15× the median but below the absolute floor.
-        let a = assess(&GrayConfig::default(), &features(98e6, 1.5e-3), &stats(&G, &L), None).unwrap();
+        let a = assess(&GrayConfig::default(), &features(98e6, 1.5e-3), &stats(&G, &L), None, false).unwrap();
         assert!(!a.is_anomalous(), "{a:?}");
     }
 
     #[test]
     fn loss_below_one_percent_is_anomalous_not_severe() {
-        let a = assess(&GrayConfig::default(), &features(90e6, 0.008), &stats(&G, &L), None).unwrap();
+        let a = assess(&GrayConfig::default(), &features(90e6, 0.008), &stats(&G, &L), None, false).unwrap();
         assert_eq!(a.state, WindowState::Anomalous { severe: false });
         assert_eq!(a.evidence.len(), 1);
         assert_eq!(a.evidence[0].metric, Metric::LossRate);
@@ -183,7 +193,7 @@ mod tests {
 
     #[test]
     fn quarter_goodput_is_critical_but_not_raised_on_one_window() {
-        let a = assess(&GrayConfig::default(), &features(25e6, 1e-4), &stats(&G, &L), None).unwrap();
+        let a = assess(&GrayConfig::default(), &features(25e6, 1e-4), &stats(&G, &L), None, false).unwrap();
         assert_eq!(a.state, WindowState::Anomalous { severe: false });
         assert_eq!(a.severity, Severity::Critical);
         assert_eq!(a.evidence[0].metric, Metric::InBurstGoodputBps);
@@ -194,16 +204,39 @@ mod tests {
         // 60 % of the others: anomalous only if the peer itself used to move more.
         let cfg = GrayConfig::default();
         let f = features(60e6, 1e-4);
-        assert_eq!(assess(&cfg, &f, &stats(&G, &L), None).unwrap().state, WindowState::Ambiguous, "cold: no history");
+        assert_eq!(assess(&cfg, &f, &stats(&G, &L), None, false).unwrap().state, WindowState::Ambiguous, "cold: no history");
         let same = Robust::of([61e6, 59e6, 62e6, 60e6, 58e6]);
-        assert_eq!(assess(&cfg, &f, &stats(&G, &L), same).unwrap().state, WindowState::Ambiguous, "always this slow");
+        assert_eq!(assess(&cfg, &f, &stats(&G, &L), same, false).unwrap().state, WindowState::Ambiguous, "always this slow");
         let used_to = Robust::of([99e6, 101e6, 100e6, 98e6, 102e6]);
-        assert_eq!(assess(&cfg, &f, &stats(&G, &L), used_to).unwrap().state, WindowState::Anomalous { severe: false });
+        assert_eq!(assess(&cfg, &f, &stats(&G, &L), used_to, false).unwrap().state, WindowState::Anomalous { severe: false });
+    }
+
+    #[test]
+    fn far_below_the_peers_and_its_history_while_others_slowed_too() {
+        // A rate cap recorded on OpenMPI's ring (target/eval-dsack-openmpi, ratecap #0): the
+        // capped host at 110 Mbit/s, its two ring neighbours slowed to 200 and 900, the others at
+        // 1.7-3.2 Gbit/s: the spread hides the drop from the z test.
+        let cfg = GrayConfig::default();
+        let peers = [900e6, 3150e6, 2200e6, 3100e6, 200e6];
+        let f = features(110e6, 0.0);
+        let s = stats(&peers, &[0.0; 5]);
+        let history = Robust::of([1700e6, 1900e6, 1600e6, 1850e6, 1750e6]);
+        assert!(!assess(&cfg, &f, &s, history, false).unwrap().is_anomalous(), "not the window's clear minimum: the z test alone");
+        let a = assess(&cfg, &f, &s, history, true).unwrap();
+        assert_eq!(a.state, WindowState::Anomalous { severe: false }, "never on one window");
+        assert_eq!(a.evidence[0].metric, Metric::InBurstGoodputBps);
+        // A busy host's dip (recorded in a ten-minute healthy OpenMPI run: 846 against 2123
+        // Mbit/s, 0.40 of the peers) is not that far below.
+        let dip = features(846e6, 0.0);
+        let spread = stats(&[900e6, 3150e6, 2123e6, 3100e6, 200e6], &[0.0; 5]);
+        assert!(!assess(&cfg, &dip, &spread, Robust::of([2400e6, 2500e6, 2300e6, 2450e6, 2350e6]), true).unwrap().is_anomalous());
+        // Nor is a peer that always moves this slowly.
+        assert!(!assess(&cfg, &f, &s, Robust::of([110e6, 120e6, 100e6, 115e6, 105e6]), true).unwrap().is_anomalous());
     }
 
     #[test]
     fn between_thresholds_is_ambiguous() {
-        let a = assess(&GrayConfig::default(), &features(78e6, 1e-4), &stats(&G, &L), None).unwrap();
+        let a = assess(&GrayConfig::default(), &features(78e6, 1e-4), &stats(&G, &L), None, false).unwrap();
         assert_eq!(a.state, WindowState::Ambiguous);
     }
 
@@ -214,9 +247,9 @@ mod tests {
         let mut s = stats(&G, &L);
         s.silence = Robust::of([120e6, 118e6, 125e6, 121e6]);
         s.loss_packets = Robust::of([3.0, 4.0, 2.0, 5.0]);
-        assert_eq!(assess(&GrayConfig::default(), &f, &s, None).unwrap().state, WindowState::Clean);
+        assert_eq!(assess(&GrayConfig::default(), &f, &s, None, false).unwrap().state, WindowState::Clean);
         f.loss_packets = 45;
-        let a = assess(&GrayConfig::default(), &f, &s, None).unwrap();
+        let a = assess(&GrayConfig::default(), &f, &s, None, false).unwrap();
         assert_eq!(a.state, WindowState::Anomalous { severe: true });
         assert_eq!(a.evidence[0].metric, Metric::SilenceNs);
     }

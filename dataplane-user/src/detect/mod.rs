@@ -288,12 +288,23 @@ impl JobState {
         // it names one peer. Two unexplained peers severe together are usually the two ends of one
         // bad connection in a window attribution could not settle yet (a fault's first, partial
         // window): neither is raised on that window alone; k of n windows still decide.
+        // The peer whose goodput is the window's clear minimum (below `CLEAR_MINIMUM` × the
+        // next lowest): the only one a drop far below both the peers and its own history may
+        // name when the z test cannot (other peers slowed with it).
+        let clear_min = {
+            let mut g: Vec<(f64, IpAddr)> = feats.iter().filter_map(|f| f.goodput_bps.map(|g| (g, f.peer))).collect();
+            g.sort_by(|a, b| a.0.total_cmp(&b.0));
+            match g.as_slice() {
+                [a, b, ..] if a.0 <= CLEAR_MINIMUM * b.0 => Some(a.1),
+                _ => None,
+            }
+        };
         let mut gray_all: Vec<Option<Assessment>> = feats
             .iter()
             .zip(&stats)
             .map(|(f, s)| {
                 let baseline = self.peers.get(&f.peer).and_then(|ps| warm(&ps.goodput_baseline, cfg));
-                gray::assess(&cfg.gray, f, s, baseline)
+                gray::assess(&cfg.gray, f, s, baseline, clear_min == Some(f.peer))
             })
             .collect();
         let severe = |a: &Option<Assessment>| matches!(a, Some(a) if a.state == lifecycle::WindowState::Anomalous { severe: true });
@@ -410,6 +421,9 @@ impl JobState {
             .chain(self.peers.values().flat_map(|p| [&p.gray, &p.straggler]))
     }
 }
+
+/// See `clear_min` in [`DetectorSet::observe`].
+const CLEAR_MINIMUM: f64 = 0.6;
 
 /// All detectors for all jobs of this host.
 #[derive(Debug)]
