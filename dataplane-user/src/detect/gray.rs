@@ -8,7 +8,9 @@
 //!   window); below the severe ratio that alone is enough, but a milder dip must also be a drop against the peer's
 //!   *own* history (`own_baseline`, warm): peers of a job need not move bytes equally (a
 //!   compute straggler or a rank with another role in the algorithm sends at another pace from
-//!   its first step), and a network fault is a change;
+//!   its first step), and a network fault is a change. When other peers slowed with it (a rate
+//!   cap's ring neighbours) and their spread defeats the z test, a peer at most `FAR_BELOW` of
+//!   both the others and its own history that is the window's clear minimum still counts;
 //! - loss rate well above the others *and* above an absolute floor (healthy veth reorders);
 //! - a stall: a silence far longer than the others' *with* excess loss (a flap); a silence
 //!   without loss is the worker pausing, not the network.
