@@ -255,15 +255,7 @@ impl SpuriousResends {
     fn of(deltas: &[(FlowKey, Counters)]) -> Self {
         let mut m = FastMap::default();
         for (k, c) in deltas.iter().filter(|(k, c)| c.tcp_dsacks > 0 && k.kind == flow_kind::TCP) {
-            let data_flow = FlowKey {
-                src_addr: k.dst_addr,
-                dst_addr: k.src_addr,
-                src_port: k.dst_port,
-                dst_port: k.src_port,
-                direction: if k.direction == direction::INGRESS { direction::EGRESS } else { direction::INGRESS },
-                ..*k
-            };
-            *m.entry(data_flow).or_default() += c.tcp_dsacks;
+            *m.entry(reverse_flow(k)).or_default() += c.tcp_dsacks;
         }
         SpuriousResends(m)
     }
@@ -278,6 +270,19 @@ impl SpuriousResends {
     fn net(&self, key: &FlowKey, delta: &Counters) -> Counters {
         let dup = self.0.get(key).copied().unwrap_or(0);
         Counters { tcp_retrans: delta.tcp_retrans.saturating_sub(dup), ..*delta }
+    }
+}
+
+/// The flow in the other direction at the same vantage: ends and ports swapped, same interface,
+/// the other hook direction.
+fn reverse_flow(k: &FlowKey) -> FlowKey {
+    FlowKey {
+        src_addr: k.dst_addr,
+        dst_addr: k.src_addr,
+        src_port: k.dst_port,
+        dst_port: k.src_port,
+        direction: if k.direction == direction::INGRESS { direction::EGRESS } else { direction::INGRESS },
+        ..*k
     }
 }
 
@@ -689,25 +694,25 @@ mod tests {
         // sent again; .2's ACKs come back (ingress) with 7 D-SACKs: 7 of the 9 were tail loss
         // probes that fired before a late ACK, 2 were lost. A flow whose reverse has no D-SACK
         // (to .3), and D-SACKs of another interface, change nothing.
-        let mut t = FlowTable::new(TableSettings::default());
-        t.enable_windows();
+        // One window of these flows' totals (all new to the table), as the default job.
+        let window = |flows: Vec<(FlowKey, FlowStats)>| {
+            let mut t = FlowTable::new(TableSettings::default());
+            t.enable_windows();
+            t.apply(&PollSnapshot { mono_ns: 1000 * MS, ..Default::default() });
+            t.apply(&PollSnapshot { mono_ns: 2000 * MS, flows, ..Default::default() });
+            jobs("").windows(&t.take_window().unwrap(), |i| format!("if{i}")).remove(0)
+        };
         let data = key(1, 2, 29500, direction::EGRESS, flow_kind::TCP);
-        let acks = FlowKey { src_addr: data.dst_addr, dst_addr: data.src_addr, src_port: data.dst_port, dst_port: data.src_port, direction: direction::INGRESS, ..data };
+        let acks = reverse_flow(&data);
+        assert_eq!((acks.src_addr, acks.direction), (data.dst_addr, direction::INGRESS));
         let other = key(1, 3, 29500, direction::EGRESS, flow_kind::TCP);
         let acks_elsewhere = FlowKey { ifindex: 9, ..acks };
-        t.apply(&PollSnapshot { mono_ns: 1000 * MS, ..Default::default() });
-        t.apply(&PollSnapshot {
-            mono_ns: 2000 * MS,
-            flows: vec![
-                (data, FlowStats { tcp_retrans: 9, ..stats(2_000, 2_900_000, 1, 1999 * MS) }),
-                (acks, FlowStats { tcp_pure_acks: 1_000, tcp_dsacks: 7, ..stats(1_000, 52_000, 1, 1999 * MS) }),
-                (other, FlowStats { tcp_retrans: 5, ..stats(2_000, 2_900_000, 1, 1999 * MS) }),
-                (acks_elsewhere, FlowStats { tcp_pure_acks: 10, tcp_dsacks: 50, ..stats(10, 520, 1, 1999 * MS) }),
-            ],
-            ..Default::default()
-        });
-        let w = t.take_window().unwrap();
-        let jw = &jobs("").windows(&w, |i| format!("if{i}"))[0];
+        let jw = &window(vec![
+            (data, FlowStats { tcp_retrans: 9, ..stats(2_000, 2_900_000, 1, 1999 * MS) }),
+            (acks, FlowStats { tcp_pure_acks: 1_000, tcp_dsacks: 7, ..stats(1_000, 52_000, 1, 1999 * MS) }),
+            (other, FlowStats { tcp_retrans: 5, ..stats(2_000, 2_900_000, 1, 1999 * MS) }),
+            (acks_elsewhere, FlowStats { tcp_pure_acks: 10, tcp_dsacks: 50, ..stats(10, 520, 1, 1999 * MS) }),
+        ]);
         let peer = |a: &str| jw.peers.iter().find(|p| p.peer == a.parse::<IpAddr>().unwrap()).unwrap();
         assert_eq!(peer("10.77.0.2").retrans, 2, "9 resent, 7 of them D-SACKed");
         assert_eq!(peer("10.77.0.3").retrans, 5);
@@ -718,18 +723,10 @@ mod tests {
         let lossy = |loss: u64| if attribution::is_lossy(loss, 2_000) { loss } else { 0 };
         assert_eq!(egress.loss_packets, lossy(5) + lossy(2), "the link's lossy flows count the net resends");
         // More D-SACKs than resends in a window (the ACK came in the next one): nothing negative.
-        let mut t = FlowTable::new(TableSettings::default());
-        t.enable_windows();
-        t.apply(&PollSnapshot { mono_ns: 1000 * MS, ..Default::default() });
-        t.apply(&PollSnapshot {
-            mono_ns: 2000 * MS,
-            flows: vec![
-                (data, FlowStats { tcp_retrans: 1, ..stats(2_000, 2_900_000, 1, 1999 * MS) }),
-                (acks, FlowStats { tcp_pure_acks: 1_000, tcp_dsacks: 3, ..stats(1_000, 52_000, 1, 1999 * MS) }),
-            ],
-            ..Default::default()
-        });
-        let jw = &jobs("").windows(&t.take_window().unwrap(), |i| format!("if{i}"))[0];
+        let jw = window(vec![
+            (data, FlowStats { tcp_retrans: 1, ..stats(2_000, 2_900_000, 1, 1999 * MS) }),
+            (acks, FlowStats { tcp_pure_acks: 1_000, tcp_dsacks: 3, ..stats(1_000, 52_000, 1, 1999 * MS) }),
+        ]);
         assert_eq!(jw.peers[0].retrans, 0);
     }
 

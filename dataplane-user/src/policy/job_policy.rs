@@ -290,7 +290,7 @@ impl JobPolicy {
         // No step completed lately (each outlasts the windows): the model is used relatively,
         // so the open step's communication time so far calibrates it as well; the gradient
         // size, unless registered, is the healthy baseline's.
-        let comm = self.recent.comm_s().or_else(|| self.recent.open_comm_s())?;
+        let comm = self.recent.comm_or_open_s()?;
         let bandwidth_bps = self.recent.bottleneck_bps()?;
         let bytes = self.bytes_per_step(ctx, ranks).or_else(|| median(self.baseline.bytes.iter().copied()))?;
         let lossy = self.recent.max_loss().is_some_and(|l| l >= self.cfg.lossy_ratio);
@@ -724,7 +724,7 @@ impl JobPolicy {
             // fault's first window, when the recent median is still the healthy time, so take the
             // larger of it and this window's (the open step's so far when none completed: the
             // first step under a rate cap can outlast the window).
-            let observed = larger_known(obs.comm_or_open_s(), self.recent.comm_s().or_else(|| self.recent.open_comm_s()));
+            let observed = larger_known(obs.comm_or_open_s(), self.recent.comm_or_open_s());
             // The same for the job's own step time, when it reports it.
             let from_step = larger_known(reported_step_s, median(self.reported_steps.iter().copied()));
             let d = self.change(DecisionKind::Adapt, choice.plan, reasons, confidence, Some(choice.predicted_s), observed, now);

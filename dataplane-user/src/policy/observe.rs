@@ -342,13 +342,10 @@ impl ObservationHistory {
     pub fn comm_s(&self) -> Option<f64> {
         self.med(|w| w.comm_s)
     }
-    /// When no recent window completed a step: the longest communication time so far of an
-    /// open step in them (a lower bound on the job's communication time now).
-    pub fn open_comm_s(&self) -> Option<f64> {
-        if self.comm_s().is_some() {
-            return None;
-        }
-        self.windows.iter().filter_map(|w| w.open_comm_s).max_by(f64::total_cmp)
+    /// [`Self::comm_s`], or when no recent window completed a step, the longest communication
+    /// time so far of an open step in them (a lower bound on the job's communication time now).
+    pub fn comm_or_open_s(&self) -> Option<f64> {
+        self.comm_s().or_else(|| self.windows.iter().filter_map(|w| w.open_comm_s).max_by(f64::total_cmp))
     }
     pub fn step_s(&self) -> Option<f64> {
         self.med(|w| w.step_s)
