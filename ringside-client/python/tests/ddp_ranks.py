@@ -5,12 +5,22 @@ without pytest's collection.
 Each rank: one CPU thread (the machine's cores are shared), ``GLOO_SOCKET_IFNAME=lo`` so all
 collective traffic stays on loopback, a file:// rendezvous in the test's temporary directory, a
 30 s collective timeout, and its result written with ``torch.save`` to ``rank{r}.pt``.
+
+A rank that finished ends with ``os._exit(0)`` after ``destroy_process_group``: the interpreter's
+teardown would otherwise destroy gloo's C++ process group (still referenced by the DDP model and
+its comm hook) from finalizers and static destructors, which aborted a rank once in CI
+("terminate called without an active exception", SIGABRT) after the work under test was done.
+A crash before that point still fails the test: ``faulthandler`` prints the rank's Python stack
+on a fatal signal, and the failure names the ranks that had not saved their result.
 """
 
 import datetime
+import faulthandler
+import gc
 import logging
 import os
 import pathlib
+import sys
 import time
 
 import torch
@@ -21,14 +31,22 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=30)
 
 
 def _rank_main(rank, world, workdir, fn, args):
+    faulthandler.enable()  # a C++ abort prints this rank's Python stack to stderr
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
     try:
         result = fn(rank, world, *args)
         torch.save(result, pathlib.Path(workdir) / f"rank{rank}.pt")
+        del result
     finally:
+        gc.collect()  # the rank's DDP model and hook, while the interpreter is whole
         dist.destroy_process_group()
+    # Done and saved: skip the interpreter's teardown (module docstring). An exception above
+    # never gets here, so spawn still reports it with its traceback.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(fn, world, workdir, *args, timeout=60.0, while_running=None):
@@ -43,9 +61,13 @@ def run_ranks(fn, world, workdir, *args, timeout=60.0, while_running=None):
     try:
         if while_running is not None:
             while_running(deadline)
-        while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
-            if time.monotonic() >= deadline:
-                raise AssertionError(f"ranks did not finish within {timeout} s")
+        try:
+            while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
+                if time.monotonic() >= deadline:
+                    raise AssertionError(f"ranks did not finish within {timeout} s")
+        except mp.ProcessExitedException as e:
+            missing = [r for r in range(world) if not (workdir / f"rank{r}.pt").exists()]
+            raise AssertionError(f"{e}; ranks without a saved result: {missing or 'none'} (their stderr is above)") from e
     finally:
         for p in ctx.processes:
             if p.is_alive():
