@@ -55,7 +55,7 @@ pub use verdict::{
 
 use crate::attribution;
 use congestion::{LinkInput, LinkPeer};
-use features::{fill_lateness, fill_step_lateness, peer_features, peer_stats};
+use features::{fill_lateness, fill_step_lateness, peer_features, peer_stats, PeerFeatures};
 use lifecycle::{Assessment, Track, TrackCtx};
 use robust::{Robust, Ring};
 
@@ -103,6 +103,10 @@ struct JobState {
     /// replay tool (`scenarios::replay_recorded_windows`).
     #[cfg(test)]
     last_lateness: Vec<(IpAddr, Option<f64>, Option<f64>)>,
+    /// Per active peer of the last window, for the replay tool: how gray judged it (goodput,
+    /// own baseline median, loss rate, the state after explanations).
+    #[cfg(test)]
+    last_gray: Vec<String>,
     last_end_ns: u64,
     peers: BTreeMap<IpAddr, PeerState>,
     links: BTreeMap<String, LinkState>,
@@ -134,6 +138,8 @@ impl JobState {
         Self {
             #[cfg(test)]
             last_lateness: Vec::new(),
+            #[cfg(test)]
+            last_gray: Vec::new(),
             last_end_ns: 0,
             peers: BTreeMap::new(),
             links: BTreeMap::new(),
@@ -288,17 +294,7 @@ impl JobState {
         // it names one peer. Two unexplained peers severe together are usually the two ends of one
         // bad connection in a window attribution could not settle yet (a fault's first, partial
         // window): neither is raised on that window alone; k of n windows still decide.
-        // The peer whose goodput is the window's clear minimum (below `CLEAR_MINIMUM` × the
-        // next lowest): the only one a drop far below both the peers and its own history may
-        // name when the z test cannot (other peers slowed with it).
-        let clear_min = {
-            let mut g: Vec<(f64, IpAddr)> = feats.iter().filter_map(|f| f.goodput_bps.map(|g| (g, f.peer))).collect();
-            g.sort_by(|a, b| a.0.total_cmp(&b.0));
-            match g.as_slice() {
-                [a, b, ..] if a.0 <= CLEAR_MINIMUM * b.0 => Some(a.1),
-                _ => None,
-            }
-        };
+        let clear_min = clear_minimum(&feats);
         let mut gray_all: Vec<Option<Assessment>> = feats
             .iter()
             .zip(&stats)
@@ -348,6 +344,27 @@ impl JobState {
             }
         }
         let own_cable: Vec<bool> = feats.iter().map(|f| own_cable_open(&f.link)).collect();
+        #[cfg(test)]
+        {
+            let mbit = |x: Option<f64>| x.map_or("-".into(), |v| format!("{:.0}", v / 1e6));
+            self.last_gray = feats
+                .iter()
+                .zip(&gray_all)
+                .map(|(f, a)| {
+                    let base = self.peers.get(&f.peer).and_then(|p| warm(&p.goodput_baseline, cfg)).map(|r| r.median * 8.0);
+                    let state = a.as_ref().map_or("-".into(), |a| format!("{:?}", a.state));
+                    let expl = f.explained_by.map_or(String::new(), |p| format!(" expl_by={p}"));
+                    format!(
+                        "{} g={} base={} loss={:.4} {state}{expl}{}",
+                        f.peer,
+                        mbit(f.goodput_bps.map(|g| g * 8.0)),
+                        mbit(base),
+                        f.loss_rate.unwrap_or(0.0),
+                        if congested.contains(f.link.as_str()) { " link-congested" } else { "" }
+                    )
+                })
+                .collect();
+        }
         for (i, ((f, s), gray_a)) in feats.iter().zip(&stats).zip(gray_all).enumerate() {
             let Some(ps) = self.peers.get_mut(&f.peer) else { continue };
             let link_congested = congested.contains(f.link.as_str());
@@ -422,8 +439,23 @@ impl JobState {
     }
 }
 
-/// See `clear_min` in [`DetectorSet::observe`].
+/// See [`clear_minimum`].
 const CLEAR_MINIMUM: f64 = 0.6;
+
+/// The peer whose in-burst goodput is the window's clear minimum (at most `CLEAR_MINIMUM` × the
+/// next lowest): the only one a drop far below both the peers and its own history may name when
+/// the z test cannot (other peers slowed with it; [`gray::assess`]). The next lowest skips the
+/// peers that attribution explains by the minimum's own path: they are slow because of it (a
+/// capped host's ring successor forwards only as fast as the capped host feeds it). The minimum
+/// itself is the lowest of all peers, explained or not, so attribution's occasional wrong end of
+/// a bad connection cannot make the second-slowest peer the minimum.
+fn clear_minimum(feats: &[PeerFeatures]) -> Option<IpAddr> {
+    let mut g: Vec<(f64, &PeerFeatures)> = feats.iter().filter_map(|f| f.goodput_bps.map(|g| (g, f))).collect();
+    g.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (&(low, f), rest) = g.split_first()?;
+    let &(next, _) = rest.iter().find(|(_, o)| o.explained_by != Some(f.peer))?;
+    (low <= CLEAR_MINIMUM * next).then_some(f.peer)
+}
 
 /// All detectors for all jobs of this host.
 #[derive(Debug)]
@@ -514,8 +546,64 @@ impl DetectorSet {
         self.jobs.get(job).map(|j| j.last_lateness.clone()).unwrap_or_default()
     }
 
+    /// The replay tool's view of how gray judged each peer of `job`'s last window.
+    #[cfg(test)]
+    pub(crate) fn last_gray(&self, job: &str) -> Vec<String> {
+        self.jobs.get(job).map(|j| j.last_gray.clone()).unwrap_or_default()
+    }
+
     /// Peers ignored because a job already had `max_peers_per_job` (for a metric).
     pub fn ignored_peers_total(&self) -> u64 {
         self.ignored_peers_total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(addr: &str, mbit: f64, explained_by: Option<&str>) -> PeerFeatures {
+        let mut f = PeerFeatures::for_test(addr, "p", mbit * 1e6 / 8.0, 0.0);
+        f.explained_by = explained_by.map(|a| a.parse().unwrap());
+        f
+    }
+
+    #[test]
+    fn a_clear_minimum_ignores_the_peers_it_slows_down() {
+        // A rate cap recorded on PyTorch DDP (target/eval-dsack-rt, torch ratecap #0): the capped
+        // host at 213 Mbit/s, its ring successor (explained by it) at 266, the others 1.3-3.6
+        // Gbit/s. Compared with the successor the capped host is not a clear minimum (0.8×).
+        let capped = "10.77.0.4";
+        let mut feats = vec![
+            peer("10.77.0.1", 2436.0, None),
+            peer("10.77.0.2", 3062.0, None),
+            peer("10.77.0.3", 3579.0, Some(capped)),
+            peer(capped, 213.0, None),
+            peer("10.77.0.5", 266.0, Some(capped)),
+            peer("10.77.0.6", 1348.0, None),
+        ];
+        assert_eq!(clear_minimum(&feats), Some(capped.parse().unwrap()));
+        // Without that explanation the successor's slowness is its own: no clear minimum.
+        feats[4].explained_by = None;
+        assert_eq!(clear_minimum(&feats), None);
+        // A successor explained by some other peer still counts.
+        feats[4].explained_by = Some("10.77.0.1".parse().unwrap());
+        assert_eq!(clear_minimum(&feats), None);
+    }
+
+    #[test]
+    fn attribution_naming_the_wrong_end_does_not_make_the_second_slowest_the_minimum() {
+        // Recorded on OpenMPI (target/eval-dsack-rc, ratecap #5): the capped host at 74 Mbit/s,
+        // explained (wrongly) by its neighbour at 186. The minimum is still the capped host,
+        // never the neighbour; explained, it is not blamed (gray's explanation rule).
+        let feats = vec![
+            peer("10.77.0.1", 2862.0, None),
+            peer("10.77.0.2", 4244.0, None),
+            peer("10.77.0.3", 186.0, None),
+            peer("10.77.0.4", 74.0, Some("10.77.0.3")),
+            peer("10.77.0.5", 4651.0, None),
+        ];
+        assert_eq!(clear_minimum(&feats), Some("10.77.0.4".parse().unwrap()));
+        assert_eq!(clear_minimum(&feats[..1]), None, "one peer has nothing to be the minimum of");
     }
 }

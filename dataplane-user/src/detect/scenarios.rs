@@ -729,6 +729,11 @@ fn replay_recorded_windows() {
         let changes = set.observe(w).expect("valid window");
         let late: Vec<String> = set.last_lateness(&w.job).iter().map(|(p, a, b)| format!("{p}:{}/{}", ms(*a), ms(*b))).collect();
         println!("w{i} {} late ms (phase/step): {}", w.job, late.join(" "));
+        if std::env::var_os("RINGSIDE_REPLAY_GRAY").is_some() {
+            for g in set.last_gray(&w.job) {
+                println!("    gray {g}");
+            }
+        }
         for c in changes {
             let v = c.verdict();
             let what = match c {
