@@ -83,6 +83,9 @@ struct PeerState {
     last_phase_end_ns: Option<u64>,
     prev_step_starts: Vec<u64>,
     last_step_end_ns: Option<u64>,
+    /// The peer whose path explained this one's degradation in its last active window
+    /// (`PeerFeatures::explained_by`).
+    explained_by_last: Option<IpAddr>,
     gray: Track,
     straggler: Track,
 }
@@ -183,6 +186,7 @@ impl JobState {
                 last_phase_end_ns: None,
                 prev_step_starts: Vec::new(),
                 last_step_end_ns: None,
+                explained_by_last: None,
                 gray: Track::default(),
                 straggler: Track::default(),
             });
@@ -308,9 +312,20 @@ impl JobState {
         // Nor is a peer whose blame is only attribution's guess at one end of a lone bad
         // connection (after a flap, the resent burst of the flapped host to one neighbour can
         // land on that neighbour): a lasting fault shows again in the next windows.
+        // Nor is a peer that the last window explained by a peer whose gray failure is still
+        // open: its stall or loss right after is most likely that fault's tail (a segment lost
+        // to the faulted host just before the fault ended waits out TCP's retransmission
+        // timeout in the next window, when attribution no longer sees the fault).
+        let tail_of_open_fault = |peer: &IpAddr| {
+            self.peers.get(peer).and_then(|p| p.explained_by_last).is_some_and(|x| {
+                self.peers.get(&x).is_some_and(|xp| xp.gray.open_verdict().is_some())
+            })
+        };
         for (f, a) in feats.iter().zip(gray_all.iter_mut()) {
             let Some(a) = a else { continue };
-            if a.state == (lifecycle::WindowState::Anomalous { severe: true }) && (severe_unexplained >= 2 || guessed.contains(&f.peer)) {
+            if a.state == (lifecycle::WindowState::Anomalous { severe: true })
+                && (severe_unexplained >= 2 || guessed.contains(&f.peer) || tail_of_open_fault(&f.peer))
+            {
                 a.state = lifecycle::WindowState::Anomalous { severe: false };
             }
         }
@@ -404,6 +419,7 @@ impl JobState {
             ps.last_phase_end_ns = f.last_phase_end_ns;
             ps.prev_phase_starts.clone_from(&f.phase_starts);
             ps.last_step_end_ns = f.steps.last_end_ns;
+            ps.explained_by_last = f.explained_by;
             ps.prev_step_starts = f.steps.starts.iter().map(|&(_, s)| s).collect();
         }
         changes

@@ -302,6 +302,40 @@ fn a_peer_blamed_only_by_attribution_s_guess_is_not_raised_on_one_window() {
 }
 
 #[test]
+fn a_neighbours_stall_right_after_an_open_fault_is_that_faults_tail() {
+    // Recorded on PyTorch DDP (target/eval-dsack-rt, torch loss-2 #1): 2 % loss on host 0's link
+    // for 15 s; its ring neighbour's sends to it lose half that, explained by host 0. In the
+    // window the loss stopped, the neighbour waited 470 ms for a retransmission timeout (a
+    // segment lost just before), with excess loss: a severe stall, no longer explained because
+    // host 0's loss had gone. It is the fault's tail, not a second fault.
+    for seed in [1, 2, 3] {
+        let tail = Fault::Flap { peer: 5, at_ns: 40 * S + 100 * MS, duration_ns: 450 * MS };
+        let s = Scenario::star(seed)
+            .with(Fault::Loss { peer: 0, rate: 0.02 }, 20, 40)
+            .with(Fault::Loss { peer: 5, rate: 0.01 }, 20, 40)
+            .with(tail, 40, 41);
+        let mut windows = s.windows(50);
+        let explain = |windows: &mut [JobWindow]| {
+            for w in &mut windows[20..40] {
+                for p in w.peers.iter_mut().filter(|p| p.peer == s.peer(5)) {
+                    p.explained_by = Some(s.peer(0));
+                }
+            }
+        };
+        // Without the explanation the neighbour's loss and stall are its own: it is named.
+        let named: Vec<Scope> = run_with(DetectorConfig::default(), &windows)
+            .iter()
+            .filter(|(_, c)| matches!(c, VerdictChange::Opened(_)))
+            .map(|(_, c)| c.verdict().scope.clone())
+            .collect();
+        assert!(named.contains(&peer_scope(&s, 5)), "seed {seed}: {named:?}");
+        explain(&mut windows);
+        let changes = run_with(DetectorConfig::default(), &windows);
+        single_verdict(&changes, VerdictKind::GrayFailure, &peer_scope(&s, 0), 21, 44);
+    }
+}
+
+#[test]
 fn rate_cap_on_one_peers_link_is_a_gray_failure_not_congestion() {
     // A pure rate cap: no loss at all, only goodput.
     let s = Scenario::star(7).with(Fault::GoodputCut { peer: 3, factor: 0.25 }, 20, 40);
