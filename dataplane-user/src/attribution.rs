@@ -40,7 +40,11 @@
 //!   when exactly one of the two ends was blamed by one of the first two rules (the structural
 //!   ones) in the last [`BLAME_MEMORY_WINDOWS`] windows: a fault lasts, and a window that shows
 //!   only one of its connections (a flapped host's first window back, when only what it had
-//!   queued is resent; a lull in a ring's phases) is that fault's, not a new one at the other end;
+//!   queued is resent; a lull in a ring's phases) is that fault's, not a new one at the other end.
+//!   Only blame that rests on loss is remembered: a window without a lossy connection blames by
+//!   slowness alone, which a healthy job's uneven phases produce too (recorded on OpenMPI: a
+//!   healthy host blamed that way just before a rate cap took the blame for the capped host's
+//!   first lossy connection);
 //! - a peer that is not blamed and whose bad connections are all explained is *explained by* the
 //!   blamed endpoint of the first of them.
 //!
@@ -122,6 +126,9 @@ pub struct Attribution {
     /// connection bad), as opposed to the lone-connection rule's guess.
     pub structural: BTreeSet<IpAddr>,
     pub explained_by: BTreeMap<IpAddr, IpAddr>,
+    /// Whether a connection of the window was lossy, so the blame rests on loss and not on
+    /// slowness alone (only such blame is remembered, [`BlameMemory::push`]).
+    pub loss_based: bool,
 }
 
 /// The peers one job's last [`BLAME_MEMORY_WINDOWS`] windows blamed structurally.
@@ -136,12 +143,13 @@ impl BlameMemory {
         self.windows.iter().flatten().copied().collect()
     }
 
-    /// Remembers one window's outcome, forgetting the oldest beyond [`BLAME_MEMORY_WINDOWS`].
+    /// Remembers one window's outcome (its structural blame if it rests on loss, else nothing),
+    /// forgetting the oldest beyond [`BLAME_MEMORY_WINDOWS`].
     pub fn push(&mut self, a: &Attribution) {
         if self.windows.len() == BLAME_MEMORY_WINDOWS {
             self.windows.pop_front();
         }
-        self.windows.push_back(a.structural.clone());
+        self.windows.push_back(if a.loss_based { a.structural.clone() } else { BTreeSet::new() });
     }
 }
 
@@ -173,7 +181,7 @@ pub fn attribute(conns: &[DirectedConn], peers: &BTreeSet<IpAddr>, recent: &BTre
     if !conns.iter().any(lossy) {
         return blame(conns, &pick(true), peers, recent, loss_ref, goodput_ref);
     }
-    let by_loss = blame(conns, &pick(false), peers, recent, loss_ref, goodput_ref);
+    let by_loss = Attribution { loss_based: true, ..blame(conns, &pick(false), peers, recent, loss_ref, goodput_ref) };
     if !by_loss.structural.is_empty() {
         return by_loss;
     }
@@ -376,7 +384,24 @@ mod tests {
         assert_eq!(a.blamed, BTreeSet::from([ip(4)]));
         assert_eq!(a.explained_by, BTreeMap::from([(ip(3), ip(4))]));
         // Seen from a host (the sender is not a peer), nothing changes.
-        assert_eq!(attribute(&c, &BTreeSet::from([ip(4)]), &BTreeSet::new()), Attribution::default());
+        let a = attribute(&c, &BTreeSet::from([ip(4)]), &BTreeSet::new());
+        assert_eq!((a.blamed, a.explained_by), Default::default());
+    }
+
+    #[test]
+    fn only_blame_that_rests_on_loss_is_remembered() {
+        // Recorded on OpenMPI (target/eval-far-rc, ratecap #5): a healthy host's uneven phases
+        // got it blamed by slowness alone just before a rate cap; remembered, that blame took the
+        // capped host's first lossy connection (into the capped host, from the healthy one).
+        let mut memory = BlameMemory::default();
+        let slow = attribute(&ring(6, &[0; 6], &[1.0, 1.1, 0.25, 0.24, 0.9, 1.0]), &all_peers(6), &BTreeSet::new());
+        assert_eq!((slow.structural.clone(), slow.loss_based), (BTreeSet::from([ip(4)]), false));
+        memory.push(&slow);
+        assert_eq!(memory.recent(), BTreeSet::new());
+        let lossy = attribute(&ring(6, &[0, 0, 60, 60, 0, 0], &[1.0; 6]), &all_peers(6), &BTreeSet::new());
+        assert_eq!((lossy.structural.clone(), lossy.loss_based), (BTreeSet::from([ip(4)]), true));
+        memory.push(&lossy);
+        assert_eq!(memory.recent(), BTreeSet::from([ip(4)]));
     }
 
     #[test]

@@ -307,6 +307,26 @@ impl JobState {
                 gray::assess(&cfg.gray, f, s, baseline, clear_min == Some(f.peer))
             })
             .collect();
+        // Attribution that contradicts the goodputs: a peer explained by another that moved its
+        // bytes far slower than that other (at most `CLEAR_MINIMUM` of its goodput, or none at
+        // all: a trickle with no whole phase). Seen at a rate cap's two ends, when attribution
+        // reads the capped host's partner's slow sends as the fault and explains the capped host
+        // by it. The partner's slowness alone then names nobody: unsure, say nothing.
+        let goodput_of = |p: IpAddr| feats.iter().find(|f| f.peer == p).and_then(|f| f.goodput_bps);
+        let contradicted: BTreeSet<IpAddr> = feats
+            .iter()
+            .filter_map(|e| {
+                let p = e.explained_by?;
+                let pg = goodput_of(p)?;
+                e.goodput_bps.is_none_or(|g| g <= CLEAR_MINIMUM * pg).then_some(p)
+            })
+            .collect();
+        for (f, a) in feats.iter().zip(gray_all.iter_mut()) {
+            let goodput_only = |a: &Assessment| a.is_anomalous() && a.evidence.iter().all(|e| e.metric == Metric::InBurstGoodputBps);
+            if contradicted.contains(&f.peer) && a.as_ref().is_some_and(goodput_only) {
+                *a = Some(Assessment::ambiguous());
+            }
+        }
         let severe = |a: &Option<Assessment>| matches!(a, Some(a) if a.state == lifecycle::WindowState::Anomalous { severe: true });
         let severe_unexplained = feats.iter().zip(&gray_all).filter(|(f, a)| f.explained_by.is_none() && severe(a)).count();
         // Nor is a peer whose blame is only attribution's guess at one end of a lone bad
