@@ -155,7 +155,8 @@ impl BlameMemory {
 
 /// Applies the rules of the module docs to one job's connections. `peers` are the job's peers
 /// in the window (the candidates for blame); `recent` the peers blamed structurally in the job's
-/// last windows ([`BlameMemory::recent`]).
+/// last windows ([`BlameMemory::recent`]), and those the caller knows to be faulty of late (the
+/// detectors add the peers whose gray failure is open).
 pub fn attribute(conns: &[DirectedConn], peers: &BTreeSet<IpAddr>, recent: &BTreeSet<IpAddr>) -> Attribution {
     let loss_ref = quantile(conns.iter().filter_map(DirectedConn::loss_ratio), 0.25).unwrap_or(0.0);
     let goodputs: Vec<f64> = conns.iter().filter_map(DirectedConn::goodput).collect();

@@ -205,7 +205,12 @@ impl JobState {
         if !w.conns.is_empty() {
             // Every peer of the window is a candidate, idle ones too (as the connections are).
             let candidates: BTreeSet<IpAddr> = w.peers.iter().map(|p| p.peer).collect();
-            let blame = attribution::attribute(&w.conns, &candidates, &self.blame.recent());
+            // A fault lasts: a lone bad connection goes to the end whose gray failure is open
+            // (a flapping host's sends lost on its next flap) as to one blamed structurally of
+            // late.
+            let mut recent = self.blame.recent();
+            recent.extend(self.peers.iter().filter(|(_, p)| p.gray.open_verdict().is_some()).map(|(a, _)| *a));
+            let blame = attribution::attribute(&w.conns, &candidates, &recent);
             self.blame.push(&blame);
             for f in &mut feats {
                 f.explained_by = blame.explained_by.get(&f.peer).copied();

@@ -366,6 +366,43 @@ fn a_neighbours_stall_right_after_an_open_fault_is_that_faults_tail() {
 }
 
 #[test]
+fn a_lone_bad_connection_from_a_host_whose_gray_failure_is_open_is_that_hosts() {
+    // Recorded on OpenMPI (target/eval-flap2, flap #3): a host whose link flaps every 3 s, its
+    // gray failure open on the first flap's silence; on a later flap only its sends to one
+    // neighbour were lost. Attribution's lone-connection rule blamed the receiver (the healthy
+    // neighbour), which was then raised. The flapping host's open verdict now counts as recent
+    // blame: the sender is blamed and the neighbour is explained by it.
+    let run_once = |tail: bool| -> Vec<Scope> {
+        let flap = Fault::Flap { peer: 1, at_ns: 30 * S + 100 * MS, duration_ns: 400 * MS };
+        let mut s = Scenario::star(3).with(flap, 30, 31);
+        if tail {
+            s = s.with(Fault::Loss { peer: 2, rate: 0.05 }, 32, 34);
+        }
+        let mut windows = s.windows(40);
+        let n = s.peers.len();
+        for (i, w) in windows.iter_mut().enumerate() {
+            w.conns = (0..n)
+                .map(|p| crate::attribution::DirectedConn {
+                    src: Some(s.peer(p)),
+                    dst: Some(s.peer((p + 1) % n)),
+                    loss_packets: if tail && (32..34).contains(&i) && p == 1 { 500 } else { 1 },
+                    data_packets: 10_000,
+                    ..Default::default()
+                })
+                .collect();
+        }
+        run_with(DetectorConfig::default(), &windows)
+            .iter()
+            .filter(|(_, c)| matches!(c, VerdictChange::Opened(_)))
+            .map(|(_, c)| c.verdict().scope.clone())
+            .collect()
+    };
+    let s = Scenario::star(3);
+    assert_eq!(run_once(false), vec![peer_scope(&s, 1)], "the flap alone");
+    assert_eq!(run_once(true), vec![peer_scope(&s, 1)], "its sends lost to peer 2 are the flapping host's");
+}
+
+#[test]
 fn rate_cap_on_one_peers_link_is_a_gray_failure_not_congestion() {
     // A pure rate cap: no loss at all, only goodput.
     let s = Scenario::star(7).with(Fault::GoodputCut { peer: 3, factor: 0.25 }, 20, 40);
