@@ -18,6 +18,15 @@ fn run_with(cfg: DetectorConfig, windows: &[JobWindow]) -> Vec<(usize, VerdictCh
     out
 }
 
+/// The scopes of the verdicts opened over `windows` with the default configuration, in order.
+fn opened_scopes(windows: &[JobWindow]) -> Vec<Scope> {
+    run_with(DetectorConfig::default(), windows)
+        .into_iter()
+        .filter(|(_, c)| matches!(c, VerdictChange::Opened(_)))
+        .map(|(_, c)| c.verdict().scope.clone())
+        .collect()
+}
+
 fn run(s: &Scenario, n: usize) -> Vec<(usize, VerdictChange)> {
     run_with(DetectorConfig::default(), &s.windows(n))
 }
@@ -320,11 +329,7 @@ fn attribution_contradicted_by_the_goodputs_names_nobody() {
                 p.explained_by = Some(s.peer(2));
             }
         }
-        run_with(DetectorConfig::default(), &windows)
-            .iter()
-            .filter(|(_, c)| matches!(c, VerdictChange::Opened(_)))
-            .map(|(_, c)| c.verdict().scope.clone())
-            .collect()
+        opened_scopes(&windows)
     };
     let s = Scenario::star(7);
     assert!(named(false).contains(&peer_scope(&s, 3)), "without the explanation the capped host is named");
@@ -353,11 +358,7 @@ fn a_neighbours_stall_right_after_an_open_fault_is_that_faults_tail() {
             }
         };
         // Without the explanation the neighbour's loss and stall are its own: it is named.
-        let named: Vec<Scope> = run_with(DetectorConfig::default(), &windows)
-            .iter()
-            .filter(|(_, c)| matches!(c, VerdictChange::Opened(_)))
-            .map(|(_, c)| c.verdict().scope.clone())
-            .collect();
+        let named: Vec<Scope> = opened_scopes(&windows);
         assert!(named.contains(&peer_scope(&s, 5)), "seed {seed}: {named:?}");
         explain(&mut windows);
         let changes = run_with(DetectorConfig::default(), &windows);
@@ -391,11 +392,7 @@ fn a_lone_bad_connection_from_a_host_whose_gray_failure_is_open_is_that_hosts() 
                 })
                 .collect();
         }
-        run_with(DetectorConfig::default(), &windows)
-            .iter()
-            .filter(|(_, c)| matches!(c, VerdictChange::Opened(_)))
-            .map(|(_, c)| c.verdict().scope.clone())
-            .collect()
+        opened_scopes(&windows)
     };
     let s = Scenario::star(3);
     assert_eq!(run_once(false), vec![peer_scope(&s, 1)], "the flap alone");
