@@ -123,15 +123,30 @@ struct PendingControl {
     plan: Plan,
 }
 
+/// How long a rank still waits for rank 0's control header after another peer failed (see
+/// [`receive_control`]). Only the failure path waits.
+const CONTROL_GRACE: Duration = Duration::from_secs(1);
+
 /// Receives rank 0's control header for collective `op` on `t` and checks it against this rank's
 /// own call and the mesh. A header that has already arrived is taken before the shared failure
-/// state is consulted ([`Transport::recv_queued`]): on a promised collective a mismatched rank has
+/// state is consulted ([`Transport::recv_next`]): on a promised collective a mismatched rank has
 /// sent data before this check, its peers may already have aborted over that data, and it must still
-/// report its own [`CollectiveError::CollectiveMismatch`] rather than their disconnect.
+/// report its own [`CollectiveError::CollectiveMismatch`] rather than their disconnect. If another
+/// peer's failure comes first, the header is still waited for a moment ([`CONTROL_GRACE`]): rank 0
+/// sends it before anything else, so unless rank 0's own connection ends without it, it is on its way.
 fn receive_control<T: Transport>(t: &mut T, timeout: Duration, op: u64, call: &OpCall) -> Result<ControlHeader> {
-    let f = match t.recv_queued(0, 0)? {
-        Some(f) => f,
-        None => t.recv(0, 0, timeout, op)?,
+    let f = match t.recv_next(0, 0, timeout, op) {
+        Ok(f) => f,
+        Err(e) => {
+            let deadline = std::time::Instant::now() + CONTROL_GRACE.min(timeout);
+            loop {
+                match t.recv_queued(0, 0) {
+                    Ok(Some(f)) => break f,
+                    Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+                    _ => return Err(e),
+                }
+            }
+        }
     };
     let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame { peer: 0, channel: 0, field, expected, got };
     if f.header.kind != FrameKind::Control {
@@ -302,7 +317,7 @@ impl<'a, T: Transport> Exchange<'a, T> {
         // Every data receive goes through here: the header is checked before any data is applied.
         self.settle_control()?;
         let channel = self.channel(ci);
-        let f = self.t.recv(peer, channel, self.cx.timeout, self.cx.op)?;
+        let f = self.t.recv_next(peer, channel, self.cx.timeout, self.cx.op)?;
         let h = &f.header;
         let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame { peer, channel, field, expected, got };
         // On a promised collective ranks 1..n−1 send before they check their call against rank 0's
@@ -723,7 +738,7 @@ impl<T: Transport> Communicator<T> {
         let mut all = Vec::with_capacity(world);
         all.push(mine);
         for peer in 1..world {
-            let f = self.transport.recv(peer, 0, self.timeout, op).map_err(|e| self.fail(e))?;
+            let f = self.transport.recv_next(peer, 0, self.timeout, op).map_err(|e| self.fail(e))?;
             let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame { peer, channel: 0, field, expected, got };
             if f.header.kind != FrameKind::Control {
                 return Err(self.fail(mismatch("kind", FrameKind::Control as u64, f.header.kind as u64)));

@@ -144,6 +144,18 @@ pub trait Transport: Send {
         let _ = (peer, channel);
         Ok(None)
     }
+    /// The next frame from `(peer, channel)`: one that has already arrived even if a peer has failed
+    /// since ([`Transport::recv_queued`]), else [`Transport::recv`]. What the engine receives with: a
+    /// frame sent before its peer (or another) gave up is still that peer's valid data, so a rank
+    /// whose last frames of a collective have all arrived completes it even when a faster peer has
+    /// already aborted the *next* collective; the failure is reported at the first frame that had
+    /// not arrived.
+    fn recv_next(&mut self, peer: usize, channel: usize, timeout: Duration, op: u64) -> Result<InFrame> {
+        match self.recv_queued(peer, channel)? {
+            Some(f) => Ok(f),
+            None => self.recv(peer, channel, timeout, op),
+        }
+    }
     /// Bytes queued for sending so far (headers included).
     fn bytes_sent(&self) -> u64;
     /// Graceful close.

@@ -154,15 +154,25 @@ fn disagreement_on_a_promised_collective_is_reported() {
 ///   (or `PeerClosed`) and nothing more specific: which peer gets which is a race.
 ///
 /// No rank completes: every rank needs a frame from rank 2 or from a rank that gave up.
+///
+/// The ranks (threads of this process) meet at a barrier between the two allreduces. Without it a
+/// rank still finishing the first one could see the second one's abort first and fail the first
+/// one (4 of 150 runs beside a release build; the engine now takes frames that had already arrived,
+/// `Transport::recv_next`, 1 of 300 after, but a frame still in the socket when another
+/// connection reports the abort is not waited for). With the barrier, rank 2 could miss rank 0's
+/// header when a peer's abort came first (3 of 400); it now waits for it a moment (the engine's
+/// `CONTROL_GRACE`): 0 of 400 beside a release build.
 #[test]
 fn element_count_disagreement_on_a_promised_collective() {
     let timeout = Duration::from_secs(5);
     for algorithm in [Algorithm::Ring, Algorithm::Tree] {
+        let first_done = std::sync::Arc::new(std::sync::Barrier::new(3));
         let res = run_ranks_in_process(3, TcpOptions { channels: 1, timeout }, move |rank, t| {
             let initial_plan = Plan { algorithm, ..Plan::default() };
             let mut c = Communicator::new(t, CommunicatorConfig { initial_plan, timeout })?;
             let mut b = vec![1.0f32; 11];
             assert!(!c.allreduce_f32(&mut b)?.on_promise);
+            first_done.wait();
             let mut b = vec![1.0f32; if rank == 2 { 10 } else { 11 }];
             let start = Instant::now();
             let e = c.allreduce_f32(&mut b).expect_err("no rank can complete the mismatched allreduce");
