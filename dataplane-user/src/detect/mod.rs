@@ -106,8 +106,9 @@ struct JobState {
     /// replay tool (`scenarios::replay_recorded_windows`).
     #[cfg(test)]
     last_lateness: Vec<(IpAddr, Option<f64>, Option<f64>)>,
-    /// Per active peer of the last window, for the replay tool: how gray judged it (goodput,
-    /// own baseline median, loss rate, the state after explanations).
+    /// Per active peer of the last window, for the replay tool: how gray judged it (goodput and
+    /// own baseline median in Mbit/s, loss rate, the state before an explanation makes it
+    /// ambiguous, the peer attribution explained it by, a congested link).
     #[cfg(test)]
     last_gray: Vec<String>,
     last_end_ns: u64,
