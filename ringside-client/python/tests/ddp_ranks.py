@@ -8,8 +8,9 @@ collective traffic stays on loopback, a file:// rendezvous in the test's tempora
 
 A rank that finished ends with ``os._exit(0)`` after ``destroy_process_group``: the interpreter's
 teardown would otherwise destroy gloo's C++ process group (still referenced by the DDP model and
-its comm hook) from finalizers and static destructors, which aborted a rank once in CI
-("terminate called without an active exception", SIGABRT) after the work under test was done.
+its comm hook) from finalizers and static destructors. A rank aborted once in CI ("terminate
+called without an active exception", SIGABRT, 2026-11-29), which has that signature; it was not
+reproduced here (40 runs beside a build), so where it aborted is not known.
 A crash before that point still fails the test: ``faulthandler`` prints the rank's Python stack
 on a fatal signal, and the failure names the ranks that had not saved their result.
 """
