@@ -226,7 +226,7 @@ fn competing_windows(s: &Scenario, other: u64) -> Vec<JobWindow> {
 
 #[test]
 fn other_traffic_taking_a_links_bandwidth_is_congestion_not_a_gray_failure() {
-    let s = Scenario::two_leaves(8).with(Fault::GoodputCut { peer: 2, factor: 0.3 }, 20, 40);
+    let s = Scenario::two_leaves(8).with(Fault::GoodputCut { peer: 2, factor: 0.25 }, 20, 40);
     let changes = run_with(DetectorConfig::default(), &competing_windows(&s, 300_000_000));
     let (opened, closed, v) = single_verdict(&changes, VerdictKind::Congestion, &Scope::Link { link: "uplink".into() }, 21, 44);
     assert!(opened >= 20 && closed >= 40);
