@@ -611,6 +611,11 @@ pub fn rhd_uses_doubling(raw_f32: bool, elems: usize) -> bool {
     raw_f32 && elems.saturating_mul(4) <= RHD_DOUBLING_MAX_BYTES
 }
 
+/// Largest collective (bytes of f32) whose frames the engine reads from the sockets itself
+/// ([`Transport::set_direct_reads`]); larger ones keep the reader threads, which read the next chunk
+/// while this thread reduces the current one.
+pub const DIRECT_READ_MAX_BYTES: usize = 1 << 20;
+
 /// Settings of a [`Communicator`].
 #[derive(Clone, Copy, Debug)]
 pub struct CommunicatorConfig {
@@ -905,6 +910,8 @@ impl<T: Transport> Communicator<T> {
         F: FnOnce(&mut Exchange<'_, T>, &mut [f32]) -> Result<()>,
     {
         let before = self.transport.bytes_sent();
+        // Small collectives read the network on this thread: no hand-off per frame.
+        self.transport.set_direct_reads(buf.len().saturating_mul(4) <= DIRECT_READ_MAX_BYTES);
         let (plan, cx, pending_control) = self.begin_op(kind, dtype, buf.len(), root)?;
         let on_promise = pending_control.is_some();
         if self.world() > 1 {

@@ -188,6 +188,9 @@ impl Transport for MeshTransport {
     fn recv_queued(&mut self, peer: usize, channel: usize) -> Result<Option<InFrame>> {
         each!(self, t => t.recv_queued(peer, channel))
     }
+    fn set_direct_reads(&mut self, on: bool) {
+        each!(self, t => t.set_direct_reads(on))
+    }
     fn bytes_sent(&self) -> u64 {
         each!(self, t => t.bytes_sent())
     }

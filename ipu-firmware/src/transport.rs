@@ -156,6 +156,12 @@ pub trait Transport: Send {
             None => self.recv(peer, channel, timeout, op),
         }
     }
+    /// Whether the next receives may read the network on the caller's thread instead of taking
+    /// frames a receiving thread read (small collectives: no hand-off per frame). A hint; the
+    /// default ignores it.
+    fn set_direct_reads(&mut self, on: bool) {
+        let _ = on;
+    }
     /// Bytes queued for sending so far (headers included).
     fn bytes_sent(&self) -> u64;
     /// Graceful close.
@@ -258,6 +264,63 @@ impl SharedState {
     }
     pub(crate) fn failure(&self) -> Option<CollectiveError> {
         self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Who reads a connection's socket: its reader thread while `armed`, the engine's thread (direct
+/// reads) once the reader has `parked`. A disarmed reader finishes the read it is blocked in
+/// (delivering that frame through the queue), then parks; so the engine reads the socket itself
+/// only when `parked` is set, after taking what the reader queued.
+#[derive(Default)]
+pub(crate) struct ReadCtl {
+    state: Mutex<ReadState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct ReadState {
+    armed: bool,
+    parked: bool,
+    stop: bool,
+}
+
+impl ReadCtl {
+    fn armed() -> Self {
+        ReadCtl { state: Mutex::new(ReadState { armed: true, ..ReadState::default() }), cv: Condvar::new() }
+    }
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReadState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn set_armed(&self, armed: bool) {
+        self.lock().armed = armed;
+        self.cv.notify_all();
+    }
+    fn stop(&self) {
+        self.lock().stop = true;
+        self.cv.notify_all();
+    }
+    /// Reader side: parks while disarmed; `false` when told to stop.
+    fn wait_armed(&self) -> bool {
+        let mut st = self.lock();
+        if st.armed {
+            return !st.stop;
+        }
+        st.parked = true;
+        self.cv.notify_all();
+        while !st.armed && !st.stop {
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st.parked = false;
+        st.armed
+    }
+    /// Engine side: whether the reader is parked, waiting up to `wait` for it.
+    fn parked_within(&self, wait: Duration) -> bool {
+        let st = self.lock();
+        if st.parked || st.armed {
+            return st.parked;
+        }
+        let (st, _) = self.cv.wait_timeout_while(st, wait, |s| !s.parked && !s.armed).unwrap_or_else(|p| p.into_inner());
+        st.parked
     }
 }
 
@@ -364,11 +427,76 @@ struct Connection {
     peer: usize,
     channel: usize,
     stream: TcpStream,
+    read_ctl: Arc<ReadCtl>,
     out: Arc<WriteQueue>,
     inbound: InboundFrames,
     writer: Option<JoinHandle<()>>,
     reader: Option<JoinHandle<()>>,
     send_seq: u32,
+}
+
+impl Connection {
+    /// One frame read on the caller's thread (the reader is parked).
+    fn read_frame_direct(&mut self, shared: &SharedState, pool: &BufferPool, deadline: Instant, op: u64, timeout: Duration) -> Result<InFrame> {
+        let (peer, channel) = (self.peer, self.channel);
+        let what = (peer, channel, op, timeout);
+        let fail = |e: CollectiveError| {
+            if !matches!(e, CollectiveError::Timeout { .. }) {
+                shared.fail(e.clone());
+            }
+            e
+        };
+        let mut hdr = [0u8; HEADER_LEN];
+        if !read_polled(&self.stream, &mut hdr, deadline, shared, what).map_err(fail)? {
+            return Err(fail(CollectiveError::PeerDisconnected { peer, channel }));
+        }
+        let header = FrameHeader::parse(&hdr).map_err(|error| fail(CollectiveError::BadFrame { peer, channel, error }))?;
+        if header.kind == FrameKind::Goodbye {
+            self.inbound.peer_said_goodbye = true;
+            return Err(CollectiveError::PeerClosed { peer, channel, op });
+        }
+        let total = HEADER_LEN + header.payload_len as usize;
+        let mut frame = pool.take(total);
+        if frame.len() < total {
+            frame.resize(total, 0);
+        } else {
+            frame.truncate(total);
+        }
+        frame[..HEADER_LEN].copy_from_slice(&hdr);
+        if !read_polled(&self.stream, &mut frame[HEADER_LEN..], deadline, shared, what).map_err(fail)? && total > HEADER_LEN {
+            return Err(fail(CollectiveError::PeerDisconnected { peer, channel }));
+        }
+        self.inbound.in_order(shared, peer, channel, InFrame { header, frame })
+    }
+
+    /// [`Transport::recv`] with direct reads: what the reader queued before it parked, then the
+    /// socket.
+    fn recv_direct(&mut self, shared: &SharedState, pool: &BufferPool, timeout: Duration, op: u64) -> Result<InFrame> {
+        let (peer, channel) = (self.peer, self.channel);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(e) = shared.failure() {
+                return Err(e);
+            }
+            if let Some(f) = self.inbound.try_recv_in_order(shared, peer, channel)? {
+                return Ok(f);
+            }
+            if self.inbound.peer_said_goodbye {
+                return Err(CollectiveError::PeerClosed { peer, channel, op });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CollectiveError::Timeout { peer, channel, op, waited_ms: timeout.as_millis() as u64 });
+            }
+            if self.read_ctl.parked_within((deadline - now).min(POLL_SLICE)) {
+                // A frame delivered just before parking is queued by now.
+                if let Some(f) = self.inbound.try_recv_in_order(shared, peer, channel)? {
+                    return Ok(f);
+                }
+                return self.read_frame_direct(shared, pool, deadline, op, timeout);
+            }
+        }
+    }
 }
 
 /// A full TCP mesh among the ranks of one job.
@@ -382,6 +510,48 @@ pub struct TcpTransport {
     pool: Arc<BufferPool>,
     bytes_sent: u64,
     finished: bool,
+    /// Receives read the sockets on the caller's thread ([`Transport::set_direct_reads`]).
+    direct: bool,
+}
+
+/// Fills `buf` from `s` on the caller's thread without ever blocking in read(2): poll(2) in slices
+/// of [`POLL_SLICE`] (so a failure elsewhere or the deadline ends the wait), then `MSG_DONTWAIT`
+/// reads. `Ok(false)` on EOF before the first byte.
+fn read_polled(s: &TcpStream, buf: &mut [u8], deadline: Instant, shared: &SharedState, what: (usize, usize, u64, Duration)) -> Result<bool> {
+    let (peer, channel, op, timeout) = what;
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: the pointer and length come from a live slice; the fd is owned by `s`.
+        let n = unsafe { libc::recv(s.as_raw_fd(), buf[got..].as_mut_ptr().cast(), buf.len() - got, libc::MSG_DONTWAIT) };
+        if n > 0 {
+            got += n as usize;
+            continue;
+        }
+        if n == 0 {
+            if got == 0 {
+                return Ok(false);
+            }
+            return Err(io_to_peer_error(peer, channel, ErrorKind::UnexpectedEof.into()));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            ErrorKind::Interrupted => continue,
+            ErrorKind::WouldBlock => {}
+            _ => return Err(io_to_peer_error(peer, channel, e)),
+        }
+        if let Some(e) = shared.failure() {
+            return Err(e);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(CollectiveError::Timeout { peer, channel, op, waited_ms: timeout.as_millis() as u64 });
+        }
+        let ms = (deadline - now).min(POLL_SLICE).as_millis().max(1) as libc::c_int;
+        let mut pfd = libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+    }
+    Ok(true)
 }
 
 fn io_to_peer_error(peer: usize, channel: usize, e: std::io::Error) -> CollectiveError {
@@ -415,6 +585,7 @@ fn reader_loop(
     tx: Sender<Inbound>,
     shared: Arc<SharedState>,
     pool: Arc<BufferPool>,
+    ctl: Arc<ReadCtl>,
 ) {
     let mut hdr = [0u8; HEADER_LEN];
     let fail = |e: CollectiveError| {
@@ -422,6 +593,9 @@ fn reader_loop(
         let _ = tx.send(Inbound::Failed(e));
     };
     loop {
+        if !ctl.wait_armed() {
+            return;
+        }
         match read_full_or_eof(&mut s, &mut hdr) {
             Ok(true) => {}
             Ok(false) => return fail(CollectiveError::PeerDisconnected { peer, channel }),
@@ -641,7 +815,7 @@ impl TcpTransport {
             }
             conns.push(row);
         }
-        Ok(Self { rank, world, options, conns, shared, pool, bytes_sent: 0, finished: false })
+        Ok(Self { rank, world, options, conns, shared, pool, bytes_sent: 0, finished: false, direct: false })
     }
 
     fn dial(
@@ -694,6 +868,8 @@ impl TcpTransport {
         let out = Arc::new(WriteQueue::default());
         let wq = out.clone();
         let (rtx, rrx) = mpsc::channel::<Inbound>();
+        let read_ctl = Arc::new(ReadCtl::armed());
+        let rc = read_ctl.clone();
         let ws = stream.try_clone().map_err(err)?;
         let rs = stream.try_clone().map_err(err)?;
         let (sw, sr) = (shared.clone(), shared.clone());
@@ -704,12 +880,13 @@ impl TcpTransport {
             .map_err(err)?;
         let reader = std::thread::Builder::new()
             .name(format!("rx-r{peer}c{channel}"))
-            .spawn(move || reader_loop(rs, peer, channel, rtx, sr, pr))
+            .spawn(move || reader_loop(rs, peer, channel, rtx, sr, pr, rc))
             .map_err(err)?;
         Ok(Connection {
             peer,
             channel,
             stream,
+            read_ctl,
             out,
             inbound: InboundFrames::new(rrx),
             writer: Some(writer),
@@ -808,13 +985,40 @@ impl Transport for TcpTransport {
     }
 
     fn recv(&mut self, peer: usize, channel: usize, timeout: Duration, op: u64) -> Result<InFrame> {
-        let shared = self.shared.clone();
-        self.conn(peer, channel)?.inbound.recv_in_order(&shared, peer, channel, timeout, op)
+        let (shared, pool, direct) = (self.shared.clone(), self.pool.clone(), self.direct);
+        let c = self.conn(peer, channel)?;
+        if direct {
+            return c.recv_direct(&shared, &pool, timeout, op);
+        }
+        c.inbound.recv_in_order(&shared, peer, channel, timeout, op)
     }
 
     fn recv_queued(&mut self, peer: usize, channel: usize) -> Result<Option<InFrame>> {
-        let shared = self.shared.clone();
-        self.conn(peer, channel)?.inbound.try_recv_in_order(&shared, peer, channel)
+        let (shared, pool, direct, timeout) = (self.shared.clone(), self.pool.clone(), self.direct, self.options.timeout);
+        let c = self.conn(peer, channel)?;
+        if let Some(f) = c.inbound.try_recv_in_order(&shared, peer, channel)? {
+            return Ok(Some(f));
+        }
+        if !direct || c.inbound.peer_said_goodbye || !c.read_ctl.parked_within(Duration::ZERO) {
+            return Ok(None);
+        }
+        // Direct reads: a frame that has started to arrive counts as arrived.
+        let mut pfd = libc::pollfd { fd: c.stream.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, 0) } <= 0 {
+            return Ok(None);
+        }
+        c.read_frame_direct(&shared, &pool, Instant::now() + timeout, u64::MAX, timeout).map(Some)
+    }
+
+    fn set_direct_reads(&mut self, on: bool) {
+        if on == self.direct {
+            return;
+        }
+        self.direct = on;
+        for c in self.all_conns() {
+            c.read_ctl.set_armed(!on);
+        }
     }
 
     fn bytes_sent(&self) -> u64 {
@@ -826,6 +1030,8 @@ impl Transport for TcpTransport {
             return;
         }
         self.finished = true;
+        // The readers take the goodbyes.
+        self.set_direct_reads(false);
         let timeout = self.options.timeout;
         for c in self.all_conns() {
             let mut h = FrameHeader::new(FrameKind::Goodbye);
@@ -860,6 +1066,7 @@ impl Transport for TcpTransport {
         self.finished = true;
         self.shared.closing.store(true, Ordering::Release);
         for c in self.all_conns() {
+            c.read_ctl.stop();
             let _ = c.stream.shutdown(Shutdown::Both);
         }
         self.join_threads();

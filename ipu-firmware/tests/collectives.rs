@@ -556,3 +556,36 @@ fn plan_votes_switch_every_rank_at_the_same_op_to_the_most_severe_proposal() {
         }
     }
 }
+
+/// Collectives at or below `DIRECT_READ_MAX_BYTES` are read on the engine's thread, larger ones by
+/// the reader threads: alternating them on one mesh hands every connection's socket back and forth
+/// (frames a reader read before it parked are taken first), and every result stays exact.
+#[test]
+fn small_and_large_collectives_alternate_between_direct_and_reader_reads() {
+    use ipu_firmware::engine::DIRECT_READ_MAX_BYTES;
+    let small = DIRECT_READ_MAX_BYTES / 4 / 16;
+    let large = DIRECT_READ_MAX_BYTES / 4 * 3 + 5;
+    let sizes = [small, large, small, small, large, large, small, 1, large, small];
+    for world in [2usize, 3, 4] {
+        for algorithm in Algorithm::ALL {
+            let plan = Plan { algorithm, chunk_bytes: 256 << 10, ..Plan::default() };
+            let res = run_ranks_in_process(world, opts(2), move |rank, t| {
+                let mut comm = Communicator::new(t, CommunicatorConfig { initial_plan: plan, timeout: TIMEOUT })?;
+                let mut out = Vec::new();
+                for (i, &n) in sizes.iter().enumerate() {
+                    let mut buf = input(rank, 500 + i as u64, n);
+                    comm.allreduce_f32(&mut buf)?;
+                    out.push(buf);
+                }
+                comm.close();
+                Ok(out)
+            });
+            let res: Vec<_> = res.into_iter().map(|r| r.expect("rank failed")).collect();
+            for (i, &n) in sizes.iter().enumerate() {
+                let inputs: Vec<Vec<f32>> = (0..world).map(|r| input(r, 500 + i as u64, n)).collect();
+                let results: Vec<Vec<f32>> = res.iter().map(|r| r[i].clone()).collect();
+                check(world, &plan, &inputs, &results);
+            }
+        }
+    }
+}
