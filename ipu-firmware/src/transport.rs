@@ -100,6 +100,20 @@ impl BufferPool {
         v
     }
 
+    /// A buffer for an inbound frame: `hdr`, then `payload_len` bytes for the payload to be read
+    /// into. A recycled buffer keeps its old length: only bytes never initialised before get zeroed.
+    fn frame_for(&self, hdr: &[u8; HEADER_LEN], payload_len: usize) -> Vec<u8> {
+        let total = HEADER_LEN + payload_len;
+        let mut frame = self.take(total);
+        if frame.len() < total {
+            frame.resize(total, 0);
+        } else {
+            frame.truncate(total);
+        }
+        frame[..HEADER_LEN].copy_from_slice(hdr);
+        frame
+    }
+
     pub fn put(&self, v: Vec<u8>) {
         if v.capacity() < Self::MIN_KEEP {
             return;
@@ -455,14 +469,8 @@ impl Connection {
             self.inbound.peer_said_goodbye = true;
             return Err(CollectiveError::PeerClosed { peer, channel, op });
         }
-        let total = HEADER_LEN + header.payload_len as usize;
-        let mut frame = pool.take(total);
-        if frame.len() < total {
-            frame.resize(total, 0);
-        } else {
-            frame.truncate(total);
-        }
-        frame[..HEADER_LEN].copy_from_slice(&hdr);
+        let mut frame = pool.frame_for(&hdr, header.payload_len as usize);
+        let total = frame.len();
         if !read_polled(&self.stream, &mut frame[HEADER_LEN..], deadline, shared, what).map_err(fail)? && total > HEADER_LEN {
             return Err(fail(CollectiveError::PeerDisconnected { peer, channel }));
         }
@@ -609,15 +617,7 @@ fn reader_loop(
             let _ = tx.send(Inbound::Goodbye);
             return;
         }
-        let total = HEADER_LEN + header.payload_len as usize;
-        let mut frame = pool.take(total);
-        // A recycled buffer keeps its old length: only bytes never initialised before get zeroed.
-        if frame.len() < total {
-            frame.resize(total, 0);
-        } else {
-            frame.truncate(total);
-        }
-        frame[..HEADER_LEN].copy_from_slice(&hdr);
+        let mut frame = pool.frame_for(&hdr, header.payload_len as usize);
         if let Err(e) = s.read_exact(&mut frame[HEADER_LEN..]) {
             return fail(io_to_peer_error(peer, channel, e));
         }
