@@ -285,8 +285,7 @@ impl SharedState {
 /// reads) once the reader has `parked`. A disarmed reader finishes the read it is blocked in
 /// (delivering that frame through the queue), then parks; so the engine reads the socket itself
 /// only when `parked` is set, after taking what the reader queued.
-#[derive(Default)]
-pub(crate) struct ReadCtl {
+struct ReadCtl {
     state: Mutex<ReadState>,
     cv: Condvar,
 }
@@ -470,8 +469,8 @@ impl Connection {
             return Err(CollectiveError::PeerClosed { peer, channel, op });
         }
         let mut frame = pool.frame_for(&hdr, header.payload_len as usize);
-        let total = frame.len();
-        if !read_polled(&self.stream, &mut frame[HEADER_LEN..], deadline, shared, what).map_err(fail)? && total > HEADER_LEN {
+        // An empty payload reads as complete, so `false` here is EOF before a non-empty payload.
+        if !read_polled(&self.stream, &mut frame[HEADER_LEN..], deadline, shared, what).map_err(fail)? {
             return Err(fail(CollectiveError::PeerDisconnected { peer, channel }));
         }
         self.inbound.in_order(shared, peer, channel, InFrame { header, frame })
