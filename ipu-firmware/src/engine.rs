@@ -954,6 +954,15 @@ impl<T: Transport> Communicator<T> {
         self.allreduce_inner(Dtype::F32, buf)
     }
 
+    /// Returns on every rank only after every rank has called it: an allreduce of one zero per rank
+    /// with the current plan. Whatever the algorithm, every rank's result depends on every rank's
+    /// input, so no rank finishes before the last one has started. A collective like any other (op
+    /// number, rank 0's control header, plan changes at its boundary).
+    pub fn barrier(&mut self) -> Result<OpReport> {
+        let mut token = vec![0.0f32; self.world()];
+        self.allreduce_f32(&mut token)
+    }
+
     /// In-place sum allreduce of a bf16 buffer (reduced in f32, rounded back to bf16).
     pub fn allreduce_bf16(&mut self, buf: &mut [Bf16]) -> Result<OpReport> {
         let mut w = std::mem::take(&mut self.widened);

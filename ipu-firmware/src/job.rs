@@ -51,6 +51,12 @@ pub struct JobConfig {
     pub max_channels: u8,
     pub timeout_ms: u64,
     pub verify: bool,
+    /// Before every step's allreduce, an untimed [`Communicator::barrier`], as MPI benchmarks put
+    /// `MPI_Barrier` before each timed call: the step's `comm_ms` then starts when every rank has
+    /// arrived and leaves out the wait for a rank whose compute phase ended later (`bench
+    /// collectives` sets it so that ringside and OpenMPI are timed the same way). Engine mode only:
+    /// a managed job with it fails at its first step.
+    pub barrier: bool,
     /// Appends each step's record to this file as one JSON line when the step ends (the report
     /// comes only at the end): a harness can follow a job that runs until it is killed.
     pub progress: Option<std::path::PathBuf>,
@@ -111,7 +117,9 @@ pub fn verify_tolerance(wire: CodecKind, error_feedback: bool, world: usize) -> 
 pub struct StepRecord {
     pub step: u64,
     pub compute_ms: f64,
+    /// The allreduce's time (after the barrier with [`JobConfig::barrier`]).
     pub comm_ms: f64,
+    /// Compute, barrier and allreduce.
     pub step_ms: f64,
     /// Wall-clock end of the step (Unix ms), to place steps on a harness's fault timeline.
     pub end_unix_ms: u64,
@@ -223,6 +231,9 @@ enum Gradients {
 
 /// What one step's allreduce reports back to the step loop.
 struct StepComm {
+    /// When the barrier before the allreduce returned ([`JobConfig::barrier`]): the step's
+    /// communication time starts there.
+    synced_at: Option<Instant>,
     plan: Plan,
     bytes_sent: u64,
     hint_version: Option<u64>,
@@ -239,11 +250,17 @@ pub fn run_job<T: Transport>(cfg: &JobConfig, transport: T, plan_source: Option<
     }
     let report = run_steps(cfg, |step, grads| {
         comm.begin_step(step);
+        let synced_at = if cfg.barrier {
+            comm.barrier()?;
+            Some(Instant::now())
+        } else {
+            None
+        };
         let rep = match grads {
             Gradients::F32(g) => comm.allreduce_f32(g)?,
             Gradients::Bf16(g) => comm.allreduce_bf16(g)?,
         };
-        Ok(StepComm { plan: rep.plan, bytes_sent: rep.bytes_sent, hint_version: None, hint_rank: None })
+        Ok(StepComm { synced_at, plan: rep.plan, bytes_sent: rep.bytes_sent, hint_version: None, hint_rank: None })
     });
     if report.error.is_none() {
         comm.close();
@@ -259,11 +276,15 @@ pub fn run_job<T: Transport>(cfg: &JobConfig, transport: T, plan_source: Option<
 /// each step's record carries the plan (and hint version) the service reports.
 pub fn run_job_managed(cfg: &JobConfig, client: &mut ManagedClient) -> JobReport {
     run_steps(cfg, |step, grads| {
+        if cfg.barrier {
+            let reason = "a managed job has no barrier (the IPU services run the collective)".to_string();
+            return Err(CollectiveError::InvalidArgument { name: "barrier", reason });
+        }
         let rep = match grads {
             Gradients::F32(g) => client.allreduce_f32(step, g)?,
             Gradients::Bf16(g) => client.allreduce_bf16(step, g)?,
         };
-        Ok(StepComm { plan: rep.plan, bytes_sent: rep.bytes_sent, hint_version: rep.hint_version, hint_rank: rep.hint_rank })
+        Ok(StepComm { synced_at: None, plan: rep.plan, bytes_sent: rep.bytes_sent, hint_version: rep.hint_version, hint_rank: rep.hint_rank })
     })
 }
 
@@ -322,7 +343,7 @@ fn run_steps(cfg: &JobConfig, mut allreduce: impl FnMut(u64, &mut Gradients) -> 
         steps.push(StepRecord {
             step,
             compute_ms: ms(t1 - t0),
-            comm_ms: ms(t2 - t1),
+            comm_ms: ms(t2 - rep.synced_at.unwrap_or(t1)),
             step_ms: ms(t2 - t0),
             end_unix_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
             plan: rep.plan,

@@ -50,6 +50,15 @@ use std::time::{Duration, Instant};
 /// How often a waiting `recv` re-checks the shared failure state.
 pub const POLL_SLICE: Duration = Duration::from_millis(20);
 
+/// How long a direct read ([`Transport::set_direct_reads`]) keeps retrying a socket with nothing to
+/// read, yielding the CPU between tries, before it sleeps in poll(2). Small collectives wait tens of
+/// microseconds per hop; sleeping costs a wake-up on top of that (an inter-processor interrupt to a
+/// halted vCPU, then the scheduler), and a yield instead of a plain spin lets a rank sharing the core
+/// (the one this rank may be waiting for) run. At 64 KiB on the 4-host star with 4 ranks on 2 vCPUs,
+/// yielding for 100-400 µs raised busbw by about a quarter (docs/benchmarks.md, issue 12); a bound
+/// keeps the CPU an idle wait burns small.
+pub const DIRECT_READ_SPIN: Duration = Duration::from_micros(100);
+
 /// Largest frame `send` writes from the calling thread when the connection's writer is idle: a
 /// 256 KiB payload plus its header. Above it the write is left to the writer thread so that the
 /// engine can go on reducing while the bytes drain (what pipelining at 1 MiB chunks needs). The
@@ -521,12 +530,14 @@ pub struct TcpTransport {
     direct: bool,
 }
 
-/// Fills `buf` from `s` on the caller's thread without ever blocking in read(2): poll(2) in slices
-/// of [`POLL_SLICE`] (so a failure elsewhere or the deadline ends the wait), then `MSG_DONTWAIT`
-/// reads. `Ok(false)` on EOF before the first byte.
+/// Fills `buf` from `s` on the caller's thread without ever blocking in read(2): `MSG_DONTWAIT`
+/// reads, between them [`sched_yield(2)`](libc::sched_yield) for the first [`DIRECT_READ_SPIN`] of
+/// the wait, then poll(2) in slices of [`POLL_SLICE`] (so a failure elsewhere or the deadline ends
+/// the wait). `Ok(false)` on EOF before the first byte.
 fn read_polled(s: &TcpStream, buf: &mut [u8], deadline: Instant, shared: &SharedState, what: (usize, usize, u64, Duration)) -> Result<bool> {
     let (peer, channel, op, timeout) = what;
     let mut got = 0;
+    let mut spin_until = None;
     while got < buf.len() {
         // SAFETY: the pointer and length come from a live slice; the fd is owned by `s`.
         let n = unsafe { libc::recv(s.as_raw_fd(), buf[got..].as_mut_ptr().cast(), buf.len() - got, libc::MSG_DONTWAIT) };
@@ -552,6 +563,11 @@ fn read_polled(s: &TcpStream, buf: &mut [u8], deadline: Instant, shared: &Shared
         let now = Instant::now();
         if now >= deadline {
             return Err(CollectiveError::Timeout { peer, channel, op, waited_ms: timeout.as_millis() as u64 });
+        }
+        if now < *spin_until.get_or_insert(now + DIRECT_READ_SPIN) {
+            // SAFETY: no arguments; it only gives up the CPU to other runnable threads.
+            unsafe { libc::sched_yield() };
+            continue;
         }
         let ms = (deadline - now).min(POLL_SLICE).as_millis().max(1) as libc::c_int;
         let mut pfd = libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 };

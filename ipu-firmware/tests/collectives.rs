@@ -1,6 +1,6 @@
 //! T0: collective correctness over loopback TCP, ranks as threads.
 
-use ipu_firmware::job::{run_job_in_process, run_ranks_in_process, ComputeMode, JobConfig};
+use ipu_firmware::job::{run_job, run_job_in_process, run_ranks_in_process, ComputeMode, JobConfig};
 use ipu_firmware::plan::{Compression, Dtype, PlanSource};
 use ipu_firmware::{segment, Algorithm, Bf16, CodecKind, Communicator, CommunicatorConfig, Plan, ScriptedPlans, TcpOptions};
 use rand::{Rng, SeedableRng};
@@ -264,6 +264,7 @@ fn plan_change_mid_run_switches_every_rank_at_the_same_step() {
         max_channels: 3,
         timeout_ms: 20_000,
         verify: true,
+        barrier: false,
         progress: None,
     };
     let later = Plan {
@@ -296,6 +297,78 @@ fn plan_change_mid_run_switches_every_rank_at_the_same_step() {
 }
 
 #[test]
+fn barrier_returns_on_no_rank_before_every_rank_has_called_it() {
+    for world in [2, 3, 4] {
+        for algorithm in Algorithm::ALL {
+            let plan = Plan { algorithm, ..Plan::default() };
+            // Rank r arrives r·30 ms late; every exit must come after the last arrival.
+            let res = run_ranks_in_process(world, opts(1), move |rank, t| {
+                let mut c = Communicator::new(t, CommunicatorConfig { initial_plan: plan, timeout: TIMEOUT })?;
+                let mut times = Vec::new();
+                for round in 0..3u64 {
+                    std::thread::sleep(Duration::from_millis(30 * ((rank as u64 + round) % world as u64)));
+                    let arrived = std::time::Instant::now();
+                    c.barrier()?;
+                    times.push((arrived, std::time::Instant::now()));
+                }
+                Ok(times)
+            });
+            let times: Vec<Vec<_>> = res.into_iter().map(|r| r.unwrap()).collect();
+            for round in 0..3 {
+                let last_arrival = times.iter().map(|t| t[round].0).max().unwrap();
+                for (rank, t) in times.iter().enumerate() {
+                    assert!(t[round].1 >= last_arrival, "{algorithm:?}, {world} ranks, round {round}: rank {rank} left the barrier before the last rank arrived");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_job_with_barriers_times_only_its_allreduces_and_verifies_them() {
+    let template = JobConfig {
+        rank: 0,
+        world: 3,
+        peers: vec![],
+        size_bytes: 4 * 1003,
+        dtype: Dtype::F32,
+        steps: 6,
+        compute_ms: 1.0,
+        compute_jitter_ms: 0.0,
+        straggler_extra_ms: 0.0,
+        compute_mode: ComputeMode::Sleep,
+        plan: Plan { algorithm: Algorithm::Rhd, chunk_bytes: 512, ..Plan::default() },
+        max_channels: 1,
+        timeout_ms: 20_000,
+        verify: true,
+        barrier: true,
+        progress: None,
+    };
+    for barrier in [true, false] {
+        let template = JobConfig { barrier, ..template.clone() };
+        // Rank 0's compute phase is 40 ms longer every step: the others wait for it inside the
+        // allreduce without a barrier, before it with one.
+        let reports = run_ranks_in_process(3, opts(1), move |rank, t| {
+            let straggler_extra_ms = if rank == 0 { 40.0 } else { 0.0 };
+            run_job(&JobConfig { rank, straggler_extra_ms, ..template.clone() }, t, None)
+        });
+        for (rank, r) in reports.into_iter().enumerate() {
+            let r = r.unwrap();
+            assert!(r.error.is_none(), "rank {rank}: {:?}", r.error);
+            assert_eq!(r.summary.all_verified, Some(true), "rank {rank}");
+            if rank == 1 {
+                let median = r.summary.comm_ms.p50;
+                if barrier {
+                    assert!(median < 30.0, "with barriers rank 1's median comm time is {median} ms: the wait for rank 0 leaked into it");
+                } else {
+                    assert!(median >= 30.0, "without barriers rank 1's median comm time is {median} ms: it should include rank 0's extra 40 ms");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn every_step_is_appended_to_the_progress_file_as_it_ends() {
     let path = std::env::temp_dir().join(format!("ringside-progress-test-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&path);
@@ -314,6 +387,7 @@ fn every_step_is_appended_to_the_progress_file_as_it_ends() {
         max_channels: 1,
         timeout_ms: 20_000,
         verify: true,
+        barrier: false,
         progress: Some(path.clone()),
     };
     let reports: Vec<_> = run_job_in_process(&template, None).into_iter().map(|r| r.unwrap()).collect();

@@ -27,6 +27,7 @@ fn template(steps: u64) -> JobConfig {
         max_channels: 2,
         timeout_ms: 20_000,
         verify: true,
+        barrier: false,
         progress: None,
     }
 }

@@ -59,7 +59,8 @@ pub struct Opts {
     #[arg(long)]
     pub no_codecs: bool,
     /// Run this `ringside-rank` binary instead of building the workspace's: A/B runs of two builds
-    /// on the same rig minutes apart (e.g. a copy of main's binary against this tree's).
+    /// on the same rig minutes apart (e.g. a copy of main's binary against this tree's). It is run
+    /// with `--barrier` (builds before 2026-11-29 lack it: wrap them in a script that drops it).
     #[arg(long)]
     pub rank_bin: Option<PathBuf>,
 }
@@ -534,7 +535,8 @@ fn ringside_cell(
         port,
         timeout: Duration::from_secs(120),
         out_dir: Some(workspace_root().join(format!("target/bench/collectives-jobs/{alg}-{size}-{port}"))),
-        extra_args: extra.iter().map(|s| s.to_string()).collect(),
+        // An untimed barrier before every timed allreduce, as OpenMPI's baseline has.
+        extra_args: std::iter::once("--barrier").chain(extra.iter().copied()).map(str::to_string).collect(),
         ..Default::default()
     };
     let report = testbed::run_job(star, &cfg, Some(stop))?;
@@ -817,8 +819,9 @@ fn markdown(
          median over measured steps of the slowest rank's allreduce time in that step (warm-up steps discarded).\n\
          - ringside: `ringside-rank` (release) per host via `testbed::run_job`, f32 buffers, chunk 1 MiB and 1 channel unless\n  \
          stated; steps per size = clamp({} MiB / size, {}, {}) plus 10% (min 2) warm-up (OpenMPI's forced algorithms: half the budget). Every step the ranks regenerate\n  \
-         their gradients; the compute phase is set just long enough to cover that fill ({} ms at 16 MiB) so that ranks enter\n  \
-         the allreduce together and a rank's time is not its wait for a slower filler.\n\
+         their gradients; the compute phase is set just long enough to cover that fill ({} ms at 16 MiB); then an untimed\n  \
+         barrier (`ringside-rank --barrier`: an allreduce of one float per rank), as OpenMPI's baseline has `MPI_Barrier`, so\n  \
+         that a rank's time is its allreduce and not its wait for a rank whose compute phase ended later.\n\
          - OpenMPI: `xtask/bench/mpi_allreduce.c` (compiled with `mpicc -O2`), `MPI_Allreduce(MPI_FLOAT, MPI_SUM)` out of place,\n  \
          the same sizes and iteration counts, `MPI_Barrier` before every timed call, per-iteration time = max over ranks.\n  \
          `mpirun` runs in h0's namespace with a launch agent (`plm_rsh_agent`) that starts each remote `orted` with\n  \
@@ -902,8 +905,8 @@ fn markdown(
     m.push_str(
         "- Two shared cores run four ranks, the bridge and the kernel's TCP stack: these numbers are CPU-bound, and the\n  \
          iperf3 line is a CPU-bound veth/bridge limit, not a NIC's. Other work on the machine during the run shows up as noise.\n\
-         - The per-step allreduce times of ringside are measured inside `ringside-rank` (after a compute phase);\n  \
-         OpenMPI's are measured back to back after a barrier. Both take the slowest rank per step/iteration and the median.\n\
+         - The per-step allreduce times of ringside are measured inside `ringside-rank` (after a compute phase and a\n  \
+         barrier); OpenMPI's back to back after a barrier. Both take the slowest rank per step/iteration and the median.\n\
          - Run-to-run variation on this shared 2-core machine is large (while this bench was written, the same 16 MiB ring\n  \
          cell moved by 2-3× between runs): compare columns of one run, and repeat a run before trusting a small difference.\n",
     );

@@ -60,6 +60,12 @@ struct Args {
     /// Check every step's allreduce result against the expected sum of the deterministic inputs.
     #[arg(long)]
     verify: bool,
+    /// Before every step's allreduce, an untimed barrier (an allreduce of one float per rank), as
+    /// MPI benchmarks put MPI_Barrier before each timed call: the recorded comm time then starts
+    /// when every rank has arrived, not when this rank's compute phase ended. For benchmarks
+    /// (`cargo xtask bench collectives` sets it); not with --managed.
+    #[arg(long, conflicts_with = "managed")]
+    barrier: bool,
     /// Rank 0 only: JSON array of plans ({step_from, algorithm, chunk_bytes, channels, compression})
     /// to switch to during the run.
     #[arg(long, conflicts_with = "follow_hints")]
@@ -160,6 +166,7 @@ fn main() -> anyhow::Result<()> {
         max_channels,
         timeout_ms: a.timeout_ms,
         verify: a.verify,
+        barrier: a.barrier,
         progress,
     };
     let mut report = match a.managed {
