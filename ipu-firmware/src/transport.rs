@@ -569,12 +569,16 @@ fn read_polled(s: &TcpStream, buf: &mut [u8], deadline: Instant, shared: &Shared
             unsafe { libc::sched_yield() };
             continue;
         }
-        let ms = (deadline - now).min(POLL_SLICE).as_millis().max(1) as libc::c_int;
-        let mut pfd = libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut pfd, 1, ms) };
+        poll_readable(s, (deadline - now).min(POLL_SLICE).as_millis().max(1) as libc::c_int);
     }
     Ok(true)
+}
+
+/// poll(2) for `s` to become readable (or hung up), at most `ms` milliseconds; whether it did.
+fn poll_readable(s: &TcpStream, ms: libc::c_int) -> bool {
+    let mut pfd = libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
 }
 
 fn io_to_peer_error(peer: usize, channel: usize, e: std::io::Error) -> CollectiveError {
@@ -1018,9 +1022,7 @@ impl Transport for TcpTransport {
             return Ok(None);
         }
         // Direct reads: a frame that has started to arrive counts as arrived.
-        let mut pfd = libc::pollfd { fd: c.stream.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        if unsafe { libc::poll(&mut pfd, 1, 0) } <= 0 {
+        if !poll_readable(&c.stream, 0) {
             return Ok(None);
         }
         c.read_frame_direct(&shared, &pool, Instant::now() + timeout, u64::MAX, timeout).map(Some)
