@@ -707,12 +707,29 @@ pub fn run(mut o: Opts) -> Result<()> {
         println!("{text}");
     }
 
-    let json_path = bench_dir.join("collectives.json");
-    std::fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n")?;
     let md_path = root.join("docs/benchmarks-collectives.md");
     let targets = format!("{target}**\n\n**{small}");
     let round_table = (n_done > 1).then_some(round_table.as_str());
-    let md = markdown(&o, &report, &report["machine"], &iperf_line, &table, round_table, &extras, &mpi_ready.as_ref().map(|_| ()).map_err(String::clone), &mpi, &codecs, &targets, &codec_target);
+    // Every failure of every round, so that a median over fewer rounds does not hide one.
+    let mut failed = Vec::new();
+    for (i, r) in rounds.iter().enumerate() {
+        for (n, _, res) in &r.mpi {
+            if let Err(e) = res {
+                failed.push(format!("- round {}: OpenMPI {n}: {e}", i + 1));
+            }
+        }
+        for (alg, cells) in &r.ringside {
+            for (size, c) in cells {
+                if let Err(e) = c {
+                    failed.push(format!("- round {}: ringside {alg} {}: {e}", i + 1, human(*size)));
+                }
+            }
+        }
+    }
+    report["failures"] = json!(failed);
+    let json_path = bench_dir.join("collectives.json");
+    std::fs::write(&json_path, serde_json::to_string_pretty(&report)? + "\n")?;
+    let md = markdown(&o, &report, &report["machine"], &iperf_line, &table, round_table, &failed, &extras, &mpi_ready.as_ref().map(|_| ()).map_err(String::clone), &mpi, &codecs, &targets, &codec_target);
     std::fs::write(&md_path, md)?;
     println!("wrote {} and {} in {:.0} s", json_path.display(), md_path.display(), started.elapsed().as_secs_f64());
     Ok(())
@@ -999,6 +1016,7 @@ fn markdown(
     iperf_line: &str,
     table: &str,
     round_table: Option<&str>,
+    failed: &[String],
     extras: &[Extra],
     mpi_ready: &std::result::Result<(), String>,
     mpi: &[MpiRun],
@@ -1068,9 +1086,8 @@ fn markdown(
     if let Err(e) = mpi_ready {
         m.push_str(&format!("OpenMPI baseline not measured: {e}\n\n"));
     }
-    let failed: Vec<String> = mpi.iter().filter_map(|(n, _, r)| r.as_ref().err().map(|e| format!("- OpenMPI {n}: {e}"))).collect();
     if !failed.is_empty() {
-        m.push_str("OpenMPI runs that failed:\n\n");
+        m.push_str("Runs and cells that failed (a median leaves out the rounds that failed):\n\n");
         m.push_str(&failed.join("\n"));
         m.push_str("\n\n");
     }
