@@ -621,19 +621,17 @@ pub const DIRECT_READ_MAX_BYTES: usize = 1 << 20;
 pub const SMALL_CHUNK_MIN_BYTES: usize = 32 << 10;
 
 /// Elements per chunk of a collective of `elems` elements under a plan with `chunk_bytes`: the plan's
-/// chunk, but no more than an eighth of the buffer and no less than [`SMALL_CHUNK_MIN_BYTES`]. So a
-/// collective below 8 chunks of the plan is still cut into several chunks that pipeline (a tree hop
-/// forwards one chunk while the next arrives; a doubling exchange reads one while the other is
-/// copied; a 4-rank ring's segment is two chunks or more, so one is reduced while the next is read)
-/// instead of travelling as one frame per hop, and a large one keeps the plan's chunks. On the
-/// 4-host star (4 ranks on 2 vCPUs) 32 KiB chunks raised 64 KiB tree and rhd by 10-60 % over one
-/// 64 KiB frame, 16 KiB chunks did not; an eighth instead of a quarter raised 256 KiB by about 18 %
-/// and 4 MiB by 5-7 %, 1 MiB unchanged (docs/benchmarks.md, issue 12). A pure function of the plan
-/// and the call, so every rank cuts alike.
+/// chunk, but no more than a quarter of the buffer and no less than [`SMALL_CHUNK_MIN_BYTES`]. So a
+/// small collective is still cut into a few chunks that pipeline (a tree hop forwards the first
+/// chunk while the second arrives; a doubling exchange reads one while the other is copied) instead
+/// of travelling as one frame per hop, and a large one keeps the plan's chunks. On the 4-host star
+/// (4 ranks on 2 vCPUs) 32 KiB chunks raised 64 KiB tree and rhd by 10-60 % over one 64 KiB frame,
+/// 16 KiB chunks did not (docs/benchmarks.md, issue 12). A pure function of the plan and the call,
+/// so every rank cuts alike.
 pub fn chunk_elems(chunk_bytes: u32, dtype: Dtype, elems: usize) -> usize {
     let plan = (chunk_bytes as usize / dtype.size()).max(1);
     let floor = SMALL_CHUNK_MIN_BYTES / dtype.size();
-    plan.min(floor.max(elems.div_ceil(8)))
+    plan.min(floor.max(elems.div_ceil(4)))
 }
 
 /// Settings of a [`Communicator`].
@@ -1069,18 +1067,16 @@ mod tests {
         let f32_chunk = |chunk_bytes: u32, bytes: usize| chunk_elems(chunk_bytes, Dtype::F32, bytes / 4) * 4;
         // 64 KiB: two 32 KiB chunks, not one 1 MiB-plan frame nor four 16 KiB ones.
         assert_eq!(f32_chunk(1 << 20, 64 * KIB), 32 * KIB);
-        // Up to 8 MiB: an eighth of the buffer.
-        assert_eq!(f32_chunk(1 << 20, 256 * KIB), 32 * KIB);
-        assert_eq!(f32_chunk(1 << 20, 1024 * KIB), 128 * KIB);
-        assert_eq!(f32_chunk(1 << 20, 4096 * KIB), 512 * KIB);
-        // From 8 MiB on the plan's chunk stands; a smaller plan chunk always stands.
-        assert_eq!(f32_chunk(1 << 20, 8 << 20), 1024 * KIB);
+        assert_eq!(f32_chunk(1 << 20, 256 * KIB), 64 * KIB);
+        assert_eq!(f32_chunk(1 << 20, 1024 * KIB), 256 * KIB);
+        // From 4 MiB on the plan's chunk stands; a smaller plan chunk always stands.
+        assert_eq!(f32_chunk(1 << 20, 4096 * KIB), 1024 * KIB);
         assert_eq!(f32_chunk(1 << 20, 64 << 20), 1024 * KIB);
         assert_eq!(f32_chunk(8 * KIB as u32, 64 * KIB), 8 * KIB);
         // Tiny collectives: one chunk (the floor exceeds the buffer).
         assert!(chunk_elems(1 << 20, Dtype::F32, 5) >= 5);
         // bf16 chunks are counted in bf16 bytes, like the plan's.
-        assert_eq!(chunk_elems(1 << 20, Dtype::Bf16, 128 * KIB), 16 * KIB);
+        assert_eq!(chunk_elems(1 << 20, Dtype::Bf16, 32 * KIB), 16 * KIB);
         assert_eq!(chunk_elems(1, Dtype::Bf16, 1000), 1);
     }
 
