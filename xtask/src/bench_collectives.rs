@@ -246,6 +246,11 @@ fn median_cell(cells: &[&Cell]) -> Option<Cell> {
     })
 }
 
+/// Why a merged cell has no value: the first round's error (or "not measured" when no round ran it).
+fn first_error<T>(results: &[&std::result::Result<T, String>]) -> String {
+    results.iter().find_map(|r| r.as_ref().err().cloned()).unwrap_or_else(|| "not measured".into())
+}
+
 /// ringside's cells over all rounds: per (algorithm, size) the median over the rounds that measured it.
 fn merge_ringside(rounds: &[Round]) -> AlgCells {
     ALGORITHMS
@@ -260,7 +265,7 @@ fn merge_ringside(rounds: &[Round]) -> AlgCells {
                         .filter_map(|r| r.ringside.iter().find(|(a, _)| *a == alg)?.1.iter().find(|(s, _)| *s == size).map(|(_, c)| c))
                         .collect();
                     let ok: Vec<&Cell> = all.iter().filter_map(|c| c.as_ref().ok()).collect();
-                    let merged = median_cell(&ok).ok_or_else(|| all.iter().filter_map(|c| c.as_ref().err().cloned()).next().unwrap_or_else(|| "not measured".into()));
+                    let merged = median_cell(&ok).ok_or_else(|| first_error(&all));
                     (size, merged)
                 })
                 .collect();
@@ -280,7 +285,7 @@ fn merge_mpi(rounds: &[Round]) -> Vec<MpiRun<'static>> {
                 rounds.iter().filter_map(|r| r.mpi.iter().find(|(n, _, _)| *n == name).map(|(_, _, c)| c)).collect();
             let ok: Vec<&Vec<Cell>> = runs.iter().filter_map(|r| r.as_ref().ok()).collect();
             let merged = match ok.first() {
-                None => Err(runs.iter().filter_map(|r| r.as_ref().err().cloned()).next().unwrap_or_else(|| "not measured".into())),
+                None => Err(first_error(&runs)),
                 Some(cells) => Ok(cells
                     .iter()
                     .filter_map(|c| {
