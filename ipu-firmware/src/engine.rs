@@ -621,17 +621,24 @@ pub const DIRECT_READ_MAX_BYTES: usize = 1 << 20;
 pub const SMALL_CHUNK_MIN_BYTES: usize = 32 << 10;
 
 /// Elements per chunk of a collective of `elems` elements under a plan with `chunk_bytes`: the plan's
-/// chunk, but no more than a quarter of the buffer and no less than [`SMALL_CHUNK_MIN_BYTES`]. So a
-/// small collective is still cut into a few chunks that pipeline (a tree hop forwards the first
-/// chunk while the second arrives; a doubling exchange reads one while the other is copied) instead
-/// of travelling as one frame per hop, and a large one keeps the plan's chunks. On the 4-host star
-/// (4 ranks on 2 vCPUs) 32 KiB chunks raised 64 KiB tree and rhd by 10-60 % over one 64 KiB frame,
-/// 16 KiB chunks did not (docs/benchmarks.md, issue 12). A pure function of the plan and the call,
-/// so every rank cuts alike.
-pub fn chunk_elems(chunk_bytes: u32, dtype: Dtype, elems: usize) -> usize {
+/// chunk, but no more than an eighth of the buffer when the plan sends it uncompressed (`compressed`
+/// false: codec `none`) or a quarter when a codec compresses it, and no less than
+/// [`SMALL_CHUNK_MIN_BYTES`]. So a small collective is still cut into several chunks that pipeline (a
+/// tree hop forwards one chunk while the next arrives; a doubling exchange reads one while the other
+/// is copied; a 4-rank 4 MiB ring's segment is two chunks, so one is reduced while the next is read)
+/// instead of travelling as one frame per hop, and a large one keeps the plan's chunks. On the
+/// 4-host star (4 ranks on 2 vCPUs) 32 KiB chunks raised 64 KiB tree and rhd by 10-60 % over one
+/// 64 KiB frame, 16 KiB chunks did not; an eighth instead of a quarter raised uncompressed 256 KiB
+/// collectives by about 18 %, but made int8 collectives under 2 % loss slower (managed mode's
+/// static/adaptive ratio fell from 1.38-1.45 to 0.94-1.32), whose frames are already a quarter of
+/// the size on the wire, so compressed collectives keep the quarter (docs/benchmarks.md,
+/// docs/eval-adaptation.md, issue 12). A pure function of the plan and the call, so every rank cuts
+/// alike.
+pub fn chunk_elems(chunk_bytes: u32, dtype: Dtype, elems: usize, compressed: bool) -> usize {
     let plan = (chunk_bytes as usize / dtype.size()).max(1);
     let floor = SMALL_CHUNK_MIN_BYTES / dtype.size();
-    plan.min(floor.max(elems.div_ceil(4)))
+    let parts = if compressed { 4 } else { 8 };
+    plan.min(floor.max(elems.div_ceil(parts)))
 }
 
 /// Settings of a [`Communicator`].
@@ -910,7 +917,7 @@ impl<T: Transport> Communicator<T> {
             codec_id: codec::wire_id(codec_kind),
             lossless: codec_kind.is_lossless(),
             raw_f32: codec_kind == CodecKind::None,
-            chunk_elems: chunk_elems(plan.chunk_bytes, dtype, elems),
+            chunk_elems: chunk_elems(plan.chunk_bytes, dtype, elems, plan.compression.codec != CodecKind::None),
             channels: usize::from(plan.channels),
             error_feedback: plan.compression.error_feedback && op_kind == OpKind::Allreduce,
             timeout: self.timeout,
@@ -1064,20 +1071,28 @@ mod tests {
     #[test]
     fn small_collectives_are_cut_into_a_few_chunks_of_at_least_32_kib() {
         const KIB: usize = 1 << 10;
-        let f32_chunk = |chunk_bytes: u32, bytes: usize| chunk_elems(chunk_bytes, Dtype::F32, bytes / 4) * 4;
+        let f32_chunk =
+            |chunk_bytes: u32, bytes: usize, compressed: bool| chunk_elems(chunk_bytes, Dtype::F32, bytes / 4, compressed) * 4;
         // 64 KiB: two 32 KiB chunks, not one 1 MiB-plan frame nor four 16 KiB ones.
-        assert_eq!(f32_chunk(1 << 20, 64 * KIB), 32 * KIB);
-        assert_eq!(f32_chunk(1 << 20, 256 * KIB), 64 * KIB);
-        assert_eq!(f32_chunk(1 << 20, 1024 * KIB), 256 * KIB);
-        // From 4 MiB on the plan's chunk stands; a smaller plan chunk always stands.
-        assert_eq!(f32_chunk(1 << 20, 4096 * KIB), 1024 * KIB);
-        assert_eq!(f32_chunk(1 << 20, 64 << 20), 1024 * KIB);
-        assert_eq!(f32_chunk(8 * KIB as u32, 64 * KIB), 8 * KIB);
+        assert_eq!(f32_chunk(1 << 20, 64 * KIB, false), 32 * KIB);
+        assert_eq!(f32_chunk(1 << 20, 64 * KIB, true), 32 * KIB);
+        // Uncompressed, below 8 MiB: an eighth of the buffer.
+        assert_eq!(f32_chunk(1 << 20, 256 * KIB, false), 32 * KIB);
+        assert_eq!(f32_chunk(1 << 20, 1024 * KIB, false), 128 * KIB);
+        assert_eq!(f32_chunk(1 << 20, 4096 * KIB, false), 512 * KIB);
+        // Compressed, below 4 MiB: a quarter.
+        assert_eq!(f32_chunk(1 << 20, 256 * KIB, true), 64 * KIB);
+        assert_eq!(f32_chunk(1 << 20, 1024 * KIB, true), 256 * KIB);
+        // From there on the plan's chunk stands; a smaller plan chunk always stands.
+        assert_eq!(f32_chunk(1 << 20, 4096 * KIB, true), 1024 * KIB);
+        assert_eq!(f32_chunk(1 << 20, 8 << 20, false), 1024 * KIB);
+        assert_eq!(f32_chunk(1 << 20, 64 << 20, false), 1024 * KIB);
+        assert_eq!(f32_chunk(8 * KIB as u32, 64 * KIB, false), 8 * KIB);
         // Tiny collectives: one chunk (the floor exceeds the buffer).
-        assert!(chunk_elems(1 << 20, Dtype::F32, 5) >= 5);
+        assert!(chunk_elems(1 << 20, Dtype::F32, 5, false) >= 5);
         // bf16 chunks are counted in bf16 bytes, like the plan's.
-        assert_eq!(chunk_elems(1 << 20, Dtype::Bf16, 32 * KIB), 16 * KIB);
-        assert_eq!(chunk_elems(1, Dtype::Bf16, 1000), 1);
+        assert_eq!(chunk_elems(1 << 20, Dtype::Bf16, 128 * KIB, false), 16 * KIB);
+        assert_eq!(chunk_elems(1, Dtype::Bf16, 1000, false), 1);
     }
 
     #[test]

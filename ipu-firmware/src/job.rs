@@ -135,6 +135,11 @@ pub struct StepRecord {
     /// plan (see [`crate::managed`]); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hint_rank: Option<usize>,
+    /// Managed mode: the time this rank's IPU service spent inside the engine on the step's
+    /// collective, ms ([`crate::managed::ManagedReport::service_ms`]); the rest of `comm_ms` is the
+    /// host link both ways. Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_ms: Option<f64>,
 }
 
 /// Mean and percentiles (nearest rank) of a series, in ms.
@@ -238,6 +243,7 @@ struct StepComm {
     bytes_sent: u64,
     hint_version: Option<u64>,
     hint_rank: Option<usize>,
+    service_ms: Option<f64>,
 }
 
 /// Runs the job on an established transport. Returns the report even when a step fails (with
@@ -260,7 +266,7 @@ pub fn run_job<T: Transport>(cfg: &JobConfig, transport: T, plan_source: Option<
             Gradients::F32(g) => comm.allreduce_f32(g)?,
             Gradients::Bf16(g) => comm.allreduce_bf16(g)?,
         };
-        Ok(StepComm { synced_at, plan: rep.plan, bytes_sent: rep.bytes_sent, hint_version: None, hint_rank: None })
+        Ok(StepComm { synced_at, plan: rep.plan, bytes_sent: rep.bytes_sent, hint_version: None, hint_rank: None, service_ms: None })
     });
     if report.error.is_none() {
         comm.close();
@@ -284,7 +290,14 @@ pub fn run_job_managed(cfg: &JobConfig, client: &mut ManagedClient) -> JobReport
             Gradients::F32(g) => client.allreduce_f32(step, g)?,
             Gradients::Bf16(g) => client.allreduce_bf16(step, g)?,
         };
-        Ok(StepComm { synced_at: None, plan: rep.plan, bytes_sent: rep.bytes_sent, hint_version: rep.hint_version, hint_rank: rep.hint_rank })
+        Ok(StepComm {
+            synced_at: None,
+            plan: rep.plan,
+            bytes_sent: rep.bytes_sent,
+            hint_version: rep.hint_version,
+            hint_rank: rep.hint_rank,
+            service_ms: Some(rep.service_ms),
+        })
     })
 }
 
@@ -351,6 +364,7 @@ fn run_steps(cfg: &JobConfig, mut allreduce: impl FnMut(u64, &mut Gradients) -> 
             verified,
             hint_version: rep.hint_version,
             hint_rank: rep.hint_rank,
+            service_ms: rep.service_ms,
         });
         if let (Some(f), Some(record)) = (progress.as_mut(), steps.last()) {
             use std::io::Write as _;

@@ -456,7 +456,7 @@ fn rhd_doubling_and_halving_are_exact_around_the_threshold() {
             let results: Vec<Vec<f32>> = res.iter().map(|r| r.0.clone()).collect();
             check(world, &rhd_plan(chunk_bytes, 2), &inputs, &results);
             if world == 4 {
-                let frames = n.div_ceil(ipu_firmware::engine::chunk_elems(chunk_bytes, Dtype::F32, n));
+                let frames = n.div_ceil(ipu_firmware::engine::chunk_elems(chunk_bytes, Dtype::F32, n, false));
                 let doubling = (2 * (4 * n + frames * HEADER_LEN)) as u64;
                 let sent = res[1].1;
                 if n <= at {

@@ -1055,7 +1055,7 @@ fn markdown(
          - busbw as nccl-tests defines it: `busbw = size / time · 2(n−1)/n` with n = {WORLD}; GB/s = 10^9 B/s. `time` is the\n  \
          median over measured steps of the slowest rank's allreduce time in that step (warm-up steps discarded).\n\
          - ringside: `ringside-rank` (release) per host via `testbed::run_job`, f32 buffers, chunk 1 MiB and 1 channel unless\n  \
-         stated (the engine cuts a collective below 4 MiB into chunks of a quarter of it, at least 32 KiB: `engine::chunk_elems`); steps per size = clamp({} MiB / size, {}, {}) plus 10% (min 2) warm-up (OpenMPI's forced algorithms: half the budget). Every step the ranks regenerate\n  \
+         stated (the engine cuts an uncompressed collective below 8 MiB into chunks of an eighth of it, at least 32 KiB: `engine::chunk_elems`); steps per size = clamp({} MiB / size, {}, {}) plus 10% (min 2) warm-up (OpenMPI's forced algorithms: half the budget). Every step the ranks regenerate\n  \
          their gradients; the compute phase is set just long enough to cover that fill ({} ms at 16 MiB); then an untimed\n  \
          barrier (`ringside-rank --barrier`: an allreduce of one float per rank), as OpenMPI's baseline has `MPI_Barrier`, so\n  \
          that a rank's time is its allreduce and not its wait for a rank whose compute phase ended later.\n\

@@ -228,6 +228,7 @@ fn combine(mut runs: Vec<RunResult>) -> RunResult {
         comm_mean: avg(&|r| r.comm_mean),
         step_mean: avg(&|r| r.step_mean),
         pre_fault_step_mean: avg(&|r| r.pre_fault_step_mean),
+        service_mean: avg(&|r| r.service_mean),
         step_p99: runs.iter().filter_map(|r| r.step_p99).reduce(f64::max),
         steps_measured: runs.iter().map(|r| r.steps_measured).sum(),
         first_change_s: runs.iter().filter_map(|r| r.first_change_s).reduce(f64::min),
@@ -269,6 +270,9 @@ struct RunResult {
     /// Mean step time of the same run before the fault (after its first [`SKIP_STEPS`] steps):
     /// how fast the shared machine let this run go, for the normalized ratio.
     pre_fault_step_mean: Option<f64>,
+    /// Managed only: mean time rank 0's IPU service spent inside the engine (the collective among
+    /// the IPUs); the rest of `comm_mean` is the host link both ways, which no plan changes.
+    service_mean: Option<f64>,
     error: Option<String>,
 }
 
@@ -597,10 +601,12 @@ fn measure(report: &Path, r: &mut RunResult) -> Result<()> {
     let after: Vec<&Value> = steps.iter().filter(|s| s["end_unix_ms"].as_u64().unwrap_or(0) >= r.fault_start_ms).collect();
     let comm: Vec<f64> = after.iter().filter_map(|s| s["comm_ms"].as_f64()).collect();
     let step: Vec<f64> = after.iter().filter_map(|s| s["step_ms"].as_f64()).collect();
+    let service: Vec<f64> = after.iter().filter_map(|s| s["service_ms"].as_f64()).collect();
     r.steps_measured = after.len();
     r.comm_mean = mean(&comm);
     r.step_mean = mean(&step);
     r.step_p99 = quantile(&step, 0.99);
+    r.service_mean = mean(&service);
     r.pre_fault_step_mean = pre_fault_mean(steps, r.fault_start_ms);
     for s in &after {
         let p = &s["plan"];
@@ -746,6 +752,7 @@ fn run_json(r: &RunResult) -> Value {
         "comm_ms_mean": r.comm_mean, "step_ms_mean": r.step_mean, "step_ms_p99": r.step_p99, "pre_fault_step_ms_mean": r.pre_fault_step_mean,
         "plans": r.plans.iter().map(|(l, n)| json!({"plan": l, "steps": n})).collect::<Vec<_>>(),
         "first_change_s": r.first_change_s, "hints_applied": r.hints, "step_spread_between_runs": r.spread,
+        "service_ms_mean": r.service_mean,
     })
 }
 
@@ -796,6 +803,39 @@ fn render_table(source: Source, rows: &[(Scenario, RunResult, RunResult)]) -> St
          adaptive: how much each mode slowed down relative to itself, which cancels most of the difference in machine load \
          between the two runs (not a target; the targets use the plain ratios).\n",
     );
+    if source == Source::Managed {
+        t.push_str(&render_host_link_split(rows));
+    }
+    t
+}
+
+/// Managed mode: each mean comm time split into the IPUs' collective (rank 0's service inside the
+/// engine) and the host link (the rest), so a reader can see how much of the job's communication a
+/// plan can change at all.
+fn render_host_link_split(rows: &[(Scenario, RunResult, RunResult)]) -> String {
+    let mut t = String::from(
+        "\nWhere managed mode's comm time goes: rank 0's IPU service inside the engine (the collective among the IPUs, which \
+         plans change) and the host link (comm − engine: the buffer to the IPU and the result back over the emulated PCIe link, \
+         a TCP connection over a veth pair here, which no plan changes).\n\n\
+         | scenario | static engine ms | adaptive engine ms | engine ratio (static/adaptive) | static host link ms | adaptive host link ms |\n\
+         |---|---:|---:|---:|---:|---:|\n",
+    );
+    for (sc, s, a) in rows {
+        if s.error.is_some() || a.error.is_some() {
+            continue;
+        }
+        let link = |r: &RunResult| r.comm_mean.zip(r.service_mean).map(|(c, e)| c - e);
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} | {} | {} |",
+            sc.name(),
+            ms(s.service_mean),
+            ms(a.service_mean),
+            ratio(s.service_mean, a.service_mean).map_or("-".into(), |x| format!("{x:.2}")),
+            ms(link(s)),
+            ms(link(a)),
+        );
+    }
     t
 }
 
