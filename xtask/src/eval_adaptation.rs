@@ -82,9 +82,12 @@ pub struct Opts {
     /// repeatable).
     #[arg(long = "scenario")]
     pub scenarios: Vec<String>,
-    /// Seed of the faulted host's choice.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    /// Seed of the faulted host's choice. Repeatable: every seed runs every source and scenario
+    /// again (its logs in `adaptation-logs/seed-S/`), and the report adds each ratio's median over
+    /// the seeds, on which the ratio targets are then judged: runs minutes apart on a shared
+    /// machine differ by tens of percent, so one run per mode cannot compare two modes.
+    #[arg(long = "seed", default_values_t = [1u64])]
+    pub seeds: Vec<u64>,
     /// Healthy warm-up before the fault, seconds (the policy learns the job's healthy
     /// communication time meanwhile).
     #[arg(long, default_value_t = 15)]
@@ -250,7 +253,7 @@ fn combine(mut runs: Vec<RunResult>) -> RunResult {
 }
 
 /// One run's measurements (rank 0's steps after the fault start).
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct RunResult {
     target: String,
     fault_start_ms: u64,
@@ -284,6 +287,9 @@ pub fn run(opts: Opts) -> Result<()> {
     let stop = testbed::signals::stop_flag();
     let scenarios = pick("scenario", &ALL, &opts.scenarios, |s| s.name().to_string())?;
     let sources = pick("source", &SOURCES, &opts.sources, |s| s.name().to_string())?;
+    if let Some((_, s)) = opts.seeds.iter().enumerate().find(|(i, s)| opts.seeds[..*i].contains(s)) {
+        bail!("--seed {s} is given twice: each seed runs every source and scenario once");
+    }
     let (ringside, rank_bin) = release_binaries(opts.no_build)?;
     let ipu_bin = crate::build::bin_path("ringside-ipu", true);
     if sources.contains(&Source::Managed) {
@@ -309,9 +315,109 @@ pub fn run(opts: Opts) -> Result<()> {
     let uplink_cap_mbit = (capacity / 4.0).round().max(10.0) as u64;
     println!("    {capacity:.0} Mbit/s → the leaf-spine uplink is capped at 1/4: {uplink_cap_mbit} Mbit/s");
 
+    let several = opts.seeds.len() > 1;
+    let mut per_seed: Vec<(u64, Vec<(Source, Rows)>)> = Vec::new();
+    for &seed in &opts.seeds {
+        let logs = if several { logs.join(format!("seed-{seed}")) } else { logs.clone() };
+        std::fs::create_dir_all(&logs)?;
+        if several {
+            println!("\n==> seed {seed}");
+        }
+        per_seed.push((seed, run_seed(&sources, &scenarios, seed, &Ctx { source: Source::Rank, ringside: &ringside, rank_bin: &rank_bin, ipu_bin: &ipu_bin, opts: &opts, uplink_cap_mbit, logs: &logs, stop }, started)?));
+    }
+    let elapsed = started.elapsed();
+    let load_after = loadavg();
+
+    let reports: Vec<(u64, Vec<Report>)> = per_seed.iter().map(|(seed, per_source)| (*seed, seed_reports(per_source))).collect();
+    for (seed, reports) in &reports {
+        for (source, table, verdicts) in reports {
+            println!("\n### {}{}\n\n{table}", source.name(), if several { format!(", seed {seed}") } else { String::new() });
+            for (what, measured, status) in verdicts {
+                println!("  {what:<64} {measured:<28} {status}");
+            }
+        }
+    }
+    let over = several.then(|| over_seeds(&sources, &scenarios, &per_seed));
+    if let Some(o) = &over {
+        println!("\n### over {} seeds\n\n{}", per_seed.len(), o.table);
+        for (what, measured, status) in &o.verdicts {
+            println!("  {what:<64} {measured:<28} {status}");
+        }
+    }
+    let json_path = out_dir.join("adaptation.json");
+    let seed_json = |per_source: &[(Source, Rows)], reports: &[Report]| -> Value {
+        Value::Array(
+            per_source
+                .iter()
+                .zip(reports)
+                .map(|((source, rows), (_, _, verdicts))| {
+                    json!({
+                        "source": source.name(),
+                        "ratio_metric": source.ratio_metric(),
+                        "runs": rows.iter().map(|(sc, s, a)| json!({
+                            "scenario": sc.name(), "static": run_json(s), "adaptive": run_json(a),
+                            "comm_ratio": ratio(s.comm_mean, a.comm_mean), "step_ratio": ratio(s.step_mean, a.step_mean),
+                            "step_ratio_normalized": normalized_step_ratio(s, a),
+                            "loss": loss_compare(s, a).map(|(s, a, n)| json!({"static": s, "adaptive": a, "up_to_step": n, "mean_over_steps": LOSS_STEPS})),
+                        })).collect::<Vec<_>>(),
+                        "targets": verdicts.iter().map(|(w, m, st)| json!({"target": w, "measured": m, "status": st})).collect::<Vec<_>>(),
+                    })
+                })
+                .collect(),
+        )
+    };
+    let mut doc = json!({
+        "command": command_line(&opts),
+        "machine": machine(),
+        "load_before": load_before,
+        "load_after": load_after,
+        "elapsed_s": elapsed.as_secs_f64(),
+        "uplink_cap_mbit": uplink_cap_mbit,
+    });
+    if let Some(o) = &over {
+        doc["seeds"] = Value::Array(per_seed.iter().zip(&reports).map(|((seed, ps), (_, r))| json!({"seed": seed, "sources": seed_json(ps, r)})).collect());
+        doc["over_seeds"] = o.json.clone();
+    } else {
+        doc["sources"] = seed_json(&per_seed[0].1, &reports[0].1);
+    }
+    std::fs::write(&json_path, serde_json::to_string_pretty(&doc)?)?;
+    println!("\nwrote {}", json_path.display());
+    for (seed, per_source) in &per_seed {
+        for (source, rows) in per_source {
+            let suffix = if several { format!("-seed{seed}") } else { String::new() };
+            let png = out_dir.join(format!("adaptation-{}{suffix}.png", source.name()));
+            match plot(*source, rows, &png) {
+                Ok(()) => println!("wrote {}", png.display()),
+                Err(e) => println!("no plot: {e:#}"),
+            }
+        }
+    }
+    let md = render_markdown(&opts, &machine(), &load_before, &load_after, elapsed, uplink_cap_mbit, &reports, &per_seed, over.as_ref());
+    let md_path = out_dir.join("adaptation.md");
+    std::fs::write(&md_path, &md)?;
+    if (opts.scenarios.is_empty() && opts.sources.is_empty()) || opts.write_docs {
+        let doc = workspace_root().join("docs/eval-adaptation.md");
+        std::fs::write(&doc, &md)?;
+        println!("wrote {}", doc.display());
+    } else {
+        println!("wrote {} (docs/eval-adaptation.md is only written for all scenarios and sources, or with --write-docs)", md_path.display());
+    }
+    println!("rank and agent logs: {}", logs.display());
+    println!("run time {:.0} s, load average before {load_before} after {load_after}", elapsed.as_secs_f64());
+    Ok(())
+}
+
+/// A source's table and target verdicts for one seed.
+type Report = (Source, String, Vec<Verdict>);
+/// (target, measured, status).
+type Verdict = (String, String, String);
+
+/// Every source and scenario for one seed (`base`'s source is replaced by each source in turn).
+fn run_seed(sources: &[Source], scenarios: &[Scenario], seed: u64, base: &Ctx, started: Instant) -> Result<Vec<(Source, Rows)>> {
+    let stop = base.stop;
     let mut per_source: Vec<(Source, Rows)> = Vec::new();
-    for &source in &sources {
-        let ctx = Ctx { source, ringside: &ringside, rank_bin: &rank_bin, ipu_bin: &ipu_bin, opts: &opts, uplink_cap_mbit, logs: &logs, stop };
+    for &source in sources {
+        let ctx = Ctx { source, ..*base };
         let mut rows = Vec::new();
         for (i, &sc) in scenarios.iter().enumerate() {
             if source == Source::Managed && sc == Scenario::UplinkCongestion {
@@ -319,7 +425,7 @@ pub fn run(opts: Opts) -> Result<()> {
                 continue;
             }
             // The faulted host: any rank's host, from the seed (the same for every source).
-            let target = ((opts.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(i as u64) >> 33) % RANKS as u64) as usize;
+            let target = faulted_host(seed, i);
             let order = if i % 2 == 0 { [Mode::Static, Mode::Adaptive] } else { [Mode::Adaptive, Mode::Static] };
             // Healthy: the plans should be identical, so the question is whether the difference is
             // within the noise; two interleaved pairs measure that noise (static vs static).
@@ -343,65 +449,28 @@ pub fn run(opts: Opts) -> Result<()> {
         }
         per_source.push((source, rows));
     }
-    let elapsed = started.elapsed();
-    let load_after = loadavg();
+    Ok(per_source)
+}
 
-    let mut reports = Vec::new();
+/// The faulted host of the `i`-th scenario under `seed`: any rank's host (the same for every source).
+fn faulted_host(seed: u64, i: usize) -> usize {
+    ((seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(i as u64) >> 33) % RANKS as u64) as usize
+}
+
+/// Each source's table and verdicts for one seed; managed mode is also compared with tenant-side
+/// following when both ran.
+fn seed_reports(per_source: &[(Source, Rows)]) -> Vec<Report> {
     let rank_rows = per_source.iter().find(|(s, _)| *s == Source::Rank).map(|(_, r)| r);
-    for (source, rows) in &per_source {
-        let table = render_table(*source, rows);
-        let mut verdicts = targets(*source, rows);
-        if let (Source::Managed, Some(rank_rows)) = (source, rank_rows) {
-            verdicts.extend(managed_vs_tenant(rows, rank_rows));
-        }
-        println!("\n### {}\n\n{table}", source.name());
-        for (what, measured, status) in &verdicts {
-            println!("  {what:<64} {measured:<28} {status}");
-        }
-        reports.push((*source, table, verdicts));
-    }
-    let json_path = out_dir.join("adaptation.json");
-    let doc = json!({
-        "command": command_line(&opts),
-        "machine": machine(),
-        "load_before": load_before,
-        "load_after": load_after,
-        "elapsed_s": elapsed.as_secs_f64(),
-        "uplink_cap_mbit": uplink_cap_mbit,
-        "sources": per_source.iter().zip(&reports).map(|((source, rows), (_, _, verdicts))| json!({
-            "source": source.name(),
-            "ratio_metric": source.ratio_metric(),
-            "runs": rows.iter().map(|(sc, s, a)| json!({
-                "scenario": sc.name(), "static": run_json(s), "adaptive": run_json(a),
-                "comm_ratio": ratio(s.comm_mean, a.comm_mean), "step_ratio": ratio(s.step_mean, a.step_mean),
-                "step_ratio_normalized": normalized_step_ratio(s, a),
-                "loss": loss_compare(s, a).map(|(s, a, n)| json!({"static": s, "adaptive": a, "up_to_step": n, "mean_over_steps": LOSS_STEPS})),
-            })).collect::<Vec<_>>(),
-            "targets": verdicts.iter().map(|(w, m, st)| json!({"target": w, "measured": m, "status": st})).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-    });
-    std::fs::write(&json_path, serde_json::to_string_pretty(&doc)?)?;
-    println!("\nwrote {}", json_path.display());
-    for (source, rows) in &per_source {
-        let png = out_dir.join(format!("adaptation-{}.png", source.name()));
-        match plot(*source, rows, &png) {
-            Ok(()) => println!("wrote {}", png.display()),
-            Err(e) => println!("no plot: {e:#}"),
-        }
-    }
-    let md = render_markdown(&opts, &machine(), &load_before, &load_after, elapsed, uplink_cap_mbit, &reports, &per_source);
-    let md_path = out_dir.join("adaptation.md");
-    std::fs::write(&md_path, &md)?;
-    if (opts.scenarios.is_empty() && opts.sources.is_empty()) || opts.write_docs {
-        let doc = workspace_root().join("docs/eval-adaptation.md");
-        std::fs::write(&doc, &md)?;
-        println!("wrote {}", doc.display());
-    } else {
-        println!("wrote {} (docs/eval-adaptation.md is only written for all scenarios and sources, or with --write-docs)", md_path.display());
-    }
-    println!("rank and agent logs: {}", logs.display());
-    println!("run time {:.0} s, load average before {load_before} after {load_after}", elapsed.as_secs_f64());
-    Ok(())
+    per_source
+        .iter()
+        .map(|(source, rows)| {
+            let mut verdicts = targets(*source, rows);
+            if let (Source::Managed, Some(rank_rows)) = (source, rank_rows) {
+                verdicts.extend(managed_vs_tenant(rows, rank_rows));
+            }
+            (*source, render_table(*source, rows), verdicts)
+        })
+        .collect()
 }
 
 fn agent_config(prefix: &str) -> String {
@@ -861,7 +930,7 @@ fn targets(source: Source, rows: &[(Scenario, RunResult, RunResult)]) -> Vec<(St
                 (Some(x), None) => format!("{x:.2}x"),
                 _ => "-".into(),
             };
-            (format!("{}: mean {} time >= {want}x lower with hints", sc.name(), source.ratio_metric()), measured, got.map(|x| x >= want))
+            (ratio_target(*sc, source, want), measured, got.map(|x| x >= want))
         } else if *sc == Scenario::Healthy {
             // Within noise: at most 3 % slower, or no more than the spread between the two
             // static runs themselves.
@@ -890,13 +959,142 @@ fn targets(source: Source, rows: &[(Scenario, RunResult, RunResult)]) -> Vec<(St
     out
 }
 
+/// The wording of a scenario's ratio target (one run, or the median over seeds).
+fn ratio_target(sc: Scenario, source: Source, want: f64) -> String {
+    format!("{}: mean {} time >= {want}x lower with hints", sc.name(), source.ratio_metric())
+}
+
+/// Several seeds summed up: each ratio per seed and its median, the ratio targets judged on the
+/// medians, the others on every seed.
+struct OverSeeds {
+    table: String,
+    verdicts: Vec<Verdict>,
+    json: Value,
+}
+
+fn over_seeds(sources: &[Source], scenarios: &[Scenario], per_seed: &[(u64, Vec<(Source, Rows)>)]) -> OverSeeds {
+    let n = per_seed.len();
+    let mut table = String::from(
+        "| source | scenario | comm ratio per seed | comm ratio median | step ratio per seed | step ratio median | managed: engine ratio per seed (median) |\n\
+         |---|---|---|---:|---|---:|---|\n",
+    );
+    let mut verdicts = Vec::new();
+    let mut json_rows = Vec::new();
+    let list_or = |v: &[Option<f64>], none: &str| v.iter().map(|x| x.map_or(none.to_string(), |x| format!("{x:.2}"))).collect::<Vec<_>>().join(", ");
+    let list = |v: &[Option<f64>]| list_or(v, "failed");
+    // Per source and scenario: (comm ratio, step ratio, engine ratio) per seed, None where a run
+    // failed (the engine ratio: managed mode's time inside the IPUs' engine, without the host link).
+    let ratios = |source: Source, sc: Scenario| -> Vec<(Option<f64>, Option<f64>, Option<f64>)> {
+        per_seed
+            .iter()
+            .filter_map(|(_, ps)| ps.iter().find(|(s, _)| *s == source))
+            .filter_map(|(_, rows)| rows.iter().find(|(x, _, _)| *x == sc))
+            .map(|(_, s, a)| {
+                if s.error.is_some() || a.error.is_some() {
+                    (None, None, None)
+                } else {
+                    (ratio(s.comm_mean, a.comm_mean), ratio(s.step_mean, a.step_mean), ratio(s.service_mean, a.service_mean))
+                }
+            })
+            .collect()
+    };
+    let median_of = |v: &[Option<f64>]| -> Option<f64> {
+        let ok: Vec<f64> = v.iter().flatten().copied().collect();
+        if ok.len() == v.len() { quantile(&ok, 0.5) } else { None }
+    };
+    for &source in sources {
+        for &sc in scenarios {
+            let r = ratios(source, sc);
+            if r.is_empty() {
+                continue;
+            }
+            let comm: Vec<_> = r.iter().map(|x| x.0).collect();
+            let step: Vec<_> = r.iter().map(|x| x.1).collect();
+            let engine: Vec<_> = r.iter().map(|x| x.2).collect();
+            let (cm, sm, em) = (median_of(&comm), median_of(&step), median_of(&engine));
+            let engine_cell = if source == Source::Managed { format!("{} ({})", list_or(&engine, "-"), em.map_or("-".into(), |x| format!("{x:.2}"))) } else { "-".into() };
+            let _ = writeln!(
+                table,
+                "| {} | {} | {} | {} | {} | {} | {engine_cell} |",
+                source.name(),
+                sc.name(),
+                list(&comm),
+                cm.map_or("-".into(), |x| format!("**{x:.2}**")),
+                list(&step),
+                sm.map_or("-".into(), |x| format!("{x:.2}"))
+            );
+            json_rows.push(json!({
+                "source": source.name(), "scenario": sc.name(), "comm_ratios": comm, "comm_ratio_median": cm,
+                "step_ratios": step, "step_ratio_median": sm, "engine_ratios": engine, "engine_ratio_median": em,
+            }));
+            if let Some(want) = sc.target_ratio() {
+                let metric = if source.ratio_metric() == "comm" { &comm } else { &step };
+                let m = median_of(metric);
+                verdicts.push((
+                    format!("{} ({}, median over {n} seeds)", ratio_target(sc, source, want), source.name()),
+                    format!("{} ({})", m.map_or("-".into(), |x| format!("{x:.2}x")), list(metric)),
+                    match m {
+                        Some(x) if x >= want => "met",
+                        Some(_) => "NOT MET",
+                        None => "NOT MET (a run failed)",
+                    }
+                    .to_string(),
+                ));
+            }
+            if source == Source::Managed && sources.contains(&Source::Rank) && sc.target_ratio().is_some() {
+                let tenant: Vec<_> = ratios(Source::Rank, sc).into_iter().map(|x| x.0).collect();
+                let (m, t) = (cm, median_of(&tenant));
+                verdicts.push((
+                    format!("{}: managed comm ratio >= tenant-side following's (medians over {n} seeds)", sc.name()),
+                    format!("managed {} vs tenant-side {}", m.map_or("-".into(), |x| format!("{x:.2}x")), t.map_or("-".into(), |x| format!("{x:.2}x"))),
+                    match (m, t) {
+                        (Some(m), Some(t)) if m >= t => "met",
+                        (Some(_), Some(_)) => "NOT MET",
+                        _ => "NOT MET (a run failed)",
+                    }
+                    .to_string(),
+                ));
+            }
+        }
+        // Every other target (healthy within noise, no compression for a straggler, the model's
+        // loss) must hold in every seed.
+        let mut others: Vec<(String, usize, usize)> = Vec::new();
+        for (_, ps) in per_seed {
+            let Some((_, rows)) = ps.iter().find(|(s, _)| *s == source) else { continue };
+            for (what, _, status) in targets(source, rows) {
+                if scenarios.iter().any(|&sc| sc.target_ratio().is_some_and(|want| what == ratio_target(sc, source, want))) {
+                    continue;
+                }
+                match others.iter_mut().find(|(w, _, _)| *w == what) {
+                    Some((_, met, total)) => {
+                        *met += usize::from(status == "met");
+                        *total += 1;
+                    }
+                    None => others.push((what, usize::from(status == "met"), 1)),
+                }
+            }
+        }
+        for (what, met, total) in others {
+            verdicts.push((format!("{} ({})", what, source.name()), format!("met in {met} of {total} seeds"), if met == total { "met" } else { "NOT MET" }.to_string()));
+        }
+    }
+    let json = json!({
+        "seeds": per_seed.iter().map(|(s, _)| s).collect::<Vec<_>>(),
+        "ratios": json_rows,
+        "targets": verdicts.iter().map(|(w, m, st)| json!({"target": w, "measured": m, "status": st})).collect::<Vec<_>>(),
+    });
+    OverSeeds { table, verdicts, json }
+}
+
 fn command_line(o: &Opts) -> String {
     let mut c = "cargo xtask eval adaptation".to_string();
     for s in &o.scenarios {
         let _ = write!(c, " --scenario {s}");
     }
-    if o.seed != 1 {
-        let _ = write!(c, " --seed {}", o.seed);
+    if o.seeds != [1] {
+        for s in &o.seeds {
+            let _ = write!(c, " --seed {s}");
+        }
     }
     if o.warmup_s != 15 {
         let _ = write!(c, " --warmup-s {}", o.warmup_s);
@@ -921,8 +1119,9 @@ fn render_markdown(
     load_after: &str,
     elapsed: Duration,
     uplink_cap: u64,
-    reports: &[(Source, String, Vec<(String, String, String)>)],
-    per_source: &[(Source, Rows)],
+    reports: &[(u64, Vec<Report>)],
+    per_seed: &[(u64, Vec<(Source, Rows)>)],
+    over: Option<&OverSeeds>,
 ) -> String {
     let mut m = String::from("# Adaptation evaluation\n\n");
     let _ = writeln!(
@@ -933,7 +1132,7 @@ fn render_markdown(
     );
     let _ = writeln!(m, "- Machine: {machine}; load average {load_before} before, {load_after} after (other work shares this machine).");
     let _ = writeln!(m, "- Run time {:.0} s.", elapsed.as_secs_f64());
-    let has = |src| per_source.iter().any(|(s, _)| *s == src);
+    let has = |src| per_seed.iter().any(|(_, ps)| ps.iter().any(|(s, _)| *s == src));
     if has(Source::Rank) {
         let _ = writeln!(
             m,
@@ -994,26 +1193,43 @@ fn render_markdown(
          steps that ended after the fault started.\n",
         opts.warmup_s
     );
-    for (source, table, verdicts) in reports {
-        let _ = writeln!(m, "## Results: `{}`\n\n{table}", source.name());
-        let issue = match source {
-            Source::Rank => "issue 5: communication time",
-            Source::Torch => "issue 9: step time and training loss",
-            Source::Managed => "issue 12: communication time in managed mode, at least tenant-side following's gains",
-        };
-        let _ = writeln!(m, "### Targets ({issue})\n\n| target | measured | status |\n|---|---|---|");
+    let verdict_table = |m: &mut String, verdicts: &[Verdict]| {
+        let _ = writeln!(m, "| target | measured | status |\n|---|---|---|");
         for (w, meas, st) in verdicts {
             let st = if st == "met" { st.clone() } else { format!("**{st}**") };
             let _ = writeln!(m, "| {w} | {meas} | {st} |");
         }
         let _ = writeln!(m);
+    };
+    if let Some(o) = over {
+        let _ = writeln!(
+            m,
+            "## Over {} seeds\n\nEach ratio is static / adaptive of one seed's pair of runs; the ratio targets are judged on the \
+             median over the seeds, the other targets must hold in every seed. Each seed's runs follow below.\n\n{}",
+            per_seed.len(),
+            o.table
+        );
+        verdict_table(&mut m, &o.verdicts);
+    }
+    for (seed, reports) in reports {
+        let seed_label = if over.is_some() { format!(", seed {seed}") } else { String::new() };
+        for (source, table, verdicts) in reports {
+            let _ = writeln!(m, "## Results: `{}`{seed_label}\n\n{table}", source.name());
+            let issue = match source {
+                Source::Rank => "issue 5: communication time",
+                Source::Torch => "issue 9: step time and training loss",
+                Source::Managed => "issue 12: communication time in managed mode, at least tenant-side following's gains",
+            };
+            let _ = writeln!(m, "### Targets ({issue}){seed_label}\n");
+            verdict_table(&mut m, verdicts);
+        }
     }
     let _ = writeln!(m, "Anchors: MCCS reports up to 2.4× over NCCL from provider-side algorithm choice; NetHint 2.7× on allreduce with hints every 100 ms.\n");
     let _ = writeln!(m, "## Caveats\n");
     let _ = writeln!(
         m,
-        "- One run per scenario and mode on a shared 2-vCPU machine: CPU contention moves step times by tens of percent; the ratios \
-         compare runs made minutes apart, not interleaved steps.\n\
+        "- One run per scenario and mode (per seed) on a shared 2-vCPU machine: CPU contention moves step times by tens of percent; \
+         the ratios compare runs made minutes apart, not interleaved steps (repeat `--seed` to judge on medians).\n\
          - The measured window includes the time the policy needs to react (detection, 3 windows of evidence or a verdict, then the \
          next step boundary), so the ratio is what a job gets over the whole fault, not at steady state.\n\
          - Compression is lossy. The emulated job verifies every step against a tolerance per codec (`ipu-firmware/src/job.rs`), which \
@@ -1024,11 +1240,13 @@ fn render_markdown(
          the last allreduce done) is not time lost; step time is the tenant's measure. The `int8` codec runs its collectives inside \
          the hook, synchronously, so it gives up that overlap."
     );
-    for (source, rows) in per_source {
-        for (sc, s, a) in rows {
-            for (mode, r) in [("static", s), ("adaptive", a)] {
-                if let Some(e) = &r.error {
-                    let _ = writeln!(m, "- {} / {} / {mode} failed: {e}", source.name(), sc.name());
+    for (seed, per_source) in per_seed {
+        for (source, rows) in per_source {
+            for (sc, s, a) in rows {
+                for (mode, r) in [("static", s), ("adaptive", a)] {
+                    if let Some(e) = &r.error {
+                        let _ = writeln!(m, "- seed {seed}: {} / {} / {mode} failed: {e}", source.name(), sc.name());
+                    }
                 }
             }
         }
@@ -1093,16 +1311,18 @@ fn plot(source: Source, rows: &[(Scenario, RunResult, RunResult)], path: &Path) 
 fn managed_vs_tenant(managed: &Rows, rank: &Rows) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
     for (sc, s, a) in managed {
-        let Some(want) = sc.target_ratio() else { continue };
+        if sc.target_ratio().is_none() {
+            continue;
+        }
         let Some((_, rs, ra)) = rank.iter().find(|(x, _, _)| x == sc) else { continue };
         let (m, t) = (ratio(s.comm_mean, a.comm_mean), ratio(rs.comm_mean, ra.comm_mean));
         let measured = format!("managed {} vs tenant-side {}", m.map_or("-".into(), |x| format!("{x:.2}x")), t.map_or("-".into(), |x| format!("{x:.2}x")));
         let status = match (m, t) {
-            (Some(m), Some(t)) if m >= t.min(want) => "met",
+            (Some(m), Some(t)) if m >= t => "met",
             (Some(_), Some(_)) => "NOT MET",
             _ => "not measured",
         };
-        out.push((format!("{}: managed comm ratio >= tenant-side following's (or >= the {want}x target)", sc.name()), measured, status.to_string()));
+        out.push((format!("{}: managed comm ratio >= tenant-side following's", sc.name()), measured, status.to_string()));
     }
     out
 }
@@ -1288,5 +1508,49 @@ mod tests {
         let len = std::fs::metadata(&png).unwrap().len();
         let _ = std::fs::remove_dir_all(&dir);
         assert!(len > 10_000, "a {len}-byte PNG");
+    }
+
+    fn run(comm: f64, step: f64, plan: &str) -> RunResult {
+        RunResult { comm_mean: Some(comm), step_mean: Some(step), plans: vec![(plan.to_string(), 100)], ..Default::default() }
+    }
+
+    /// Three seeds of rank and managed under loss-2 plus a straggler run: the ratio targets are
+    /// judged on the medians, managed against tenant-side on the medians, the straggler target in
+    /// every seed; a failed run fails its targets.
+    #[test]
+    fn several_seeds_are_judged_on_medians() {
+        // (rank loss-2 comm static, managed loss-2 comm static, straggler compressed?) per seed;
+        // every adaptive run has comm 10, so the comm ratio is static / 10.
+        let seed = |rank: f64, managed: f64, compressed_straggler: bool| {
+            let straggler_plan = if compressed_straggler { "ring/int8" } else { "ring/none" };
+            vec![
+                (Source::Rank, vec![(Scenario::Loss2, run(rank, 100.0, "ring/none"), run(10.0, 80.0, "ring/int8")), (Scenario::Straggler, run(10.0, 90.0, "ring/none"), run(10.0, 90.0, straggler_plan))]),
+                (Source::Managed, vec![(Scenario::Loss2, run(managed, 100.0, "ring/none"), run(10.0, 90.0, "ring/int8"))]),
+            ]
+        };
+        let scenarios = [Scenario::Loss2, Scenario::Straggler];
+        let sources = [Source::Rank, Source::Managed];
+        // rank 1.1, 1.5, 1.9 (median 1.5); managed 1.3, 1.4, 2.0 (median 1.4).
+        let per_seed = vec![(1, seed(11.0, 13.0, false)), (2, seed(15.0, 20.0, false)), (3, seed(19.0, 14.0, true))];
+        let o = over_seeds(&sources, &scenarios, &per_seed);
+        let verdict = |prefix: &str| o.verdicts.iter().find(|(w, _, _)| w.starts_with(prefix)).unwrap_or_else(|| panic!("no verdict {prefix}: {:?}", o.verdicts)).clone();
+        let (_, measured, status) = verdict("loss-2: mean comm time >= 1.2x lower with hints (rank, median over 3 seeds)");
+        assert_eq!((measured.as_str(), status.as_str()), ("1.50x (1.10, 1.50, 1.90)", "met"));
+        let (_, measured, status) = verdict("loss-2: managed comm ratio >= tenant-side following's (medians over 3 seeds)");
+        assert_eq!((measured.as_str(), status.as_str()), ("managed 1.40x vs tenant-side 1.50x", "NOT MET"));
+        // The straggler was compressed in seed 3: not met in every seed.
+        let (_, measured, status) = verdict("straggler: no compression");
+        assert_eq!((measured.as_str(), status.as_str()), ("met in 2 of 3 seeds", "NOT MET"));
+        assert!(o.table.contains("| rank | loss-2 | 1.10, 1.50, 1.90 | **1.50** |"), "{}", o.table);
+        // No engine times in these runs: the managed engine column says so.
+        assert!(o.table.contains("| managed | loss-2 | 1.30, 2.00, 1.40 | **1.40** | 1.11, 1.11, 1.11 | 1.11 | -, -, - (-) |"), "{}", o.table);
+        assert_eq!(o.json["ratios"][0]["comm_ratio_median"], json!(1.5));
+
+        // A failed run: its ratio is "failed" and the median target is not met.
+        let mut failed = per_seed.clone();
+        failed[1].1[0].1[0].2.error = Some("rank 0 failed".into());
+        let o = over_seeds(&sources, &scenarios, &failed);
+        let (_, measured, status) = o.verdicts.iter().find(|(w, _, _)| w.starts_with("loss-2: mean comm")).unwrap().clone();
+        assert_eq!((measured.as_str(), status.as_str()), ("- (1.10, failed, 1.90)", "NOT MET (a run failed)"));
     }
 }
