@@ -266,8 +266,9 @@ pub fn bf16_bits_to_f32(h: u16) -> f32 {
     f32::from_bits(u32::from(h) << 16)
 }
 
-/// A bfloat16 element of a user buffer (`--dtype bf16`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// A bfloat16 element of a user buffer (`--dtype bf16`). Its bytes can be viewed in place
+/// (zerocopy), as the managed host link sends buffers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)]
 #[repr(transparent)]
 pub struct Bf16(pub u16);
 

@@ -58,6 +58,7 @@ use crate::error::CollectiveError;
 use crate::hints::HintFollower;
 use crate::plan::{severity, Dtype, Plan, PlanProposal, PlanSource, PlanVoter};
 use crate::transport::Transport;
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 /// "RSM1", little endian.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"RSM1");
@@ -525,23 +526,79 @@ pub trait CollectiveRunner {
     fn run(&mut self, req: &Request, buf: &mut Buffer) -> Result<ManagedReport, CollectiveError>;
 }
 
-/// The request's buffer, widened from the payload bytes.
+/// The request's buffer: the payload is read straight into it and the result written straight
+/// from it ([`WireElem`]).
 pub enum Buffer {
     F32(Vec<f32>),
     Bf16(Vec<Bf16>),
 }
 
 impl Buffer {
-    fn from_bytes(dtype: Dtype, b: &[u8]) -> Buffer {
+    /// A buffer of `elems` elements of `dtype`, reusing `spare`'s allocations (the service keeps
+    /// one per dtype across requests, so a step's buffer is not faulted in afresh).
+    fn take(dtype: Dtype, elems: usize, spare: &mut (Vec<f32>, Vec<Bf16>)) -> Buffer {
         match dtype {
-            Dtype::F32 => Buffer::F32(b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()),
-            Dtype::Bf16 => Buffer::Bf16(b.chunks_exact(2).map(|c| Bf16(u16::from_le_bytes(c.try_into().expect("2 bytes")))).collect()),
+            Dtype::F32 => {
+                let mut v = std::mem::take(&mut spare.0);
+                v.resize(elems, 0.0);
+                Buffer::F32(v)
+            }
+            Dtype::Bf16 => {
+                let mut v = std::mem::take(&mut spare.1);
+                v.resize(elems, Bf16::default());
+                Buffer::Bf16(v)
+            }
         }
     }
-    fn write_bytes(&self, out: &mut Vec<u8>) {
+    /// Gives the allocation back to `spare`.
+    fn give_back(self, spare: &mut (Vec<f32>, Vec<Bf16>)) {
         match self {
-            Buffer::F32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            Buffer::Bf16(v) => v.iter().for_each(|x| out.extend_from_slice(&x.0.to_le_bytes())),
+            Buffer::F32(v) => spare.0 = v,
+            Buffer::Bf16(v) => spare.1 = v,
+        }
+    }
+    fn as_mut_bytes(&mut self) -> &mut [u8] {
+        match self {
+            Buffer::F32(v) => v.as_mut_bytes(),
+            Buffer::Bf16(v) => v.as_mut_bytes(),
+        }
+    }
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Buffer::F32(v) => v.as_bytes(),
+            Buffer::Bf16(v) => v.as_bytes(),
+        }
+    }
+    /// Little endian ↔ native, in place (nothing on little-endian targets).
+    fn swap_le(&mut self) {
+        match self {
+            Buffer::F32(v) => f32::swap_le(v),
+            Buffer::Bf16(v) => Bf16::swap_le(v),
+        }
+    }
+}
+
+/// An element type whose buffers cross the host link as their own memory: the protocol is little
+/// endian, which is the memory order of every target ringside ships (x86_64, aarch64), so a
+/// buffer is written from and read into in place, without a conversion pass or a staging copy (the
+/// host link stands in for DMA). On a big-endian target each element is byte-swapped in place
+/// before sending and after receiving.
+pub trait WireElem: IntoBytes + FromBytes + Immutable + Copy {
+    fn swap_le(v: &mut [Self]);
+}
+
+impl WireElem for f32 {
+    fn swap_le(v: &mut [f32]) {
+        if cfg!(target_endian = "big") {
+            v.iter_mut().for_each(|x| *x = f32::from_bits(x.to_bits().swap_bytes()));
+        }
+    }
+}
+
+impl WireElem for Bf16 {
+    fn swap_le(v: &mut [Bf16]) {
+        if cfg!(target_endian = "big") {
+            v.iter_mut().for_each(|x| x.0 = x.0.swap_bytes());
         }
     }
 }
@@ -602,7 +659,7 @@ pub fn serve_session<R: CollectiveRunner>(stream: &mut TcpStream, runner: &mut R
 
 /// [`serve_session`] over any byte stream (timeouts are the caller's).
 pub fn serve_stream<S: Read + Write, R: CollectiveRunner>(s: &mut S, runner: &mut R, world: usize, cfg: &ServiceConfig, stats: &ServiceStats) -> SessionEnd {
-    let mut payload = Vec::new();
+    let mut spare = (Vec::new(), Vec::new());
     let mut out = Vec::new();
     loop {
         let mut hb = [0u8; HEADER_LEN];
@@ -625,13 +682,13 @@ pub fn serve_stream<S: Read + Write, R: CollectiveRunner>(s: &mut S, runner: &mu
             Err(r) => return refuse(s, r.code, r.message),
         };
         stats.requests.fetch_add(1, Ordering::Relaxed);
-        payload.resize(req.payload_len(), 0);
-        match s.read_exact(&mut payload) {
+        let mut buf = Buffer::take(req.dtype, req.elems, &mut spare);
+        match s.read_exact(buf.as_mut_bytes()) {
             Ok(()) => {}
             Err(e) if is_timeout(&e) => return refuse(s, ErrorCode::Timeout, format!("request payload incomplete after {} ms", cfg.tenant_timeout.as_millis())),
             Err(_) => return SessionEnd::LinkFailed,
         }
-        let mut buf = Buffer::from_bytes(req.dtype, &payload);
+        buf.swap_le();
         let report = match runner.run(&req, &mut buf) {
             Ok(r) => r,
             Err(e) => return refuse(s, ErrorCode::CollectiveFailed, format!("the collective among the IPU services failed: {e}")),
@@ -649,10 +706,11 @@ pub fn serve_stream<S: Read + Write, R: CollectiveRunner>(s: &mut S, runner: &mu
         };
         out.extend_from_slice(&h.encode());
         out.extend_from_slice(&json);
-        buf.write_bytes(&mut out);
-        if s.write_all(&out).and_then(|()| s.flush()).is_err() {
+        buf.swap_le();
+        if s.write_all(&out).and_then(|()| s.write_all(buf.as_bytes())).and_then(|()| s.flush()).is_err() {
             return SessionEnd::LinkFailed;
         }
+        buf.give_back(&mut spare);
     }
 }
 
@@ -759,11 +817,13 @@ impl From<std::io::Error> for ManagedError {
     }
 }
 
-/// The tenant's handle on its IPU's managed collectives.
+/// The tenant's handle on its IPU's managed collectives. Each call sends the buffer from its own
+/// memory and reads the result straight back into it ([`WireElem`]); if the host link fails while
+/// the result arrives, the buffer may hold part of it (the call returns the error).
 pub struct ManagedClient {
     stream: TcpStream,
-    out: Vec<u8>,
-    payload: Vec<u8>,
+    /// The reply's report (JSON).
+    report: Vec<u8>,
 }
 
 impl ManagedClient {
@@ -781,49 +841,38 @@ impl ManagedClient {
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
         stream.set_nodelay(true)?;
-        Ok(ManagedClient { stream, out: Vec::new(), payload: Vec::new() })
+        Ok(ManagedClient { stream, report: Vec::new() })
     }
 
     /// In-place sum allreduce of `buf` for training step `step`.
     pub fn allreduce_f32(&mut self, step: u64, buf: &mut [f32]) -> Result<ManagedReport, ManagedError> {
-        let h = self.start(Op::Allreduce, Dtype::F32, 0, step, buf.len());
-        buf.iter().for_each(|x| self.out.extend_from_slice(&x.to_le_bytes()));
-        let (report, at) = self.exchange(&h)?;
-        buf.iter_mut().zip(self.payload[at..].chunks_exact(4)).for_each(|(x, c)| *x = f32::from_le_bytes(c.try_into().expect("4 bytes")));
-        Ok(report)
+        self.call(Op::Allreduce, Dtype::F32, 0, step, buf)
     }
 
     /// In-place sum allreduce of a bf16 buffer.
     pub fn allreduce_bf16(&mut self, step: u64, buf: &mut [Bf16]) -> Result<ManagedReport, ManagedError> {
-        let h = self.start(Op::Allreduce, Dtype::Bf16, 0, step, buf.len());
-        buf.iter().for_each(|x| self.out.extend_from_slice(&x.0.to_le_bytes()));
-        let (report, at) = self.exchange(&h)?;
-        buf.iter_mut().zip(self.payload[at..].chunks_exact(2)).for_each(|(x, c)| *x = Bf16(u16::from_le_bytes(c.try_into().expect("2 bytes"))));
-        Ok(report)
+        self.call(Op::Allreduce, Dtype::Bf16, 0, step, buf)
     }
 
     /// In-place broadcast of `root`'s buffer.
     pub fn broadcast_f32(&mut self, step: u64, buf: &mut [f32], root: usize) -> Result<ManagedReport, ManagedError> {
         let root = u32::try_from(root).map_err(|_| ManagedError::BadReply("root does not fit".into()))?;
-        let h = self.start(Op::Broadcast, Dtype::F32, root, step, buf.len());
-        buf.iter().for_each(|x| self.out.extend_from_slice(&x.to_le_bytes()));
-        let (report, at) = self.exchange(&h)?;
-        buf.iter_mut().zip(self.payload[at..].chunks_exact(4)).for_each(|(x, c)| *x = f32::from_le_bytes(c.try_into().expect("4 bytes")));
-        Ok(report)
+        self.call(Op::Broadcast, Dtype::F32, root, step, buf)
     }
 
-    /// Starts a request in `self.out` (the caller appends the buffer).
-    fn start(&mut self, op: Op, dtype: Dtype, arg: u32, step: u64, elems: usize) -> Header {
-        let h = Header { kind: Kind::Request, op: op as u8, dtype: dtype_id(dtype), arg, elems: elems as u64, step, payload_len: (elems * dtype.size()) as u64 };
-        self.out.clear();
-        self.out.extend_from_slice(&h.encode());
-        h
+    /// One request on `buf` (sent from it, answered into it).
+    fn call<T: WireElem>(&mut self, op: Op, dtype: Dtype, arg: u32, step: u64, buf: &mut [T]) -> Result<ManagedReport, ManagedError> {
+        let h = Header { kind: Kind::Request, op: op as u8, dtype: dtype_id(dtype), arg, elems: buf.len() as u64, step, payload_len: buf.as_bytes().len() as u64 };
+        T::swap_le(buf);
+        let res = self.exchange(&h, buf.as_mut_bytes());
+        T::swap_le(buf);
+        res
     }
 
-    /// Sends `self.out` (request `h`) and reads the answer: the report, and where the result
-    /// buffer starts in `self.payload`.
-    fn exchange(&mut self, h: &Header) -> Result<(ManagedReport, usize), ManagedError> {
-        let sent = self.stream.write_all(&self.out);
+    /// Sends request `h` with `data` as its payload and reads the answer: the report, and the
+    /// result into `data`.
+    fn exchange(&mut self, h: &Header, data: &mut [u8]) -> Result<ManagedReport, ManagedError> {
+        let sent = self.stream.write_all(&h.encode()).and_then(|()| self.stream.write_all(data));
         let mut hb = [0u8; HEADER_LEN];
         match (sent, self.stream.read_exact(&mut hb)) {
             (_, Ok(())) => {}
@@ -847,10 +896,10 @@ impl ManagedClient {
                 if report_len > MAX_REPORT || r.payload_len != report_len as u64 + h.payload_len || r.elems != h.elems || r.step != h.step {
                     return Err(ManagedError::BadReply(format!("reply header {r:?} does not answer request {h:?}")));
                 }
-                self.payload.resize(report_len + h.payload_len as usize, 0);
-                self.stream.read_exact(&mut self.payload)?;
-                let report: ManagedReport = serde_json::from_slice(&self.payload[..report_len]).map_err(|e| ManagedError::BadReply(format!("report: {e}")))?;
-                Ok((report, report_len))
+                self.report.resize(report_len, 0);
+                self.stream.read_exact(&mut self.report)?;
+                self.stream.read_exact(data)?;
+                serde_json::from_slice(&self.report).map_err(|e| ManagedError::BadReply(format!("report: {e}")))
             }
             Kind::Request => Err(ManagedError::BadReply("got a request frame".into())),
         }
@@ -1125,6 +1174,14 @@ mod tests {
                     let mut b = vec![rank as f32; 100];
                     c.broadcast_f32(3, &mut b, 1).unwrap();
                     assert_eq!(b, vec![1.0; 100]);
+                    // bf16 (small integers: exact), and an f32 size after it, so the service's
+                    // reused buffers change dtype and length between requests.
+                    let mut h: Vec<Bf16> = (0..3001).map(|i| Bf16::from_f32(rank_input(rank, 4, i))).collect();
+                    c.allreduce_bf16(4, &mut h).unwrap();
+                    assert!(h.iter().enumerate().all(|(i, x)| x.to_f32() == expected_sum(2, 4, i)), "rank {rank} bf16");
+                    let mut v: Vec<f32> = (0..7).map(|i| rank_input(rank, 5, i)).collect();
+                    c.allreduce_f32(5, &mut v).unwrap();
+                    assert!(v.iter().enumerate().all(|(i, &x)| x == expected_sum(2, 5, i)), "rank {rank} after bf16");
                 })
             })
             .collect();
