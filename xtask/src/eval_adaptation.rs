@@ -972,6 +972,17 @@ struct OverSeeds {
     json: Value,
 }
 
+/// One seed's static / adaptive ratios of a source and scenario.
+#[derive(Clone, Copy, Default)]
+struct SeedRatios {
+    comm: Option<f64>,
+    step: Option<f64>,
+    /// Managed mode's time inside the IPUs' engine, without the host link.
+    engine: Option<f64>,
+    /// What the source's ratio targets judge ([`Source::ratio`]).
+    target: Option<f64>,
+}
+
 fn over_seeds(sources: &[Source], scenarios: &[Scenario], per_seed: &[(u64, Vec<(Source, Rows)>)]) -> OverSeeds {
     let n = per_seed.len();
     let mut table = String::from(
@@ -982,18 +993,22 @@ fn over_seeds(sources: &[Source], scenarios: &[Scenario], per_seed: &[(u64, Vec<
     let mut json_rows = Vec::new();
     let list_or = |v: &[Option<f64>], none: &str| v.iter().map(|x| x.map_or(none.to_string(), |x| format!("{x:.2}"))).collect::<Vec<_>>().join(", ");
     let list = |v: &[Option<f64>]| list_or(v, "failed");
-    // Per source and scenario: (comm ratio, step ratio, engine ratio) per seed, None where a run
-    // failed (the engine ratio: managed mode's time inside the IPUs' engine, without the host link).
-    let ratios = |source: Source, sc: Scenario| -> Vec<(Option<f64>, Option<f64>, Option<f64>)> {
+    // Per source and scenario: one seed's ratios each, all None where a run failed.
+    let ratios = |source: Source, sc: Scenario| -> Vec<SeedRatios> {
         per_seed
             .iter()
             .filter_map(|(_, ps)| ps.iter().find(|(s, _)| *s == source))
             .filter_map(|(_, rows)| rows.iter().find(|(x, _, _)| *x == sc))
             .map(|(_, s, a)| {
                 if s.error.is_some() || a.error.is_some() {
-                    (None, None, None)
+                    SeedRatios::default()
                 } else {
-                    (ratio(s.comm_mean, a.comm_mean), ratio(s.step_mean, a.step_mean), ratio(s.service_mean, a.service_mean))
+                    SeedRatios {
+                        comm: ratio(s.comm_mean, a.comm_mean),
+                        step: ratio(s.step_mean, a.step_mean),
+                        engine: ratio(s.service_mean, a.service_mean),
+                        target: source.ratio(s, a),
+                    }
                 }
             })
             .collect()
@@ -1008,9 +1023,9 @@ fn over_seeds(sources: &[Source], scenarios: &[Scenario], per_seed: &[(u64, Vec<
             if r.is_empty() {
                 continue;
             }
-            let comm: Vec<_> = r.iter().map(|x| x.0).collect();
-            let step: Vec<_> = r.iter().map(|x| x.1).collect();
-            let engine: Vec<_> = r.iter().map(|x| x.2).collect();
+            let comm: Vec<_> = r.iter().map(|x| x.comm).collect();
+            let step: Vec<_> = r.iter().map(|x| x.step).collect();
+            let engine: Vec<_> = r.iter().map(|x| x.engine).collect();
             let (cm, sm, em) = (median_of(&comm), median_of(&step), median_of(&engine));
             let engine_cell = if source == Source::Managed { format!("{} ({})", list_or(&engine, "-"), em.map_or("-".into(), |x| format!("{x:.2}"))) } else { "-".into() };
             let _ = writeln!(
@@ -1028,11 +1043,11 @@ fn over_seeds(sources: &[Source], scenarios: &[Scenario], per_seed: &[(u64, Vec<
                 "step_ratios": step, "step_ratio_median": sm, "engine_ratios": engine, "engine_ratio_median": em,
             }));
             if let Some(want) = sc.target_ratio() {
-                let metric = if source.ratio_metric() == "comm" { &comm } else { &step };
-                let m = median_of(metric);
+                let metric: Vec<_> = r.iter().map(|x| x.target).collect();
+                let m = median_of(&metric);
                 verdicts.push((
                     format!("{} ({}, median over {n} seeds)", ratio_target(sc, source, want), source.name()),
-                    format!("{} ({})", m.map_or("-".into(), |x| format!("{x:.2}x")), list(metric)),
+                    format!("{} ({})", m.map_or("-".into(), |x| format!("{x:.2}x")), list(&metric)),
                     match m {
                         Some(x) if x >= want => "met",
                         Some(_) => "NOT MET",
@@ -1042,18 +1057,8 @@ fn over_seeds(sources: &[Source], scenarios: &[Scenario], per_seed: &[(u64, Vec<
                 ));
             }
             if source == Source::Managed && sources.contains(&Source::Rank) && sc.target_ratio().is_some() {
-                let tenant: Vec<_> = ratios(Source::Rank, sc).into_iter().map(|x| x.0).collect();
-                let (m, t) = (cm, median_of(&tenant));
-                verdicts.push((
-                    format!("{}: managed comm ratio >= tenant-side following's (medians over {n} seeds)", sc.name()),
-                    format!("managed {} vs tenant-side {}", m.map_or("-".into(), |x| format!("{x:.2}x")), t.map_or("-".into(), |x| format!("{x:.2}x"))),
-                    match (m, t) {
-                        (Some(m), Some(t)) if m >= t => "met",
-                        (Some(_), Some(_)) => "NOT MET",
-                        _ => "NOT MET (a run failed)",
-                    }
-                    .to_string(),
-                ));
+                let tenant: Vec<_> = ratios(Source::Rank, sc).into_iter().map(|x| x.comm).collect();
+                verdicts.push(managed_vs_tenant_verdict(sc, cm, median_of(&tenant), &format!(" (medians over {n} seeds)"), "NOT MET (a run failed)"));
             }
         }
         // Every other target (healthy within noise, no compression for a straggler, the model's
@@ -1316,16 +1321,22 @@ fn managed_vs_tenant(managed: &Rows, rank: &Rows) -> Vec<(String, String, String
             continue;
         }
         let Some((_, rs, ra)) = rank.iter().find(|(x, _, _)| x == sc) else { continue };
-        let (m, t) = (ratio(s.comm_mean, a.comm_mean), ratio(rs.comm_mean, ra.comm_mean));
-        let measured = format!("managed {} vs tenant-side {}", m.map_or("-".into(), |x| format!("{x:.2}x")), t.map_or("-".into(), |x| format!("{x:.2}x")));
-        let status = match (m, t) {
-            (Some(m), Some(t)) if m >= t => "met",
-            (Some(_), Some(_)) => "NOT MET",
-            _ => "not measured",
-        };
-        out.push((format!("{}: managed comm ratio >= tenant-side following's", sc.name()), measured, status.to_string()));
+        out.push(managed_vs_tenant_verdict(*sc, ratio(s.comm_mean, a.comm_mean), ratio(rs.comm_mean, ra.comm_mean), "", "not measured"));
     }
     out
+}
+
+/// Issue 12's comparison: managed mode's comm ratio against tenant-side following's (one run each,
+/// or their medians over seeds: `over` qualifies the target's wording, `missing` is the status
+/// when either ratio is absent).
+fn managed_vs_tenant_verdict(sc: Scenario, managed: Option<f64>, tenant: Option<f64>, over: &str, missing: &str) -> Verdict {
+    let x = |r: Option<f64>| r.map_or("-".into(), |x| format!("{x:.2}x"));
+    let status = match (managed, tenant) {
+        (Some(m), Some(t)) if m >= t => "met",
+        (Some(_), Some(_)) => "NOT MET",
+        _ => missing,
+    };
+    (format!("{}: managed comm ratio >= tenant-side following's{over}", sc.name()), format!("managed {} vs tenant-side {}", x(managed), x(tenant)), status.to_string())
 }
 
 /// The services' mesh port on the IPUs' fabric addresses (managed source).
