@@ -1055,6 +1055,8 @@ mod tests {
             ("policy", "min_baseline_windows = 0", "policy.min_baseline_windows"),
             ("policy", "degrade_ratio = 0.9", "policy.degrade_ratio"),
             ("policy", "path_slow_ratio = 0.0", "policy.path_slow_ratio"),
+            ("policy", "severe_degrade_ratio = 1.2", "policy.severe_degrade_ratio"),
+            ("policy", "severe_path_ratio = 0.9", "policy.severe_path_ratio"),
             ("policy", "trigger_windows = 0", "policy.trigger_windows"),
             ("policy", "min_improvement = 1.0", "policy.min_improvement"),
             ("policy", "lossy_slack = -0.1", "policy.lossy_slack"),

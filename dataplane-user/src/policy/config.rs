@@ -34,6 +34,14 @@ pub struct PolicyConfig {
     /// healthy in-burst goodput (0.8), when that is known: a compute straggler makes the others
     /// wait (longer communication phases) at normal goodput, and compression cannot help it.
     pub path_slow_ratio: f64,
+    /// Communication time at or over this multiple of its healthy baseline (3.0), with the
+    /// slowest path at or under `severe_path_ratio` of its healthy goodput, acts at once instead
+    /// of after `trigger_windows`, as an open verdict does: a slowdown that large is not noise.
+    /// It is read on the recent median, so two of the `recent_windows` must show it.
+    pub severe_degrade_ratio: f64,
+    /// ... with the slowest path's in-burst goodput at or under this fraction of healthy (0.5;
+    /// unknown goodput never counts as severe).
+    pub severe_path_ratio: f64,
     /// Consecutive degraded (or target-missing) windows before the policy acts (3). An open
     /// congestion/gray verdict counts at once: the detectors already required persistence.
     pub trigger_windows: u32,
@@ -81,6 +89,8 @@ impl Default for PolicyConfig {
             min_baseline_windows: 5,
             degrade_ratio: 1.3,
             path_slow_ratio: 0.8,
+            severe_degrade_ratio: 3.0,
+            severe_path_ratio: 0.5,
             trigger_windows: 3,
             min_improvement: 0.2,
             lossy_slack: 0.3,
@@ -116,6 +126,15 @@ impl PolicyConfig {
             return Err((&["degrade_ratio"], format!("{} must be a number above 1 (communication time over its healthy baseline)", self.degrade_ratio)));
         }
         in_range(self.path_slow_ratio, 0.0, 1.0).map_err(key(&["path_slow_ratio"]))?;
+        if !(self.severe_degrade_ratio.is_finite() && self.severe_degrade_ratio >= self.degrade_ratio) {
+            return Err((
+                &["severe_degrade_ratio"],
+                format!("{} must be a number at or above degrade_ratio ({})", self.severe_degrade_ratio, self.degrade_ratio),
+            ));
+        }
+        in_range(self.severe_path_ratio, 0.0, self.path_slow_ratio)
+            .map_err(|m| format!("{m}, path_slow_ratio"))
+            .map_err(key(&["severe_path_ratio"]))?;
         at_least(u64::from(self.trigger_windows), 1).map_err(key(&["trigger_windows"]))?;
         in_range_from(self.min_improvement, 0.0, 1.0).map_err(key(&["min_improvement"]))?;
         at_least_f64(self.lossy_slack, 0.0).map_err(key(&["lossy_slack"]))?;

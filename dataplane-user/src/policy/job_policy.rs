@@ -13,11 +13,13 @@
 //!    windows of communication time; if it fell by less than `verify_min_gain` against the
 //!    previous plan's, revert, and put the reverted plan in cooldown;
 //! 4. otherwise, at least `min_dwell_windows` after the last change: when degraded for
-//!    `trigger_windows` (at once on a verdict) or missing the target for `trigger_windows`,
+//!    `trigger_windows` (at once on a verdict, or on communication time at `severe_degrade_ratio`
+//!    with the slowest path at `severe_path_ratio`) or missing the target for `trigger_windows`,
 //!    choose a plan ([`super::decide`]) and adopt it if it predicts ≥ `min_improvement` less
 //!    communication time than the current one; when not at the baseline and healthy for
 //!    `recover_windows` (and the baseline is predicted to meet the target, if any), return to
-//!    the baseline plan.
+//!    the baseline plan; each return in a row that the fault outlasts (an adaptation within
+//!    twice the wait before it) doubles that wait, up to 8×.
 //!
 //! Invariants: a healthy job without a step-time target miss never leaves its baseline plan;
 //! every plan satisfies the job's constraints; at most one change per window; the decision
@@ -180,9 +182,20 @@ pub struct JobPolicy {
     target_streak: u32,
     healthy_streak: u32,
     last_publish_ms: Option<u64>,
+    /// Returns to the baseline in a row that the network sent back (an adaptation came within
+    /// twice the wait before them): each doubles the healthy windows the next return waits for.
+    restore_backoff: u32,
+    /// The window of the last return to the baseline, until it has stood long enough to count
+    /// as a recovery.
+    last_restore_window: Option<u64>,
 }
 
 const MAX_COOLDOWN: usize = 16;
+
+/// At most `recover_windows` × 2^this healthy windows before a return to the baseline: under a
+/// fault that lasts, the job probes its original plan every 80 windows at the defaults, instead
+/// of every 15 or so (10 healthy windows, then the dwell and trigger windows back).
+const MAX_RESTORE_BACKOFF: u32 = 3;
 
 /// What a reverted plan keeps out of the candidates during its cooldown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -225,7 +238,15 @@ impl JobPolicy {
             target_streak: 0,
             healthy_streak: 0,
             last_publish_ms: None,
+            restore_backoff: 0,
+            last_restore_window: None,
         }
+    }
+
+    /// Healthy windows needed before a return to the baseline: `recover_windows`, doubled for
+    /// each return in a row that did not last.
+    fn recover_needed(&self) -> u32 {
+        self.cfg.recover_windows.max(1).saturating_mul(1 << self.restore_backoff.min(MAX_RESTORE_BACKOFF))
     }
 
     /// The plan this policy advises now.
@@ -442,14 +463,19 @@ impl JobPolicy {
         let straggler_only = obs.verdicts.straggler && !network;
         // Longer communication at normal path goodput is waiting for a rank (a straggler the
         // detectors may not have named yet), not the network.
-        let path_slower = match (self.recent.bottleneck_bps(), median(self.baseline.bottleneck_bps.iter().copied())) {
-            (Some(now), Some(base)) if base > 0.0 => now <= base * self.cfg.path_slow_ratio,
-            _ => true,
+        let path_ratio = match (self.recent.bottleneck_bps(), median(self.baseline.bottleneck_bps.iter().copied())) {
+            (Some(now), Some(base)) if base > 0.0 => Some(now / base),
+            _ => None,
         };
+        let path_slower = path_ratio.is_none_or(|r| r <= self.cfg.path_slow_ratio);
         let inflated = !straggler_only && path_slower && ratio.is_some_and(|r| r >= self.cfg.degrade_ratio);
         if inflated {
             triggers.push(Trigger::CommInflated { ratio: ratio.unwrap_or(0.0) });
         }
+        // A slowdown far beyond noise on a path that lost most of its goodput acts at once, as a
+        // verdict does (a rate cap the detectors of one host's end of the wire do not name: the
+        // IPUs' agents under managed mode took 5.2-5.5 s by the trigger windows).
+        let severe = inflated && ratio.is_some_and(|r| r >= self.cfg.severe_degrade_ratio) && path_ratio.is_some_and(|r| r <= self.cfg.severe_path_ratio);
         let degraded = network || inflated;
         self.degraded_streak = if degraded { self.degraded_streak.saturating_add(1) } else { 0 };
         self.healthy_streak = if ran && !degraded && ratio.is_none_or(|r| r < self.cfg.degrade_ratio) { self.healthy_streak.saturating_add(1) } else { 0 };
@@ -475,7 +501,7 @@ impl JobPolicy {
             }
         }
 
-        let change = self.decide(ctx, &obs, ran, reported_step_s, cal.as_ref(), &triggers, (verdict, network), target_s, budget_s, step, now_unix_ms);
+        let change = self.decide(ctx, &obs, ran, reported_step_s, cal.as_ref(), &triggers, (verdict || severe, network), target_s, budget_s, step, now_unix_ms);
 
         let renew = change.is_some() || self.renew_due(now_unix_ms);
         let predicted = self.predicted_s.or_else(|| cal.as_ref().map(|c| c.predict(&self.current)));
@@ -525,7 +551,7 @@ impl JobPolicy {
         reported_step_s: Option<f64>,
         cal: Option<&Calibrated>,
         triggers: &[Trigger],
-        (verdict, network): (bool, bool),
+        (act_now, network): (bool, bool),
         target_s: Option<f64>,
         budget_s: Option<f64>,
         step_s: Option<f64>,
@@ -683,11 +709,16 @@ impl JobPolicy {
             }
             return Some(d);
         }
+        // A return to the baseline that stood for twice the wait before it was a recovery.
+        if self.current == self.baseline_plan && self.last_restore_window.is_some_and(|w| self.window - w > 2 * u64::from(self.recover_needed())) {
+            self.last_restore_window = None;
+            self.restore_backoff = 0;
+        }
         if since_change < self.cfg.min_dwell_windows || !ran {
             return None;
         }
 
-        let act_degraded = verdict || self.degraded_streak >= self.cfg.trigger_windows.max(1);
+        let act_degraded = act_now || self.degraded_streak >= self.cfg.trigger_windows.max(1);
         let act_target = self.target_streak >= self.cfg.trigger_windows.max(1);
         if act_degraded || act_target {
             let cal = cal?;
@@ -727,6 +758,12 @@ impl JobPolicy {
             let observed = larger_known(obs.comm_or_open_s(), self.recent.comm_or_open_s());
             // The same for the job's own step time, when it reports it.
             let from_step = larger_known(reported_step_s, median(self.reported_steps.iter().copied()));
+            // Leaving a baseline the policy returned to lately: that return was a probe the
+            // fault outlasted (a rate cap the compressed job fitted under shows no evidence), so
+            // the next one waits twice as long.
+            if self.current == self.baseline_plan && self.last_restore_window.take().is_some() {
+                self.restore_backoff = (self.restore_backoff + 1).min(MAX_RESTORE_BACKOFF);
+            }
             let d = self.change(DecisionKind::Adapt, choice.plan, reasons, confidence, Some(choice.predicted_s), observed, now);
             if let Some(v) = self.verifying.as_mut() {
                 v.from_step_s = from_step;
@@ -734,7 +771,7 @@ impl JobPolicy {
             return Some(d);
         }
 
-        if self.current != self.baseline_plan && !network && self.healthy_streak >= self.cfg.recover_windows.max(1) {
+        if self.current != self.baseline_plan && !network && self.healthy_streak >= self.recover_needed() {
             let baseline_s = cal.map(|c| c.predict(&self.baseline_plan));
             // With a target, only when the baseline is predicted to meet it with a margin (no
             // flapping on a borderline target).
@@ -742,11 +779,19 @@ impl JobPolicy {
             if target_s.is_some() && baseline_s.zip(budget_s).is_none_or(|(p, b)| p > b * margin) {
                 return None;
             }
-            let reason = if target_s.is_some() {
+            let mut reason = if target_s.is_some() {
                 format!("healthy for {} windows and the original plan meets the step time target: back to it", self.healthy_streak)
             } else {
                 format!("network healthy again for {} windows: back to the original plan", self.healthy_streak)
             };
+            if self.restore_backoff > 0 {
+                reason.push_str(&format!(
+                    " (waited {}x as long: the last {} did not last)",
+                    1u32 << self.restore_backoff.min(MAX_RESTORE_BACKOFF),
+                    if self.restore_backoff == 1 { "return".to_string() } else { format!("{} returns", self.restore_backoff) }
+                ));
+            }
+            self.last_restore_window = Some(self.window);
             let baseline = self.baseline_plan;
             let observed = self.recent.comm_s();
             let d = self.change(DecisionKind::Restore, baseline, vec![reason], 0.8, baseline_s, observed, now);

@@ -46,6 +46,10 @@ struct FakeJob {
     compression_helps: bool,
     /// Extra compute of one rank (its peers wait: a straggler).
     straggler_ns: u64,
+    /// A peer whose path runs at a quarter of its bandwidth only while the job sends
+    /// uncompressed: a rate cap that a compressed job fits under (its queue never fills, so the
+    /// compressed job sees no slowdown at all).
+    capped_when_uncompressed: Option<usize>,
     /// Whether the tenant registered `gradient_bytes` (else the policy estimates it).
     tell_gradient: bool,
     /// Noise: per-window factor and per-step per-peer factor on bandwidth, ± fraction.
@@ -67,6 +71,7 @@ impl FakeJob {
             truth: CostModel::new(CostConstants { alpha_s: 150e-6, ..Default::default() }),
             compression_helps: true,
             straggler_ns: 0,
+            capped_when_uncompressed: None,
             tell_gradient: false,
             window_noise: 0.05,
             step_noise: 0.05,
@@ -91,7 +96,8 @@ impl FakeJob {
             let mut step_end = c0;
             let durations: Vec<u64> = (0..self.peers.len())
                 .map(|i| {
-                    let bw = self.bw[i] * wf * self.rng.factor(self.step_noise);
+                    let cap = if self.capped_when_uncompressed == Some(i) && plan.compression == Codec::None { 0.25 } else { 1.0 };
+                    let bw = self.bw[i] * cap * wf * self.rng.factor(self.step_noise);
                     let path = PathModel { ranks: n, bytes: self.gradient_bytes as f64, bandwidth_bps: bw, lossy: self.loss[i] > 0.0 };
                     (self.truth.seconds(&wire_plan, &path) * 1e9) as u64
                 })
@@ -209,6 +215,50 @@ fn compresses_when_a_path_slows_and_returns_to_baseline_after_recovery() {
     assert_eq!(*plans.last().unwrap(), baseline());
     let restore = p.history().last().unwrap();
     assert!(restore.reasons[0].contains("back to the original plan"));
+}
+
+#[test]
+fn a_severe_slowdown_acts_without_waiting_for_the_trigger_windows() {
+    // A quarter of the bandwidth on one path (communication about 4x, its goodput a quarter):
+    // acted on once the recent median shows it (two windows), like a verdict. Half of it (about
+    // 2x, goodput a half) is degraded but not severe: it waits for the trigger windows.
+    for (div, earliest, latest) in [(4.0, 20, 22), (2.0, 23, 26)] {
+        let mut job = FakeJob::testbed(5);
+        let (p, plans) = run(&mut job, &Constraints::default(), 40, |w, job, _| job.bw[1] = if w >= 20 { 0.43e9 / div } else { 0.43e9 });
+        let first = plans.iter().position(|q| q.compression != Codec::None);
+        assert!(first.is_some_and(|w| (earliest..=latest).contains(&w)), "bandwidth / {div}: first compressed window {first:?}, expected {earliest}..={latest}: {:#?}", p.history().collect::<Vec<_>>());
+        let adapt = p.history().next().unwrap();
+        assert!(adapt.reasons.iter().any(|r| r.starts_with("communication time ")), "{:?}", adapt.reasons);
+    }
+}
+
+#[test]
+fn returns_to_the_baseline_under_a_lasting_cap_back_off() {
+    // From window 20 to the end, peer 1's path is capped so that only an uncompressed job feels
+    // it: compressed, the job looks healthy, so the policy returns to the baseline after its
+    // healthy windows, finds the cap again and compresses again. Each return the cap outlasts
+    // doubles the wait before the next, up to 8x.
+    let mut job = FakeJob::testbed(3);
+    let (p, plans) = run(&mut job, &Constraints::default(), 400, |w, job, _| job.capped_when_uncompressed = (w >= 20).then_some(1));
+    assert!(plans[..20].iter().all(|q| *q == baseline()), "healthy: baseline plan");
+    let restores: Vec<_> = p.history().filter(|d| d.kind == DecisionKind::Restore).collect();
+    // Each compressed spell lasts the healthy windows the return waited for (10, 20, 40, then 80
+    // at most), give or take the windows the change took to settle.
+    let spells: Vec<usize> = (1..plans.len())
+        .filter(|&w| plans[w] != baseline() && plans[w - 1] == baseline())
+        .map(|start| (start..plans.len()).find(|&w| plans[w] == baseline()).unwrap_or(plans.len()) - start)
+        .collect();
+    assert!(spells.len() >= 4, "several probes in 380 capped windows: {spells:?}");
+    for (i, s) in spells.iter().enumerate().take(spells.len() - 1) {
+        let wait = 10usize << i.min(3);
+        assert!(*s >= wait && *s <= wait + 6, "compressed spell {i} lasted {s} windows, expected about the {wait}-window wait: {spells:?}");
+    }
+    // Without the back-off a probe every 10 + 8 windows would run 40 % of them uncompressed.
+    let uncompressed = plans[20..].iter().filter(|q| q.compression == Codec::None).count();
+    assert!(uncompressed * 5 < plans.len() - 20, "{uncompressed} of {} capped windows ran uncompressed: {spells:?}", plans.len() - 20);
+    let last = restores.last().expect("returns to the baseline");
+    assert!(last.reasons[0].contains("waited 8x as long"), "{:?}", last.reasons);
+    assert!(restores[0].reasons[0].ends_with("back to the original plan"), "{:?}", restores[0].reasons);
 }
 
 #[test]
