@@ -10,9 +10,12 @@
 //!   that collective (or at its end, if it receives nothing): so no data is applied before the
 //!   header has been checked, and the header's plan must be the promised one.
 //!   With plan votes ([`Communicator::set_plan_voter`], on every rank), each rank first sends rank 0
-//!   its vote on channel 0 (promised or not), and rank 0 schedules the agreed plan
-//!   ([`crate::plan::agree`]) from the next step at the earliest, before it computes the header's
-//!   promise: a vote never changes the plan of a promised collective.
+//!   its vote on channel 0 (promised or not). Rank 0 sends its header without waiting for them,
+//!   takes each vote right before its first receive from that rank on channel 0 (the vote is next
+//!   in line there) or at the collective's end, and then schedules the agreed plan
+//!   ([`crate::plan::agree`]) from the next step at the earliest. A promise already given is kept
+//!   ([`PlanSchedule::hold_active`]): a vote never changes the plan of a promised collective; it
+//!   takes effect one collective later instead.
 //! - The engine reduces in f32. A bf16 buffer is widened to f32, reduced, and rounded back; with
 //!   compression `none` its wire format is bf16 (partial sums rounded to bf16 per hop, like NCCL).
 //! - Every rank ends with bit-identical results: the final value of every element is encoded once by
@@ -104,6 +107,33 @@ struct Exchange<'a, T: Transport> {
     pending_control: Option<PendingControl>,
     /// Where a settled pending header's promise for the next collective goes.
     plan_held_until: &'a mut u64,
+    /// Rank 0 with plan votes: this collective's votes, taken as they come (see [`VoteIntake`]).
+    votes: Option<&'a mut VoteIntake>,
+}
+
+/// Rank 0's intake of one collective's plan votes. Each rank sends its vote on channel 0 before
+/// anything else of that collective, so rank 0 takes a peer's vote right before its first receive
+/// from that peer on channel 0 (where the vote is next in line anyway), and the votes of peers it
+/// received nothing from there at the collective's end. Rank 0 never waits for votes before its
+/// control header: a gather on the critical path of every collective otherwise.
+struct VoteIntake {
+    /// Per rank: its proposal (rank 0's own from the start), once taken.
+    proposals: Vec<Option<crate::plan::PlanProposal>>,
+    taken: Vec<bool>,
+}
+
+impl VoteIntake {
+    fn new(world: usize, mine: Option<crate::plan::PlanProposal>) -> Self {
+        let mut proposals = vec![None; world];
+        let mut taken = vec![false; world];
+        if let Some(p) = proposals.first_mut() {
+            *p = mine;
+        }
+        if let Some(t) = taken.first_mut() {
+            *t = true;
+        }
+        VoteIntake { proposals, taken }
+    }
 }
 
 /// What this rank called, checked against rank 0's [`ControlHeader`].
@@ -312,11 +342,47 @@ impl<'a, T: Transport> Exchange<'a, T> {
         Ok(())
     }
 
+    /// Rank 0 with plan votes: takes `peer`'s vote for this collective if not taken yet (it is the
+    /// first frame of the collective from `peer` on channel 0).
+    fn take_vote(&mut self, peer: usize) -> Result<()> {
+        let Some(v) = self.votes.as_deref_mut() else { return Ok(()) };
+        if v.taken[peer] {
+            return Ok(());
+        }
+        let op = self.cx.op;
+        let f = self.t.recv_next(peer, 0, self.cx.timeout, op)?;
+        let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame { peer, channel: 0, field, expected, got };
+        if f.header.kind != FrameKind::Control {
+            return Err(mismatch("kind", FrameKind::Control as u64, f.header.kind as u64));
+        }
+        if f.header.op != op {
+            return Err(mismatch("op", op, f.header.op));
+        }
+        let (_, proposal) = parse_vote(f.payload()).map_err(|error| CollectiveError::BadFrame { peer, channel: 0, error })?;
+        self.t.recycle(f.frame);
+        v.proposals[peer] = proposal;
+        v.taken[peer] = true;
+        Ok(())
+    }
+
+    /// Rank 0 with plan votes: takes the votes of the peers this collective received nothing from
+    /// on channel 0 (sent at its start, so normally already here).
+    fn take_remaining_votes(&mut self) -> Result<()> {
+        let world = self.votes.as_deref().map_or(0, |v| v.taken.len());
+        for peer in 1..world {
+            self.take_vote(peer)?;
+        }
+        Ok(())
+    }
+
     /// Receives chunk `ci` = `sub` from `peer` and validates its header (not yet its payload).
     fn recv_frame(&mut self, peer: usize, ci: usize, sub: &Range<usize>) -> Result<InFrame> {
         // Every data receive goes through here: the header is checked before any data is applied.
         self.settle_control()?;
         let channel = self.channel(ci);
+        if channel == 0 {
+            self.take_vote(peer)?;
+        }
         let f = self.t.recv_next(peer, channel, self.cx.timeout, self.cx.op)?;
         let h = &f.header;
         let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame { peer, channel, field, expected, got };
@@ -754,41 +820,39 @@ impl<T: Transport> Communicator<T> {
         self.votes.as_ref()?.origins.iter().rev().find(|(p, _)| p == plan).map(|(_, o)| *o)
     }
 
-    /// The vote exchange of collective `op` (see [`Self::set_plan_voter`]).
-    fn exchange_votes(&mut self, votes: &mut Votes, op: u64, call: &ControlHeader) -> Result<()> {
-        let (rank, world) = (self.rank(), self.world());
+    /// Ranks 1..n−1 with plan votes: sends this rank's vote for collective `op` to rank 0 (see
+    /// [`Self::set_plan_voter`]), the first frame of the collective on channel 0.
+    fn send_vote(&mut self, votes: &mut Votes, op: u64, call: &ControlHeader) -> Result<()> {
         let mine = votes.voter.propose(self.step);
-        if rank != 0 {
-            let mut frame = vec![0u8; HEADER_LEN];
-            frame.extend_from_slice(&encode_vote(call, mine.as_ref()));
-            let mut h = FrameHeader::new(FrameKind::Control);
-            h.op = op;
-            return self.transport.send(0, 0, h, frame).map_err(|e| self.fail(e));
-        }
-        let mut all = Vec::with_capacity(world);
-        all.push(mine);
-        for peer in 1..world {
-            let f = self.transport.recv_next(peer, 0, self.timeout, op).map_err(|e| self.fail(e))?;
-            let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame { peer, channel: 0, field, expected, got };
-            if f.header.kind != FrameKind::Control {
-                return Err(self.fail(mismatch("kind", FrameKind::Control as u64, f.header.kind as u64)));
-            }
-            if f.header.op != op {
-                return Err(self.fail(mismatch("op", op, f.header.op)));
-            }
-            let (_, proposal) = parse_vote(f.payload()).map_err(|error| self.fail(CollectiveError::BadFrame { peer, channel: 0, error }))?;
-            self.transport.recycle(f.frame);
-            all.push(proposal.filter(|p| {
-                let ok = votes.voter.admits(&p.plan);
-                if !ok {
-                    tracing::warn!(peer, plan = ?p.plan, "rank {peer} proposed a plan this rank does not admit; counted as an abstention");
-                }
-                ok
-            }));
-        }
-        let Some((from, p)) = agree(&all) else { return Ok(()) };
+        let mut frame = vec![0u8; HEADER_LEN];
+        frame.extend_from_slice(&encode_vote(call, mine.as_ref()));
+        let mut h = FrameHeader::new(FrameKind::Control);
+        h.op = op;
+        self.transport.send(0, 0, h, frame).map_err(|e| self.fail(e))
+    }
+
+    /// Rank 0: agrees on one collective's votes ([`crate::plan::agree`]) and schedules the winner
+    /// from the next step at the earliest. The collective's header has gone out already, so a
+    /// promise it gave is kept by the schedule ([`PlanSchedule::hold_active`]): the plan then takes
+    /// effect one collective later.
+    fn apply_votes(&mut self, votes: &mut Votes, intake: VoteIntake) {
+        let all: Vec<_> = intake
+            .proposals
+            .into_iter()
+            .enumerate()
+            .map(|(peer, p)| {
+                p.filter(|p| {
+                    let ok = peer == 0 || votes.voter.admits(&p.plan);
+                    if !ok {
+                        tracing::warn!(peer, plan = ?p.plan, "rank {peer} proposed a plan this rank does not admit; counted as an abstention");
+                    }
+                    ok
+                })
+            })
+            .collect();
+        let Some((from, p)) = agree(&all) else { return };
         if votes.last.is_some_and(|l| l.same_as(&p.plan)) {
-            return Ok(());
+            return;
         }
         // From the next step: the collective under way may belong to a step already started.
         let plan = Plan { step_from: p.plan.step_from.max(self.step + 1), ..p.plan };
@@ -809,7 +873,6 @@ impl<T: Transport> Communicator<T> {
             }
             votes.origins.push_back((plan, PlanOrigin { rank: from, version: p.version }));
         }
-        Ok(())
     }
 
     /// Declares the training step the next collectives belong to; plans switch at step boundaries.
@@ -841,7 +904,7 @@ impl<T: Transport> Communicator<T> {
         dtype: Dtype,
         elems: usize,
         root: usize,
-    ) -> Result<(Plan, OpContext, Option<PendingControl>)> {
+    ) -> Result<(Plan, OpContext, Option<PendingControl>, Option<VoteIntake>)> {
         if let Some(cause) = &self.poisoned {
             return Err(CollectiveError::Poisoned { cause: Box::new(cause.clone()) });
         }
@@ -855,20 +918,25 @@ impl<T: Transport> Communicator<T> {
         // The previous header promised this collective's plan (same rule on every rank).
         let promised = self.step < self.plan_held_until;
         let mut pending = None;
+        let mut intake = None;
         if let Some(mut votes) = self.votes.take() {
-            // Before rank 0's header, so that the header's `plan_held_until` already counts the
-            // agreed plan (scheduled from the next step at the earliest: never inside the range the
-            // previous header promised, which only covers this collective).
-            let call = ControlHeader {
-                training_step: self.step,
-                op_kind,
-                dtype,
-                elems: elems as u64,
-                root: root as u32,
-                plan: self.last_plan,
-                plan_held_until: 0,
+            // Ranks 1..n−1 send their vote first; rank 0 takes the votes during and after the
+            // collective ([`VoteIntake`]) and agrees on them at its end.
+            let r = if rank == 0 {
+                intake = Some(VoteIntake::new(world, votes.voter.propose(self.step)));
+                Ok(())
+            } else {
+                let call = ControlHeader {
+                    training_step: self.step,
+                    op_kind,
+                    dtype,
+                    elems: elems as u64,
+                    root: root as u32,
+                    plan: self.last_plan,
+                    plan_held_until: 0,
+                };
+                self.send_vote(&mut votes, op, &call)
             };
-            let r = self.exchange_votes(&mut votes, op, &call);
             self.votes = Some(votes);
             r?;
         }
@@ -927,7 +995,7 @@ impl<T: Transport> Communicator<T> {
             self.residual_reduce = vec![0.0; elems];
             self.residual_gather = vec![0.0; elems];
         }
-        Ok((plan, cx, pending))
+        Ok((plan, cx, pending, intake))
     }
 
     fn run<F>(&mut self, kind: OpKind, dtype: Dtype, buf: &mut [f32], root: usize, body: F) -> Result<OpReport>
@@ -937,7 +1005,7 @@ impl<T: Transport> Communicator<T> {
         let before = self.transport.bytes_sent();
         // Small collectives read the network on this thread: no hand-off per frame.
         self.transport.set_direct_reads(buf.len().saturating_mul(4) <= DIRECT_READ_MAX_BYTES);
-        let (plan, cx, pending_control) = self.begin_op(kind, dtype, buf.len(), root)?;
+        let (plan, cx, pending_control, mut intake) = self.begin_op(kind, dtype, buf.len(), root)?;
         let on_promise = pending_control.is_some();
         if self.world() > 1 {
             let mut ex = Exchange {
@@ -948,10 +1016,18 @@ impl<T: Transport> Communicator<T> {
                 scratch: &mut self.scratch,
                 pending_control,
                 plan_held_until: &mut self.plan_held_until,
+                votes: intake.as_mut(),
             };
-            // A rank that received nothing (a broadcast's root) still takes rank 0's header.
-            if let Err(e) = body(&mut ex, buf).and_then(|()| ex.settle_control()) {
+            // A rank that received nothing (a broadcast's root) still takes rank 0's header, and
+            // rank 0 every vote.
+            if let Err(e) = body(&mut ex, buf).and_then(|()| ex.settle_control()).and_then(|()| ex.take_remaining_votes()) {
                 return Err(self.fail(e));
+            }
+        }
+        if let Some(intake) = intake {
+            if let Some(mut votes) = self.votes.take() {
+                self.apply_votes(&mut votes, intake);
+                self.votes = Some(votes);
             }
         }
         Ok(OpReport { op: cx.op, plan, bytes_sent: self.transport.bytes_sent() - before, on_promise })

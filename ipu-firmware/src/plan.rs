@@ -30,11 +30,12 @@
 //!   its [`PlanProposal`] (or an abstention) before rank 0's control header, and rank 0 applies
 //!   [`agree`] to all of them: the winner takes effect from the next training step, announced by
 //!   the control header like any other plan, so every rank still switches at the same collective.
-//!   Votes are received before rank 0 computes the header's `plan_held_until`, and an agreed plan
-//!   starts at the next step at the earliest, so it never falls inside a promise already given
-//!   (a promise covers only the next collective). Cost: rank 0 waits for every rank's vote before
-//!   its header, so with votes the promise saves ranks 1..n−1 the wait for the header but rank 0
-//!   still spends one hop per collective on the votes (not measured yet).
+//!   Rank 0 does not wait for the votes before its header: it takes them during the collective
+//!   (a rank's vote is the first frame of the collective from it on channel 0) and agrees at the
+//!   collective's end, and a promise its header gave is kept as for any plan polled meanwhile, so
+//!   an agreed plan takes effect one collective later than if the votes came first. Before
+//!   2026-11-30 rank 0 received every vote before its header: a gather on the critical path of
+//!   every collective.
 
 use crate::codec::{self, CodecKind};
 use crate::wire::FrameError;

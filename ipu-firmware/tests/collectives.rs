@@ -631,6 +631,42 @@ fn plan_votes_switch_every_rank_at_the_same_op_to_the_most_severe_proposal() {
     }
 }
 
+/// With one collective per step, rank 0 has promised the next collective's plan before it takes
+/// the votes (it does not wait for them before its header), so a plan agreed at step `s` runs from
+/// step `s + 2`: one collective later than the step after the vote, on every rank at once.
+#[test]
+fn a_vote_taken_after_the_header_takes_effect_one_collective_later_on_every_rank() {
+    use ipu_firmware::plan::severity;
+    use ipu_firmware::PlanProposal;
+    let base = Plan { chunk_bytes: 512, ..Plan::default() };
+    let int8 = Plan { compression: Compression { codec: CodecKind::Int8, error_feedback: false }, ..base };
+    let voters = move |rank: usize| match rank {
+        2 => ScriptedVoter { from: 2, proposal: Some(PlanProposal { plan: int8, version: 3, severity: severity(&int8, &base) }) },
+        _ => ScriptedVoter { from: 0, proposal: None },
+    };
+    let n = 777;
+    let res = run_ranks_in_process(4, opts(1), move |rank, t| {
+        let mut c = Communicator::new(t, CommunicatorConfig { initial_plan: base, timeout: TIMEOUT })?;
+        c.set_plan_voter(Box::new(voters(rank)));
+        let mut out = Vec::new();
+        for step in 0..6u64 {
+            c.begin_step(step);
+            let mut b = input(rank, 700 + step, n);
+            let rep = c.allreduce_f32(&mut b)?;
+            out.push((rep.plan, b));
+        }
+        Ok(out)
+    });
+    let res: Vec<_> = res.into_iter().map(|r| r.unwrap()).collect();
+    for (rank, ops) in res.iter().enumerate() {
+        for (step, (plan, b)) in ops.iter().enumerate() {
+            let want = if step >= 4 { int8 } else { base };
+            assert!(plan.same_as(&want), "rank {rank} step {step}: ran {plan:?}, want {want:?}");
+            assert_eq!(b, &res[0][step].1, "rank {rank} step {step}: ranks disagree");
+        }
+    }
+}
+
 /// Collectives at or below `DIRECT_READ_MAX_BYTES` are read on the engine's thread, larger ones by
 /// the reader threads: alternating them on one mesh hands every connection's socket back and forth
 /// (frames a reader read before it parked are taken first), and every result stays exact.
