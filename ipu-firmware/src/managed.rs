@@ -8,7 +8,8 @@
 //! hint for the job, as a [`PlanProposal`]) and votes with it in every collective's control
 //! exchange (the engine's plan votes, [`crate::Communicator::set_plan_voter`]). Rank 0 applies
 //! [`crate::plan::agree`] (the most severe proposal: the most compressive, then the newest) and
-//! announces the winner from the next step, so every rank switches at the same collective. A
+//! announces the winner from the next step (or the collective after, when its header had already
+//! promised the next one's plan), so every rank switches at the same collective. A
 //! service without an agent, or whose agent stayed unreachable, abstains (the plan in force
 //! stays unless another service proposes one): a fault any one IPU sees changes the plan.
 //!
