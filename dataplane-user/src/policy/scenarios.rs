@@ -253,7 +253,8 @@ fn returns_to_the_baseline_under_a_lasting_cap_back_off() {
         let wait = 10usize << i.min(3);
         assert!(*s >= wait && *s <= wait + 6, "compressed spell {i} lasted {s} windows, expected about the {wait}-window wait: {spells:?}");
     }
-    // Without the back-off a probe every 10 + 8 windows would run 40 % of them uncompressed.
+    // With the back-off 31 of 380 windows ran uncompressed; without it (every return after 10
+    // healthy windows) 126 of 380, in 26 returns.
     let uncompressed = plans[20..].iter().filter(|q| q.compression == Codec::None).count();
     assert!(uncompressed * 5 < plans.len() - 20, "{uncompressed} of {} capped windows ran uncompressed: {spells:?}", plans.len() - 20);
     let last = restores.last().expect("returns to the baseline");
