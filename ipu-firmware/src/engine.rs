@@ -123,15 +123,12 @@ struct VoteIntake {
 }
 
 impl VoteIntake {
+    /// Rank 0's intake in a mesh of `world` ranks (at least rank 0 itself), its own vote `mine`.
     fn new(world: usize, mine: Option<crate::plan::PlanProposal>) -> Self {
         let mut proposals = vec![None; world];
         let mut taken = vec![false; world];
-        if let Some(p) = proposals.first_mut() {
-            *p = mine;
-        }
-        if let Some(t) = taken.first_mut() {
-            *t = true;
-        }
+        proposals[0] = mine;
+        taken[0] = true;
         VoteIntake { proposals, taken }
     }
 }
@@ -157,6 +154,19 @@ struct PendingControl {
 /// [`receive_control`]). Only the failure path waits.
 const CONTROL_GRACE: Duration = Duration::from_secs(1);
 
+/// Checks that `f`, received from `peer` on channel 0, is a control frame (rank 0's header or a
+/// rank's plan vote) of collective `op`.
+fn expect_control(f: &InFrame, peer: usize, op: u64) -> Result<()> {
+    let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame { peer, channel: 0, field, expected, got };
+    if f.header.kind != FrameKind::Control {
+        return Err(mismatch("kind", FrameKind::Control as u64, f.header.kind as u64));
+    }
+    if f.header.op != op {
+        return Err(mismatch("op", op, f.header.op));
+    }
+    Ok(())
+}
+
 /// Receives rank 0's control header for collective `op` on `t` and checks it against this rank's
 /// own call and the mesh. A header that has already arrived is taken before the shared failure
 /// state is consulted ([`Transport::recv_next`]): on a promised collective a mismatched rank has
@@ -178,13 +188,7 @@ fn receive_control<T: Transport>(t: &mut T, timeout: Duration, op: u64, call: &O
             }
         }
     };
-    let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame { peer: 0, channel: 0, field, expected, got };
-    if f.header.kind != FrameKind::Control {
-        return Err(mismatch("kind", FrameKind::Control as u64, f.header.kind as u64));
-    }
-    if f.header.op != op {
-        return Err(mismatch("op", op, f.header.op));
-    }
+    expect_control(&f, 0, op)?;
     let c = ControlHeader::parse(f.payload()).map_err(|error| CollectiveError::BadFrame { peer: 0, channel: 0, error })?;
     t.recycle(f.frame);
     let checks = [
@@ -351,13 +355,7 @@ impl<'a, T: Transport> Exchange<'a, T> {
         }
         let op = self.cx.op;
         let f = self.t.recv_next(peer, 0, self.cx.timeout, op)?;
-        let mismatch = |field, expected: u64, got: u64| CollectiveError::UnexpectedFrame { peer, channel: 0, field, expected, got };
-        if f.header.kind != FrameKind::Control {
-            return Err(mismatch("kind", FrameKind::Control as u64, f.header.kind as u64));
-        }
-        if f.header.op != op {
-            return Err(mismatch("op", op, f.header.op));
-        }
+        expect_control(&f, peer, op)?;
         let (_, proposal) = parse_vote(f.payload()).map_err(|error| CollectiveError::BadFrame { peer, channel: 0, error })?;
         self.t.recycle(f.frame);
         v.proposals[peer] = proposal;
