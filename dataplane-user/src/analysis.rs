@@ -293,6 +293,9 @@ impl Analysis {
             }
             let hint = policy.hint(&jw.job, &out, Some(latest), now);
             if let Some(h) = &hint {
+                if h.tcp_rto_min_ms != latest.tcp_rto_min_ms {
+                    tracing::info!(job = %jw.job, tcp_rto_min_ms = ?h.tcp_rto_min_ms, version = h.version, "transport advice changed");
+                }
                 *latest = h.clone();
             }
             updates.push((jw.job.clone(), hint, Some(out.insight)));

@@ -1067,6 +1067,8 @@ mod tests {
             ("policy", "cooldown_windows = -3", "policy.cooldown_windows"),
             ("policy", "recover_windows = 0", "policy.recover_windows"),
             ("policy", "lossy_ratio = 0.0", "policy.lossy_ratio"),
+            ("policy", "loss_rto_min_ms = 201", "policy.loss_rto_min_ms"),
+            ("policy", "loss_rto_min_ms = -5", "policy.loss_rto_min_ms"),
             ("policy", "topk_ratio = 1.5", "policy.topk_ratio"),
             ("policy", "max_channels = 0", "policy.max_channels"),
             ("policy", "max_channels = 300", "policy.max_channels"),

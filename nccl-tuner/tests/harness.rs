@@ -184,6 +184,7 @@ fn hint_json(version: u64, algorithm: Algorithm, channels: u8, chunk_bytes: u32,
         reasons: vec!["path to peer 10.0.0.3 lossy".into()],
         confidence: 0.8,
         expires_at,
+        tcp_rto_min_ms: None,
     })
     .unwrap()
 }

@@ -230,6 +230,11 @@ pub struct Constraints {
     /// The step time the tenant wants, in ms; compression is considered when the predicted
     /// communication time alone would miss it. `None`: only when a path is degraded.
     pub step_time_target_ms: Option<f64>,
+    /// Whether the job may take transport advice ([`Hint::tcp_rto_min_ms`]): its runtime can
+    /// change the retransmission timer of its own TCP connections (the Python follower does it
+    /// with per-peer routes, which needs `CAP_NET_ADMIN` in the job's network namespace).
+    /// Default `false`: hints then never carry transport advice.
+    pub transport_tuning: bool,
 }
 
 impl Default for Constraints {
@@ -241,6 +246,7 @@ impl Default for Constraints {
             max_channels: 1,
             error_feedback: true,
             step_time_target_ms: None,
+            transport_tuning: false,
         }
     }
 }
@@ -358,6 +364,13 @@ pub struct Hint {
     pub confidence: f64,
     /// Unix time (ms) after which the hint is stale unless renewed (the stream renews it).
     pub expires_at: u64,
+    /// Transport advice, only for a job whose constraints allow it (`transport_tuning`): the
+    /// minimum TCP retransmission timeout (RTO) to use on the job's connections to its peers, ms.
+    /// Sent while the job's paths lose packets: a lost tail segment then waits this long plus the
+    /// round trip instead of Linux's 200 ms floor. Absent: the system's own (drop any advice
+    /// applied before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_rto_min_ms: Option<u32>,
 }
 
 /// The plan a job's collectives run now, as the job's runtime reports it

@@ -46,6 +46,7 @@ pub fn baseline_hint(job: &str, version: u64, now_unix_ms: u64) -> Hint {
         reasons: vec!["initial plan: no measurements yet".to_owned()],
         confidence: 0.0,
         expires_at: now_unix_ms + BASELINE_HINT_TTL_MS,
+        tcp_rto_min_ms: None,
     }
 }
 

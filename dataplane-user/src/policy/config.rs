@@ -65,6 +65,11 @@ pub struct PolicyConfig {
     pub recover_windows: u32,
     /// Loss ratio (loss packets / data packets) from which a path is lossy (0.01).
     pub lossy_ratio: f64,
+    /// Transport advice for jobs that allow it (`constraints.transport_tuning`): after
+    /// `trigger_windows` windows in a row with a lossy path, hints carry this minimum TCP
+    /// retransmission timeout, ms, until `recover_windows` windows in a row without one (5).
+    /// 0: never advise. At most 200, Linux's own floor.
+    pub loss_rto_min_ms: u32,
     /// Top-k ratio the policy proposes (raised to the tenant's `min_topk_ratio`) (0.1).
     pub topk_ratio: f32,
     /// Most channels the policy proposes, whatever the tenant allows (8).
@@ -80,6 +85,9 @@ pub struct PolicyConfig {
     /// Cost model constants (see [`super::cost`]).
     pub cost: CostConstants,
 }
+
+/// The largest `loss_rto_min_ms`: Linux's default minimum retransmission timeout (`TCP_RTO_MIN`).
+pub const MAX_LOSS_RTO_MIN_MS: u32 = 200;
 
 impl Default for PolicyConfig {
     fn default() -> Self {
@@ -101,6 +109,7 @@ impl Default for PolicyConfig {
             cooldown_windows: 60,
             recover_windows: 10,
             lossy_ratio: 0.01,
+            loss_rto_min_ms: 5,
             topk_ratio: 0.1,
             max_channels: 8,
             renew_ms: 10_000,
@@ -142,6 +151,12 @@ impl PolicyConfig {
         in_range_from(self.verify_min_gain, 0.0, 1.0).map_err(key(&["verify_min_gain"]))?;
         at_least(u64::from(self.recover_windows), 1).map_err(key(&["recover_windows"]))?;
         in_range(self.lossy_ratio, 0.0, 1.0).map_err(key(&["lossy_ratio"]))?;
+        if self.loss_rto_min_ms > MAX_LOSS_RTO_MIN_MS {
+            return Err((
+                &["loss_rto_min_ms"],
+                format!("{} must be 0 (no transport advice) to {MAX_LOSS_RTO_MIN_MS} ms (Linux's own minimum retransmission timeout)", self.loss_rto_min_ms),
+            ));
+        }
         in_range(f64::from(self.topk_ratio), 0.0, 1.0).map_err(key(&["topk_ratio"]))?;
         at_least(u64::from(self.max_channels), 1).map_err(key(&["max_channels"]))?;
         at_least(self.renew_ms, 1).map_err(key(&["renew_ms"]))?;

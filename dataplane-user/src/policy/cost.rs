@@ -80,6 +80,7 @@ impl PlanChoice {
             reasons,
             confidence: confidence.clamp(0.0, 1.0),
             expires_at,
+            tcp_rto_min_ms: None,
         }
     }
 

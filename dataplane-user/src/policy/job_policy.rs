@@ -188,6 +188,14 @@ pub struct JobPolicy {
     /// The window of the last return to the baseline, until it has stood long enough to count
     /// as a recovery.
     last_restore_window: Option<u64>,
+    /// The transport advice in force ([`Hint::tcp_rto_min_ms`]): the minimum TCP retransmission
+    /// timeout advised while the job's paths lose packets (see [`JobPolicy::advise_transport`]).
+    rto_advice: Option<u32>,
+    /// Windows in a row with a lossy path.
+    loss_streak: u32,
+    /// Windows in a row whose paths' loss was measured and none was lossy (windows without a
+    /// measurement leave it as it is).
+    clean_streak: u32,
 }
 
 const MAX_COOLDOWN: usize = 16;
@@ -240,7 +248,55 @@ impl JobPolicy {
             last_publish_ms: None,
             restore_backoff: 0,
             last_restore_window: None,
+            rto_advice: None,
+            loss_streak: 0,
+            clean_streak: 0,
         }
+    }
+
+    /// The transport advice in force: the minimum TCP retransmission timeout, ms.
+    #[cfg(test)]
+    pub fn rto_advice(&self) -> Option<u32> {
+        self.rto_advice
+    }
+
+    /// Transport advice, apart from the plan: a lost segment at the tail of a message (or its
+    /// retransmission) waits for TCP's retransmission timeout, at least 200 ms on Linux, while a
+    /// collective's round trip is well under a millisecond; so under random loss a job's steps
+    /// stall on timeouts that no codec removes (docs/eval-adaptation.md: half the bytes left the
+    /// stalls as frequent). For a job whose constraints allow it, `trigger_windows` windows in a
+    /// row with a lossy path start advising `loss_rto_min_ms`, and `recover_windows` windows in
+    /// a row with measured, loss-free paths end it. Linux's timeout stays at least the smoothed
+    /// round trip plus this floor, so a path whose round trip grows (a queue) keeps a longer
+    /// timeout. Returns whether the advice changed.
+    fn advise_transport(&mut self, ctx: &JobContext, obs: &WindowObservation) -> bool {
+        let lossy = obs.peers.iter().any(|p| p.loss_ratio.is_some_and(|l| l >= self.cfg.lossy_ratio));
+        let measured = obs.peers.iter().any(|p| p.loss_ratio.is_some());
+        self.loss_streak = if lossy { self.loss_streak.saturating_add(1) } else { 0 };
+        if lossy {
+            self.clean_streak = 0;
+        } else if measured {
+            self.clean_streak = self.clean_streak.saturating_add(1);
+        }
+        let allowed = ctx.constraints.transport_tuning && self.cfg.loss_rto_min_ms > 0;
+        let next = match self.rto_advice {
+            _ if !allowed => None,
+            None if self.loss_streak >= self.cfg.trigger_windows.max(1) => Some(self.cfg.loss_rto_min_ms),
+            Some(_) if self.clean_streak >= self.cfg.recover_windows.max(1) => None,
+            advice => advice,
+        };
+        let changed = next != self.rto_advice;
+        self.rto_advice = next;
+        changed
+    }
+
+    /// The reasons a new hint carries: the plan's, and the transport advice's.
+    fn hint_reasons(&self) -> Vec<String> {
+        let mut r = self.reasons.clone();
+        if let Some(ms) = self.rto_advice {
+            r.push(format!("paths lossy: a {ms} ms floor for TCP retransmission timeouts advised"));
+        }
+        r
     }
 
     /// Healthy windows needed before a return to the baseline: `recover_windows`, doubled for
@@ -261,12 +317,15 @@ impl JobPolicy {
     }
 
     /// The hint to publish after `out`, given the job's last published hint: a new version
-    /// for a change, the latest one with a new expiry for a renewal, else `None`.
+    /// for a change of plan or of transport advice, the latest one with a new expiry for a
+    /// renewal, else `None`.
     pub fn hint(&self, job: &str, out: &PolicyOutput, latest: Option<&Hint>, now_unix_ms: u64) -> Option<Hint> {
         let expires_at = now_unix_ms.saturating_add(self.cfg.hint_ttl_ms);
-        if out.change.is_some() {
+        let transport_changed = latest.is_some_and(|h| h.tcp_rto_min_ms != self.rto_advice);
+        if out.change.is_some() || transport_changed {
             let version = latest.map_or(1, |h| h.version + 1);
-            return Some(self.current.to_hint(job, version, self.reasons.clone(), self.confidence, expires_at));
+            let hint = self.current.to_hint(job, version, self.hint_reasons(), self.confidence, expires_at);
+            return Some(Hint { tcp_rto_min_ms: self.rto_advice, ..hint });
         }
         if out.renew {
             return latest.map(|h| Hint { expires_at, ..h.clone() });
@@ -502,8 +561,9 @@ impl JobPolicy {
         }
 
         let change = self.decide(ctx, &obs, ran, reported_step_s, cal.as_ref(), &triggers, (verdict || severe, network), target_s, budget_s, step, now_unix_ms);
+        let transport_changed = self.advise_transport(ctx, &obs);
 
-        let renew = change.is_some() || self.renew_due(now_unix_ms);
+        let renew = change.is_some() || transport_changed || self.renew_due(now_unix_ms);
         let predicted = self.predicted_s.or_else(|| cal.as_ref().map(|c| c.predict(&self.current)));
         // What the tenant sees is the job's time whatever plan ran: this window's own when the
         // window was attributed to no plan (the recent history was cleared).

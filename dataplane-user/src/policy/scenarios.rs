@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use ringside_client::{Algorithm, Codec, Constraints};
+use ringside_client::{Algorithm, Codec, Constraints, Hint};
 
 use super::cost::{CostConstants, CostModel, PathModel, PlanChoice};
 use super::job_policy::{DecisionKind, JobContext, JobPolicy, PlanInForce};
@@ -537,6 +537,60 @@ fn hints_get_the_next_version_on_change_and_renew_in_between() {
     let mut idle = p.clone();
     assert!(idle.renewal(&latest, 139_500).is_none(), "not due yet");
     assert_eq!(idle.renewal(&latest, 1_000_000).unwrap().expires_at, 1_060_000);
+}
+
+/// Runs 100 windows with 2 % loss on peer 1's path in windows 20..60 and publishes hints as the
+/// agent does; returns the transport advice of the latest hint after each window, and the hints
+/// whose advice changed.
+fn loss_spell(cfg: PolicyConfig, c: &Constraints) -> (Vec<Option<u32>>, Vec<(u64, Hint)>) {
+    let mut job = FakeJob::testbed(17);
+    let mut p = JobPolicy::new(cfg, PhaseParams::default(), baseline());
+    let ctx = JobContext { constraints: c, gradient_bytes: None };
+    let mut latest = baseline().to_hint("j", 1, vec![], 0.5, 0);
+    let (mut advice, mut changes) = (Vec::new(), Vec::new());
+    for w in 0..100u64 {
+        job.loss[1] = if (20..60).contains(&w) { 0.02 } else { 0.0 };
+        let now = 100_000 + w * 1000;
+        let out = p.observe(&job.window(p.current()), VerdictSummary::default(), &ctx, None, now);
+        if let Some(h) = p.hint("j", &out, Some(&latest), now) {
+            assert!(h.version == latest.version || h.version == latest.version + 1, "{} after {}", h.version, latest.version);
+            if h.tcp_rto_min_ms != latest.tcp_rto_min_ms {
+                assert_eq!(h.version, latest.version + 1, "new advice is a new version");
+                changes.push((w, h.clone()));
+            }
+            latest = h;
+        }
+        assert_eq!(latest.tcp_rto_min_ms, p.rto_advice());
+        advice.push(latest.tcp_rto_min_ms);
+    }
+    (advice, changes)
+}
+
+#[test]
+fn transport_advice_follows_loss_for_jobs_that_allow_it() {
+    let allowed = Constraints { transport_tuning: true, ..Constraints::default() };
+    let (advice, changes) = loss_spell(PolicyConfig::default(), &allowed);
+    assert!(advice[..20].iter().all(Option::is_none), "no advice while healthy: {advice:?}");
+    // On after trigger_windows (3) lossy windows, off after recover_windows (10) clean ones.
+    let on = advice.iter().position(Option::is_some).expect("advised under loss");
+    assert_eq!(on, 22, "{advice:?}");
+    assert!(advice[22..60].iter().all(|a| *a == Some(5)), "kept while the loss lasts: {advice:?}");
+    let off = (60..100).find(|&w| advice[w].is_none()).expect("dropped after the loss");
+    assert_eq!(off, 69, "{advice:?}");
+    assert!(advice[off..].iter().all(Option::is_none), "{advice:?}");
+    assert_eq!(changes.len(), 2, "one hint to start the advice, one to end it: {changes:?}");
+    let (_, start) = &changes[0];
+    assert!(start.reasons.iter().any(|r| r == "paths lossy: a 5 ms floor for TCP retransmission timeouts advised"), "{:?}", start.reasons);
+    assert!(changes[1].1.reasons.iter().all(|r| !r.contains("retransmission")), "{:?}", changes[1].1.reasons);
+
+    // A job that did not allow it never gets advice; nor does any job when the operator turned
+    // it off (loss_rto_min_ms = 0). A configured floor is what is advised.
+    let (advice, changes) = loss_spell(PolicyConfig::default(), &Constraints::default());
+    assert!(advice.iter().all(Option::is_none) && changes.is_empty(), "{advice:?}");
+    let (advice, _) = loss_spell(PolicyConfig { loss_rto_min_ms: 0, ..PolicyConfig::default() }, &allowed);
+    assert!(advice.iter().all(Option::is_none), "{advice:?}");
+    let (advice, _) = loss_spell(PolicyConfig { loss_rto_min_ms: 20, ..PolicyConfig::default() }, &allowed);
+    assert_eq!(advice[30], Some(20));
 }
 
 /// A report of `plan` running from window `w` on (the test's windows end at `1000 × w` ms and
