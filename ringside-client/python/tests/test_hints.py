@@ -6,6 +6,7 @@ import pathlib
 
 import pytest
 
+import ringside.hints
 from ringside import Algorithm, Codec, CodecFamily, Constraints, Hint, HintError
 from scripted_agent import make_hint
 
@@ -69,6 +70,22 @@ def test_a_bad_field_is_named_in_the_error(field, value, needle):
     assert e.value.field == f"hint.{field}"
 
 
+def test_transport_advice_is_optional_and_checked():
+    plain = make_hint("j-1", 2, "int8")
+    assert Hint.from_json(plain).tcp_rto_min_ms is None
+    assert Hint.from_json({**plain, "tcp_rto_min_ms": None}).tcp_rto_min_ms is None
+    h = Hint.from_json({**plain, "tcp_rto_min_ms": 5})
+    assert h.tcp_rto_min_ms == 5 and h.to_json()["tcp_rto_min_ms"] == 5
+    assert "tcp_rto_min_ms" not in Hint.from_json(plain).to_json(), "absent stays absent, as the agent sends it"
+    for bad in [0, 201, True, 5.0, "5"]:
+        with pytest.raises(HintError) as e:
+            Hint.from_json({**plain, "tcp_rto_min_ms": bad})
+        assert e.value.field == "hint.tcp_rto_min_ms", bad
+    # The plan of a hint with advice keeps constraints without transport_tuning: the advice is
+    # apart (a follower drops it alone).
+    assert Constraints().why_not(h) is None
+
+
 def test_missing_fields_unknown_fields_and_non_objects():
     raw = make_hint("j-1", 2)
     del raw["expires_at"]
@@ -91,7 +108,11 @@ def test_constraints_defaults_and_checks_match_the_agent():
         "max_channels": 1,
         "error_feedback": True,
         "step_time_target_ms": None,
+        "transport_tuning": False,
     }
+    assert Constraints.from_json('{"transport_tuning": true}').transport_tuning
+    with pytest.raises(HintError, match=r"constraints\.transport_tuning"):
+        Constraints(transport_tuning="yes")
     c = Constraints.from_json('{"codecs": ["fp16", "int8", "topk"], "min_topk_ratio": 0.1}')
     assert c.allows_codec(Codec.parse("none")) and c.allows_codec(Codec.parse("int8"))
     assert not c.allows_codec(Codec.parse("bf16"))
@@ -114,6 +135,9 @@ def test_the_types_agree_with_the_agents_openapi_document():
         pytest.fail(f"{OPENAPI} is missing: run the tests from the ringside repository (the package's tests check it against the agent's API)")
     schemas = json.loads(OPENAPI.read_text())["components"]["schemas"]
     hint = schemas["Hint"]
-    assert sorted(hint["required"]) == sorted(Hint.__dataclass_fields__)
+    optional = {"tcp_rto_min_ms"}
+    assert sorted(hint["required"]) == sorted(set(Hint.__dataclass_fields__) - optional)
+    assert sorted(hint["properties"]) == sorted(Hint.__dataclass_fields__)
+    assert hint["properties"]["tcp_rto_min_ms"]["maximum"] == ringside.hints.MAX_RTO_MIN_MS
     assert hint["properties"]["algorithm"]["enum"] == [a.value for a in Algorithm]
     assert sorted(schemas["Constraints"]["properties"]) == sorted(Constraints.__dataclass_fields__)

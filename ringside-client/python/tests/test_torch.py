@@ -213,9 +213,10 @@ def follow_run(tmp_path_factory):
 
     1. no agent listening at the job url for the first 30 steps (fail open);
     2. the agent comes up on that port serving v1 (`none`), then v2 (`int8`, from the next step);
-    3. v3 (`topk:0.25`) for a step 25 steps ahead;
+    3. v3 (`topk:0.25`, with transport advice: a 5 ms retransmission floor) for a step 25 steps
+       ahead;
     4. v4 (`topk:0.01`), below the job's min_topk_ratio (0.1): refused;
-    5. v5 (`bf16`); the ranks stop 3 steps after it is in force.
+    5. v5 (`bf16`, the advice withdrawn); the ranks stop 3 steps after it is in force.
     """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -236,14 +237,14 @@ def follow_run(tmp_path_factory):
         s2 = _wait_event(events, lambda e: e[:2] == ("applied", 2), deadline, "v2 applied")[2]
         # A plan for a future step: it must start exactly there (or on arrival, if that is later).
         seen["v3_step_from"] = s2 + 25
-        agent.publish(make_hint("j-1", 3, "topk:0.25", step_from=s2 + 25))
+        agent.publish(make_hint("j-1", 3, "topk:0.25", step_from=s2 + 25, tcp_rto_min_ms=5))
         _wait_event(events, lambda e: e[:2] == ("applied", 3), deadline, "v3 applied")
         agent.publish(make_hint("j-1", 4, "topk:0.01"))
         time.sleep(0.3)
         agent.publish(make_hint("j-1", 5, "bf16", error_feedback=False))
 
     try:
-        constraints = ringside.Constraints(min_topk_ratio=0.1)
+        constraints = ringside.Constraints(min_topk_ratio=0.1, transport_tuning=True)
         results = run_ranks(
             follow_worker, WORLD, tmp_path_factory.mktemp("follow"), job_url, TOKEN, events, 5, 1500, constraints, FAST, 0.01, timeout=120, while_running=drive
         )
@@ -267,6 +268,15 @@ def test_every_rank_runs_the_same_plan_at_every_step(follow_run):
     for step, version, name in applied:  # the plan in force per step matches the applied list
         assert per_step[0][step] == (name, version)
         assert per_step[0][step - 1][1] != version
+
+
+def test_transport_advice_reaches_every_rank_at_the_plans_step(follow_run):
+    # The ranks' peers are on loopback here, which has no retransmission floor to set: each rank
+    # applies the advice to no route, without a problem (routes themselves: test_transport.py).
+    for r in follow_run[0]:
+        at = {v: s for s, v, _ in r["applied"]}
+        assert r["transport_applied"] == [[at[3], 5, []], [at[5], None, []]], r["transport_applied"]
+        assert r["transport_routes"] == []
 
 
 def test_the_codecs_of_the_hints_really_reduce_the_gradients(follow_run):

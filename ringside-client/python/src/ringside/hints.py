@@ -31,6 +31,8 @@ __all__ = [
 ]
 
 _U64_MAX = (1 << 64) - 1
+#: The largest minimum retransmission timeout a hint advises, ms: Linux's own floor (200 ms).
+MAX_RTO_MIN_MS = 200
 _U32_MAX = (1 << 32) - 1
 
 
@@ -214,6 +216,10 @@ class Constraints:
     error_feedback: bool = True
     #: The step time the tenant wants, in ms, or None.
     step_time_target_ms: Optional[float] = None
+    #: Whether hints may carry transport advice (``Hint.tcp_rto_min_ms``): the job's ranks can
+    #: change their own TCP connections' retransmission timer (:mod:`ringside.transport`, which
+    #: needs ``CAP_NET_ADMIN`` in the ranks' network namespace). Off by default.
+    transport_tuning: bool = False
 
     def __post_init__(self) -> None:
         p = "constraints"
@@ -237,6 +243,8 @@ class Constraints:
         t = self.step_time_target_ms
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0)):
             raise HintError(f"{p}.step_time_target_ms", t, "a positive number of milliseconds, or null")
+        if not isinstance(self.transport_tuning, bool):
+            raise HintError(f"{p}.transport_tuning", self.transport_tuning, "true or false")
         object.__setattr__(self, "algorithms", algs)
         object.__setattr__(self, "codecs", tuple(fams))
         object.__setattr__(self, "min_topk_ratio", float(r))
@@ -244,7 +252,7 @@ class Constraints:
     @classmethod
     def from_json(cls, data: Union[str, bytes, Mapping[str, Any]]) -> "Constraints":
         obj = _load(data, "constraints")
-        known = {"algorithms", "codecs", "min_topk_ratio", "max_channels", "error_feedback", "step_time_target_ms"}
+        known = {"algorithms", "codecs", "min_topk_ratio", "max_channels", "error_feedback", "step_time_target_ms", "transport_tuning"}
         unknown = sorted(set(obj) - known)
         if unknown:
             raise HintError(f"constraints.{unknown[0]}", obj[unknown[0]], f"unknown field; known fields: {', '.join(sorted(known))}")
@@ -261,6 +269,7 @@ class Constraints:
             "max_channels": self.max_channels,
             "error_feedback": self.error_feedback,
             "step_time_target_ms": self.step_time_target_ms,
+            "transport_tuning": self.transport_tuning,
         }
 
     def allows_algorithm(self, a: Algorithm) -> bool:
@@ -277,7 +286,9 @@ class Constraints:
 
     def why_not(self, hint: "Hint") -> Optional[str]:
         """Why ``hint`` breaks these constraints, or None when it keeps them. Only the fields a
-        training job applies in-process are checked: the codec, error feedback and channels."""
+        training job applies in-process are checked: the codec, error feedback and channels.
+        Transport advice is apart from the plan: without ``transport_tuning`` a follower takes the
+        plan and leaves the advice (``ringside.torch`` does)."""
         if not self.allows_codec(hint.compression):
             if hint.compression.family is CodecFamily.TOPK and hint.compression.family in self.codecs:
                 return f"compression {hint.compression} keeps less than min_topk_ratio {_format_ratio(self.min_topk_ratio)}"
@@ -313,6 +324,10 @@ class Hint:
     confidence: float = 0.0
     #: Unix time (ms) after which the hint is stale unless renewed.
     expires_at: int = 0
+    #: Transport advice (jobs with ``transport_tuning`` only): the minimum TCP retransmission
+    #: timeout for the job's connections to its peers, ms, sent while its paths lose packets;
+    #: None: the system's own (advice applied before is dropped).
+    tcp_rto_min_ms: Optional[int] = None
 
     @classmethod
     def from_json(cls, data: Union[str, bytes, Mapping[str, Any]]) -> "Hint":
@@ -341,6 +356,9 @@ class Hint:
         conf = _required(obj, "confidence", p)
         if isinstance(conf, bool) or not isinstance(conf, (int, float)) or not (0.0 <= conf <= 1.0):
             raise HintError("hint.confidence", conf, "a number from 0 to 1")
+        expires_at = _int(obj, "expires_at", 0, _U64_MAX, p)
+        # Optional: absent (or null) is no advice.
+        rto = _int(obj, "tcp_rto_min_ms", 1, MAX_RTO_MIN_MS, p) if obj.get("tcp_rto_min_ms") is not None else None
         return cls(
             job=job,
             version=version,
@@ -352,7 +370,8 @@ class Hint:
             error_feedback=ef,
             reasons=tuple(reasons),
             confidence=float(conf),
-            expires_at=_int(obj, "expires_at", 0, _U64_MAX, p),
+            expires_at=expires_at,
+            tcp_rto_min_ms=rto,
         )
 
     def to_json(self) -> dict:
@@ -369,6 +388,7 @@ class Hint:
             "reasons": list(self.reasons),
             "confidence": self.confidence,
             "expires_at": self.expires_at,
+            **({"tcp_rto_min_ms": self.tcp_rto_min_ms} if self.tcp_rto_min_ms is not None else {}),
         }
 
     def expired(self, now_unix_ms: Optional[int] = None) -> bool:

@@ -6,8 +6,8 @@ How it works:
   (:class:`_HintFeed`) follows the job's hint stream and keeps the newest hint that fits the
   tenant's constraints. The training loop never waits for it.
 - At ``follower.step(i)`` (once per step, on every rank, before the forward pass) rank 0
-  broadcasts the newest hint's (version, codec, error feedback, step_from) through the process
-  group: five float64 values. A hint newer than the last one seen becomes *pending* and takes
+  broadcasts the newest hint's (version, codec, error feedback, step_from, transport advice)
+  through the process group: six float64 values. A hint newer than the last one seen becomes *pending* and takes
   effect at step ``max(step_from, i)``; since every rank receives the same values at the same
   step, every rank switches at the same step. With ``sync_every=N`` the broadcast runs only every
   N steps (hints then take up to N-1 steps longer to arrive); pending plans still apply at their
@@ -18,12 +18,18 @@ How it works:
   that plan). The network shows the agent when bytes move, not what a codec costs the job's CPU
   or the overlap with the backward pass it gives up; with the job's step times the agent keeps a
   codec only if the steps got faster. ``report_every_s=0`` turns reporting off.
+- Transport advice (``Hint.tcp_rto_min_ms``, for jobs registered with ``transport_tuning`` and
+  followed with constraints that allow it): it travels in the same broadcast and every rank applies
+  it at the same step, as a floor for TCP's retransmission timeout on the routes to the peers its
+  process is connected to (:mod:`ringside.transport`: host routes, needs ``CAP_NET_ADMIN``); the
+  routes are removed when the advice ends and at :meth:`HintFollower.close`. A rank that cannot
+  apply it logs why once and trains on.
 - Fail open: if the agent is unreachable, the stream fails, or a hint breaks the constraints, the
   job keeps its current plan, logs the problem once (at WARNING, until it recovers) and keeps
   retrying in the background with bounded backoff. A plan already in force stays in force when
   its hint expires: ringside renews live hints, and an expired one only means the agent is gone.
 
-Overhead: one broadcast of 40 bytes per synchronised step, latency-bound. Measured on this
+Overhead: one broadcast of 48 bytes per synchronised step, latency-bound. Measured on this
 project's test machine (gloo over loopback, 2 cores shared with other work): median 0.19 ms with
 2 ranks and 0.27 ms with 3, p99 4-5 ms when the cores are busy. Across hosts add one network round
 trip per tree level (log2 of the rank count). Use ``sync_every`` when even that matters.
@@ -38,9 +44,14 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+import dataclasses
+import socket
+import urllib.parse
+
 from ..client import Backoff, ClientConfig, JobClient
 from ..errors import ConfigError, RingsideError
 from ..hints import Codec, CodecFamily, Constraints, Hint
+from ..transport import RtoRoutes, connected_peers
 from .codecs import INT8_BLOCK, CompressionHook, compression_hook, parse_codec
 
 __all__ = ["HintFollower", "follow_hints", "use_codec"]
@@ -145,6 +156,10 @@ class _HintFeed:
                         self.rejected.append(hint.version)
                         log.warning("ignoring ringside hint v%d (%s): outside the job's constraints: %s; keeping the current plan", hint.version, hint.compression, why)
                         continue
+                    if hint.tcp_rto_min_ms is not None and not self._constraints.transport_tuning:
+                        # The plan is still good; only the advice is not this job's to take.
+                        log.info("ringside hint v%d advises a %d ms TCP retransmission floor; not applied: the constraints given to follow_hints have transport_tuning off", hint.version, hint.tcp_rto_min_ms)
+                        hint = dataclasses.replace(hint, tcp_rto_min_ms=None)
                     with self._lock:
                         self._latest = hint
                 if not self._stop.is_set():
@@ -278,6 +293,12 @@ class HintFollower:
             raise ConfigError("rank 0 could not start following ringside hints (bad job url or token): see rank 0's error")
 
         ddp_model.register_comm_hook(self.hook, compression_hook)
+        #: The routes that carry transport advice (every rank, in its own process).
+        self.transport = RtoRoutes()
+        #: (step, tcp_rto_min_ms or None, problems) of every change of transport advice.
+        self.transport_applied: List[Tuple[int, Optional[int], List[str]]] = []
+        #: The agent's addresses: rank 0's connection to it is not the job's.
+        self._agent_addrs = _addresses_of(job_url) if self.rank == 0 else []
         self._feed = _HintFeed(client, self.constraints) if client is not None else None
         self._reporter = _PlanReporter(client, float(report_every_s)) if client is not None and report_every_s > 0 else None
         #: Rank 0: the hints broadcast, by version, until their plan takes effect.
@@ -287,7 +308,7 @@ class HintFollower:
         self.hint_version: Optional[int] = None
         #: The newest version seen (applied or pending).
         self._seen_version = 0
-        self._pending: Optional[Tuple[int, Codec, bool, int]] = None  # version, codec, ef, apply_at
+        self._pending: Optional[Tuple[int, Codec, bool, int, Optional[int]]] = None  # version, codec, ef, apply_at, rto
         self._last_step: Optional[int] = None
         #: (step, version, plan name) of every plan change, on every rank.
         self.applied: List[Tuple[int, int, str]] = []
@@ -329,9 +350,11 @@ class HintFollower:
             self._sync(step_index)
         p = self._pending
         if p is not None and p[3] <= step_index:
-            version, codec, ef, _ = p
+            version, codec, ef, _, rto = p
             self._pending = None
             self.hook.set_plan(codec, ef)
+            if rto != self.transport.rto_min_ms:
+                self._apply_transport(step_index, rto)
             self.hint_version = version
             self.applied.append((step_index, version, str(codec)))
             hint = self._hints.pop(version, None)
@@ -343,11 +366,14 @@ class HintFollower:
                 log.info("ringside hint v%d applied at step %d: compression %s%s", version, step_index, codec, " with error feedback" if ef else "")
 
     def close(self) -> None:
-        """Stops rank 0's background stream (the hook stays registered with the current plan)."""
+        """Stops rank 0's background stream (the hook stays registered with the current plan) and
+        removes the routes of transport advice."""
         if self._feed is not None:
             self._feed.close()
         if self._reporter is not None:
             self._reporter.close()
+        for problem in self.transport.clear():
+            log.warning("ringside transport advice: %s", problem)
 
     def __enter__(self) -> "HintFollower":
         return self
@@ -357,8 +383,19 @@ class HintFollower:
 
     # -- internals -------------------------------------------------------------------------------
 
+    def _apply_transport(self, step_index: int, rto: Optional[int]) -> None:
+        peers = connected_peers(exclude=self._agent_addrs) if rto is not None else []
+        problems = self.transport.apply(rto, peers)
+        self.transport_applied.append((step_index, rto, problems))
+        for problem in problems:
+            log.warning("ringside transport advice on rank %d: %s; training goes on without it", self.rank, problem)
+        if rto is None:
+            log.info("rank %d: ringside transport advice withdrawn at step %d", self.rank, step_index)
+        else:
+            log.info("rank %d: ringside transport advice at step %d: %d ms TCP retransmission floor to %s", self.rank, step_index, rto, ", ".join(self.transport.routes) or "no peer")
+
     def _sync(self, step_index: int) -> None:
-        msg = torch.zeros(5, dtype=torch.float64, device=self._device)
+        msg = torch.zeros(6, dtype=torch.float64, device=self._device)
         if self._feed is not None:
             h = self._feed.latest()
             if h is not None:
@@ -366,12 +403,19 @@ class HintFollower:
                     self._hints[h.version] = h
                 c = h.compression
                 msg = torch.tensor(
-                    [float(h.version), float(_FAMILIES.index(c.family)), float(c.ratio or 0.0), 1.0 if h.error_feedback else 0.0, min(float(h.step_from), _MAX_EXACT)],
+                    [
+                        float(h.version),
+                        float(_FAMILIES.index(c.family)),
+                        float(c.ratio or 0.0),
+                        1.0 if h.error_feedback else 0.0,
+                        min(float(h.step_from), _MAX_EXACT),
+                        float(h.tcp_rto_min_ms or 0),
+                    ],
                     dtype=torch.float64,
                     device=self._device,
                 )
         dist.broadcast(msg, self._src, group=self.process_group)
-        version, fam, ratio, ef, step_from = msg.tolist()
+        version, fam, ratio, ef, step_from, rto = msg.tolist()
         version = int(version)
         if version <= self._seen_version:
             return
@@ -379,8 +423,19 @@ class HintFollower:
         family = _FAMILIES[int(fam)]
         codec = Codec(family, ratio) if family is CodecFamily.TOPK else Codec(family)
         apply_at = max(int(step_from), step_index)
-        self._pending = (version, codec, ef == 1.0, apply_at)
+        self._pending = (version, codec, ef == 1.0, apply_at, int(rto) or None)
         self.received.append((step_index, version, int(step_from)))
+
+
+def _addresses_of(url: str) -> List[str]:
+    """The addresses the host of ``url`` resolves to (none when it does not)."""
+    host = urllib.parse.urlsplit(url).hostname
+    if not host:
+        return []
+    try:
+        return sorted({ai[4][0] for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
+    except (OSError, UnicodeError):
+        return []
 
 
 def follow_hints(ddp_model, job_url: str, token: Optional[str] = None, process_group=None, **options) -> HintFollower:
