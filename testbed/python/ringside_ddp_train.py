@@ -76,6 +76,11 @@ def parse_args(argv):
     p.add_argument("--compression", choices=COMPRESSIONS, default="none", help="static DDP comm hook: torch's allreduce, fp16 or bf16 compression")
     p.add_argument("--follow-hints", metavar="URL", help="let ringside.torch.follow_hints drive the comm hook from the agent at URL")
     p.add_argument(
+        "--follow-constraints",
+        metavar="JSON",
+        help="the constraints follow_hints keeps (ringside.Constraints as JSON, e.g. the job's registered ones); default: the package's",
+    )
+    p.add_argument(
         "--token",
         default=os.environ.get("RINGSIDE_TOKEN"),
         help="tenant token for --follow-hints (default: $RINGSIDE_TOKEN; the testbed passes it that way, out of ps's sight)",
@@ -103,6 +108,8 @@ def parse_args(argv):
         problems.append("--straggler-extra-ms must be >= 0")
     if a.follow_hints and not a.token:
         problems.append("--follow-hints needs --token (the tenant token from POST /v1/jobs)")
+    if a.follow_constraints and not a.follow_hints:
+        problems.append("--follow-constraints needs --follow-hints")
     if a.follow_hints and a.compression != "none":
         problems.append("--compression and --follow-hints exclude each other: with hints, ringside chooses the compression")
     if problems:
@@ -268,7 +275,12 @@ def train(a, doc):
             return register(state, timer.wrap(hook))
 
         ddp.register_comm_hook = register_timed
-        controller = controller_mod.follow_hints(ddp, a.follow_hints, token=a.token)
+        options = {}
+        if a.follow_constraints:
+            import ringside
+
+            options["constraints"] = ringside.Constraints.from_json(a.follow_constraints)
+        controller = controller_mod.follow_hints(ddp, a.follow_hints, token=a.token, **options)
         for attr in ("step", "plan_name", "hint_version"):
             if not hasattr(controller, attr):
                 raise RuntimeError(f"ringside.torch.follow_hints returned {type(controller).__name__} without `{attr}`")

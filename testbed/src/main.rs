@@ -520,6 +520,11 @@ struct TorchArgs {
     /// http://10.77.0.253:9464).
     #[arg(long, value_name = "URL", requires = "token", conflicts_with = "compression")]
     follow_hints: Option<String>,
+    /// The constraints follow_hints keeps, as JSON (ringside.Constraints; e.g. the job's
+    /// registered constraints, so that `"transport_tuning": true` lets the ranks apply transport
+    /// advice). Default: the Python package's defaults.
+    #[arg(long, value_name = "JSON", requires = "follow_hints")]
+    follow_constraints: Option<String>,
     /// Tenant token for --follow-hints (from `POST /v1/jobs`); passed to the ranks in their
     /// environment, not on their command line.
     #[arg(long, env = "RINGSIDE_TOKEN", hide_env_values = true)]
@@ -945,6 +950,7 @@ fn cmd_torch(a: TorchArgs) -> anyhow::Result<()> {
         straggler: a.straggler,
         compression: a.compression,
         follow_hints: a.follow_hints.zip(a.token),
+        follow_constraints: a.follow_constraints,
         port: a.port,
         python: a.python,
         collective_timeout: Duration::from_secs(a.collective_timeout),

@@ -102,6 +102,10 @@ pub struct TorchConfig {
     /// (agent URL, tenant token): `ringside.torch.follow_hints` drives the comm hook instead of
     /// `compression` (the `ringside` Python package must be installed in the venv).
     pub follow_hints: Option<(String, String)>,
+    /// The constraints `follow_hints` keeps, as JSON (`ringside.Constraints`, e.g. the job's
+    /// registered ones: with `transport_tuning` the ranks also apply transport advice); `None`:
+    /// the package's defaults.
+    pub follow_constraints: Option<String>,
     /// The TCP store's port on rank 0's host, and the first of [`PORT_RANGE`] job ports.
     pub port: u16,
     /// The Python to run; see [`find_python`] when `None`.
@@ -130,6 +134,7 @@ impl Default for TorchConfig {
             straggler: None,
             compression: TorchCompression::None,
             follow_hints: None,
+            follow_constraints: None,
             port: 29500,
             python: None,
             collective_timeout: Duration::from_secs(60),
@@ -198,6 +203,9 @@ impl TorchConfig {
                 return bad("compression", "a static compression and follow_hints exclude each other: with hints, ringside chooses".into());
             }
         }
+        if self.follow_constraints.is_some() && self.follow_hints.is_none() {
+            return bad("follow_constraints", "constraints for follow_hints without follow_hints".into());
+        }
         if let Some((r, _)) = self.straggler {
             if r >= self.ranks {
                 return bad("straggler", format!("rank {r} does not exist in a job of {} ranks", self.ranks));
@@ -243,6 +251,9 @@ impl TorchConfig {
         match &self.follow_hints {
             Some((url, _)) => a.extend(["--follow-hints".into(), url.clone()]),
             None => a.extend(["--compression".into(), self.compression.name().into()]),
+        }
+        if let Some(c) = &self.follow_constraints {
+            a.extend(["--follow-constraints".into(), c.clone()]);
         }
         a
     }

@@ -505,6 +505,8 @@ fn torch_registration(name: String, members: Vec<String>, cfg: &TorchConfig) -> 
         constraints: Constraints {
             algorithms: vec![Algorithm::Ring],
             codecs: TORCH_CODECS.map(String::from).to_vec(),
+            // The ranks run as root in their namespaces: they can take transport advice.
+            transport_tuning: true,
             ..Constraints::default()
         },
     })
@@ -595,9 +597,12 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut O
             };
             let rank_hosts = hosts.clone().unwrap_or_else(|| (0..RANKS).collect());
             let members = rank_hosts.iter().map(|&h| Ok(format!("{}/32", rig.host_ipv4(h)?))).collect::<Result<Vec<_>>>()?;
-            let created = agent.register(&torch_registration(format!("eval-{tag}"), members, &cfg)?)?;
+            let registration = torch_registration(format!("eval-{tag}"), members, &cfg)?;
+            let created = agent.register(&registration)?;
             if mode == Mode::Adaptive {
                 cfg.follow_hints = Some((format!("http://{mgmt}:{AGENT_PORT}/v1/jobs/{}", created.id), created.tenant_token.clone()));
+                // The ranks keep the constraints the job registered (transport advice included).
+                cfg.follow_constraints = Some(serde_json::to_string(&registration.constraints)?);
             }
             let job: RunningJob = testbed::spawn_torch(rig, &cfg)?;
             // The run's clock (warm-up, fault) starts when every rank trains.
@@ -1159,7 +1164,9 @@ fn render_markdown(
              runs `ringside.torch.follow_hints`. Registered through `POST /v1/jobs` with members = the ranks' addresses, tcp ports = the \
              job's range ({}), `gradient_bytes` = {} and these tenant constraints: algorithms `ring` only (gloo runs its own allreduce; the \
              hook switches only the codec), codecs {} (top-k left out: a tenant that watches its loss keeps the lossiest codec off), 1 \
-             channel, error feedback allowed.",
+             channel, error feedback allowed, transport advice allowed (`transport_tuning`: the ranks run as root in their namespaces \
+             and set the advised TCP retransmission floor on their routes to each other; adaptive runs pass the same constraints to \
+             `follow_hints`).",
             t.layers,
             t.hidden,
             t.batch,
