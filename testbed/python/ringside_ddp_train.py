@@ -38,7 +38,9 @@ Output: `--out FILE` (JSON, written atomically), the shape testbed::job::step_ti
    "summary": {...}, "error": null}
 With --follow-hints also "hints" (every plan change: {"step", "version", "compression"}, the
 same on every rank), "hints_received" ({"step", "version", "step_from"}: when each new hint
-reached this rank) and, on rank 0, "latest_hint" ({"version", "compression", "reasons"}).
+reached this rank), "transport" (every change of transport advice on this rank: {"step",
+"tcp_rto_min_ms", "routes" (the peers whose route carries it), "problems"}) and, on rank 0,
+"latest_hint" ({"version", "compression", "reasons"}).
 On any exception the file is still written, with "error" set, and the exit status is 1.
 """
 
@@ -357,6 +359,9 @@ def train(a, doc):
             close()
         doc["hints"] = [{"step": s, "version": v, "compression": c} for s, v, c in getattr(controller, "applied", [])]
         doc["hints_received"] = [{"step": s, "version": v, "step_from": f} for s, v, f in getattr(controller, "received", [])]
+        doc["transport"] = [
+            {"step": s, "tcp_rto_min_ms": ms, "routes": routes, "problems": problems} for s, ms, routes, problems in getattr(controller, "transport_applied", [])
+        ]
         latest = getattr(controller, "latest_hint", None)
         if latest is not None:
             doc["latest_hint"] = {"version": latest.version, "compression": str(latest.compression), "reasons": list(latest.reasons)}

@@ -25,7 +25,7 @@
 //! every plan satisfies the job's constraints; at most one change per window; the decision
 //! history and the cooldown list are bounded; no clock is read (time comes in as arguments).
 
-use std::collections::VecDeque;
+use std::{collections::VecDeque, net::IpAddr};
 
 use ringside_client::{Codec, Constraints, Hint};
 use serde::Serialize;
@@ -505,20 +505,30 @@ impl JobPolicy {
         let healthy_comm = self.healthy_comm_s(cal.as_ref());
         let ratio = comm.zip(healthy_comm).filter(|(_, h)| *h > 0.0).map(|(c, h)| c / h);
 
-        // Triggers of this window.
+        // Triggers of this window. For a job that takes transport advice, loss is the advice's to
+        // handle (rule 8): a lossy path, or a gray-failure verdict on one, changes the plan only
+        // through what it does to the communication time (CommInflated below), so that a codec
+        // is not credited with what a shorter retransmission timeout did.
+        let transport_handles_loss = ctx.constraints.transport_tuning && self.cfg.loss_rto_min_ms > 0;
+        let lossy_peers: Vec<IpAddr> = obs.peers.iter().filter(|p| p.loss_ratio.is_some_and(|l| l >= self.cfg.lossy_ratio)).map(|p| p.peer).collect();
         let mut triggers: Vec<Trigger> = Vec::new();
         if obs.uplink_congested {
             triggers.push(Trigger::UplinkCongested);
         }
         for p in &obs.peers {
             match p.loss_ratio {
-                Some(loss) if loss >= self.cfg.lossy_ratio => triggers.push(Trigger::LossyPeer { peer: p.peer, loss }),
+                Some(loss) if loss >= self.cfg.lossy_ratio => {
+                    if !transport_handles_loss {
+                        triggers.push(Trigger::LossyPeer { peer: p.peer, loss });
+                    }
+                }
                 _ if obs.verdicts.gray_peers.contains(&p.peer) => triggers.push(Trigger::DegradedPeer { peer: p.peer }),
                 _ => {}
             }
         }
         let network = !triggers.is_empty();
-        let verdict = obs.verdicts.network();
+        let verdict = !obs.verdicts.congested_links.is_empty()
+            || obs.verdicts.gray_peers.iter().any(|g| !(transport_handles_loss && lossy_peers.contains(g)));
         let straggler_only = obs.verdicts.straggler && !network;
         // Longer communication at normal path goodput is waiting for a rank (a straggler the
         // detectors may not have named yet), not the network.
@@ -546,7 +556,7 @@ impl JobPolicy {
         let budget_s = target_s.zip(step).zip(comm).map(|((t, s), c)| t - (s - c).max(0.0)).filter(|b| *b > 0.0);
 
         // Healthy baseline under the baseline plan.
-        if ran && self.current == self.baseline_plan && self.verifying.is_none() && !degraded && !obs.verdicts.straggler {
+        if ran && self.current == self.baseline_plan && self.verifying.is_none() && !degraded && lossy_peers.is_empty() && !obs.verdicts.straggler {
             let bytes = cal.as_ref().map(|c| c.path.bytes);
             if let (Some(c), Some(b), Some(s)) = (summary.comm_s, summary.bottleneck_bps, bytes) {
                 let cap = self.cfg.baseline_windows.max(1);

@@ -540,14 +540,14 @@ fn hints_get_the_next_version_on_change_and_renew_in_between() {
 }
 
 /// Runs 100 windows with 2 % loss on peer 1's path in windows 20..60 and publishes hints as the
-/// agent does; returns the transport advice of the latest hint after each window, and the hints
-/// whose advice changed.
-fn loss_spell(cfg: PolicyConfig, c: &Constraints) -> (Vec<Option<u32>>, Vec<(u64, Hint)>) {
+/// agent does; returns the transport advice of the latest hint after each window, the hints
+/// whose advice changed, and the plan of each window.
+fn loss_spell(cfg: PolicyConfig, c: &Constraints) -> (Vec<Option<u32>>, Vec<(u64, Hint)>, Vec<PlanChoice>) {
     let mut job = FakeJob::testbed(17);
     let mut p = JobPolicy::new(cfg, PhaseParams::default(), baseline());
     let ctx = JobContext { constraints: c, gradient_bytes: None };
     let mut latest = baseline().to_hint("j", 1, vec![], 0.5, 0);
-    let (mut advice, mut changes) = (Vec::new(), Vec::new());
+    let (mut advice, mut changes, mut plans) = (Vec::new(), Vec::new(), Vec::new());
     for w in 0..100u64 {
         job.loss[1] = if (20..60).contains(&w) { 0.02 } else { 0.0 };
         let now = 100_000 + w * 1000;
@@ -562,14 +562,18 @@ fn loss_spell(cfg: PolicyConfig, c: &Constraints) -> (Vec<Option<u32>>, Vec<(u64
         }
         assert_eq!(latest.tcp_rto_min_ms, p.rto_advice());
         advice.push(latest.tcp_rto_min_ms);
+        plans.push(*p.current());
     }
-    (advice, changes)
+    (advice, changes, plans)
 }
 
 #[test]
 fn transport_advice_follows_loss_for_jobs_that_allow_it() {
     let allowed = Constraints { transport_tuning: true, ..Constraints::default() };
-    let (advice, changes) = loss_spell(PolicyConfig::default(), &allowed);
+    let (advice, changes, plans) = loss_spell(PolicyConfig::default(), &allowed);
+    // The loss is the advice's to handle: it does not change the plan by itself (it does for a
+    // job without transport advice, below).
+    assert!(plans.iter().all(|q| *q == baseline()), "{:?}", plans.iter().map(PlanChoice::label).collect::<Vec<_>>());
     assert!(advice[..20].iter().all(Option::is_none), "no advice while healthy: {advice:?}");
     // On after trigger_windows (3) lossy windows, off after recover_windows (10) clean ones.
     let on = advice.iter().position(Option::is_some).expect("advised under loss");
@@ -585,12 +589,25 @@ fn transport_advice_follows_loss_for_jobs_that_allow_it() {
 
     // A job that did not allow it never gets advice; nor does any job when the operator turned
     // it off (loss_rto_min_ms = 0). A configured floor is what is advised.
-    let (advice, changes) = loss_spell(PolicyConfig::default(), &Constraints::default());
+    let (advice, changes, plans) = loss_spell(PolicyConfig::default(), &Constraints::default());
     assert!(advice.iter().all(Option::is_none) && changes.is_empty(), "{advice:?}");
-    let (advice, _) = loss_spell(PolicyConfig { loss_rto_min_ms: 0, ..PolicyConfig::default() }, &allowed);
+    assert!(plans[20..60].iter().any(|q| q.compression != Codec::None), "without advice the lossy path itself triggers compression");
+    let (advice, _, _) = loss_spell(PolicyConfig { loss_rto_min_ms: 0, ..PolicyConfig::default() }, &allowed);
     assert!(advice.iter().all(Option::is_none), "{advice:?}");
-    let (advice, _) = loss_spell(PolicyConfig { loss_rto_min_ms: 20, ..PolicyConfig::default() }, &allowed);
+    let (advice, _, _) = loss_spell(PolicyConfig { loss_rto_min_ms: 20, ..PolicyConfig::default() }, &allowed);
     assert_eq!(advice[30], Some(20));
+
+    // Loss that also slows the path (a quarter of the bandwidth): the communication time, not the
+    // loss, moves the plan of a job that takes advice.
+    let mut job = FakeJob::testbed(19);
+    let (_, plans) = run(&mut job, &allowed, 40, |w, job, _| {
+        if w == 20 {
+            job.bw[1] /= 4.0;
+            job.loss[1] = 0.02;
+        }
+    });
+    let first = plans.iter().position(|q| q.compression != Codec::None);
+    assert!(first.is_some_and(|w| (20..=26).contains(&w)), "first compressed window {first:?}");
 }
 
 /// A report of `plan` running from window `w` on (the test's windows end at `1000 × w` ms and

@@ -275,7 +275,7 @@ def test_transport_advice_reaches_every_rank_at_the_plans_step(follow_run):
     # applies the advice to no route, without a problem (routes themselves: test_transport.py).
     for r in follow_run[0]:
         at = {v: s for s, v, _ in r["applied"]}
-        assert r["transport_applied"] == [[at[3], 5, []], [at[5], None, []]], r["transport_applied"]
+        assert r["transport_applied"] == [[at[3], 5, [], []], [at[5], None, [], []]], r["transport_applied"]
         assert r["transport_routes"] == []
 
 

@@ -295,8 +295,9 @@ class HintFollower:
         ddp_model.register_comm_hook(self.hook, compression_hook)
         #: The routes that carry transport advice (every rank, in its own process).
         self.transport = RtoRoutes()
-        #: (step, tcp_rto_min_ms or None, problems) of every change of transport advice.
-        self.transport_applied: List[Tuple[int, Optional[int], List[str]]] = []
+        #: (step, tcp_rto_min_ms or None, peers whose route carries it, problems) of every change
+        #: of transport advice.
+        self.transport_applied: List[Tuple[int, Optional[int], List[str], List[str]]] = []
         #: The agent's addresses: rank 0's connection to it is not the job's.
         self._agent_addrs = _addresses_of(job_url) if self.rank == 0 else []
         self._feed = _HintFeed(client, self.constraints) if client is not None else None
@@ -386,7 +387,7 @@ class HintFollower:
     def _apply_transport(self, step_index: int, rto: Optional[int]) -> None:
         peers = connected_peers(exclude=self._agent_addrs) if rto is not None else []
         problems = self.transport.apply(rto, peers)
-        self.transport_applied.append((step_index, rto, problems))
+        self.transport_applied.append((step_index, rto, self.transport.routes, problems))
         for problem in problems:
             log.warning("ringside transport advice on rank %d: %s; training goes on without it", self.rank, problem)
         if rto is None:
