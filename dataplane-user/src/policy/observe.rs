@@ -108,10 +108,6 @@ impl VerdictSummary {
         }
         s
     }
-
-    pub fn network(&self) -> bool {
-        !self.gray_peers.is_empty() || !self.congested_links.is_empty()
-    }
 }
 
 /// Everything the policy takes from one window.
