@@ -163,6 +163,8 @@ metric!(JOB_PLAN_CHUNK_BYTES, "ringside_job_plan_chunk_bytes", Gauge,
     "Pipeline chunk size of the current plan, bytes");
 metric!(JOB_PLAN_CHANNELS, "ringside_job_plan_channels", Gauge,
     "Parallel connections per peer pair of the current plan");
+metric!(JOB_PLAN_TCP_RTO_MIN, "ringside_job_plan_tcp_rto_min_seconds", Gauge,
+    "Transport advice of the current hint: the minimum TCP retransmission timeout advised on the job's connections, seconds; absent without advice");
 metric!(JOB_PLAN_VERSION, "ringside_job_plan_version", Gauge,
     "Version of the current hint (increases by one with every plan change)");
 metric!(JOB_PLAN_CONFIDENCE, "ringside_job_plan_confidence", Gauge,
@@ -219,7 +221,7 @@ pub const PROCESS_ALL: &[&Metric] = &[
 /// Every job-scoped metric (`GET /v1/jobs/{id}/metrics`), in exposition order.
 #[cfg_attr(not(test), allow(dead_code))] // the catalogue the tests check names and help against
 pub const JOB_ALL: &[&Metric] = &[
-    &JOB_PLAN_INFO, &JOB_PLAN_REPORTED_INFO, &JOB_PLAN_CHUNK_BYTES, &JOB_PLAN_CHANNELS, &JOB_PLAN_VERSION,
+    &JOB_PLAN_INFO, &JOB_PLAN_REPORTED_INFO, &JOB_PLAN_CHUNK_BYTES, &JOB_PLAN_CHANNELS, &JOB_PLAN_TCP_RTO_MIN, &JOB_PLAN_VERSION,
     &JOB_PLAN_CONFIDENCE, &JOB_PLAN_EXPIRES, &JOB_STEP_SECONDS, &JOB_COMM_SECONDS, &JOB_PREDICTED_COMM_SECONDS,
     &JOB_PEER_HEALTH, &JOB_PEER_GOODPUT, &JOB_PEER_LOSS_RATIO,
 ];
@@ -524,6 +526,7 @@ fn job_families(job: &str, hint: Option<&ringside_client::Hint>, reported: Optio
     ];
     out.push(gauge(&JOB_PLAN_CHUNK_BYTES, hint.map(|h| f64::from(h.chunk_bytes))));
     out.push(gauge(&JOB_PLAN_CHANNELS, hint.map(|h| f64::from(h.channels))));
+    out.push(gauge(&JOB_PLAN_TCP_RTO_MIN, hint.and_then(|h| h.tcp_rto_min_ms).map(|ms| f64::from(ms) / 1e3)));
     out.push(gauge(&JOB_PLAN_VERSION, hint.map(|h| h.version as f64)));
     out.push(gauge(&JOB_PLAN_CONFIDENCE, hint.map(|h| h.confidence)));
     out.push(gauge(&JOB_PLAN_EXPIRES, hint.map(|h| h.expires_at as f64 / 1e3)));

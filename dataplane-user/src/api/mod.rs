@@ -617,6 +617,12 @@ mod tests {
             assert!(body.contains(&format!("# HELP {} ", m.name)), "{} not rendered", m.name);
         }
         assert!(!body.contains(&b.id) && !body.contains("10.88.0.2") && !body.contains("ringside_peer_"), "{body}");
+        assert!(!body.contains("ringside_job_plan_tcp_rto_min_seconds{"), "no transport advice, no series: {body}");
+        // Transport advice shows in seconds while a hint carries it.
+        let latest = state.hints.latest(&a.id).unwrap();
+        state.hints.publish(ringside_client::Hint { version: latest.version + 1, tcp_rto_min_ms: Some(5), ..latest }).unwrap();
+        let (_, _, body) = call(state.clone(), "GET", &format!("/v1/jobs/{}/metrics", a.id), Some(&a.tenant_token), None).await;
+        assert!(body.contains(&format!("ringside_job_plan_tcp_rto_min_seconds{{{job}}} 0.005")), "{body}");
     }
 
     /// Reads the body until one whole SSE event (ending in a blank line) arrived, skipping
