@@ -191,6 +191,8 @@ pub struct JobPolicy {
     /// The transport advice in force ([`Hint::tcp_rto_min_ms`]): the minimum TCP retransmission
     /// timeout advised while the job's paths lose packets (see [`JobPolicy::advise_transport`]).
     rto_advice: Option<u32>,
+    /// The window the advice in force started.
+    rto_advice_window: Option<u64>,
     /// Windows in a row with a lossy path.
     loss_streak: u32,
     /// Windows in a row whose paths' loss was measured and none was lossy (windows without a
@@ -249,6 +251,7 @@ impl JobPolicy {
             restore_backoff: 0,
             last_restore_window: None,
             rto_advice: None,
+            rto_advice_window: None,
             loss_streak: 0,
             clean_streak: 0,
         }
@@ -286,6 +289,9 @@ impl JobPolicy {
             advice => advice,
         };
         let changed = next != self.rto_advice;
+        if changed {
+            self.rto_advice_window = next.map(|_| self.window);
+        }
         self.rto_advice = next;
         changed
     }
@@ -505,11 +511,16 @@ impl JobPolicy {
         let healthy_comm = self.healthy_comm_s(cal.as_ref());
         let ratio = comm.zip(healthy_comm).filter(|(_, h)| *h > 0.0).map(|(c, h)| c / h);
 
-        // Triggers of this window. For a job that takes transport advice, loss is the advice's to
-        // handle (rule 8): a lossy path, or a gray-failure verdict on one, changes the plan only
-        // through what it does to the communication time (CommInflated below), so that a codec
-        // is not credited with what a shorter retransmission timeout did.
-        let transport_handles_loss = ctx.constraints.transport_tuning && self.cfg.loss_rto_min_ms > 0;
+        // Triggers of this window. For a job that takes transport advice, loss is first the
+        // advice's to handle (rule 8): until the advice has stood `settle_windows` +
+        // `verify_windows` windows, a lossy path, or a gray-failure verdict on one, changes the
+        // plan only through what it does to the communication time (CommInflated below), so that
+        // a codec is not credited with what a shorter retransmission timeout did; after that, loss
+        // that remains is a trigger again, and the codec it brings is judged under the advice.
+        let advice_settled = self
+            .rto_advice_window
+            .is_some_and(|w| self.window.saturating_sub(w) >= self.cfg.settle_windows + self.cfg.verify_windows as u64);
+        let transport_handles_loss = ctx.constraints.transport_tuning && self.cfg.loss_rto_min_ms > 0 && !advice_settled;
         let lossy_peers: Vec<IpAddr> = obs.peers.iter().filter(|p| p.loss_ratio.is_some_and(|l| l >= self.cfg.lossy_ratio)).map(|p| p.peer).collect();
         let mut triggers: Vec<Trigger> = Vec::new();
         if obs.uplink_congested {
