@@ -88,6 +88,10 @@ pub struct Opts {
     /// machine differ by tens of percent, so one run per mode cannot compare two modes.
     #[arg(long = "seed", default_values_t = [1u64])]
     pub seeds: Vec<u64>,
+    /// PyTorch job only: register it without `transport_tuning`, so its hints never carry
+    /// transport advice (the job before ringside advised a retransmission floor; an A/B knob).
+    #[arg(long)]
+    pub no_transport_advice: bool,
     /// Healthy warm-up before the fault, seconds (the policy learns the job's healthy
     /// communication time meanwhile).
     #[arg(long, default_value_t = 15)]
@@ -493,7 +497,7 @@ fn registration(name: String, prefix: &str, size: u64) -> JobRegistration {
 /// The PyTorch job's registration: its ranks' addresses, its port range, its gradient bytes, and
 /// what its DDP hook can follow: the codec only (gloo's allreduce algorithm is gloo's), one
 /// channel, [`TORCH_CODECS`].
-fn torch_registration(name: String, members: Vec<String>, cfg: &TorchConfig) -> Result<JobRegistration> {
+fn torch_registration(name: String, members: Vec<String>, cfg: &TorchConfig, transport_tuning: bool) -> Result<JobRegistration> {
     let range = cfg.port_range();
     let (lo, hi) = range.split_once('-').context("port range")?;
     Ok(JobRegistration {
@@ -506,7 +510,7 @@ fn torch_registration(name: String, members: Vec<String>, cfg: &TorchConfig) -> 
             algorithms: vec![Algorithm::Ring],
             codecs: TORCH_CODECS.map(String::from).to_vec(),
             // The ranks run as root in their namespaces: they can take transport advice.
-            transport_tuning: true,
+            transport_tuning,
             ..Constraints::default()
         },
     })
@@ -597,7 +601,7 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut O
             };
             let rank_hosts = hosts.clone().unwrap_or_else(|| (0..RANKS).collect());
             let members = rank_hosts.iter().map(|&h| Ok(format!("{}/32", rig.host_ipv4(h)?))).collect::<Result<Vec<_>>>()?;
-            let registration = torch_registration(format!("eval-{tag}"), members, &cfg)?;
+            let registration = torch_registration(format!("eval-{tag}"), members, &cfg, !ctx.opts.no_transport_advice)?;
             let created = agent.register(&registration)?;
             if mode == Mode::Adaptive {
                 cfg.follow_hints = Some((format!("http://{mgmt}:{AGENT_PORT}/v1/jobs/{}", created.id), created.tenant_token.clone()));
@@ -1164,9 +1168,7 @@ fn render_markdown(
              runs `ringside.torch.follow_hints`. Registered through `POST /v1/jobs` with members = the ranks' addresses, tcp ports = the \
              job's range ({}), `gradient_bytes` = {} and these tenant constraints: algorithms `ring` only (gloo runs its own allreduce; the \
              hook switches only the codec), codecs {} (top-k left out: a tenant that watches its loss keeps the lossiest codec off), 1 \
-             channel, error feedback allowed, transport advice allowed (`transport_tuning`: the ranks run as root in their namespaces \
-             and set the advised TCP retransmission floor on their routes to each other; adaptive runs pass the same constraints to \
-             `follow_hints`).",
+             channel, error feedback allowed, {} adaptive runs pass the same constraints to `follow_hints`.",
             t.layers,
             t.hidden,
             t.batch,
@@ -1176,6 +1178,12 @@ fn render_markdown(
             TorchConfig { port: TORCH_PORT, ..Default::default() }.port_range(),
             t.grad_bytes(),
             TORCH_CODECS.join(", "),
+            if opts.no_transport_advice {
+                "transport advice not allowed (`--no-transport-advice`);"
+            } else {
+                "transport advice allowed (`transport_tuning`: the ranks run as root in their namespaces and set the advised TCP \
+                 retransmission floor on their routes to each other);"
+            },
         );
     }
     if has(Source::Managed) {

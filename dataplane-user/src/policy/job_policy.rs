@@ -19,7 +19,12 @@
 //!    communication time than the current one; when not at the baseline and healthy for
 //!    `recover_windows` (and the baseline is predicted to meet the target, if any), return to
 //!    the baseline plan; each return in a row that the fault outlasts (an adaptation within
-//!    twice the wait before it) doubles that wait, up to 8×.
+//!    twice the wait before it) doubles that wait, up to 8×;
+//! 5. apart from the plan, for a job that takes transport advice: advise a floor for TCP's
+//!    retransmission timeout after `trigger_windows` lossy windows, withdraw it after
+//!    `recover_windows` clean ones ([`JobPolicy::advise_transport`]); until the advice has stood
+//!    `settle_windows` + `verify_windows` windows, loss moves the plan only through the
+//!    communication time it costs.
 //!
 //! Invariants: a healthy job without a step-time target miss never leaves its baseline plan;
 //! every plan satisfies the job's constraints; at most one change per window; the decision
