@@ -7,8 +7,8 @@ How it works:
   tenant's constraints. The training loop never waits for it.
 - At ``follower.step(i)`` (once per step, on every rank, before the forward pass) rank 0
   broadcasts the newest hint's (version, codec, error feedback, step_from, transport advice)
-  through the process group: six float64 values. A hint newer than the last one seen becomes *pending* and takes
-  effect at step ``max(step_from, i)``; since every rank receives the same values at the same
+  through the process group: six float64 values. A hint newer than the last one seen becomes
+  *pending* and takes effect at step ``max(step_from, i)``; since every rank receives the same values at the same
   step, every rank switches at the same step. With ``sync_every=N`` the broadcast runs only every
   N steps (hints then take up to N-1 steps longer to arrive); pending plans still apply at their
   exact step.
@@ -22,8 +22,9 @@ How it works:
   followed with constraints that allow it): it travels in the same broadcast and every rank applies
   it at the same step, as a floor for TCP's retransmission timeout on the routes to the peers its
   process is connected to (:mod:`ringside.transport`: host routes, needs ``CAP_NET_ADMIN``); the
-  routes are removed when the advice ends and at :meth:`HintFollower.close`. A rank that cannot
-  apply it logs why once and trains on.
+  routes are removed when the advice ends and at :meth:`HintFollower.close`. Applying it runs a
+  few ``ip`` commands per peer in that step, once per change. A rank that cannot apply it logs
+  why and trains on.
 - Fail open: if the agent is unreachable, the stream fails, or a hint breaks the constraints, the
   job keeps its current plan, logs the problem once (at WARNING, until it recovers) and keeps
   retrying in the background with bounded backoff. A plan already in force stays in force when
@@ -35,18 +36,17 @@ project's test machine (gloo over loopback, 2 cores shared with other work): med
 trip per tree level (log2 of the rank count). Use ``sync_every`` when even that matters.
 """
 
+import dataclasses
 import logging
 import math
+import socket
 import threading
 import time
+import urllib.parse
 from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-
-import dataclasses
-import socket
-import urllib.parse
 
 from ..client import Backoff, ClientConfig, JobClient
 from ..errors import ConfigError, RingsideError
