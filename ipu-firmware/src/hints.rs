@@ -5,6 +5,15 @@
 //!   [`crate::Algorithm`] and [`crate::CodecKind`] (both defined once, in `ringside-client`).
 //! - [`HintFollower`]: a [`PlanSource`] fed by a background thread that runs a
 //!   [`ringside_client::HintStream`].
+//! - Transport advice ([`Hint::tcp_rto_min_ms`]): a follower started with a [`TcpRtoFloor`]
+//!   ([`HintFollower::start_with_rto_floor`], or [`HintFollower::start_rto_floor_only`] on ranks
+//!   that take no plans) hands each new hint's advice to the floor from its own thread, as soon as
+//!   the hint arrives and before the hint is queued for `poll`; the floor sets it on every
+//!   registered connection when it differs from the advice in force (see [`crate::rto`]). The
+//!   advice is local to the rank: no step boundary, no vote, nothing on the wire; it does not
+//!   depend on whether the hint's plan can run here. A follower without a floor leaves the advice
+//!   (logged once at info). After the follower gives up on the agent, the advice in force stays,
+//!   like the plan in force.
 //! - [`PlanReporter`]: the other direction, the plan the job runs, reported to the agent
 //!   (`PUT {job}/plan`) from a background thread, so the agent's policy judges each window by the
 //!   plan that actually ran (in managed mode the services' agreed plan, not always its own hint).
@@ -33,6 +42,7 @@ use std::time::Duration;
 use ringside_client::{AppliedPlan, Hint, JobClient, APPLIED_PLAN_REFRESH_MS};
 
 use crate::plan::{AppliedHint, Compression, Plan, PlanError, PlanSource};
+use crate::rto::TcpRtoFloor;
 
 /// Why a hint cannot become a plan for this engine.
 #[derive(Debug, thiserror::Error)]
@@ -178,7 +188,8 @@ impl AppliedHints {
 /// How many received hints the channel holds before the thread waits for `poll`.
 const CHANNEL_DEPTH: usize = 16;
 
-/// A [`PlanSource`] that follows a job's hint stream (rank 0 only).
+/// A [`PlanSource`] that follows a job's hint stream (rank 0, or every service in managed mode),
+/// and optionally feeds the hints' transport advice to a [`TcpRtoFloor`] (every rank).
 pub struct HintFollower {
     rx: Receiver<Hint>,
     stop: Arc<AtomicBool>,
@@ -192,14 +203,34 @@ pub struct HintFollower {
 impl HintFollower {
     /// Starts following `client`'s hint stream on a background thread. `available_channels` is the
     /// mesh's connection count per peer pair (hints asking for more are skipped). Fails only if
-    /// the thread cannot be spawned; an unreachable agent is retried in the background.
+    /// the thread cannot be spawned; an unreachable agent is retried in the background. Transport
+    /// advice is left alone (see [`Self::start_with_rto_floor`]).
     pub fn start(client: JobClient, available_channels: u8) -> std::io::Result<Self> {
+        Self::spawn(client, available_channels, true, None)
+    }
+
+    /// [`Self::start`], and each new hint's transport advice ([`Hint::tcp_rto_min_ms`]) goes to
+    /// `floor` from the follower's thread as soon as the hint arrives (see the module docs).
+    pub fn start_with_rto_floor(client: JobClient, available_channels: u8, floor: TcpRtoFloor) -> std::io::Result<Self> {
+        Self::spawn(client, available_channels, true, Some(floor))
+    }
+
+    /// Follows `client`'s hints only for their transport advice, applied to `floor`: for the
+    /// ranks whose plans come from rank 0 (`poll` never returns a plan). Each rank sets the floor
+    /// on its own connections, since a retransmission timer runs at the sender.
+    pub fn start_rto_floor_only(client: JobClient, floor: TcpRtoFloor) -> std::io::Result<Self> {
+        Self::spawn(client, 1, false, Some(floor))
+    }
+
+    fn spawn(client: JobClient, available_channels: u8, plans: bool, floor: Option<TcpRtoFloor>) -> std::io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_DEPTH);
+        let tx = plans.then_some(tx);
         let stop = Arc::new(AtomicBool::new(false));
         let ended = Arc::new(AtomicBool::new(false));
         let (flag, done) = (stop.clone(), ended.clone());
+        let advice = TransportAdvice { floor, last_version: None, left_logged: false };
         std::thread::Builder::new().name("hint-follower".into()).spawn(move || {
-            follow(client, tx, flag);
+            follow(client, tx, advice, flag);
             done.store(true, Ordering::Release);
         })?;
         Ok(HintFollower { rx, stop, ended, applied: AppliedHints::default(), last_version: None, available_channels })
@@ -218,15 +249,47 @@ impl HintFollower {
     }
 }
 
-fn follow(client: JobClient, tx: SyncSender<Hint>, stop: Arc<AtomicBool>) {
+/// What the follower's thread does with each hint's transport advice.
+struct TransportAdvice {
+    /// Where the advice goes; `None`: it is left (logged once).
+    floor: Option<TcpRtoFloor>,
+    /// The newest hint version taken (versions only increase).
+    last_version: Option<u64>,
+    left_logged: bool,
+}
+
+impl TransportAdvice {
+    fn take(&mut self, h: &Hint) {
+        if self.last_version.is_some_and(|v| h.version <= v) {
+            return;
+        }
+        self.last_version = Some(h.version);
+        match &self.floor {
+            // A no-op unless the advice differs from the one in force.
+            Some(floor) => {
+                floor.advise(h.tcp_rto_min_ms, Some(h.version));
+            }
+            None if h.tcp_rto_min_ms.is_some() && !self.left_logged => {
+                self.left_logged = true;
+                tracing::info!(version = h.version, tcp_rto_min_ms = h.tcp_rto_min_ms, "ringside hint carries transport advice; not applied here (no TCP retransmission floor given to this follower)");
+            }
+            None => {}
+        }
+    }
+}
+
+fn follow(client: JobClient, tx: Option<SyncSender<Hint>>, mut advice: TransportAdvice, stop: Arc<AtomicBool>) {
     let url = client.job_url().to_owned();
-    tracing::info!(job = %url, "following ringside hints");
+    tracing::info!(job = %url, plans = tx.is_some(), transport_advice = advice.floor.is_some(), "following ringside hints");
     for item in client.stream_retrying().with_cancel(stop.clone()) {
         match item {
             Ok(h) => {
+                // First, and from this thread: the advice must not wait for rank 0's next poll
+                // (nor for a stalled job, below).
+                advice.take(&h);
                 // Waits only when rank 0 has not polled for CHANNEL_DEPTH hints (a stalled job);
                 // dropping the follower drops the receiver, which ends the wait with an error.
-                if tx.send(h).is_err() {
+                if tx.as_ref().is_some_and(|tx| tx.send(h).is_err()) {
                     return;
                 }
             }
@@ -360,6 +423,72 @@ mod tests {
             assert_eq!(log.iter().map(|h| h.version).collect::<Vec<_>>(), [1, 3]);
             assert_eq!(log[0].received_at_step, 7);
             assert_eq!(log[0].reasons, ["shared uplink congested"]);
+        });
+    }
+
+    /// `json` (a hint) with transport advice.
+    fn with_rto(json: &str, ms: u32) -> String {
+        format!("{},\"tcp_rto_min_ms\":{ms}}}", json.strip_suffix('}').unwrap())
+    }
+
+    #[test]
+    fn transport_advice_reaches_the_floors_sockets_from_the_followers_thread_and_is_withdrawn() {
+        use crate::rto::{rto_min_us, system_rto_min_us};
+        within(30, || {
+            let srv = serve(vec![Reply::sse(&[
+                &hint_event(1, &hint(1, 0, "ring", "none", 1)),
+                &hint_event(2, &with_rto(&hint(2, 0, "ring", "int8", 1), 5)),
+                // A plan this mesh cannot run (8 channels) with the same advice: skipped as a
+                // plan, and the advice in force is no change.
+                &hint_event(3, &with_rto(&hint(3, 0, "tree", "int8", 8), 5)),
+                &hint_event(4, &hint(4, 0, "ring", "int8", 1)),
+            ])]);
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (s, _) = l.accept().unwrap();
+            let supported = rto_min_us(&c).is_ok();
+            let floor = TcpRtoFloor::new();
+            let _reg = floor.register([&c, &s]);
+            let client = JobClient::with_config(&format!("{}/v1/jobs/j1", srv.base), "t", fast()).unwrap();
+            let mut f = HintFollower::start_with_rto_floor(client, 1, floor.clone()).unwrap();
+            // Nobody polls yet: the advice must not wait for rank 0's next step.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while floor.applied().len() < 2 {
+                assert!(Instant::now() < deadline, "advice applied: {:?}", floor.applied());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let log = floor.applied();
+            assert_eq!(log.iter().map(|a| (a.hint_version, a.tcp_rto_min_ms)).collect::<Vec<_>>(), [(Some(2), Some(5)), (Some(4), None)]);
+            if supported {
+                assert!(log[0].rto_min_us.is_some_and(|us| (5000..200_000).contains(&us)) && log[0].sockets == 2, "{log:?}");
+                let default = system_rto_min_us();
+                assert_eq!((log[1].rto_min_us, log[1].sockets), (Some(default), 2), "{log:?}");
+                assert_eq!((rto_min_us(&c).unwrap(), rto_min_us(&s).unwrap()), (default, default), "withdrawn advice restores the system's floor");
+            } else {
+                assert!(log[0].error.as_deref().is_some_and(|e| e.contains("Linux 6.15")), "{log:?}");
+            }
+            // The plans still flow, the one that cannot run skipped.
+            let plans = poll_until(&mut f, 3, 3);
+            assert_eq!(plans.iter().map(|p| p.compression.codec).collect::<Vec<_>>(), [CodecKind::None, CodecKind::Int8, CodecKind::Int8]);
+            assert_eq!(f.applied().snapshot().iter().map(|h| h.version).collect::<Vec<_>>(), [1, 2, 4]);
+        });
+    }
+
+    #[test]
+    fn an_advice_only_follower_applies_the_advice_and_yields_no_plans() {
+        within(30, || {
+            let srv = serve(vec![Reply::sse(&[&hint_event(1, &with_rto(&hint(1, 0, "tree", "fp16", 1), 5))])]);
+            let floor = TcpRtoFloor::new();
+            let client = JobClient::with_config(&format!("{}/v1/jobs/j1", srv.base), "t", fast()).unwrap();
+            let mut f = HintFollower::start_rto_floor_only(client, floor.clone()).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while floor.advice().is_none() {
+                assert!(Instant::now() < deadline, "the advice never arrived");
+                assert!(f.poll(0).is_empty(), "an advice-only follower returned a plan");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert_eq!(floor.advice(), Some(5));
+            assert!(f.poll(1).is_empty() && f.applied().snapshot().is_empty());
         });
     }
 

@@ -9,6 +9,10 @@
 //! - Every step's record carries the plan that step actually ran with (rank 0's announcement) and,
 //!   on rank 0 following ringside's hints, the version of the hint that plan came from.
 //! - A failed step ends the job: the report keeps the steps done so far plus the error.
+//! - With a [`TcpRtoFloor`] ([`run_rank_on`]), every TCP connection of the rank's mesh takes the
+//!   transport advice of ringside's hints (see [`crate::rto`]); the report lists each time the
+//!   floor changed ([`JobReport::record_rto_floor`]), by wall-clock time, which places it among
+//!   the steps' `end_unix_ms`.
 
 use crate::codec::{Bf16, CodecKind};
 use crate::engine::{Communicator, CommunicatorConfig};
@@ -16,6 +20,7 @@ use crate::error::{CollectiveError, Result};
 use crate::managed::ManagedClient;
 use crate::mesh::{MeshOptions, MeshTransport, TransportKind};
 use crate::plan::{AppliedHint, Dtype, Plan, PlanSource};
+use crate::rto::{AppliedRtoFloor, TcpRtoFloor};
 use crate::transport::{TcpOptions, TcpTransport, Transport};
 use rand::{Rng, SeedableRng};
 use serde::{Serialize, Serializer};
@@ -195,6 +200,10 @@ pub struct JobReport {
     /// one of them). Absent for runs on a transport handed in by the caller.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transport: Option<TransportKind>,
+    /// Following hints: each change of this rank's TCP retransmission floor (transport advice)
+    /// and what the kernel took (absent when the advice never changed).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tcp_rto_floor: Vec<AppliedRtoFloor>,
 }
 
 impl JobReport {
@@ -206,6 +215,11 @@ impl JobReport {
             s.hint_version = applied.iter().rev().find(|h| h.plan == s.plan).map(|h| h.version);
         }
         self.hints = applied.to_vec();
+    }
+
+    /// Fills the report's `tcp_rto_floor` (from [`TcpRtoFloor::applied`]).
+    pub fn record_rto_floor(&mut self, applied: &[AppliedRtoFloor]) {
+        self.tcp_rto_floor = applied.to_vec();
     }
 }
 
@@ -384,7 +398,7 @@ fn run_steps(cfg: &JobConfig, mut allreduce: impl FnMut(u64, &mut Gradients) -> 
         bytes_sent_total: steps.iter().map(|s| s.bytes_sent).sum(),
         all_verified: cfg.verify.then(|| steps.iter().all(|s| s.verified == Some(true))),
     };
-    JobReport { config: cfg.clone(), steps, summary, error, hints: Vec::new(), transport: None }
+    JobReport { config: cfg.clone(), steps, summary, error, hints: Vec::new(), transport: None, tcp_rto_floor: Vec::new() }
 }
 
 /// Runs one rank as its own process would: binds its `peers` entry's port on all addresses, builds
@@ -396,23 +410,32 @@ pub fn run_rank(cfg: &JobConfig, plan_source: Option<Box<dyn PlanSource>>) -> Re
 }
 
 /// [`run_rank`] on the transport `--transport` asks for (see [`crate::mesh`] for the fallback
-/// rule); the report names the transport actually used.
+/// rule); the report names the transport actually used. With `rto_floor`, the mesh's TCP
+/// connections take its transport advice from the moment the mesh is up (the floor in force
+/// then, every change after), and the report lists its changes.
 pub fn run_rank_on(
     cfg: &JobConfig,
     transport: TransportKind,
     rdma_device: Option<String>,
     plan_source: Option<Box<dyn PlanSource>>,
+    rto_floor: Option<&TcpRtoFloor>,
 ) -> Result<JobReport> {
     let options = MeshOptions {
         transport,
         tcp: TcpOptions { channels: cfg.max_channels, timeout: Duration::from_millis(cfg.timeout_ms) },
         rdma_device,
     };
-    let t = MeshTransport::bind_and_connect(cfg.rank, &cfg.peers, &options)?;
+    let mut t = MeshTransport::bind_and_connect(cfg.rank, &cfg.peers, &options)?;
     let used = t.kind();
     tracing::info!(transport = %used, requested = %transport, "collective mesh up");
+    if let Some(floor) = rto_floor {
+        t.set_rto_floor(floor);
+    }
     let mut report = run_job(cfg, t, plan_source)?;
     report.transport = Some(used);
+    if let Some(floor) = rto_floor {
+        report.record_rto_floor(&floor.applied());
+    }
     Ok(report)
 }
 

@@ -7,6 +7,8 @@
 //! - [`transport`]: the [`Transport`] trait and the TCP mesh ([`TcpTransport`]).
 //! - `rdma` (cargo feature `rdma`): the RDMA mesh on `ibverbs` (`RdmaTransport`).
 //! - [`mesh`]: `--transport tcp|rdma|auto`: [`TransportKind`], [`MeshTransport`] and the TCP fallback.
+//! - [`rto`]: transport advice on the engine's own TCP connections ([`TcpRtoFloor`]: the
+//!   retransmission-timeout floor a hint's `tcp_rto_min_ms` asks for, set per socket).
 //! - [`engine`]: [`Communicator`]: ring / tree / recursive halving-doubling allreduce, reduce-scatter,
 //!   allgather, broadcast.
 //! - [`hints`]: ringside's hints as a [`PlanSource`] ([`HintFollower`]): the closed loop.
@@ -27,6 +29,7 @@ pub mod managed;
 pub mod plan;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod rto;
 pub mod transport;
 pub mod wire;
 
@@ -38,4 +41,5 @@ pub use plan::{AppliedHint, Algorithm, Compression, Dtype, Plan, PlanProposal, P
 pub use mesh::{MeshOptions, MeshTransport, TransportKind};
 #[cfg(feature = "rdma")]
 pub use rdma::{RdmaOptions, RdmaTransport};
+pub use rto::{AppliedRtoFloor, TcpRtoFloor};
 pub use transport::{TcpOptions, TcpTransport, Transport};

@@ -42,6 +42,13 @@
 //!   use.
 //! - A failed collective poisons the communicator (the engine's rule): the tenant gets an error
 //!   frame for that request and for every later one.
+//!
+//! Transport advice ([`ringside_client::Hint::tcp_rto_min_ms`]) is not voted on: it only sets how
+//! long this service's own TCP waits before it retransmits, which no other service needs to agree
+//! with. `ringside-ipu` gives its hint follower a [`crate::TcpRtoFloor`] when the tenant's
+//! constraints allow transport advice (`transport_tuning`) and registers the mesh's connections
+//! with it ([`crate::TcpTransport::set_rto_floor`]); the follower's thread applies each change as
+//! the hint arrives, whatever becomes of the hint's plan in the vote.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -123,6 +123,20 @@ impl MeshTransport {
         }
     }
 
+    /// Puts the mesh's TCP connections under a rank's retransmission floor
+    /// ([`TcpTransport::set_rto_floor`]). The RDMA mesh has no TCP data connection (its RC queue
+    /// pairs retransmit in the NIC), so there it does nothing.
+    pub fn set_rto_floor(&mut self, floor: &crate::rto::TcpRtoFloor) {
+        match self {
+            Self::Tcp(t) => t.set_rto_floor(floor),
+            #[cfg(feature = "rdma")]
+            Self::Rdma(_) => {
+                let _ = floor;
+                tracing::debug!("the RDMA mesh has no TCP data connections; transport advice (tcp_rto_min_ms) does not apply to it");
+            }
+        }
+    }
+
     /// Resolves `options.transport` and builds the mesh with an already bound `listener` (the
     /// TCP transport's listener, or the RDMA transport's bootstrap listener: same addresses).
     pub fn connect(listener: TcpListener, rank: usize, peers: &[SocketAddr], options: &MeshOptions) -> Result<Self> {

@@ -34,8 +34,20 @@
 //! - `seq` is assigned on send and checked on receive per directed (peer, channel) stream.
 //! - [`TcpTransport::close`] is graceful (goodbye, flush, wait for the peer's goodbye up to the
 //!   timeout); [`TcpTransport::abort`] shuts every socket down at once so peers learn of the failure.
+//!
+//! ## Transport advice
+//! [`TcpTransport::set_rto_floor`] registers every connection of the mesh (all peers, all
+//! channels) with a rank's [`TcpRtoFloor`]: the connections get the retransmission floor in force
+//! at once and every later change of a hint's `tcp_rto_min_ms` (set by the hint follower's thread,
+//! on the floor's duplicates of the sockets; see [`crate::rto`]). Nothing changes on the wire and
+//! no peer is asked: the floor only shortens how long this rank's own TCP waits before it
+//! retransmits. The mesh opens no connection after setup (no reconnects, no new channels), so
+//! registering once after setup covers all of them; a transport that did open one later would
+//! register it the same way and get the floor in force. The registration ends when the transport
+//! closes or aborts.
 
 use crate::error::{CollectiveError, Result};
+use crate::rto::{RtoFloorRegistration, TcpRtoFloor};
 use crate::wire::{FrameHeader, FrameKind, Hello, HEADER_LEN};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -528,6 +540,9 @@ pub struct TcpTransport {
     finished: bool,
     /// Receives read the sockets on the caller's thread ([`Transport::set_direct_reads`]).
     direct: bool,
+    /// The connections' registration with the rank's retransmission floor, if any
+    /// ([`Self::set_rto_floor`]).
+    rto_floor: Option<RtoFloorRegistration>,
 }
 
 /// Fills `buf` from `s` on the caller's thread without ever blocking in read(2): `MSG_DONTWAIT`
@@ -834,7 +849,7 @@ impl TcpTransport {
             }
             conns.push(row);
         }
-        Ok(Self { rank, world, options, conns, shared, pool, bytes_sent: 0, finished: false, direct: false })
+        Ok(Self { rank, world, options, conns, shared, pool, bytes_sent: 0, finished: false, direct: false, rto_floor: None })
     }
 
     fn dial(
@@ -912,6 +927,23 @@ impl TcpTransport {
             reader: Some(reader),
             send_seq: 1,
         })
+    }
+
+    /// Puts every connection of the mesh (all peers, all channels) under `floor`: they get the
+    /// floor in force now and every later change ([`TcpRtoFloor::advise`]), until the transport
+    /// closes. Replaces an earlier registration. Never fails (see [`crate::rto`]: fail open).
+    pub fn set_rto_floor(&mut self, floor: &TcpRtoFloor) {
+        self.rto_floor = None;
+        let reg = floor.register(self.conns.iter().flatten().flatten().map(|c| &c.stream));
+        tracing::debug!(rank = self.rank, sockets = reg.sockets(), "connections registered with the TCP retransmission floor");
+        self.rto_floor = Some(reg);
+    }
+
+    /// The retransmission floor the kernel holds for each connection, µs, in (peer, channel)
+    /// order (`getsockopt(TCP_RTO_MIN_US)` on the transport's own sockets; an error on kernels
+    /// before 6.15). For diagnostics and tests.
+    pub fn connection_rto_min_us(&self) -> Vec<((usize, usize), std::io::Result<u32>)> {
+        self.conns.iter().flatten().flatten().map(|c| ((c.peer, c.channel), crate::rto::rto_min_us(&c.stream))).collect()
     }
 
     fn conn(&mut self, peer: usize, channel: usize) -> Result<&mut Connection> {
@@ -1073,6 +1105,7 @@ impl Transport for TcpTransport {
         for c in self.all_conns() {
             let _ = c.stream.shutdown(Shutdown::Both);
         }
+        self.rto_floor = None;
         self.join_threads();
     }
 
@@ -1086,6 +1119,7 @@ impl Transport for TcpTransport {
             c.read_ctl.stop();
             let _ = c.stream.shutdown(Shutdown::Both);
         }
+        self.rto_floor = None;
         self.join_threads();
     }
 }

@@ -4,7 +4,9 @@
 //! ranks' services over the fabric (`--peers`), and runs each collective the tenant hands it.
 //! With `--agent`, the service follows its own IPU's agent's hints for the job and votes with them
 //! in every collective's control exchange; all services run the agreed plan from the same step,
-//! never outside the tenant's `--constraints` (see `ipu_firmware::managed`).
+//! never outside the tenant's `--constraints` (see `ipu_firmware::managed`). When the constraints
+//! allow transport advice (`transport_tuning`), the service also sets each hint's `tcp_rto_min_ms`
+//! on its own connections to the other services (`ipu_firmware::rto`): local, no vote.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -17,7 +19,7 @@ use clap::Parser;
 use ipu_firmware::job::parse_size;
 use ipu_firmware::managed::{check_plan, serve, EngineRunner, HintVoter, ServiceConfig, ServiceStats, DEFAULT_MAX_BUFFER};
 use ipu_firmware::plan::PlanArgs;
-use ipu_firmware::{Communicator, CommunicatorConfig, HintFollower, PlanReporter, PlanVoter, TcpOptions, TcpTransport};
+use ipu_firmware::{Communicator, CommunicatorConfig, HintFollower, PlanReporter, PlanVoter, TcpOptions, TcpRtoFloor, TcpTransport};
 use ringside_client::{Constraints, JobClient};
 
 /// ringside's managed collective service (runs in the IPU, serves the tenant on the host link).
@@ -56,7 +58,8 @@ struct Args {
     /// registered with this IPU's agent) and vote with them: every collective runs the plan agreed
     /// from all services' votes (the most severe wins). The service also reports the agreed plan
     /// to that agent (PUT .../plan), so its policy judges the plan that ran. Without it the
-    /// service abstains.
+    /// service abstains. With `"transport_tuning": true` in --constraints, the hints' transport
+    /// advice (tcp_rto_min_ms) is set on this service's connections to the others as it arrives.
     #[arg(long, value_name = "JOB_URL", requires_all = ["token", "constraints"])]
     agent: Option<String>,
     /// The job's tenant token for --agent. Prefer the environment variable (not visible in `ps`).
@@ -100,20 +103,32 @@ fn main() -> anyhow::Result<()> {
     let stats = Arc::new(ServiceStats::default());
     // Bound before the mesh is built, so a tenant that starts first is queued, not refused.
     let listener = TcpListener::bind(a.listen).with_context(|| format!("binding the host link --listen {}; is it this IPU's address on the host link?", a.listen))?;
+    // This service's TCP retransmission floor: the hints' transport advice, on its connections to
+    // the other services (a change is local: no vote, nothing on the wire).
+    let rto_floor = TcpRtoFloor::new();
     let (voter, reporter): (Box<dyn PlanVoter>, _) = match &a.agent {
         Some(url) => {
             let token = a.token.as_deref().context("--agent needs --token or RINGSIDE_TOKEN")?;
             let client = JobClient::new(url, token).context("--agent")?;
-            let reporter = PlanReporter::start(client.clone()).context("starting the plan reporter thread")?;
-            let follower = HintFollower::start(client, max_channels).context("starting the hint follower thread")?;
             let constraints = constraints.clone().context("--agent needs --constraints")?;
+            let reporter = PlanReporter::start(client.clone()).context("starting the plan reporter thread")?;
+            // Checked at the point of use, like plans: the agent sends advice only to jobs
+            // registered with transport_tuning, and the constraints are the registered ones.
+            let follower = if constraints.transport_tuning {
+                HintFollower::start_with_rto_floor(client, max_channels, rto_floor.clone())
+            } else {
+                tracing::info!("the tenant's constraints leave transport_tuning off: hints' transport advice (tcp_rto_min_ms) is not applied");
+                HintFollower::start(client, max_channels)
+            }
+            .context("starting the hint follower thread")?;
             (Box::new(HintVoter::new(follower, constraints, plan, stats.clone())), Some(reporter))
         }
         None => (Box::new(HintVoter::abstaining(constraints.clone(), plan, stats.clone())), None),
     };
     tracing::info!(rank = a.rank, world = a.world, listen = %a.listen, following = a.agent.is_some(), "building the service mesh");
     let timeout = Duration::from_millis(a.timeout_ms);
-    let t = TcpTransport::bind_and_connect(a.rank, &a.peers, TcpOptions { channels: max_channels, timeout }).context("building the mesh among the IPU services")?;
+    let mut t = TcpTransport::bind_and_connect(a.rank, &a.peers, TcpOptions { channels: max_channels, timeout }).context("building the mesh among the IPU services")?;
+    t.set_rto_floor(&rto_floor);
     let mut comm = Communicator::new(t, CommunicatorConfig { initial_plan: plan, timeout })?;
     // Every service votes (abstaining without an agent): the control exchange must be the same
     // on all of them.

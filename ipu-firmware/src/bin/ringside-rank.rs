@@ -1,6 +1,7 @@
 //! `ringside-rank`: one rank of the emulated training job (compute phase + allreduce per step).
 //! Spawned once per network namespace by the testbed; writes a JSON report to `--out`. With
-//! `--follow-hints`, rank 0 applies ringside's hints for the job (see docs/tenant-guide.md); with
+//! `--follow-hints`, rank 0 applies ringside's hints for the job (see docs/tenant-guide.md) and
+//! every rank applies their transport advice to its own connections; with
 //! `--managed`, the host's IPU service (`ringside-ipu`) runs each step's allreduce and applies them.
 
 use anyhow::{bail, Context};
@@ -9,7 +10,7 @@ use ipu_firmware::job::{parse_size, run_job_managed, run_rank_on, ComputeMode, J
 use ipu_firmware::managed::ManagedClient;
 use ipu_firmware::plan::{Dtype, Plan, PlanArgs, ScriptedPlans};
 use ipu_firmware::hints::AppliedHints;
-use ipu_firmware::{HintFollower, PlanSource, TransportKind};
+use ipu_firmware::{HintFollower, PlanSource, TcpRtoFloor, TransportKind};
 use ringside_client::{ClientConfig, JobClient};
 use std::time::Duration;
 use std::net::SocketAddr;
@@ -70,10 +71,12 @@ struct Args {
     /// to switch to during the run.
     #[arg(long, conflicts_with = "follow_hints")]
     plan_schedule: Option<PathBuf>,
-    /// Rank 0 only: follow ringside's hints for this job, from the job URL
-    /// http://HOST:PORT/v1/jobs/ID (the agent's hint stream). Each new hint is applied from the next
-    /// step on all ranks (through rank 0's control header). If the agent is unreachable the job
-    /// trains on with its current plan. Other ranks accept and ignore the flag.
+    /// Follow ringside's hints for this job, from the job URL http://HOST:PORT/v1/jobs/ID (the
+    /// agent's hint stream). Rank 0 applies each new hint's plan from the next step on all ranks
+    /// (through its control header). Every rank given the flag also applies the hints' transport
+    /// advice (tcp_rto_min_ms: a floor for TCP's retransmission timeout) to its own connections
+    /// as soon as it arrives; give it to all ranks. If the agent is unreachable the job trains on
+    /// with its current plan.
     #[arg(long, value_name = "JOB_URL", requires = "token")]
     follow_hints: Option<String>,
     /// Bearer token for --follow-hints (the job's tenant token). Prefer the environment variable,
@@ -127,6 +130,10 @@ fn main() -> anyhow::Result<()> {
     }
     // The follower's log of applied hints, read back after the run for the report.
     let mut applied_hints: Option<AppliedHints> = None;
+    // This rank's TCP retransmission floor (transport advice), and on ranks other than 0 the
+    // follower that feeds it (kept until the job ends).
+    let rto_floor = a.follow_hints.is_some().then(TcpRtoFloor::new);
+    let mut _advice_follower: Option<HintFollower> = None;
     let source: Option<Box<dyn PlanSource>> = match (&a.plan_schedule, &a.follow_hints, a.rank) {
         (Some(path), _, 0) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -145,9 +152,18 @@ fn main() -> anyhow::Result<()> {
                 Ok(h) => tracing::info!(version = h.version, algorithm = %h.algorithm, compression = %h.compression, "ringside agent reachable; following hints"),
                 Err(e) => tracing::warn!(error = %e, "ringside hints unavailable at start; training with the initial plan and retrying in the background"),
             }
-            let follower = HintFollower::start(client, max_channels).context("starting the hint follower thread")?;
+            let floor = rto_floor.clone().expect("made when following hints");
+            let follower = HintFollower::start_with_rto_floor(client, max_channels, floor).context("starting the hint follower thread")?;
             applied_hints = Some(follower.applied());
             Some(Box::new(follower))
+        }
+        (None, Some(url), _) => {
+            // Plans come from rank 0; this rank follows the stream for its transport advice only.
+            let token = a.token.as_deref().context("--follow-hints needs --token or RINGSIDE_TOKEN")?;
+            let client = JobClient::new(url, token).context("--follow-hints")?;
+            let floor = rto_floor.clone().expect("made when following hints");
+            _advice_follower = Some(HintFollower::start_rto_floor_only(client, floor).context("starting the hint follower thread")?);
+            None
         }
         _ => None,
     };
@@ -174,7 +190,7 @@ fn main() -> anyhow::Result<()> {
             let mut client = ManagedClient::connect(addr, Duration::from_millis(a.timeout_ms)).context("--managed")?;
             run_job_managed(&cfg, &mut client)
         }
-        None => run_rank_on(&cfg, a.transport, a.rdma_device.clone(), source)
+        None => run_rank_on(&cfg, a.transport, a.rdma_device.clone(), source, rto_floor.as_ref())
             .context("setting up the collective mesh")?,
     };
     if let Some(applied) = &applied_hints {
