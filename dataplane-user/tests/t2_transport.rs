@@ -10,10 +10,11 @@
 //!   5ms`, protocol 82 (read in the hosts' namespaces);
 //! - the ranks removed exactly their routes when they closed the follower (none left after the
 //!   job);
-//! - the retransmission stalls ended: under loss, the steps after the advice communicate
-//!   (`comm_ms`) at least 1.2× faster than the steps of a static run of the same job under the same
-//!   loss started right after on the same rig, and fewer of them wait ≥ 200 ms (Linux's minimum
-//!   retransmission timeout) for their gradients;
+//! - the retransmission stalls ended: under loss, at most half as many of the steps after the
+//!   advice wait ≥ 200 ms (Linux's minimum retransmission timeout) for their gradients as of the
+//!   steps of a static run of the same job under the same loss started right after on the same rig,
+//!   and they communicate (`comm_ms`) at least 1.1× faster (a margin for busy machines: 1.24-2.05×
+//!   in six runs beside a CI run, load 4-8);
 //! - every loss value finite.
 //!
 //! Needs root, an agent built with its eBPF object (`cargo xtask test` does both) and the PyTorch
@@ -214,7 +215,12 @@ fn loss_run() -> Result<(), Inconclusive> {
         )));
     }
     let gain = mean(&static_comm) / mean(&advised_comm);
-    assert!(stalls(&advised_comm) < stalls(&static_comm), "the advice did not make retransmission stalls rarer");
-    assert!(gain >= 1.2, "communication under loss with the advice is only ×{gain:.2} faster than without (static {:.1} ms, advised {:.1} ms)", mean(&static_comm), mean(&advised_comm));
+    assert!(
+        stalls(&advised_comm) <= 0.5 * stalls(&static_comm),
+        "the advice did not halve the retransmission stalls: {:.0} % of advised steps against {:.0} % without",
+        100.0 * stalls(&advised_comm),
+        100.0 * stalls(&static_comm)
+    );
+    assert!(gain >= 1.1, "communication under loss with the advice is only ×{gain:.2} faster than without (static {:.1} ms, advised {:.1} ms)", mean(&static_comm), mean(&advised_comm));
     Ok(())
 }
