@@ -88,8 +88,8 @@ pub struct Opts {
     /// machine differ by tens of percent, so one run per mode cannot compare two modes.
     #[arg(long = "seed", default_values_t = [1u64])]
     pub seeds: Vec<u64>,
-    /// PyTorch job only: register it without `transport_tuning`, so its hints never carry
-    /// transport advice (the job before ringside advised a retransmission floor; an A/B knob).
+    /// Register every job without `transport_tuning`, so its hints never carry transport advice
+    /// (the jobs before ringside advised a retransmission floor; an A/B knob).
     #[arg(long)]
     pub no_transport_advice: bool,
     /// Healthy warm-up before the fault, seconds (the policy learns the job's healthy
@@ -482,15 +482,16 @@ fn agent_config(prefix: &str) -> String {
     format!("[match]\nprefixes = [\"{prefix}\"]\n")
 }
 
-fn registration(name: String, prefix: &str, size: u64) -> JobRegistration {
+fn registration(name: String, prefix: &str, size: u64, transport_tuning: bool) -> JobRegistration {
     JobRegistration {
         name,
         members: vec![prefix.to_owned()],
         tcp_ports: vec![PortRange { lo: JOB_PORT, hi: JOB_PORT }],
         udp_ports: Vec::new(),
         gradient_bytes: Some(size),
-        // Everything allowed down to top-k 10 %, one channel (what the ranks open).
-        constraints: Constraints::default(),
+        // Everything allowed down to top-k 10 %, one channel (what the ranks open), and transport
+        // advice (the engine sets it on its own sockets).
+        constraints: Constraints { transport_tuning, ..Constraints::default() },
     }
 }
 
@@ -561,7 +562,7 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut O
     let straggler = (sc == Scenario::Straggler).then_some((target, STRAGGLER_EXTRA_MS));
     let (created, job) = match ctx.source {
         Source::Rank => {
-            let created = agent.register(&registration(format!("eval-{tag}"), prefix, ctx.opts.size.0))?;
+            let created = agent.register(&registration(format!("eval-{tag}"), prefix, ctx.opts.size.0, !ctx.opts.no_transport_advice))?;
             let mut extra = Vec::new();
             if mode == Mode::Adaptive {
                 extra = vec!["--follow-hints".into(), format!("http://{mgmt}:{AGENT_PORT}/v1/jobs/{}", created.id), "--token".into(), created.tenant_token.clone()];
@@ -1152,10 +1153,12 @@ fn render_markdown(
         let _ = writeln!(
             m,
             "- Job `rank` (ringside's emulated job): {RANKS} ranks, ring allreduce of {} f32 per step, 50 ms compute, {} steps, `--verify` \
-             (every step's sum checked); adaptive runs add `--follow-hints <job url> --token <tenant token>`. Registered through \
-             `POST /v1/jobs` with default constraints (all algorithms and codecs down to top-k 10 %, 1 channel) and `gradient_bytes` set.",
+             (every step's sum checked); adaptive runs add `--follow-hints <job url> --token <tenant token>` (every rank: each sets \
+             transport advice on its own sockets). Registered through `POST /v1/jobs` with default constraints (all algorithms and \
+             codecs down to top-k 10 %, 1 channel){} and `gradient_bytes` set.",
             opts.size,
-            opts.steps
+            opts.steps,
+            if opts.no_transport_advice { "" } else { " plus `transport_tuning`" },
         );
     }
     if has(Source::Torch) {
@@ -1193,12 +1196,14 @@ fn render_markdown(
              host-link address>` (no hint flag, no agent address, no peers), and one `ringside-ipu` per IPU runs the allreduce with \
              the other IPUs' services over the fabric. Rig: a {RANKS}-host IPU star (`testbed::IpuStar` + `testbed::managed`), an \
              agent in every IPU on its fabric port (in both modes). Registered through `POST /v1/jobs` with every agent (members = \
-             the IPUs' fabric subnet 10.77.1.0/24, tcp port {MANAGED_FABRIC_PORT} (the services' mesh), default constraints). \
+             the IPUs' fabric subnet 10.77.1.0/24, tcp port {MANAGED_FABRIC_PORT} (the services' mesh), default constraints{}). \
              Static runs start the services without `--agent` (every service abstains: the initial plan throughout); adaptive runs \
              give every service `--agent <its IPU's job url>` and `--constraints <the registered constraints>`: each votes with its \
              own agent's latest hint in every collective's control exchange and all run the most severe proposal (most compressive, \
              then newest) from the same step. Faults go on the host the seed draws (the same as for the other sources); the \
-             uplink scenario is not run (no leaf-spine with IPUs)."
+             uplink scenario is not run (no leaf-spine with IPUs); each service sets its own agent's transport advice on its \
+             fabric sockets, without a vote.",
+            if opts.no_transport_advice { "" } else { " plus `transport_tuning`" },
         );
     }
     let _ = writeln!(
@@ -1424,7 +1429,8 @@ fn run_one_managed(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate
         tcp_ports: vec![PortRange { lo: MANAGED_FABRIC_PORT, hi: MANAGED_FABRIC_PORT }],
         udp_ports: Vec::new(),
         gradient_bytes: Some(ctx.opts.size.0),
-        constraints: Constraints::default(),
+        // The services set transport advice on their own fabric sockets.
+        constraints: Constraints { transport_tuning: !ctx.opts.no_transport_advice, ..Constraints::default() },
     };
     // Each agent registers the job under its own id and token.
     let created = agents.iter().map(|a| a.register(&registration)).collect::<Result<Vec<_>>>()?;
