@@ -33,7 +33,6 @@ mod support;
 
 use std::{
     net::IpAddr,
-    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -66,16 +65,6 @@ const REFERENCE_STEPS: u64 = SKIP_STEPS as u64 + 6;
 /// after it; the next ones still warm caches and allocators.
 const SKIP_STEPS: usize = 3;
 
-fn preconditions() -> PathBuf {
-    if let Err(e) = testbed::require_root() {
-        panic!("t2_adapt_torch attaches eBPF programs in network namespaces and needs root: {e}");
-    }
-    if let Err(e) = dataplane_user::object::flowmon_object() {
-        panic!("t2_adapt_torch runs the real agent: {e}");
-    }
-    testbed::torch::find_python(None).unwrap_or_else(|e| panic!("t2_adapt_torch runs PyTorch with the ringside package: {e}"))
-}
-
 fn codec(step: &Value) -> &str {
     step["compression"].as_str().unwrap_or_else(|| panic!("step record without a compression: {step}"))
 }
@@ -87,14 +76,14 @@ fn rate_cap_makes_a_ddp_job_compress_on_every_rank_at_once_and_its_communication
 }
 
 fn rate_cap_run() -> Result<(), Inconclusive> {
-    let python = preconditions();
+    let python = support::adapt::torch_preconditions("t2_adapt_torch");
     let t0 = Instant::now();
     let star = Star::new(StarConfig { hosts: RANKS, offloads: false, ..Default::default() }).unwrap();
     let mgmt = star.add_management_address().expect("management address on the switch bridge");
     let agent = Agent::start_with(&star, "adapt-torch", IpAddr::from([0, 0, 0, 0]), AGENT_PORT, "[match]\nprefixes = [\"10.77.0.0/24\"]\n");
     let operator_token = wait_for(Duration::from_secs(5), POLL, "the agent's operator token", || agent.token());
 
-    let out = OutDir { path: std::env::temp_dir().join(format!("ringside-t2-adapt-torch-{}", std::process::id())) };
+    let out = OutDir::new("t2-adapt-torch");
     let mut cfg = TorchConfig {
         ranks: RANKS,
         steps: 0,

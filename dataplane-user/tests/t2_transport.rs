@@ -27,7 +27,6 @@ mod support;
 
 use std::{
     net::IpAddr,
-    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -58,16 +57,6 @@ const MIN_STATIC_STALLS: usize = 5;
 const STALL_MS: f64 = 200.0;
 const SKIP_STEPS: usize = 3;
 
-fn preconditions() -> PathBuf {
-    if let Err(e) = testbed::require_root() {
-        panic!("t2_transport attaches eBPF programs in network namespaces and needs root: {e}");
-    }
-    if let Err(e) = dataplane_user::object::flowmon_object() {
-        panic!("t2_transport runs the real agent: {e}");
-    }
-    testbed::torch::find_python(None).unwrap_or_else(|e| panic!("t2_transport runs PyTorch with the ringside package: {e}"))
-}
-
 /// ringside's host routes in `host`'s namespace: (destination, `ip route get`'s view of it).
 fn ringside_routes(star: &Star, host: usize) -> Vec<(String, String)> {
     let ns = &star.hosts[host].ns;
@@ -95,14 +84,14 @@ fn loss_brings_a_retransmission_floor_to_every_rank_at_once_and_the_stalls_end()
 }
 
 fn loss_run() -> Result<(), Inconclusive> {
-    let python = preconditions();
+    let python = support::adapt::torch_preconditions("t2_transport");
     let t0 = Instant::now();
     let star = Star::new(StarConfig { hosts: RANKS, offloads: false, ..Default::default() }).unwrap();
     let mgmt = star.add_management_address().expect("management address on the switch bridge");
     let agent = Agent::start_with(&star, "transport", IpAddr::from([0, 0, 0, 0]), AGENT_PORT, "[match]\nprefixes = [\"10.77.0.0/24\"]\n");
     let operator_token = wait_for(Duration::from_secs(5), POLL, "the agent's operator token", || agent.token());
 
-    let out = OutDir { path: std::env::temp_dir().join(format!("ringside-t2-transport-{}", std::process::id())) };
+    let out = OutDir::new("t2-transport");
     let mut cfg = TorchConfig {
         ranks: RANKS,
         steps: 0,

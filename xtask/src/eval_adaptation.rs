@@ -1149,6 +1149,8 @@ fn render_markdown(
     let _ = writeln!(m, "- Machine: {machine}; load average {load_before} before, {load_after} after (other work shares this machine).");
     let _ = writeln!(m, "- Run time {:.0} s.", elapsed.as_secs_f64());
     let has = |src| per_seed.iter().any(|(_, ps)| ps.iter().any(|(s, _)| *s == src));
+    // What the rank and managed jobs' registrations add to the default constraints.
+    let plus_transport = if opts.no_transport_advice { "" } else { " plus `transport_tuning`" };
     if has(Source::Rank) {
         let _ = writeln!(
             m,
@@ -1158,7 +1160,7 @@ fn render_markdown(
              codecs down to top-k 10 %, 1 channel){} and `gradient_bytes` set.",
             opts.size,
             opts.steps,
-            if opts.no_transport_advice { "" } else { " plus `transport_tuning`" },
+            plus_transport,
         );
     }
     if has(Source::Torch) {
@@ -1203,7 +1205,7 @@ fn render_markdown(
              then newest) from the same step. Faults go on the host the seed draws (the same as for the other sources); the \
              uplink scenario is not run (no leaf-spine with IPUs); each service sets its own agent's transport advice on its \
              fabric sockets, without a vote.",
-            if opts.no_transport_advice { "" } else { " plus `transport_tuning`" },
+            plus_transport,
         );
     }
     let _ = writeln!(

@@ -276,9 +276,8 @@ impl JobPolicy {
     /// row with a lossy path start advising `loss_rto_min_ms`, and `recover_windows` windows in
     /// a row with measured, loss-free paths end it. Linux's timeout stays at least the smoothed
     /// round trip plus this floor, so a path whose round trip grows (a queue) keeps a longer
-    /// timeout. Returns whether the advice changed.
-    fn advise_transport(&mut self, ctx: &JobContext, obs: &WindowObservation) -> bool {
-        let lossy = obs.peers.iter().any(|p| p.loss_ratio.is_some_and(|l| l >= self.cfg.lossy_ratio));
+    /// timeout. `lossy`: a path of this window is lossy. Returns whether the advice changed.
+    fn advise_transport(&mut self, ctx: &JobContext, obs: &WindowObservation, lossy: bool) -> bool {
         let measured = obs.peers.iter().any(|p| p.loss_ratio.is_some());
         self.loss_streak = if lossy { self.loss_streak.saturating_add(1) } else { 0 };
         if lossy {
@@ -587,7 +586,7 @@ impl JobPolicy {
         }
 
         let change = self.decide(ctx, &obs, ran, reported_step_s, cal.as_ref(), &triggers, (verdict || severe, network), target_s, budget_s, step, now_unix_ms);
-        let transport_changed = self.advise_transport(ctx, &obs);
+        let transport_changed = self.advise_transport(ctx, &obs, !lossy_peers.is_empty());
 
         let renew = change.is_some() || transport_changed || self.renew_due(now_unix_ms);
         let predicted = self.predicted_s.or_else(|| cal.as_ref().map(|c| c.predict(&self.current)));

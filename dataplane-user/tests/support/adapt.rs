@@ -1,4 +1,5 @@
-//! Pieces of the closed-loop tests (`t2_adapt.rs`, `t2_adapt_torch.rs`): registering the job
+//! Pieces of the closed-loop tests (`t2_adapt.rs`, `t2_adapt_torch.rs`, `t2_transport.rs`): the
+//! PyTorch tests' preconditions, registering the job
 //! through the operator API and watching its hint, the job's view from the agent, the arithmetic
 //! over the ranks' per-step records, and the switch port counters a rate cap is sized from.
 use std::{
@@ -160,6 +161,19 @@ pub fn comm_per_second(steps: &[Value], until_ms: f64) -> String {
         }
     }
     seconds.iter().map(|v| if v.is_empty() { "-".to_string() } else { format!("{:.0}", mean(v)) }).collect::<Vec<_>>().join(" ")
+}
+
+/// What a closed-loop test with a real PyTorch job needs: root, the agent's eBPF object and the
+/// venv's Python with torch and the `ringside` package (returned). Panics with the reason naming
+/// `test` otherwise: these tests never skip.
+pub fn torch_preconditions(test: &str) -> std::path::PathBuf {
+    if let Err(e) = testbed::require_root() {
+        panic!("{test} attaches eBPF programs in network namespaces and needs root: {e}");
+    }
+    if let Err(e) = dataplane_user::object::flowmon_object() {
+        panic!("{test} runs the real agent: {e}");
+    }
+    testbed::torch::find_python(None).unwrap_or_else(|e| panic!("{test} runs PyTorch with the ringside package: {e}"))
 }
 
 /// A directory for a test's job output under the temp dir (`ringside-NAME-PID`, emptied first by
