@@ -73,8 +73,14 @@ fn ringside_routes(star: &Star, host: usize) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Steps whose gradients waited for a retransmission timeout.
+fn stall_count(comm: &[f64]) -> usize {
+    comm.iter().filter(|&&c| c >= STALL_MS).count()
+}
+
+/// The share of steps that stalled.
 fn stalls(comm: &[f64]) -> f64 {
-    comm.iter().filter(|&&c| c >= STALL_MS).count() as f64 / comm.len().max(1) as f64
+    stall_count(comm) as f64 / comm.len().max(1) as f64
 }
 
 #[test]
@@ -201,7 +207,7 @@ fn loss_run() -> Result<(), Inconclusive> {
         t0.elapsed().as_secs_f64()
     );
     assert!(advised_comm.len() >= 20, "only {} steps ran with the advice", advised_comm.len());
-    let static_stalls = static_comm.iter().filter(|&&c| c >= STALL_MS).count();
+    let static_stalls = stall_count(&static_comm);
     if static_stalls < MIN_STATIC_STALLS {
         return Err(Inconclusive(format!(
             "the static run under {LOSS_PERCENT} % loss stalled ≥ {STALL_MS} ms on only {static_stalls} of {} steps: too few to compare",
