@@ -11,7 +11,10 @@
 //!    while a straggler verdict is open);
 //! 3. while a change is being verified: after `settle_windows`, collect `verify_windows`
 //!    windows of communication time; if it fell by less than `verify_min_gain` against the
-//!    previous plan's, revert, and put the reverted plan in cooldown;
+//!    previous plan's, revert, and put the reverted plan in cooldown; when the job reports its
+//!    own step times, they must also have fallen against the old plan's under the same
+//!    conditions (for a change made on degraded windows: reports of the degraded streak only,
+//!    else communication time alone decides);
 //! 4. otherwise, at least `min_dwell_windows` after the last change: when degraded for
 //!    `trigger_windows` (at once on a verdict, or on communication time at `severe_degrade_ratio`
 //!    with the slowest path at `severe_path_ratio`) or missing the target for `trigger_windows`,
@@ -181,6 +184,10 @@ pub struct JobPolicy {
     /// The job's own step times (`PlanInForce::step_time_ms`) in the recent windows in which the
     /// advised plan ran, seconds: cleared with `recent`.
     reported_steps: VecDeque<f64>,
+    /// The same reports from the windows of the current degraded streak, seconds: what the job's
+    /// steps take under the fault before a change. Cleared with `recent` and when the streak
+    /// ends.
+    degraded_steps: VecDeque<f64>,
     steps: StepTracker,
     baseline: Baseline,
     degraded_streak: u32,
@@ -247,6 +254,7 @@ impl JobPolicy {
             history: VecDeque::new(),
             recent,
             reported_steps: VecDeque::new(),
+            degraded_steps: VecDeque::new(),
             steps: StepTracker::default(),
             baseline: Baseline::default(),
             degraded_streak: 0,
@@ -439,6 +447,7 @@ impl JobPolicy {
         self.last_change_window = Some(self.window);
         self.recent.clear();
         self.reported_steps.clear();
+        self.degraded_steps.clear();
         self.degraded_streak = 0;
         self.target_streak = 0;
         self.healthy_streak = 0;
@@ -509,6 +518,7 @@ impl JobPolicy {
         } else {
             self.recent.clear();
             self.reported_steps.clear();
+            self.degraded_steps.clear();
         }
         let cal = self.calibrated(ctx);
         let comm = self.recent.comm_s();
@@ -562,6 +572,16 @@ impl JobPolicy {
         let severe = inflated && ratio.is_some_and(|r| r >= self.cfg.severe_degrade_ratio) && path_ratio.is_some_and(|r| r <= self.cfg.severe_path_ratio);
         let degraded = network || inflated;
         self.degraded_streak = if degraded { self.degraded_streak.saturating_add(1) } else { 0 };
+        match reported_step_s {
+            _ if !degraded => self.degraded_steps.clear(),
+            Some(s) => {
+                if self.degraded_steps.len() >= self.cfg.recent_windows.max(1) {
+                    self.degraded_steps.pop_front();
+                }
+                self.degraded_steps.push_back(s);
+            }
+            _ => {}
+        }
         self.healthy_streak = if ran && !degraded && ratio.is_none_or(|r| r < self.cfg.degrade_ratio) { self.healthy_streak.saturating_add(1) } else { 0 };
         let target_s = ctx.constraints.step_time_target_ms.map(|t| t / 1e3);
         let step = self.recent.step_s();
@@ -841,8 +861,19 @@ impl JobPolicy {
             // larger of it and this window's (the open step's so far when none completed: the
             // first step under a rate cap can outlast the window).
             let observed = larger_known(obs.comm_or_open_s(), self.recent.comm_or_open_s());
-            // The same for the job's own step time, when it reports it.
-            let from_step = larger_known(reported_step_s, median(self.reported_steps.iter().copied()));
+            // The same for the job's own step time, when it reports it: for a degraded job, only
+            // reports of the degraded streak, and only those no shorter than the degraded
+            // communication time, which no step of the old plan under the fault can be (a report
+            // covers the steps since the job's previous one, about a second, so in the fault's
+            // first window it can still describe the healthy steps). A change made before such a
+            // report exists (a verdict acts in the fault's first window, and under a cap a step
+            // can outlast several) is verified on communication time alone: judged against the
+            // healthy step time, no plan could win.
+            let from_step = if act_degraded {
+                median(self.degraded_steps.iter().copied().filter(|&s| observed.is_none_or(|c| s >= c)))
+            } else {
+                larger_known(reported_step_s, median(self.reported_steps.iter().copied()))
+            };
             // Leaving a baseline the policy returned to lately: that return was a probe the
             // fault outlasted (a rate cap the compressed job fitted under shows no evidence), so
             // the next one waits twice as long.

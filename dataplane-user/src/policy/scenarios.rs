@@ -763,6 +763,53 @@ fn a_revert_judged_before_the_slowdown_is_undone_by_the_jobs_step_times() {
     assert_eq!(p.current().compression, Codec::Int8);
 }
 
+#[test]
+fn a_change_under_a_cap_is_not_judged_against_the_healthy_step_time() {
+    // Seen with PyTorch under uplink congestion: the cap bites at window 20 and the job's
+    // uncompressed steps (1320 ms) outlast the windows, so the reports of the fault's first
+    // windows carry no step time or still the pre-fault one (150 ms: a report covers the second
+    // before it), shorter than the communication time the agent sees under the cap. int8's steps (829 ms) are far faster than the uncompressed ones under the cap,
+    // but slower than the healthy steps. The change is made either on a verdict in the fault's
+    // first window or on the severe slowdown in its second, and must be kept, not reverted "829 ms
+    // vs 150 ms".
+    for verdict in [true, false] {
+        let mut job = FakeJob::testbed(21);
+        let mut p = JobPolicy::new(PolicyConfig::default(), PhaseParams::default(), baseline());
+        let c = Constraints { codecs: vec!["none".into(), "int8".into()], algorithms: vec![Algorithm::Ring], ..Constraints::default() };
+        let ctx = JobContext { constraints: &c, gradient_bytes: None };
+        let mut running = in_force_from(baseline(), 0);
+        let peer = job.peers[1];
+        for w in 0..60u64 {
+            if w == 20 {
+                job.bw[1] /= 8.0;
+            }
+            if running.plan != *p.current() {
+                running = in_force_from(*p.current(), w);
+            }
+            let step_ms = match (running.plan.compression, w) {
+                (_, 0..20) => Some(150.0),
+                // The report of the fault's first two windows: the steps of the second before.
+                (Codec::None, 20..22) => Some(150.0),
+                (Codec::None, 22..24) => None,
+                (Codec::None, _) => Some(1320.0),
+                _ => Some(829.0),
+            };
+            let mut verdicts = VerdictSummary::default();
+            if verdict && w >= 20 {
+                verdicts.gray_peers.insert(peer);
+            }
+            let reported = PlanInForce { reported_unix_ms: (1000 * w).saturating_sub(100), step_time_ms: step_ms, ..running };
+            let jw = job.window(&running.plan);
+            p.observe(&jw, verdicts, &ctx, Some(&reported), 1000 * w);
+        }
+        let history: Vec<_> = p.history().cloned().collect();
+        let k: Vec<_> = history.iter().map(|d| d.kind).collect();
+        assert_eq!(k, [DecisionKind::Adapt, DecisionKind::Verified], "verdict {verdict}: {history:#?}");
+        assert!((20..=21).contains(&((history[0].unix_ms / 1000) as u64)), "verdict {verdict}: adapted in the fault's first windows: {history:#?}");
+        assert_eq!(p.current().compression, Codec::Int8);
+    }
+}
+
 /// Higher is more severe (the services' vote: the most severe proposal runs).
 fn severity(p: &PlanChoice) -> u8 {
     match p.compression {
