@@ -805,7 +805,7 @@ fn a_change_under_a_cap_is_not_judged_against_the_healthy_step_time() {
         let history: Vec<_> = p.history().cloned().collect();
         let k: Vec<_> = history.iter().map(|d| d.kind).collect();
         assert_eq!(k, [DecisionKind::Adapt, DecisionKind::Verified], "verdict {verdict}: {history:#?}");
-        assert!((20..=21).contains(&((history[0].unix_ms / 1000) as u64)), "verdict {verdict}: adapted in the fault's first windows: {history:#?}");
+        assert!((20..=21).contains(&(history[0].unix_ms / 1000)), "verdict {verdict}: adapted in the fault's first windows: {history:#?}");
         assert_eq!(p.current().compression, Codec::Int8);
     }
 }
