@@ -150,6 +150,11 @@ const REPORTED_STEP_FRESH_MS: u64 = ringside_client::APPLIED_PLAN_REFRESH_MS;
 /// Reported step times needed in a verification before the job's own step time judges it.
 const MIN_STEP_SAMPLES: usize = 2;
 
+/// Degraded windows a change waits at most for the job's first step time under the fault, when
+/// the job reports step times (see `from_step` in `JobPolicy::decide`): the Python follower
+/// reports every second, and under a cap its first steps take one to two.
+const STEP_BASELINE_WAIT_WINDOWS: u32 = 5;
+
 /// Healthy-baseline samples (communication time, bottleneck goodput) under the baseline plan.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Baseline {
@@ -827,6 +832,31 @@ impl JobPolicy {
         let act_target = self.target_streak >= self.cfg.trigger_windows.max(1);
         if act_degraded || act_target {
             let cal = cal?;
+            // What the change is verified against: the degraded time. A severe verdict acts in the
+            // fault's first window, when the recent median is still the healthy time, so take the
+            // larger of it and this window's (the open step's so far when none completed: the
+            // first step under a rate cap can outlast the window).
+            let observed = larger_known(obs.comm_or_open_s(), self.recent.comm_or_open_s());
+            // The same for the job's own step time, when it reports it: for a degraded job, only
+            // reports of the degraded streak, and only those no shorter than the degraded
+            // communication time, which no step of the old plan under the fault can be (a report
+            // covers the steps since the job's previous one, about a second, so in the fault's
+            // first window it can still describe the healthy steps). Judged against the healthy
+            // step time no plan could win; judged on communication time alone, a codec whose CPU
+            // time or lost overlap costs the job more than the wire time it saves would stay (a
+            // PyTorch job's int8 under uplink congestion: 890 ms steps against 381 ms
+            // uncompressed, with the agent seeing communication time cut from 73 ms to 21 ms). So
+            // a job that reports step times is changed once it has reported one under the fault,
+            // or after `STEP_BASELINE_WAIT_WINDOWS` degraded windows without one (its steps
+            // outlast them), and then verified on communication time alone.
+            let from_step = if act_degraded {
+                median(self.degraded_steps.iter().copied().filter(|&s| observed.is_none_or(|c| s >= c)))
+            } else {
+                larger_known(reported_step_s, median(self.reported_steps.iter().copied()))
+            };
+            if act_degraded && from_step.is_none() && !self.reported_steps.is_empty() && self.degraded_streak < STEP_BASELINE_WAIT_WINDOWS {
+                return None;
+            }
             let cands: Vec<PlanChoice> = candidates(ctx.constraints, &self.baseline_plan, self.cfg.topk_ratio, self.cfg.max_channels)
                 .into_iter()
                 .filter(|p| !self.in_cooldown(p))
@@ -856,24 +886,6 @@ impl JobPolicy {
             if !network {
                 confidence *= 0.9;
             }
-            // What the change is verified against: the degraded time. A severe verdict acts in the
-            // fault's first window, when the recent median is still the healthy time, so take the
-            // larger of it and this window's (the open step's so far when none completed: the
-            // first step under a rate cap can outlast the window).
-            let observed = larger_known(obs.comm_or_open_s(), self.recent.comm_or_open_s());
-            // The same for the job's own step time, when it reports it: for a degraded job, only
-            // reports of the degraded streak, and only those no shorter than the degraded
-            // communication time, which no step of the old plan under the fault can be (a report
-            // covers the steps since the job's previous one, about a second, so in the fault's
-            // first window it can still describe the healthy steps). A change made before such a
-            // report exists (a verdict acts in the fault's first window, and under a cap a step
-            // can outlast several) is verified on communication time alone: judged against the
-            // healthy step time, no plan could win.
-            let from_step = if act_degraded {
-                median(self.degraded_steps.iter().copied().filter(|&s| observed.is_none_or(|c| s >= c)))
-            } else {
-                larger_known(reported_step_s, median(self.reported_steps.iter().copied()))
-            };
             // Leaving a baseline the policy returned to lately: that return was a probe the
             // fault outlasted (a rate cap the compressed job fitted under shows no evidence), so
             // the next one waits twice as long.
