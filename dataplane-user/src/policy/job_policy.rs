@@ -189,9 +189,10 @@ pub struct JobPolicy {
     /// The job's own step times (`PlanInForce::step_time_ms`) in the recent windows in which the
     /// advised plan ran, seconds: cleared with `recent`.
     reported_steps: VecDeque<f64>,
-    /// The same reports from the windows of the current degraded streak, seconds: what the job's
-    /// steps take under the fault before a change. Cleared with `recent` and when the streak
-    /// ends.
+    /// The same reports from the windows of the current degraded streak but its first, seconds:
+    /// what the job's steps take under the fault before a change (a report covers the steps since
+    /// the job's previous one, about a second, so in the fault's first window it still describes
+    /// the healthy steps). Cleared with `recent` and when the streak ends.
     degraded_steps: VecDeque<f64>,
     steps: StepTracker,
     baseline: Baseline,
@@ -579,7 +580,7 @@ impl JobPolicy {
         self.degraded_streak = if degraded { self.degraded_streak.saturating_add(1) } else { 0 };
         match reported_step_s {
             _ if !degraded => self.degraded_steps.clear(),
-            Some(s) => {
+            Some(s) if self.degraded_streak >= 2 => {
                 if self.degraded_steps.len() >= self.cfg.recent_windows.max(1) {
                     self.degraded_steps.pop_front();
                 }
@@ -838,10 +839,12 @@ impl JobPolicy {
             // first step under a rate cap can outlast the window).
             let observed = larger_known(obs.comm_or_open_s(), self.recent.comm_or_open_s());
             // The same for the job's own step time, when it reports it: for a degraded job, only
-            // reports of the degraded streak, and only those no shorter than the degraded
-            // communication time, which no step of the old plan under the fault can be (a report
-            // covers the steps since the job's previous one, about a second, so in the fault's
-            // first window it can still describe the healthy steps). Judged against the healthy
+            // reports of the degraded streak after its first window, and only those no shorter
+            // than the degraded communication time, which no step of the old plan under the fault
+            // can be (a report covers the steps since the job's previous one, about a second, so
+            // in the fault's first window it still describes the healthy steps: a PyTorch job's
+            // int8 was judged against "121 ms" that way, its healthy step, where the agent's
+            // communication time was 95 ms). Judged against the healthy
             // step time no plan could win; judged on communication time alone, a codec whose CPU
             // time or lost overlap costs the job more than the wire time it saves would stay (a
             // PyTorch job's int8 under uplink congestion: 890 ms steps against 381 ms

@@ -794,26 +794,27 @@ fn reporting_job_under_a_fault(seed: u64, verdict: bool, codecs: &[&str], step_m
 #[test]
 fn a_change_under_a_cap_is_judged_against_the_steps_under_the_cap() {
     // Seen with PyTorch under uplink congestion: the cap bites at window 20 and the job's
-    // uncompressed steps (1320 ms) outlast the windows, so the reports of the fault's first
-    // windows carry no step time or still the pre-fault one (150 ms: a report covers the second
-    // before it), shorter than the communication time the agent sees under the cap. int8's steps
-    // (829 ms) are far faster than the uncompressed ones under the cap, but slower than the
-    // healthy steps: judged against 150 ms int8 was reverted ("829 ms vs 150 ms") and taken back
-    // 3.8 s later. The change waits for the first step time under the cap and is kept, whether a
-    // verdict came in the fault's first window or the severe slowdown in its second.
-    for verdict in [true, false] {
+    // uncompressed steps (1320 ms) outlast the windows, so the report of the fault's first window
+    // still carries the pre-fault step time (a report covers the second before it) and the next
+    // ones none. int8's steps (829 ms) are far faster than the uncompressed ones under the cap,
+    // but slower than the healthy steps: judged against 150 ms int8 was reverted ("829 ms vs
+    // 150 ms") and taken back 3.8 s later. The change waits for the first step time under the
+    // cap and is kept, whether a verdict came in the fault's first window or the severe
+    // slowdown in its second, and whether the stale report is shorter than the communication
+    // time the agent sees under the cap (about 470 ms here) or not (a job whose healthy steps
+    // are mostly compute).
+    for (verdict, healthy_ms) in [(true, 150.0), (false, 150.0), (true, 500.0), (false, 500.0)] {
         let p = reporting_job_under_a_fault(21, verdict, &["none", "int8"], |codec, w| match (codec, w) {
-            (_, 0..20) => Some(150.0),
-            (Codec::None, 20..22) => Some(150.0),
-            (Codec::None, 22..24) => None,
+            (_, 0..21) => Some(healthy_ms),
+            (Codec::None, 21..24) => None,
             (Codec::None, _) => Some(1320.0),
             _ => Some(829.0),
         });
         let history: Vec<_> = p.history().cloned().collect();
         let k: Vec<_> = history.iter().map(|d| d.kind).collect();
-        assert_eq!(k, [DecisionKind::Adapt, DecisionKind::Verified], "verdict {verdict}: {history:#?}");
-        assert_eq!(history[0].unix_ms, 24_000, "verdict {verdict}: adapted on the first step time under the cap: {history:#?}");
-        assert!(history[1].reasons[0].ends_with("the job's steps went from 1320 ms to 829 ms"), "verdict {verdict}: {:?}", history[1].reasons);
+        assert_eq!(k, [DecisionKind::Adapt, DecisionKind::Verified], "verdict {verdict}, healthy {healthy_ms} ms: {history:#?}");
+        assert_eq!(history[0].unix_ms, 24_000, "verdict {verdict}, healthy {healthy_ms} ms: adapted on the first step time under the cap: {history:#?}");
+        assert!(history[1].reasons[0].ends_with("the job's steps went from 1320 ms to 829 ms"), "verdict {verdict}, healthy {healthy_ms} ms: {:?}", history[1].reasons);
         assert_eq!(p.current().compression, Codec::Int8);
     }
 }
