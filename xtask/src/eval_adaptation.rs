@@ -50,7 +50,7 @@ use testbed::{ByteSize, CrossTrafficSpec, JobConfig, LeafSpine, LeafSpineConfig,
 
 use crate::{
     agent::{Agent, AgentSpec},
-    eval::{job_send_rate_mbit, loadavg, machine, measure_capacity, now_ms, pick, release_binaries, sleep_checked, RATE_SAMPLES},
+    eval::{job_send_rate_mbit, loadavg, machine, now_ms, pick, release_binaries, send_rate_mbit, sleep_checked, RATE_SAMPLES},
     util::workspace_root,
 };
 
@@ -211,7 +211,6 @@ struct Ctx<'a> {
     /// `ringside-ipu` (release), for the managed source.
     ipu_bin: &'a Path,
     opts: &'a Opts,
-    uplink_cap_mbit: u64,
     logs: &'a Path,
     stop: &'static AtomicBool,
 }
@@ -314,11 +313,6 @@ pub fn run(opts: Opts) -> Result<()> {
 
     let load_before = loadavg();
     let started = Instant::now();
-    println!("\n==> measuring the veth link capacity (1 TCP stream, 2-host star, offloads off)");
-    let capacity = measure_capacity().context("link capacity measurement")?;
-    let uplink_cap_mbit = (capacity / 4.0).round().max(10.0) as u64;
-    println!("    {capacity:.0} Mbit/s → the leaf-spine uplink is capped at 1/4: {uplink_cap_mbit} Mbit/s");
-
     let several = opts.seeds.len() > 1;
     let mut per_seed: Vec<(u64, Vec<(Source, Rows)>)> = Vec::new();
     for &seed in &opts.seeds {
@@ -327,7 +321,7 @@ pub fn run(opts: Opts) -> Result<()> {
         if several {
             println!("\n==> seed {seed}");
         }
-        per_seed.push((seed, run_seed(&sources, &scenarios, seed, &Ctx { source: Source::Rank, ringside: &ringside, rank_bin: &rank_bin, ipu_bin: &ipu_bin, opts: &opts, uplink_cap_mbit, logs: &logs, stop }, started)?));
+        per_seed.push((seed, run_seed(&sources, &scenarios, seed, &Ctx { source: Source::Rank, ringside: &ringside, rank_bin: &rank_bin, ipu_bin: &ipu_bin, opts: &opts, logs: &logs, stop }, started)?));
     }
     let elapsed = started.elapsed();
     let load_after = loadavg();
@@ -376,7 +370,6 @@ pub fn run(opts: Opts) -> Result<()> {
         "load_before": load_before,
         "load_after": load_after,
         "elapsed_s": elapsed.as_secs_f64(),
-        "uplink_cap_mbit": uplink_cap_mbit,
     });
     if let Some(o) = &over {
         doc["seeds"] = Value::Array(per_seed.iter().zip(&reports).map(|((seed, ps), (_, r))| json!({"seed": seed, "sources": seed_json(ps, r)})).collect());
@@ -396,7 +389,7 @@ pub fn run(opts: Opts) -> Result<()> {
             }
         }
     }
-    let md = render_markdown(&opts, &machine(), &load_before, &load_after, elapsed, uplink_cap_mbit, &reports, &per_seed, over.as_ref());
+    let md = render_markdown(&opts, &machine(), &load_before, &load_after, elapsed, &reports, &per_seed, over.as_ref());
     let md_path = out_dir.join("adaptation.md");
     std::fs::write(&md_path, &md)?;
     if (opts.scenarios.is_empty() && opts.sources.is_empty()) || opts.write_docs {
@@ -634,23 +627,21 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut O
             r.target = format!("2 % loss both ways on h{target}'s link");
         }
         (Scenario::RateCapQuarter, Some(s), _) => {
-            let rate = match *send_rate {
-                // Same timing as a measuring run: the fault starts after the same warm-up.
-                Some(rate) => {
-                    sleep_checked(sampling, ctx.stop);
-                    rate
-                }
-                None => *send_rate.insert(job_send_rate_mbit(&agent, &s.hosts[target].switch_port, ctx.stop)?),
-            };
+            let rate = rate_once(send_rate, ctx.stop, || job_send_rate_mbit(&agent, &s.hosts[target].switch_port, ctx.stop))?;
             let cap = (rate / 4.0).round().max(10.0) as u64;
             _guards.push(Box::new(s.link_rate_cap(&format!("h{target}"), cap)?));
             r.target = format!("h{target}'s link capped to {cap} Mbit/s (1/4 of the {rate:.0} Mbit/s it sent at)");
         }
         (Scenario::UplinkCongestion, _, Some(l)) => {
-            _guards.push(Box::new(l.link_rate_cap("up0", ctx.uplink_cap_mbit)?));
-            sleep_checked(sampling, ctx.stop);
+            // Sized from the job, not the machine: a cap at a fixed share of the veth's capacity
+            // was 375 Mbit/s on one machine and 2413 on another, where 4 streams as fast as TCP
+            // goes through it kept both vCPUs in softirq and the job was bound by the CPU, not
+            // the uplink (docs/eval-adaptation.md, session 27).
+            let rate = rate_once(send_rate, ctx.stop, || send_rate_mbit(&agent, l.leaves[0].uplink_iface, "egress", ctx.stop))?;
+            let cap = rate.round().max(10.0) as u64;
+            _guards.push(Box::new(l.link_rate_cap("up0", cap)?));
             _guards.push(Box::new(l.cross_traffic(CrossTrafficSpec { from: 2, to: LEAF_HOSTS + 2, streams: 4, ..Default::default() })?));
-            r.target = format!("up0 capped to {} Mbit/s + 4 TCP streams h2 -> h5 through it", ctx.uplink_cap_mbit);
+            r.target = format!("up0 capped to {cap} Mbit/s (the {rate:.0} Mbit/s the job sent through it) + 4 TCP streams h2 -> h5 through it");
         }
         _ => unreachable!(),
     }
@@ -665,6 +656,19 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut O
         Source::Torch => measure_torch(&out, &mut r)?,
     }
     Ok(r)
+}
+
+/// The rate a fault is sized from: `measure`d (over `RATE_SAMPLES` × 100 ms) by the first run
+/// of a scenario and kept in `cached`; the second run waits as long instead, so its fault starts
+/// after the same warm-up.
+fn rate_once(cached: &mut Option<f64>, stop: &AtomicBool, measure: impl FnOnce() -> Result<f64>) -> Result<f64> {
+    match *cached {
+        Some(rate) => {
+            sleep_checked(Duration::from_millis(100 * RATE_SAMPLES as u64), stop);
+            Ok(rate)
+        }
+        None => Ok(*cached.insert(measure()?)),
+    }
 }
 
 /// Fills `r` from rank 0's report: the steps that ended after the fault start.
@@ -1133,7 +1137,6 @@ fn render_markdown(
     load_before: &str,
     load_after: &str,
     elapsed: Duration,
-    uplink_cap: u64,
     reports: &[(u64, Vec<Report>)],
     per_seed: &[(u64, Vec<(Source, Rows)>)],
     over: Option<&OverSeeds>,
@@ -1211,8 +1214,10 @@ fn render_markdown(
     let _ = writeln!(
         m,
         "- Rigs: a {RANKS}-host star with the agent on every switch port; for uplink congestion a 2×{LEAF_HOSTS} leaf-spine, ranks on h0, h1, \
-         h3, h4, the agent on leaf 0's ports and uplink, leaf 0's uplink capped at {uplink_cap} Mbit/s (1/4 of one TCP stream's veth rate) \
-         from the warm-up on, and the fault is 4 TCP streams h2 → h5 through it."
+         h3, h4, the agent on leaf 0's ports and uplink; the fault is leaf 0's uplink capped to the rate the job sent through it \
+         during the warm-up (the 90th percentile of the agent's 100 ms samples of the job's flows leaving leaf 0 by the uplink, \
+         measured by the first run of the scenario and reused by the second) and 4 TCP streams h2 → h5 through it, as fast as TCP \
+         goes: the job's share of its own rate is about a fifth."
     );
     let _ = writeln!(
         m,
@@ -1489,13 +1494,7 @@ fn run_one_managed(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate
             r.target = format!("2 % loss both ways on h{target} (IPU {target}'s fabric cable)");
         }
         Scenario::RateCapQuarter => {
-            let rate = match *send_rate {
-                Some(rate) => {
-                    sleep_checked(sampling, ctx.stop);
-                    rate
-                }
-                None => *send_rate.insert(ipu_send_rate_mbit(&agents[target], ctx.stop)?),
-            };
+            let rate = rate_once(send_rate, ctx.stop, || ipu_send_rate_mbit(&agents[target], ctx.stop))?;
             let cap = (rate / 4.0).round().max(10.0) as u64;
             _guards.push(Box::new(star.link_rate_cap(&format!("h{target}"), cap)?));
             r.target = format!("h{target} (IPU {target}'s fabric cable) capped to {cap} Mbit/s (1/4 of the {rate:.0} Mbit/s IPU {target} sent at)");
