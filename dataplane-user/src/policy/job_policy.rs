@@ -683,7 +683,12 @@ impl JobPolicy {
                 }
                 v.step_samples.extend(reported_step_s);
             }
-            let enough = v.samples.len() >= self.cfg.verify_windows.max(1);
+            // With the old plan's step time known, the job's own step times judge the change: wait
+            // for `MIN_STEP_SAMPLES` of them too (until the time-out), or a job whose steps
+            // outlast the windows would be judged on communication time alone (a PyTorch job's
+            // int8 under uplink congestion: 2.3 s steps, one report in the 3 windows).
+            let steps_pending = v.from_step_s.is_some() && v.step_samples.len() < MIN_STEP_SAMPLES;
+            let enough = v.samples.len() >= self.cfg.verify_windows.max(1) && !steps_pending;
             let timed_out = v.ran_windows > 3 * self.cfg.verify_windows.max(1) as u64;
             if !enough && !timed_out {
                 // A plan the job never ran (another was in force the whole time) cannot be

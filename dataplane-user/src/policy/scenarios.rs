@@ -844,6 +844,25 @@ fn a_codec_slower_than_the_uncompressed_steps_under_the_fault_is_reverted() {
     assert!(matches!(p.current().compression, Codec::Fp16 | Codec::Bf16), "{history:#?}");
 }
 
+#[test]
+fn a_change_waits_for_the_jobs_step_times_when_its_steps_outlast_the_windows() {
+    // Seen with PyTorch under uplink congestion: steps of 2-2.4 s, so a report carries a step
+    // time every second or third window, and the 3 verification windows held one. int8 (2400 ms
+    // steps) is slower than the uncompressed steps under the fault (2000 ms) although the agent
+    // sees its communication time cut: the verification waits for two step times and reverts it.
+    let p = reporting_job_under_a_fault(23, true, &["none", "int8"], |codec, w| match (codec, w) {
+        (_, 0..21) => Some(150.0),
+        (Codec::None, _) => (w % 2 == 0).then_some(2000.0),
+        _ => (w % 3 == 0).then_some(2400.0),
+    });
+    let history: Vec<_> = p.history().cloned().collect();
+    assert!(history.len() >= 2, "{history:#?}");
+    assert_eq!((history[0].kind, history[0].to.compression), (DecisionKind::Adapt, Codec::Int8), "{history:#?}");
+    assert_eq!(history[1].kind, DecisionKind::Revert, "{history:#?}");
+    assert!(history[1].reasons[0].ends_with("but not the job's step time (2400 ms vs 2000 ms, as the job reports)"), "{:?}", history[1].reasons);
+    assert!(history.iter().all(|d| d.kind != DecisionKind::Verified || d.to.compression == Codec::None), "int8 never verified: {history:#?}");
+}
+
 /// Higher is more severe (the services' vote: the most severe proposal runs).
 fn severity(p: &PlanChoice) -> u8 {
     match p.compression {
