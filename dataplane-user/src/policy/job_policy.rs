@@ -12,14 +12,15 @@
 //! 3. while a change is being verified: after `settle_windows`, collect `verify_windows`
 //!    windows of communication time; if it fell by less than `verify_min_gain` against the
 //!    previous plan's, revert, and put the reverted plan in cooldown; when the job reports its
-//!    own step times, they must also have fallen against the old plan's under the same
-//!    conditions (for a change made on degraded windows: reports of the degraded streak only,
-//!    else communication time alone decides);
+//!    own step times and the old plan's under the current conditions are known, the
+//!    verification waits for two of them too, and they must have fallen as well;
 //! 4. otherwise, at least `min_dwell_windows` after the last change: when degraded for
 //!    `trigger_windows` (at once on a verdict, or on communication time at `severe_degrade_ratio`
 //!    with the slowest path at `severe_path_ratio`) or missing the target for `trigger_windows`,
 //!    choose a plan ([`super::decide`]) and adopt it if it predicts ≥ `min_improvement` less
-//!    communication time than the current one; when not at the baseline and healthy for
+//!    communication time than the current one (on degraded windows, a job that reports step
+//!    times waits until it has reported one under the fault, at most
+//!    `STEP_BASELINE_WAIT_WINDOWS`); when not at the baseline and healthy for
 //!    `recover_windows` (and the baseline is predicted to meet the target, if any), return to
 //!    the baseline plan; each return in a row that the fault outlasts (an adaptation within
 //!    twice the wait before it) doubles that wait, up to 8×;
@@ -843,20 +844,18 @@ impl JobPolicy {
             // larger of it and this window's (the open step's so far when none completed: the
             // first step under a rate cap can outlast the window).
             let observed = larger_known(obs.comm_or_open_s(), self.recent.comm_or_open_s());
-            // The same for the job's own step time, when it reports it: for a degraded job, only
-            // reports of the degraded streak after its first window, and only those no shorter
-            // than the degraded communication time, which no step of the old plan under the fault
-            // can be (a report covers the steps since the job's previous one, about a second, so
-            // in the fault's first window it still describes the healthy steps: a PyTorch job's
-            // int8 was judged against "121 ms" that way, its healthy step, where the agent's
-            // communication time was 95 ms). Judged against the healthy
-            // step time no plan could win; judged on communication time alone, a codec whose CPU
-            // time or lost overlap costs the job more than the wire time it saves would stay (a
-            // PyTorch job's int8 under uplink congestion: 890 ms steps against 381 ms
-            // uncompressed, with the agent seeing communication time cut from 73 ms to 21 ms). So
-            // a job that reports step times is changed once it has reported one under the fault,
-            // or after `STEP_BASELINE_WAIT_WINDOWS` degraded windows without one (its steps
-            // outlast them), and then verified on communication time alone.
+            // The same for the job's own step time, when it reports it. For a degraded job: the
+            // reports of the degraded streak after its first window that are no shorter than the
+            // degraded communication time (a report covers the second before it, so in the
+            // fault's first window it still describes the healthy steps, and no step of the old
+            // plan under the fault is shorter than its communication). Against the healthy step
+            // time no plan could win (session 26: int8 reverted for "829 ms vs 150 ms"); on
+            // communication time alone a codec whose CPU time or lost overlap costs the job more
+            // than the wire time it saves would stay (int8 kept at 890 ms steps against 381 ms
+            // uncompressed, the agent seeing communication cut from 73 to 21 ms). So a job that
+            // reports step times is changed once it has reported one under the fault, or after
+            // `STEP_BASELINE_WAIT_WINDOWS` degraded windows without one (its steps outlast them),
+            // and then verified on communication time alone.
             let from_step = if act_degraded {
                 median(self.degraded_steps.iter().copied().filter(|&s| observed.is_none_or(|c| s >= c)))
             } else {
