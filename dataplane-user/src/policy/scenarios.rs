@@ -727,34 +727,14 @@ fn a_revert_judged_before_the_slowdown_is_undone_by_the_jobs_step_times() {
     // judged against the healthy step time, is no faster yet, and is reverted. Uncompressed under
     // the cap the job then reports steps four times as long as int8's: the revert is undone and
     // int8 verified against them.
-    let mut job = FakeJob::testbed(18);
-    let mut p = JobPolicy::new(PolicyConfig::default(), PhaseParams::default(), baseline());
-    let c = Constraints { codecs: vec!["none".into(), "int8".into()], algorithms: vec![Algorithm::Ring], ..Constraints::default() };
-    let ctx = JobContext { constraints: &c, gradient_bytes: None };
-    let mut running = in_force_from(baseline(), 0);
-    let peer = job.peers[1];
-    for w in 0..80u64 {
-        if w == 26 {
-            job.bw[1] /= 8.0;
-        }
-        if running.plan != *p.current() {
-            running = in_force_from(*p.current(), w);
-        }
-        let capped = w >= 26;
-        let step_ms = match (running.plan.compression, capped) {
+    let p = reporting_job(Fault { seed: 18, cap_at: 26, verdict_from: Some(20), windows: 80 }, &["none", "int8"], |codec, w| {
+        Some(match (codec, w >= 26) {
             (Codec::None, false) => 150.0,
             (Codec::None, true) => 800.0,
             (_, false) => 165.0,
             (_, true) => 200.0,
-        };
-        let mut verdicts = VerdictSummary::default();
-        if w >= 20 {
-            verdicts.gray_peers.insert(peer);
-        }
-        let reported = PlanInForce { reported_unix_ms: (1000 * w).saturating_sub(100), step_time_ms: Some(step_ms), ..running };
-        let jw = job.window(&running.plan);
-        p.observe(&jw, verdicts, &ctx, Some(&reported), 1000 * w);
-    }
+        })
+    });
     let history: Vec<_> = p.history().cloned().collect();
     let k: Vec<_> = history.iter().map(|d| d.kind).collect();
     assert_eq!(k[..4], [DecisionKind::Adapt, DecisionKind::Revert, DecisionKind::Revert, DecisionKind::Verified], "{history:#?}");
@@ -763,25 +743,33 @@ fn a_revert_judged_before_the_slowdown_is_undone_by_the_jobs_step_times() {
     assert_eq!(p.current().compression, Codec::Int8);
 }
 
-/// A job that reports its step times, from window 20 under a fault that slows peer 1's path to
-/// an eighth; `step_ms(codec, window)` is what it reports (the report of window w arrives during
-/// it). Returns the policy after 60 windows.
-fn reporting_job_under_a_fault(seed: u64, verdict: bool, codecs: &[&str], step_ms: impl Fn(Codec, u64) -> Option<f64>) -> JobPolicy {
-    let mut job = FakeJob::testbed(seed);
+/// When and how a fault hits a job that reports its step times: peer 1's path slows to an eighth
+/// from window `cap_at`, a gray-failure verdict on it is open from `verdict_from`.
+struct Fault {
+    seed: u64,
+    cap_at: u64,
+    verdict_from: Option<u64>,
+    windows: u64,
+}
+
+/// A job that reports its step times under `fault`; `step_ms(codec, window)` is what it reports
+/// (the report of window w arrives during it). Returns the policy after the fault's windows.
+fn reporting_job(fault: Fault, codecs: &[&str], step_ms: impl Fn(Codec, u64) -> Option<f64>) -> JobPolicy {
+    let mut job = FakeJob::testbed(fault.seed);
     let mut p = JobPolicy::new(PolicyConfig::default(), PhaseParams::default(), baseline());
     let c = Constraints { codecs: codecs.iter().map(|c| c.to_string()).collect(), algorithms: vec![Algorithm::Ring], ..Constraints::default() };
     let ctx = JobContext { constraints: &c, gradient_bytes: None };
     let mut running = in_force_from(baseline(), 0);
     let peer = job.peers[1];
-    for w in 0..60u64 {
-        if w == 20 {
+    for w in 0..fault.windows {
+        if w == fault.cap_at {
             job.bw[1] /= 8.0;
         }
         if running.plan != *p.current() {
             running = in_force_from(*p.current(), w);
         }
         let mut verdicts = VerdictSummary::default();
-        if verdict && w >= 20 {
+        if fault.verdict_from.is_some_and(|v| w >= v) {
             verdicts.gray_peers.insert(peer);
         }
         let reported = PlanInForce { reported_unix_ms: (1000 * w).saturating_sub(100), step_time_ms: step_ms(running.plan.compression, w), ..running };
@@ -789,6 +777,11 @@ fn reporting_job_under_a_fault(seed: u64, verdict: bool, codecs: &[&str], step_m
         p.observe(&jw, verdicts, &ctx, Some(&reported), 1000 * w);
     }
     p
+}
+
+/// The fault of the tests below: the cap at window 20, with a verdict from then on or none.
+fn reporting_job_under_a_fault(seed: u64, verdict: bool, codecs: &[&str], step_ms: impl Fn(Codec, u64) -> Option<f64>) -> JobPolicy {
+    reporting_job(Fault { seed, cap_at: 20, verdict_from: verdict.then_some(20), windows: 60 }, codecs, step_ms)
 }
 
 #[test]
