@@ -814,7 +814,7 @@ fn a_change_under_a_cap_is_judged_against_the_steps_under_the_cap() {
 
 #[test]
 fn a_codec_slower_than_the_uncompressed_steps_under_the_fault_is_reverted() {
-    // Seen with PyTorch under uplink congestion on a faster machine: the agent sees int8 cut the
+    // Seen with PyTorch under uplink congestion on another machine: the agent sees int8 cut the
     // communication time (73 ms to 21 ms), but its synchronous exchanges made the job's steps
     // 890 ms against 381 ms uncompressed under the same fault, while fp16 (torch's asynchronous
     // hook) made them shorter. Here (the fake job's uncompressed communication under the fault
