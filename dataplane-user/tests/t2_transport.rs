@@ -50,8 +50,10 @@ const RTPROT_RINGSIDE: &str = "82";
 const WARMUP: Duration = Duration::from_secs(15);
 /// Under loss: 3 lossy windows to the advice, then enough steps with it to count stalls.
 const LOSSY: Duration = Duration::from_secs(30);
-/// Steps of the static reference run under the same loss.
-const REFERENCE_STEPS: u64 = 100;
+/// Steps of the static reference run under the same loss. 100 stalled on 4 % of their steps on
+/// session 27's machine, 4 of 97 in both attempts of one busy round (under the 5 needed): at 200
+/// steps, about 8 are expected there.
+const REFERENCE_STEPS: u64 = 200;
 /// Fewest stalls the static reference run must show for the comparison to mean anything.
 const MIN_STATIC_STALLS: usize = 5;
 /// A step whose gradients took this long waited for a retransmission timeout (at least 200 ms).
