@@ -144,6 +144,14 @@ fn larger_known(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     }
 }
 
+/// Appends `v`, dropping the oldest so that at most `cap` (at least 1) are kept.
+fn push_bounded(q: &mut VecDeque<f64>, v: f64, cap: usize) {
+    while q.len() >= cap.max(1) {
+        q.pop_front();
+    }
+    q.push_back(v);
+}
+
 /// How long a reported step time stands for the job's step time in its insight, ms (the Python
 /// follower reports every second).
 const REPORTED_STEP_FRESH_MS: u64 = ringside_client::APPLIED_PLAN_REFRESH_MS;
@@ -517,10 +525,7 @@ impl JobPolicy {
         if ran {
             self.recent.push(summary);
             if let Some(s) = reported_step_s {
-                if self.reported_steps.len() >= self.cfg.recent_windows.max(1) {
-                    self.reported_steps.pop_front();
-                }
-                self.reported_steps.push_back(s);
+                push_bounded(&mut self.reported_steps, s, self.cfg.recent_windows);
             }
         } else {
             self.recent.clear();
@@ -581,12 +586,7 @@ impl JobPolicy {
         self.degraded_streak = if degraded { self.degraded_streak.saturating_add(1) } else { 0 };
         match reported_step_s {
             _ if !degraded => self.degraded_steps.clear(),
-            Some(s) if self.degraded_streak >= 2 => {
-                if self.degraded_steps.len() >= self.cfg.recent_windows.max(1) {
-                    self.degraded_steps.pop_front();
-                }
-                self.degraded_steps.push_back(s);
-            }
+            Some(s) if self.degraded_streak >= 2 => push_bounded(&mut self.degraded_steps, s, self.cfg.recent_windows),
             _ => {}
         }
         self.healthy_streak = if ran && !degraded && ratio.is_none_or(|r| r < self.cfg.degrade_ratio) { self.healthy_streak.saturating_add(1) } else { 0 };
@@ -601,13 +601,9 @@ impl JobPolicy {
         if ran && self.current == self.baseline_plan && self.verifying.is_none() && !degraded && lossy_peers.is_empty() && !obs.verdicts.straggler {
             let bytes = cal.as_ref().map(|c| c.path.bytes);
             if let (Some(c), Some(b), Some(s)) = (summary.comm_s, summary.bottleneck_bps, bytes) {
-                let cap = self.cfg.baseline_windows.max(1);
                 let q = &mut self.baseline;
                 for (q, v) in [(&mut q.comm_s, c), (&mut q.bottleneck_bps, b), (&mut q.bytes, s)] {
-                    if q.len() == cap {
-                        q.pop_front();
-                    }
-                    q.push_back(v);
+                    push_bounded(q, v, self.cfg.baseline_windows);
                 }
             }
         }
