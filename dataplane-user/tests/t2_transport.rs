@@ -14,10 +14,11 @@
 //!   advice wait ≥ 200 ms (Linux's minimum retransmission timeout) for their gradients as of the
 //!   steps of a static run of the same job under the same loss started right after on the same rig,
 //!   and their mean communication time (`comm_ms`) is lower (steps of a synchronous codec the
-//!   policy tried meanwhile are left out: their `comm_ms` includes the codec's CPU time). A static run with fewer than
-//!   [`MIN_STATIC_STALLS`] stalls makes the run inconclusive (run once more): random loss does not
-//!   always hit a tail segment, and then there is nothing to compare (seven runs beside a CI run,
-//!   load 4-8: static stalls on 5-44 % of 57 steps, advised on 0-6 %; comm ×1.09-2.05);
+//!   policy tried meanwhile are left out: their `comm_ms` includes the codec's CPU time). A static
+//!   run with fewer than [`MIN_STATIC_STALLS`] stalls makes the run inconclusive (run once more):
+//!   random loss does not always hit a tail segment, and then there is nothing to compare (seven
+//!   runs beside a CI run, load 4-8: static stalls on 5-44 % of 57 steps, advised on 0-6 %; comm
+//!   ×1.09-2.05);
 //! - every loss value finite.
 //!
 //! Needs root, an agent built with its eBPF object (`cargo xtask test` does both) and the PyTorch

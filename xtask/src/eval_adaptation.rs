@@ -1217,7 +1217,7 @@ fn render_markdown(
          h3, h4, the agent on leaf 0's ports and uplink; the fault is leaf 0's uplink capped to the rate the job sent through it \
          during the warm-up (the 90th percentile of the agent's 100 ms samples of the job's flows leaving leaf 0 by the uplink, \
          measured by the first run of the scenario and reused by the second) and 4 TCP streams h2 → h5 through it, as fast as TCP \
-         goes: the job's share of its own rate is about a fifth."
+         goes."
     );
     let _ = writeln!(
         m,
