@@ -239,9 +239,7 @@ impl IpuStar {
                 for (ns, iface) in
                     [(&h.ns, HOST_IFACE), (&h.ipu, IPU_HOST_PORT), (&h.ipu, IPU_FABRIC_PORT), (&star.switch, h.switch_port.as_str())]
                 {
-                    let mut c = ns.command("ethtool");
-                    c.args(["-K", iface, "tso", "off", "gso", "off", "gro", "off"]);
-                    cmd::run(cmd::Tool::Ethtool, &mut c, None)?;
+                    tuning::set_offloads(&ns.handle(), iface, false, Some(false))?;
                 }
             }
         }

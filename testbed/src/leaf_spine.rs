@@ -216,9 +216,7 @@ impl LeafSpine {
         for link in ls.links() {
             if !cfg.offloads {
                 for e in [&link.near, &link.far] {
-                    let mut c = e.ns.command("ethtool");
-                    c.args(["-K", &e.iface, "tso", "off", "gso", "off", "gro", "off"]);
-                    cmd::run(cmd::Tool::Ethtool, &mut c, None)?;
+                    tuning::set_offloads(&e.ns, &e.iface, false, Some(false))?;
                 }
             }
             if cfg.rps {

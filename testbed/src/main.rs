@@ -443,6 +443,13 @@ struct JobRigArgs {
     /// Turn TSO/GSO/GRO off on every link.
     #[arg(long)]
     no_offloads: bool,
+    /// With --no-offloads: turn TSO/GSO back on at both ends of this link (repeatable), e.g.
+    /// the cross traffic's path on a leaf-spine with 3 hosts per leaf: `--offloads-on h2
+    /// --offloads-on up0 --offloads-on up1 --offloads-on h5`. The bulk traffic then crosses as
+    /// 64 KiB super-packets and loads the uplink, not the machine's CPUs, while the job's hosts
+    /// still send MTU-sized segments.
+    #[arg(long, value_name = "LINK", requires = "no_offloads")]
+    offloads_on: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -850,6 +857,14 @@ impl JobRig {
     /// A star of `ranks` hosts (two more for a bare --cross-traffic), or two leaves with the ranks
     /// split between them (one more host per leaf for a bare --cross-traffic).
     fn build(a: &JobRigArgs, ranks: usize) -> anyhow::Result<JobRig> {
+        let jr = Self::build_rig(a, ranks)?;
+        for link in &a.offloads_on {
+            jr.rig.link_segmentation_offloads(link, true).with_context(|| format!("--offloads-on {link}"))?;
+        }
+        Ok(jr)
+    }
+
+    fn build_rig(a: &JobRigArgs, ranks: usize) -> anyhow::Result<JobRig> {
         let (topology, hosts_per_leaf, faults, no_offloads) = (a.topology, a.hosts_per_leaf, &a.faults, a.no_offloads);
         // Ctrl-C from here on tears the rig down (the handlers only set a flag).
         testbed::signals::stop_flag();

@@ -71,6 +71,19 @@ pub trait Rig {
         self.link_flap(link, FlapSpec { down, period: None, count: Some(1) })
     }
 
+    /// Turns TSO/GSO on or off at both ends of `link` (GRO as it was). On a rig built without
+    /// offloads, turning them back on along the path of cross traffic (its hosts' links and the
+    /// uplinks) lets the bulk traffic cross the rig as 64 KiB super-packets, so it loads the links
+    /// rather than the machine's CPUs, while the job's hosts still send MTU-sized segments.
+    fn link_segmentation_offloads(&self, link: &str, on: bool) -> Result<()> {
+        let link = self.link(link)?;
+        for e in [&link.near, &link.far] {
+            crate::tuning::set_offloads(&e.ns, &e.iface, on, None)?;
+        }
+        tracing::info!(link = %link.name, on, "segmentation offloads set");
+        Ok(())
+    }
+
     /// Bulk TCP traffic between two hosts (not part of a job) for a while; see [`CrossTrafficSpec`].
     fn cross_traffic(&self, spec: CrossTrafficSpec) -> Result<CrossTraffic> {
         let from = self.host_netns(spec.from)?.handle();

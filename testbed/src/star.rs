@@ -168,12 +168,8 @@ impl Star {
         }
         if !cfg.offloads {
             for h in &star.hosts {
-                let mut c = h.ns.command("ethtool");
-                c.args(["-K", HOST_IFACE, "tso", "off", "gso", "off", "gro", "off"]);
-                cmd::run(cmd::Tool::Ethtool, &mut c, None)?;
-                let mut c = star.switch.command("ethtool");
-                c.args(["-K", &h.switch_port, "tso", "off", "gso", "off", "gro", "off"]);
-                cmd::run(cmd::Tool::Ethtool, &mut c, None)?;
+                tuning::set_offloads(&h.ns.handle(), HOST_IFACE, false, Some(false))?;
+                tuning::set_offloads(&star.switch.handle(), &h.switch_port, false, Some(false))?;
             }
         }
         if cfg.rps {

@@ -74,6 +74,9 @@ const STRAGGLER_EXTRA_MS: u64 = 60;
 /// Hosts per leaf in the uplink scenario: ranks on h0, h1 (leaf 0) and h3, h4 (leaf 1); h2 sends
 /// the cross traffic to h5 through leaf 0's capped uplink.
 const LEAF_HOSTS: usize = 3;
+/// The cross traffic's sender and receiver in the uplink scenario (neither runs a rank).
+const CROSS_FROM: usize = 2;
+const CROSS_TO: usize = LEAF_HOSTS + 2;
 
 /// Options of `cargo xtask eval adaptation`.
 #[derive(clap::Args, Clone, Debug)]
@@ -520,7 +523,14 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut O
     let leaf_spine = sc == Scenario::UplinkCongestion;
     // The rig, the agent's namespace and interfaces, and the address the ranks reach it at.
     let (star, ls) = if leaf_spine {
-        (None, Some(LeafSpine::new(LeafSpineConfig { leaves: 2, hosts_per_leaf: LEAF_HOSTS, offloads: false, ..Default::default() })?))
+        let ls = LeafSpine::new(LeafSpineConfig { leaves: 2, hosts_per_leaf: LEAF_HOSTS, offloads: false, ..Default::default() })?;
+        // The cross traffic's path keeps TSO/GSO: as MTU-sized frames through five veth hops, 4
+        // streams at the cap's rate kept 82-89 % of both vCPUs in softirq and the job ran 2-3x
+        // slower from CPU starvation, in about half the runs (docs/eval-adaptation.md, session 28).
+        for link in [format!("h{CROSS_FROM}"), format!("h{CROSS_TO}"), "up0".into(), "up1".into()] {
+            ls.link_segmentation_offloads(&link, true)?;
+        }
+        (None, Some(ls))
     } else {
         (Some(Star::new(StarConfig { hosts: RANKS, offloads: false, ..Default::default() })?), None)
     };
@@ -640,8 +650,8 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut O
             let rate = rate_once(send_rate, ctx.stop, || send_rate_mbit(&agent, l.leaves[0].uplink_iface, "egress", ctx.stop))?;
             let cap = rate.round().max(10.0) as u64;
             _guards.push(Box::new(l.link_rate_cap("up0", cap)?));
-            _guards.push(Box::new(l.cross_traffic(CrossTrafficSpec { from: 2, to: LEAF_HOSTS + 2, streams: 4, ..Default::default() })?));
-            r.target = format!("up0 capped to {cap} Mbit/s (the {rate:.0} Mbit/s the job sent through it) + 4 TCP streams h2 -> h5 through it");
+            _guards.push(Box::new(l.cross_traffic(CrossTrafficSpec { from: CROSS_FROM, to: CROSS_TO, streams: 4, ..Default::default() })?));
+            r.target = format!("up0 capped to {cap} Mbit/s (the {rate:.0} Mbit/s the job sent through it) + 4 TCP streams h{CROSS_FROM} -> h{CROSS_TO} through it");
         }
         _ => unreachable!(),
     }
@@ -1216,8 +1226,10 @@ fn render_markdown(
         "- Rigs: a {RANKS}-host star with the agent on every switch port; for uplink congestion a 2×{LEAF_HOSTS} leaf-spine, ranks on h0, h1, \
          h3, h4, the agent on leaf 0's ports and uplink; the fault is leaf 0's uplink capped to the rate the job sent through it \
          during the warm-up (the 90th percentile of the agent's 100 ms samples of the job's flows leaving leaf 0 by the uplink, \
-         measured by the first run of the scenario and reused by the second) and 4 TCP streams h2 → h5 through it, as fast as TCP \
-         goes."
+         measured by the first run of the scenario and reused by the second) and 4 TCP streams h{CROSS_FROM} → h{CROSS_TO} through \
+         it, as fast as TCP goes. Every link runs without TSO/GSO/GRO (the agent sees MTU-sized segments) except the cross \
+         traffic's path (h{CROSS_FROM}, h{CROSS_TO}, up0, up1 keep TSO/GSO), so the bulk traffic loads the uplink rather than \
+         the machine's CPUs."
     );
     let _ = writeln!(
         m,
