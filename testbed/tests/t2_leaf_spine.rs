@@ -208,3 +208,46 @@ fn uplink_rate_cap_caps_cross_leaf_goodput_only() {
     drop(loss);
     assert!(ls.fault_log().iter().all(|r| r.ended_unix_ms.is_some()));
 }
+
+/// Bytes and packets `iface` (inside `ns`) has transmitted, from `ip -s -j link` (no sysfs needed).
+fn tx_counters(ns: &testbed::netns::NetnsHandle, iface: &str) -> (u64, u64) {
+    let out = ns.command("ip").args(["-s", "-j", "link", "show", "dev", iface]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tx = &v[0]["stats64"]["tx"];
+    (tx["bytes"].as_u64().unwrap(), tx["packets"].as_u64().unwrap())
+}
+
+/// Mean size of the frames leaf 0's uplink transmits while `from` sends 16 MiB to `to`.
+fn mean_uplink_frame(ls: &LeafSpine, from: usize, to: usize) -> f64 {
+    let leaf = &ls.leaves[0];
+    let (b0, p0) = tx_counters(&leaf.ns.handle(), leaf.uplink_iface);
+    transfer(ls, from, to, ls.hosts[to].addr.into(), 16 << 20, 1);
+    let (b1, p1) = tx_counters(&leaf.ns.handle(), leaf.uplink_iface);
+    (b1 - b0) as f64 / (p1 - p0).max(1) as f64
+}
+
+#[test]
+#[ignore = "needs root (T2): run with cargo xtask test"]
+fn segmentation_offloads_turn_back_on_along_one_path_only() {
+    root();
+    // As `cargo xtask eval adaptation` builds its uplink scenario: no offloads, then TSO/GSO back
+    // on for h2 -> h5 (the cross traffic's hosts) and both uplinks.
+    let ls = LeafSpine::new(LeafSpineConfig { hosts_per_leaf: 3, offloads: false, ..Default::default() }).unwrap();
+    let before = mean_uplink_frame(&ls, 2, 5);
+    assert!(before <= 1514.0, "offloads are off, yet up0 sent {before:.0}-byte frames");
+    for link in ["h2", "h5", "up0", "up1"] {
+        ls.link_segmentation_offloads(link, true).unwrap();
+    }
+    let h2 = ls.link("h2").unwrap();
+    let k = h2.near.ns.command("ethtool").args(["-k", &h2.near.iface]).output().unwrap();
+    let k = String::from_utf8_lossy(&k.stdout);
+    assert!(k.contains("tcp-segmentation-offload: on") && k.contains("generic-receive-offload: off"), "{k}");
+    let cross = mean_uplink_frame(&ls, 2, 5);
+    let job = mean_uplink_frame(&ls, 1, 4);
+    eprintln!("mean frame on up0: h2 -> h5 {before:.0} bytes without offloads, {cross:.0} with; h1 -> h4 {job:.0}");
+    // The cross traffic's path carries super-packets; a host that kept offloads off still sends
+    // MTU-sized segments through the same uplink.
+    assert!(cross > 3000.0, "h2 -> h5 still crosses up0 in {cross:.0}-byte frames");
+    assert!(job <= 1514.0, "h1 kept offloads off, yet up0 sent {job:.0}-byte frames for it");
+    assert!(ls.link_segmentation_offloads("h9", true).is_err());
+}
