@@ -55,10 +55,9 @@ pub fn enable_rps(ns: &NetnsHandle, ifaces: &[&str]) -> Result<()> {
 }
 
 /// Turns the segmentation offloads (TSO and GSO) of `iface` inside `ns` on or off, and GRO too
-/// unless `gro` is `None`. With
-/// TSO/GSO on, a veth carries 64 KiB super-packets that a bridge forwards as they are; a device
-/// with them off segments what it transmits into MTU-sized frames, each processed on its own by
-/// every later hop (softirq time on the machine's CPUs).
+/// unless `gro` is `None`. With TSO/GSO on, a veth carries 64 KiB super-packets that a bridge
+/// forwards as they are; a device with them off segments what it transmits into MTU-sized
+/// frames, each processed on its own by every later hop (softirq time on the machine's CPUs).
 pub fn set_offloads(ns: &NetnsHandle, iface: &str, segmentation: bool, gro: Option<bool>) -> Result<()> {
     let onoff = |b: bool| if b { "on" } else { "off" };
     let mut c = ns.command("ethtool");

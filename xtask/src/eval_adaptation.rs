@@ -524,9 +524,9 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut O
     // The rig, the agent's namespace and interfaces, and the address the ranks reach it at.
     let (star, ls) = if leaf_spine {
         let ls = LeafSpine::new(LeafSpineConfig { leaves: 2, hosts_per_leaf: LEAF_HOSTS, offloads: false, ..Default::default() })?;
-        // The cross traffic's path keeps TSO/GSO: as MTU-sized frames through five veth hops, 4
-        // streams at the cap's rate kept 82-89 % of both vCPUs in softirq and the job ran 2-3x
-        // slower from CPU starvation, in about half the runs (docs/eval-adaptation.md, session 28).
+        // The cross traffic's path keeps TSO/GSO: as MTU-sized frames over four veth links, 4
+        // streams through the cap kept 62-89 % of both vCPUs in softirq and the job's steps took
+        // up to 3x longer from CPU starvation (docs/eval-adaptation.md, session 28).
         for link in [format!("h{CROSS_FROM}"), format!("h{CROSS_TO}"), "up0".into(), "up1".into()] {
             ls.link_segmentation_offloads(&link, true)?;
         }
