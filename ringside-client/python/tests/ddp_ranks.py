@@ -213,3 +213,31 @@ def follow_worker(rank, world, job_url, token, events, stop_version, max_steps, 
         finite=all(torch.isfinite(p).all().item() for p in model.parameters()),
     )
     return result
+
+
+# -- the plan broadcast off the step's critical path --------------------------------------------------
+
+LATE_S = 1.0  # rank 0 starts this much later than the others
+COMPUTE_S = 1.5  # each rank's "step" between follower.step calls
+
+
+def late_root_worker(rank, world, job_url, steps):
+    """Calls ``follower.step`` ``steps`` times with ``COMPUTE_S`` of sleep between, rank 0 starting
+    ``LATE_S`` late; returns how long each call took on this rank. A broadcast that blocks in
+    ``step`` holds every other rank there until rank 0 arrives (about ``LATE_S`` each step); one
+    started at a step and waited for at the next has long completed by then."""
+    import ringside.torch as rt
+
+    ddp = _ddp(8)
+    # Nobody listens there: rank 0's feed fails open, which is all this test needs of it.
+    follower = rt.follow_hints(ddp, job_url, "t" if rank == 0 else None, report_every_s=0)
+    if rank == 0:
+        time.sleep(LATE_S)
+    took = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        follower.step(i)
+        took.append(time.perf_counter() - t0)
+        time.sleep(COMPUTE_S)
+    follower.close()
+    return {"took": took, "plan": follower.plan_name}

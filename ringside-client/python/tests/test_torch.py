@@ -18,7 +18,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 import ringside  # noqa: E402
 import ringside.torch as rt  # noqa: E402
-from ddp_ranks import CODEC_N, codec_worker, follow_worker, run_ranks  # noqa: E402
+from ddp_ranks import CODEC_N, LATE_S, codec_worker, follow_worker, late_root_worker, run_ranks  # noqa: E402
 from scripted_agent import Reply, ScriptedAgent, make_hint  # noqa: E402
 
 TOKEN = "tenant-secret"
@@ -343,3 +343,15 @@ def test_a_bad_job_url_on_rank_0_stops_every_rank_with_an_error(follow_run):
     assert all(len(r["config_errors"]) == 1 and r["config_errors"][0].startswith("ConfigError") for r in results)
     assert "use http://" in results[0]["config_errors"][0]
     assert all("rank 0 could not start" in r["config_errors"][0] for r in results[1:])
+
+
+def test_the_plan_broadcast_does_not_hold_up_a_step(tmp_path):
+    # Rank 0 starts 1 s late; the others must not wait for it inside follower.step: each step's
+    # broadcast runs behind the step's compute and is collected at the next step.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    results = run_ranks(late_root_worker, 2, tmp_path, f"http://127.0.0.1:{port}/v1/jobs/j-1", 4, timeout=60.0)
+    took = results[1]["took"]
+    assert len(took) == 4 and results[0]["plan"] == "none"
+    assert max(took) < LATE_S / 2, f"rank 1 waited in follower.step for the late rank 0: {took}"

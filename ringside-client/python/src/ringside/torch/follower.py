@@ -6,12 +6,13 @@ How it works:
   (:class:`_HintFeed`) follows the job's hint stream and keeps the newest hint that fits the
   tenant's constraints. The training loop never waits for it.
 - At ``follower.step(i)`` (once per step, on every rank, before the forward pass) rank 0
-  broadcasts the newest hint's (version, codec, error feedback, step_from, transport advice)
-  through the process group: six float64 values. A hint newer than the last one seen becomes
-  *pending* and takes effect at step ``max(step_from, i)``; since every rank receives the same values at the same
-  step, every rank switches at the same step. With ``sync_every=N`` the broadcast runs only every
-  N steps (hints then take up to N-1 steps longer to arrive); pending plans still apply at their
-  exact step.
+  starts a broadcast of the newest hint's (version, codec, error feedback, step_from, transport
+  advice) through the process group: six float64 values, sent while the step computes. At the
+  next synchronised step ``j`` every rank waits for it (long done by then) and a hint newer than
+  the last one seen becomes *pending*, taking effect at step ``max(step_from, j)``; since every
+  rank takes the same values at the same step, every rank switches at the same step. With
+  ``sync_every=N`` the broadcast runs only every N steps (hints then take up to N-1 steps longer
+  to arrive); pending plans still apply at their exact step.
 - Rank 0 also tells the agent which plan runs and how long its steps take (:class:`_PlanReporter`,
   ``PUT {job}/plan`` from another daemon thread: at once when a plan takes effect, then every
   ``report_every_s``, 1 s, with the mean time of the steps since the previous report, all under
@@ -30,10 +31,12 @@ How it works:
   retrying in the background with bounded backoff. A plan already in force stays in force when
   its hint expires: ringside renews live hints, and an expired one only means the agent is gone.
 
-Overhead: one broadcast of 48 bytes per synchronised step, latency-bound. Measured on this
-project's test machine (gloo over loopback, 2 cores shared with other work): median 0.19 ms with
-2 ranks and 0.27 ms with 3, p99 4-5 ms when the cores are busy. Across hosts add one network round
-trip per tree level (log2 of the rank count). Use ``sync_every`` when even that matters.
+Overhead: one broadcast of 48 bytes per synchronised step, off the step's critical path: it
+runs behind the forward and backward pass and is waited for one synchronised step later, so a
+hint takes effect one synchronised step after rank 0 read it. A blocking broadcast there cost
+0.19 ms with 2 ranks and 0.27 ms with 3 on loopback (median, 2 busy cores; p99 4-5 ms), and made
+PyTorch's healthy steps 4-5 % slower across 4 hosts of the testbed (docs/eval-adaptation.md,
+session 28). Use ``sync_every`` to broadcast less often.
 """
 
 import dataclasses
@@ -310,6 +313,8 @@ class HintFollower:
         #: The newest version seen (applied or pending).
         self._seen_version = 0
         self._pending: Optional[Tuple[int, Codec, bool, int, Optional[int]]] = None  # version, codec, ef, apply_at, rto
+        #: The broadcast started at the previous synchronised step: (work, its message).
+        self._inflight: Optional[Tuple[object, torch.Tensor]] = None
         self._last_step: Optional[int] = None
         #: (step, version, plan name) of every plan change, on every rank.
         self.applied: List[Tuple[int, int, str]] = []
@@ -368,7 +373,14 @@ class HintFollower:
 
     def close(self) -> None:
         """Stops rank 0's background stream (the hook stays registered with the current plan) and
-        removes the routes of transport advice."""
+        removes the routes of transport advice. Collective when a broadcast is in flight (every
+        rank that called :meth:`step` equally often has one): waits for it."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            try:
+                inflight[0].wait()
+            except Exception as e:  # a peer is gone: nothing left to follow
+                log.warning("ringside: the last plan broadcast did not complete (%s)", e)
         if self._feed is not None:
             self._feed.close()
         if self._reporter is not None:
@@ -396,6 +408,19 @@ class HintFollower:
             log.info("rank %d: ringside transport advice at step %d: %d ms TCP retransmission floor to %s", self.rank, step_index, rto, ", ".join(self.transport.routes) or "no peer")
 
     def _sync(self, step_index: int) -> None:
+        # The broadcast started at the previous synchronised step ran behind that step's compute;
+        # every rank takes its values now, at the same step, and starts the next one.
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            work, msg = inflight
+            work.wait()
+            self._take(msg, step_index)
+        msg = self._message()
+        self._inflight = (dist.broadcast(msg, self._src, group=self.process_group, async_op=True), msg)
+
+    def _message(self) -> torch.Tensor:
+        """Rank 0: the newest hint as the broadcast's six values (zeros before the first hint);
+        other ranks: the buffer the broadcast fills."""
         msg = torch.zeros(6, dtype=torch.float64, device=self._device)
         if self._feed is not None:
             h = self._feed.latest()
@@ -415,7 +440,10 @@ class HintFollower:
                     dtype=torch.float64,
                     device=self._device,
                 )
-        dist.broadcast(msg, self._src, group=self.process_group)
+        return msg
+
+    def _take(self, msg: torch.Tensor, step_index: int) -> None:
+        """Every rank, at the same step: a hint newer than the last one seen becomes pending."""
         version, fam, ratio, ef, step_from, rto = msg.tolist()
         version = int(version)
         if version <= self._seen_version:
