@@ -33,10 +33,9 @@ How it works:
 
 Overhead: one broadcast of 48 bytes per synchronised step, off the step's critical path: it
 runs behind the forward and backward pass and is waited for one synchronised step later, so a
-hint takes effect one synchronised step after rank 0 read it. A blocking broadcast there cost
-0.19 ms with 2 ranks and 0.27 ms with 3 on loopback (median, 2 busy cores; p99 4-5 ms), and made
-PyTorch's healthy steps 4-5 % slower across 4 hosts of the testbed (docs/eval-adaptation.md,
-session 28). Use ``sync_every`` to broadcast less often.
+hint takes effect one synchronised step after rank 0 read it. A blocking broadcast there held
+every rank until rank 0 arrived: 0.19 ms with 2 ranks and 0.27 ms with 3 on loopback (median, 2
+busy cores; p99 4-5 ms). Use ``sync_every`` to broadcast less often.
 """
 
 import dataclasses
