@@ -165,9 +165,7 @@ fn a_missing_mirror_interface_is_named_and_nothing_stays_attached() {
 
 /// `rx_packets` of `iface` in host0's namespace (frames the veth delivered to the stack).
 fn rx_packets(star: &Star, iface: &str) -> u64 {
-    let out = star.hosts[0].ns.command("ip").args(["-s", "-j", "link", "show", iface]).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("ip -s -j link show {iface}: {e}"));
-    v[0]["stats64"]["rx"]["packets"].as_u64().unwrap_or_else(|| panic!("no rx packets in {v}"))
+    testbed::link::link_counters(&star.hosts[0].ns.handle(), iface).unwrap_or_else(|e| panic!("{e}")).rx_packets
 }
 
 /// An unpaced flood into a deliberately small ring (2 blocks of 4 KiB, about 40 of these 122-byte frames; override

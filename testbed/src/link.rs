@@ -8,6 +8,7 @@
 
 use serde::Serialize;
 
+use crate::error::{Error, Result};
 use crate::netns::NetnsHandle;
 
 /// Interface name of every host's link.
@@ -81,4 +82,25 @@ mod tests {
         assert_eq!(normalize_link_name("uplink1"), "up1");
         assert_eq!(normalize_link_name("up0"), "up0");
     }
+}
+
+/// What one end of a link has moved so far: the kernel's 64-bit counters of the interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LinkCounters {
+    pub rx_bytes: u64,
+    pub rx_packets: u64,
+    pub tx_bytes: u64,
+    pub tx_packets: u64,
+}
+
+/// `iface`'s counters inside `ns`, from `ip -s -j link show` (no sysfs needed, so it works from
+/// any mount namespace).
+pub fn link_counters(ns: &NetnsHandle, iface: &str) -> Result<LinkCounters> {
+    let what = format!("ip -s -j link show dev {iface} in {}", ns.name());
+    let mut c = ns.command("ip");
+    c.args(["-s", "-j", "link", "show", "dev", iface]);
+    let v = crate::cmd::parse_json(&what, &crate::cmd::run(crate::cmd::Tool::Ip, &mut c, None)?)?;
+    let s = &v[0]["stats64"];
+    let get = |dir: &str, key: &str| s[dir][key].as_u64().ok_or_else(|| Error::BadOutput { command: what.clone(), detail: format!("no stats64.{dir}.{key} in {v}") });
+    Ok(LinkCounters { rx_bytes: get("rx", "bytes")?, rx_packets: get("rx", "packets")?, tx_bytes: get("tx", "bytes")?, tx_packets: get("tx", "packets")? })
 }

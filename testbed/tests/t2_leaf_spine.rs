@@ -209,21 +209,13 @@ fn uplink_rate_cap_caps_cross_leaf_goodput_only() {
     assert!(ls.fault_log().iter().all(|r| r.ended_unix_ms.is_some()));
 }
 
-/// Bytes and packets `iface` (inside `ns`) has transmitted, from `ip -s -j link` (no sysfs needed).
-fn tx_counters(ns: &testbed::netns::NetnsHandle, iface: &str) -> (u64, u64) {
-    let out = ns.command("ip").args(["-s", "-j", "link", "show", "dev", iface]).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let tx = &v[0]["stats64"]["tx"];
-    (tx["bytes"].as_u64().unwrap(), tx["packets"].as_u64().unwrap())
-}
-
 /// Mean size of the frames leaf 0's uplink transmits while `from` sends 16 MiB to `to`.
 fn mean_uplink_frame(ls: &LeafSpine, from: usize, to: usize) -> f64 {
     let leaf = &ls.leaves[0];
-    let (b0, p0) = tx_counters(&leaf.ns.handle(), leaf.uplink_iface);
+    let before = testbed::link::link_counters(&leaf.ns.handle(), leaf.uplink_iface).unwrap();
     transfer(ls, from, to, ls.hosts[to].addr.into(), 16 << 20, 1);
-    let (b1, p1) = tx_counters(&leaf.ns.handle(), leaf.uplink_iface);
-    (b1 - b0) as f64 / (p1 - p0).max(1) as f64
+    let after = testbed::link::link_counters(&leaf.ns.handle(), leaf.uplink_iface).unwrap();
+    (after.tx_bytes - before.tx_bytes) as f64 / (after.tx_packets - before.tx_packets).max(1) as f64
 }
 
 #[test]
