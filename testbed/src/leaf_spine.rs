@@ -258,6 +258,25 @@ impl LeafSpine {
         self.link(&format!("up{leaf}"))
     }
 
+    /// Turns TSO/GSO back on along the path from host `from` to host `to` (both hosts' links and
+    /// the uplinks of their leaves) and returns those links' names. On a rig built without
+    /// offloads, cross traffic between them then crosses the fabric as 64 KiB super-packets and
+    /// loads the uplink, not the machine's CPUs (as MTU-sized frames over four veth links, 4
+    /// unbounded streams kept 62-89 % of 2 vCPUs in softirq: docs/eval-adaptation.md, session 28);
+    /// every other host keeps sending MTU-sized segments.
+    pub fn segmentation_offloads_between(&self, from: usize, to: usize) -> Result<Vec<String>> {
+        let (a, b) = (self.host(from)?.leaf, self.host(to)?.leaf);
+        let mut links = vec![format!("h{from}"), format!("up{a}")];
+        if b != a {
+            links.push(format!("up{b}"));
+        }
+        links.push(format!("h{to}"));
+        for link in &links {
+            self.link_segmentation_offloads(link, true)?;
+        }
+        Ok(links)
+    }
+
     /// Bounded poll until every interface is UP, every bridge port forwarding, and the spine
     /// has its addresses.
     fn wait_ready(&self, timeout: Duration) -> Result<()> {

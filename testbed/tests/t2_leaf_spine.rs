@@ -222,14 +222,12 @@ fn mean_uplink_frame(ls: &LeafSpine, from: usize, to: usize) -> f64 {
 #[ignore = "needs root (T2): run with cargo xtask test"]
 fn segmentation_offloads_turn_back_on_along_one_path_only() {
     root();
-    // As `cargo xtask eval adaptation` builds its uplink scenario: no offloads, then TSO/GSO back
-    // on for h2 -> h5 (the cross traffic's hosts) and both uplinks.
+    // As `cargo xtask eval adaptation` and `eval detection` build their uplink scenario: no
+    // offloads, then TSO/GSO back on for h2 -> h5 (the cross traffic's hosts) and both uplinks.
     let ls = LeafSpine::new(LeafSpineConfig { hosts_per_leaf: 3, offloads: false, ..Default::default() }).unwrap();
     let before = mean_uplink_frame(&ls, 2, 5);
     assert!(before <= 1514.0, "offloads are off, yet up0 sent {before:.0}-byte frames");
-    for link in ["h2", "h5", "up0", "up1"] {
-        ls.link_segmentation_offloads(link, true).unwrap();
-    }
+    assert_eq!(ls.segmentation_offloads_between(2, 5).unwrap(), ["h2", "up0", "up1", "h5"]);
     let h2 = ls.link("h2").unwrap();
     let k = h2.near.ns.command("ethtool").args(["-k", &h2.near.iface]).output().unwrap();
     let k = String::from_utf8_lossy(&k.stdout);
@@ -242,4 +240,7 @@ fn segmentation_offloads_turn_back_on_along_one_path_only() {
     assert!(cross > 3000.0, "h2 -> h5 still crosses up0 in {cross:.0}-byte frames");
     assert!(job <= 1514.0, "h1 kept offloads off, yet up0 sent {job:.0}-byte frames for it");
     assert!(ls.link_segmentation_offloads("h9", true).is_err());
+    assert!(ls.segmentation_offloads_between(2, 9).is_err());
+    // Two hosts of one leaf: their links and that leaf's uplink only.
+    assert_eq!(ls.segmentation_offloads_between(0, 1).unwrap(), ["h0", "up0", "h1"]);
 }

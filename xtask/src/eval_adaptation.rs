@@ -527,9 +527,7 @@ fn run_one(ctx: &Ctx, sc: Scenario, mode: Mode, target: usize, send_rate: &mut O
         // The cross traffic's path keeps TSO/GSO: as MTU-sized frames over four veth links, 4
         // streams through the cap kept 62-89 % of both vCPUs in softirq and the job's steps took
         // up to 3x longer from CPU starvation (docs/eval-adaptation.md, session 28).
-        for link in [format!("h{CROSS_FROM}"), format!("h{CROSS_TO}"), "up0".into(), "up1".into()] {
-            ls.link_segmentation_offloads(&link, true)?;
-        }
+        ls.segmentation_offloads_between(CROSS_FROM, CROSS_TO)?;
         (None, Some(ls))
     } else {
         (Some(Star::new(StarConfig { hosts: RANKS, offloads: false, ..Default::default() })?), None)

@@ -809,7 +809,11 @@ fn run_leaf_spine(ctx: &RunCtx, rep: u32, rng: &mut Rng, r: &mut RunResult) -> R
     let jitter = Duration::from_millis(rng.below(2000));
     // Capped from the start: the bottleneck of this fabric, not the fault.
     let _cap = ls.link_rate_cap(&format!("up{leaf}"), ctx.cap_mbit)?;
-    r.target = format!("up{leaf} (capped {} Mbit/s; cross traffic h{} -> h{})", ctx.cap_mbit, leaf * LEAF_HOSTS + 2, other * LEAF_HOSTS + 2);
+    let (cross_from, cross_to) = (leaf * LEAF_HOSTS + 2, other * LEAF_HOSTS + 2);
+    // The cross traffic's path keeps TSO/GSO, so the fault loads the uplink and not the CPUs the
+    // ranks run on; the job's hosts keep sending MTU-sized segments.
+    ls.segmentation_offloads_between(cross_from, cross_to)?;
+    r.target = format!("up{leaf} (capped {} Mbit/s; cross traffic h{cross_from} -> h{cross_to}, TSO/GSO on along its path)", ctx.cap_mbit);
     r.place = Place::Uplink { agent: leaf, iface: ls.leaves[leaf].uplink_iface.to_string() };
     let p = ctx.phases;
     let run_len = p.warmup + jitter + p.fault + p.cooldown;
@@ -820,7 +824,7 @@ fn run_leaf_spine(ctx: &RunCtx, rep: u32, rng: &mut Rng, r: &mut RunResult) -> R
         bail!("interrupted");
     }
     r.healthy_to_ms = now_ms();
-    let ct = ls.cross_traffic(CrossTrafficSpec { from: leaf * LEAF_HOSTS + 2, to: other * LEAF_HOSTS + 2, streams: 4, ..Default::default() })?;
+    let ct = ls.cross_traffic(CrossTrafficSpec { from: cross_from, to: cross_to, streams: 4, ..Default::default() })?;
     let half = p.fault / 2;
     let mut held = sleep_checked(half, ctx.stop);
     // What each leaf agent saw mid-fault (every flow, with its counters), for whoever wants to
@@ -1521,7 +1525,8 @@ fn render_markdown(
          The agent's configuration is the same for every source but the `[[job]]` lines: no tuning per source.\n\
          - Uplink congestion: leaf-spine 2 leaves × 3 hosts; job ranks on h0, h1 (leaf 0) and h3, h4 (leaf 1); one agent per leaf namespace \
          on its host ports and its `uplink`; the faulted leaf's uplink is capped at {cap} Mbit/s from the start (the fabric's bottleneck, not \
-         scored as a fault); the fault is 4 unbounded TCP streams from that leaf's spare host to the other leaf's spare host.\n\
+         scored as a fault); the fault is 4 unbounded TCP streams from that leaf's spare host to the other leaf's spare host, whose path \
+         (the two spare hosts' links and both uplinks) keeps TSO/GSO so the streams load the uplink rather than the CPUs the ranks share.\n\
          - Targets (host, link, rank) and the injection time are drawn from a seeded generator (`--seed`); nftables' random drop itself is not seedable.\n\
          - The compute straggler ({STRAGGLER_EXTRA_MS} ms extra per step) is a job parameter: it is active from the job's start, so its runs have no healthy warm-up.\n"
     );
