@@ -34,7 +34,8 @@
 //! time (DDP overlaps communication with the backward pass, so step time is what the tenant sees),
 //! and the training loss within 2 % of the static (uncompressed) run's over the last
 //! [`LOSS_STEPS`] steps both runs completed. Both: ≤ 3 % slower mean step time when healthy (or
-//! within the static runs' own spread), and no compression for a compute straggler.
+//! within the static runs' own spread; over several seeds, on the mean over them), and no
+//! compression for a compute straggler.
 use std::{
     fmt::Write as _,
     path::Path,
@@ -959,9 +960,9 @@ fn targets(source: Source, rows: &[(Scenario, RunResult, RunResult)]) -> Vec<(St
             let slower = ratio(a.step_mean, s.step_mean);
             let noise = s.spread.unwrap_or(0.0);
             (
-                format!("healthy: adaptive mean step time <= 3 % slower (or within the static runs' own spread), {HEALTHY_PAIRS} interleaved pairs"),
+                healthy_target(),
                 slower.map_or("-".into(), |x| format!("{:+.1} % (static runs differ by {:.1} %)", (x - 1.0) * 100.0, noise * 100.0)),
-                slower.map(|x| x <= 1.03 || x - 1.0 <= noise),
+                slower.map(|x| within_noise(x - 1.0, noise)),
             )
         } else {
             let changed = a.plans.iter().any(|(l, _)| !l.ends_with("/none"));
@@ -979,6 +980,17 @@ fn targets(source: Source, rows: &[(Scenario, RunResult, RunResult)]) -> Vec<(St
         }
     }
     out
+}
+
+/// The healthy target of one seed: its [`HEALTHY_PAIRS`] adaptive runs against its static ones.
+fn healthy_target() -> String {
+    format!("healthy: adaptive mean step time <= 3 % slower (or within the static runs' own spread), {HEALTHY_PAIRS} interleaved pairs")
+}
+
+/// "Healthy within noise": `slower` (adaptive / static - 1) is at most 3 %, or at most `noise`
+/// (the relative spread between static runs of the same job).
+fn within_noise(slower: f64, noise: f64) -> bool {
+    slower <= 0.03 || slower <= noise
 }
 
 /// The wording of a scenario's ratio target (one run, or the median over seeds).
@@ -1003,6 +1015,8 @@ struct SeedRatios {
     engine: Option<f64>,
     /// What the source's ratio targets judge ([`Source::ratio`]).
     target: Option<f64>,
+    /// The relative spread of the static runs' mean step times (healthy: [`HEALTHY_PAIRS`] runs).
+    spread: Option<f64>,
 }
 
 fn over_seeds(sources: &[Source], scenarios: &[Scenario], per_seed: &[(u64, Vec<(Source, Rows)>)]) -> OverSeeds {
@@ -1030,6 +1044,7 @@ fn over_seeds(sources: &[Source], scenarios: &[Scenario], per_seed: &[(u64, Vec<
                         step: ratio(s.step_mean, a.step_mean),
                         engine: ratio(s.service_mean, a.service_mean),
                         target: source.ratio(s, a),
+                        spread: s.spread,
                     }
                 }
             })
@@ -1078,19 +1093,25 @@ fn over_seeds(sources: &[Source], scenarios: &[Scenario], per_seed: &[(u64, Vec<
                     .to_string(),
                 ));
             }
+            if sc == Scenario::Healthy && n > 1 {
+                verdicts.push(healthy_over_seeds(source, &r));
+            }
             if source == Source::Managed && sources.contains(&Source::Rank) && sc.target_ratio().is_some() {
                 let tenant: Vec<_> = ratios(Source::Rank, sc).into_iter().map(|x| x.comm).collect();
                 verdicts.push(managed_vs_tenant_verdict(sc, cm, median_of(&tenant), &format!(" (medians over {n} seeds)"), "NOT MET (a run failed)"));
             }
         }
-        // Every other target (healthy within noise, no compression for a straggler, the model's
-        // loss) must hold in every seed.
+        // Every other target (no compression for a straggler, the model's loss) must hold in
+        // every seed.
         let mut others: Vec<(String, usize, usize)> = Vec::new();
         for (_, ps) in per_seed {
             let Some((_, rows)) = ps.iter().find(|(s, _)| *s == source) else { continue };
             for (what, _, status) in targets(source, rows) {
                 if scenarios.iter().any(|&sc| sc.target_ratio().is_some_and(|want| what == ratio_target(sc, source, want))) {
                     continue;
+                }
+                if n > 1 && what == healthy_target() {
+                    continue; // judged on the mean over seeds (`healthy_over_seeds`)
                 }
                 match others.iter_mut().find(|(w, _, _)| *w == what) {
                     Some((_, met, total)) => {
@@ -1111,6 +1132,28 @@ fn over_seeds(sources: &[Source], scenarios: &[Scenario], per_seed: &[(u64, Vec<
         "targets": verdicts.iter().map(|(w, m, st)| json!({"target": w, "measured": m, "status": st})).collect::<Vec<_>>(),
     });
     OverSeeds { table, verdicts, json }
+}
+
+/// The healthy target over several seeds, judged on means: the adaptive runs' mean slowdown over
+/// the seeds against 3 % or the static runs' mean spread. One seed's two static runs are a poor
+/// noise estimate (on the 2-vCPU machine of session 28 they differed by 0.9 % in one seed and 19 %
+/// in another), so a per-seed rule failed at random with no overhead at all; the mean over seeds
+/// is compared with the noise measured over the same seeds. Each seed's figure is listed.
+fn healthy_over_seeds(source: Source, r: &[SeedRatios]) -> Verdict {
+    let what = format!("healthy: adaptive mean step time <= 3 % slower on average over {} seeds (or within the static runs' mean spread), {HEALTHY_PAIRS} interleaved pairs each ({})", r.len(), source.name());
+    // `step` is static / adaptive: the slowdown is its inverse.
+    let slower: Vec<Option<f64>> = r.iter().map(|x| x.step.filter(|&v| v > 0.0).map(|v| 1.0 / v - 1.0)).collect();
+    let per_seed = slower.iter().map(|x| x.map_or("failed".into(), |x| format!("{:+.1}", x * 100.0))).collect::<Vec<_>>().join(", ");
+    let ok: Vec<f64> = slower.iter().flatten().copied().collect();
+    let noise = mean(&r.iter().filter_map(|x| x.spread).collect::<Vec<_>>()).unwrap_or(0.0);
+    match mean(&ok).filter(|_| ok.len() == r.len()) {
+        Some(m) => (
+            what,
+            format!("{:+.1} % on average (per seed {per_seed} %; the static runs differ by {:.1} % on average)", m * 100.0, noise * 100.0),
+            if within_noise(m, noise) { "met" } else { "NOT MET" }.to_string(),
+        ),
+        None => (what, format!("per seed {per_seed} %"), "NOT MET (a run failed)".to_string()),
+    }
 }
 
 fn command_line(o: &Opts) -> String {
@@ -1596,5 +1639,42 @@ mod tests {
         let o = over_seeds(&sources, &scenarios, &failed);
         let (_, measured, status) = o.verdicts.iter().find(|(w, _, _)| w.starts_with("loss-2: mean comm")).unwrap().clone();
         assert_eq!((measured.as_str(), status.as_str()), ("- (1.10, failed, 1.90)", "NOT MET (a run failed)"));
+    }
+
+    /// Healthy over seeds: judged on the mean slowdown against 3 % or the static runs' mean
+    /// spread, not seed by seed; one seed alone keeps the per-seed rule.
+    #[test]
+    fn healthy_is_judged_on_the_mean_over_seeds() {
+        // (static step mean, static spread, adaptive step mean) per seed.
+        let seed = |s: f64, spread: f64, a: f64| {
+            let stat = RunResult { spread: Some(spread), ..run(10.0, s, "ring/none") };
+            vec![(Source::Torch, vec![(Scenario::Healthy, stat, run(10.0, a, "ring/none"))])]
+        };
+        let judge = |seeds: Vec<(f64, f64, f64)>| {
+            let per_seed: Vec<_> = seeds.into_iter().enumerate().map(|(i, (s, sp, a))| (i as u64 + 1, seed(s, sp, a))).collect();
+            let o = over_seeds(&[Source::Torch], &[Scenario::Healthy], &per_seed);
+            assert!(!o.verdicts.iter().any(|(w, _, _)| *w == format!("{} (torch)", healthy_target())), "judged per seed too: {:?}", o.verdicts);
+            o.verdicts.into_iter().find(|(w, _, _)| w.starts_with("healthy: adaptive mean step time <= 3 % slower on average")).map(|(_, m, st)| (m, st))
+        };
+        // +5 % in one seed with 1 % between its static runs, -4 % and +1 % in the others: a
+        // per-seed rule fails it, the mean (+0.7 %) is within 3 %.
+        let (measured, status) = judge(vec![(100.0, 0.01, 105.0), (100.0, 0.10, 96.0), (100.0, 0.04, 101.0)]).unwrap();
+        assert_eq!(status, "met", "{measured}");
+        assert_eq!(measured, "+0.7 % on average (per seed +5.0, -4.0, +1.0 %; the static runs differ by 5.0 % on average)");
+        // +6 % on average with the static runs 2 % apart: slower than the noise.
+        let (measured, status) = judge(vec![(100.0, 0.02, 106.0), (100.0, 0.02, 106.0)]).unwrap();
+        assert_eq!(status, "NOT MET", "{measured}");
+        // +4 % on average, but the static runs themselves differ by 5 %: within noise.
+        assert_eq!(judge(vec![(100.0, 0.05, 104.0), (100.0, 0.05, 104.0)]).unwrap().1, "met");
+        // One seed: no mean verdict; the per-seed rule decides.
+        let per_seed = vec![(1, seed(100.0, 0.01, 105.0))];
+        let o = over_seeds(&[Source::Torch], &[Scenario::Healthy], &per_seed);
+        assert!(o.verdicts.iter().all(|(w, _, _)| !w.contains("on average")), "{:?}", o.verdicts);
+        // A failed run fails the mean verdict.
+        let mut failed = vec![(1, seed(100.0, 0.01, 101.0)), (2, seed(100.0, 0.01, 101.0))];
+        failed[1].1[0].1[0].2.error = Some("rank 0 failed".into());
+        let o = over_seeds(&[Source::Torch], &[Scenario::Healthy], &failed);
+        let (_, _, status) = o.verdicts.iter().find(|(w, _, _)| w.contains("on average")).unwrap();
+        assert_eq!(status, "NOT MET (a run failed)");
     }
 }
