@@ -29,18 +29,10 @@ impl Drop for OutDir {
     }
 }
 
-/// Bytes each switch port has sent so far (= bytes delivered to its host), from the switch
-/// namespace's /proc/thread-self/net/dev (the calling thread's namespace, unlike /proc/self).
+/// Bytes each host's switch port has sent so far (= bytes delivered to its host).
 fn switch_tx_bytes(star: &Star) -> BTreeMap<String, u64> {
-    let dev = star.switch.run(|| std::fs::read_to_string("/proc/thread-self/net/dev")).expect("reading the switch's /proc/net/dev");
-    let mut out = BTreeMap::new();
-    for line in dev.lines().skip(2) {
-        let Some((name, fields)) = line.split_once(':') else { continue };
-        let f: Vec<u64> = fields.split_whitespace().map(|x| x.parse().unwrap()).collect();
-        // 8 receive fields, then transmit bytes.
-        out.insert(name.trim().to_string(), f[8]);
-    }
-    out
+    let sw = star.switch.handle();
+    star.hosts.iter().map(|h| (h.switch_port.clone(), testbed::link::link_counters(&sw, &h.switch_port).expect("the switch port's counters").tx_bytes)).collect()
 }
 
 /// (local port, remote port) of every IPv4/IPv6 TCP socket in `ns` (TIME_WAIT ones included),
