@@ -22,8 +22,9 @@ codec                 what goes on the wire per float32  error of the averaged g
 zero-padded to a multiple of ``W·int8_block``), each quantized symmetrically with its own scale
 ``max|x|/127``. Summing int8 values over ranks would overflow, so the reduction is done in two
 exchanges, each carrying int8: an all-to-all sends block shard *j* of every rank to rank *j*, which
-dequantizes and sums its shard in float32 and requantizes the sum (new per-block scales); an
-all-gather then brings every summed shard to every rank. Bytes per rank on the wire:
+dequantizes and sums its shard in float32 and requantizes the sum (new per-block scales); a second
+all-to-all then brings every summed shard to every rank (an all-gather in one round with every
+peer, where gloo's all-gather is a ring of ``W-1`` rounds). Bytes per rank on the wire:
 ``2·(W-1)/W · n · (1 + 4/int8_block)``, a quarter of a float32 ring allreduce at any rank count.
 Per element of block *b*: ``M_r`` is rank r's ``max|x|`` in that block and ``M_Σ`` the summed
 block's, so the error of the average is at most ``(Σ_r M_r + M_Σ) / (254·W)``.
@@ -214,10 +215,13 @@ class CompressionHook:
             # carries it, so the next step's sum makes up for it and no int8 error accumulates.
             me = dist.get_rank(pg)
             residual[me * shard : (me + 1) * shard] += (part - q2.to(torch.float32) * scale2[:, None]).view(-1)
-        # Exchange 2 (all-gather): every rank's summed shard (values and scales, packed) to every rank.
+        # Exchange 2 (an all-gather made of one all-to-all): every rank's summed shard (values and
+        # scales, packed) to every rank. gloo's all-gather is a ring of W-1 rounds, each waiting for
+        # the last; an all-to-all is one round with every peer at once, the same bytes per rank.
+        # int8 is chosen when the network is slow, where each round costs round trips.
         mine = _pack(q2.view(1, shard), scale2.view(1, per_shard))
         rows = torch.empty(w, mine.shape[1], dtype=torch.int8, device=x.device)
-        dist.all_gather_into_tensor(rows.view(-1), mine.view(-1), group=pg)
+        dist.all_to_all_single(rows.view(-1), mine.expand(w, -1).contiguous().view(-1), group=pg)
         q_all, s_all = _unpack(rows, shard, per_shard)
         total = (q_all.reshape(-1, b).to(torch.float32) * s_all.reshape(-1)[:, None]).view(-1)[:n]
         return total.div_(w), (residual[:n].clone() if residual is not None else None)
