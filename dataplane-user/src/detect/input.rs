@@ -133,6 +133,15 @@ impl LinkWindow {
             && self.common_endpoint.is_none()
     }
 
+    /// Other traffic coming *in* through this link beside the job's data, at least `min_other`
+    /// of the job's bytes here. The job's peers behind the link then share their path in with
+    /// it: if they slow down together, the queue may be this link's far end or any link before
+    /// it (another switch's uplink, whose agent sees it on its egress as competition), and this
+    /// vantage cannot tell which ([`super::Detector`] names nobody for it).
+    pub fn upstream_competition(&self, min_other: f64) -> bool {
+        self.direction == "ingress" && self.job_bytes > 0 && self.other_bytes as f64 >= min_other * self.job_bytes as f64
+    }
+
     /// The job's in-burst goodput here, bytes/s.
     pub fn job_goodput_bps(&self) -> Option<f64> {
         (self.job_burst_ns > 0).then(|| self.job_burst_bytes as f64 * 1e9 / self.job_burst_ns as f64)

@@ -251,6 +251,19 @@ impl JobState {
             .filter(|l| l.upstream_shared_loss(cfg.congestion.min_shared_loss_flows))
             .map(|l| l.link.as_str())
             .collect();
+        // On a switch, links whose inbound traffic shares its way in with other traffic: several
+        // of their peers slowing down together is then a queue on that shared path, which this
+        // vantage cannot place (this link's far end or a link before it). Not this link's
+        // congestion, and not those peers' gray failures: say nothing (the agent whose egress
+        // holds the queue sees the competition there). At a host's own end of the wire every
+        // peer crosses the host's cable, whose congestion is named as before (below).
+        let upstream_competed: BTreeSet<&str> = w
+            .links
+            .iter()
+            .filter(|l| w.local.is_none() && l.upstream_competition(cfg.congestion.competition_min_other))
+            .map(|l| l.link.as_str())
+            .collect();
+        let mut shared_upstream: BTreeSet<&str> = BTreeSet::new();
         let mut congested: BTreeSet<&str> = BTreeSet::new();
         for (link, idxs) in &by_link {
             let ls = self.links.entry((*link).to_owned()).or_insert_with(|| LinkState {
@@ -261,7 +274,7 @@ impl JobState {
                 congestion: Track::default(),
             });
             ls.last_seen_ns = w.window_end_ns;
-            let input = LinkInput {
+            let mut input = LinkInput {
                 // A peer explained by another peer's path is that path's evidence, not the link's.
                 peers: idxs
                     .iter()
@@ -279,8 +292,19 @@ impl JobState {
                 egress_goodput_baseline: warm(&ls.egress_goodput_baseline, cfg),
             };
             let egress_goodput = input.egress().and_then(LinkWindow::job_goodput_bps);
-            let (assessment, rates) =
+            let (mut assessment, mut rates) =
                 congestion::assess(&cfg.congestion, &cfg.gray, cfg.min_data_packets, &input);
+            if upstream_competed.contains(link) && assessment.as_ref().is_some_and(Assessment::is_anomalous) {
+                // Congested with the peers, and without them? Only the link's own evidence (its
+                // egress, its marks) may name it.
+                input.peers.clear();
+                let (own, own_rates) = congestion::assess(&cfg.congestion, &cfg.gray, cfg.min_data_packets, &input);
+                if !own.as_ref().is_some_and(Assessment::is_anomalous) {
+                    shared_upstream.insert(link);
+                    assessment = Some(Assessment::ambiguous());
+                    rates = own_rates;
+                }
+            }
             let Some(a) = assessment else { continue };
             if a.is_anomalous() {
                 congested.insert(link);
@@ -427,7 +451,7 @@ impl JobState {
                 // is that peer's. At one host's end of the wire, so does an open congestion
                 // verdict on the host's own cable (above).
                 let via_congested = f.shared_links.iter().any(|l| congested.contains(l.as_str()));
-                let upstream = upstream_lossy.contains(f.link.as_str());
+                let upstream = upstream_lossy.contains(f.link.as_str()) || shared_upstream.contains(f.link.as_str());
                 let explained =
                     link_congested || via_congested || upstream || f.explained_by.is_some() || own_cable[i];
                 let a = if explained && a.is_anomalous() { Assessment::ambiguous() } else { a };
@@ -439,7 +463,7 @@ impl JobState {
                 let persistence = PersistenceConfig { raise_k: cfg.straggler.raise_k, raise_n: cfg.straggler.raise_n, ..cfg.persistence.clone() };
                 changes.extend(ps.straggler.observe(&persistence, &ctx, a, false, false, next_id));
             }
-            if !link_congested && !gray_anomalous {
+            if !link_congested && !gray_anomalous && !shared_upstream.contains(f.link.as_str()) {
                 f.goodput_bps.inspect(|&g| ps.goodput_baseline.push(g));
             }
             ps.last_phase_end_ns = f.last_phase_end_ns;

@@ -490,6 +490,57 @@ fn uplink_congestion_without_ecn_is_still_congestion() {
 }
 
 #[test]
+fn peers_slowed_on_a_way_in_shared_with_other_traffic_name_nobody() {
+    // A leaf's view of an upstream queue: the four peers behind `leaf2` slow down together while
+    // other traffic comes in by the same link (the cross traffic that fills another switch's
+    // uplink). Their slowdown could be this link's far end or that uplink: nobody is named here
+    // (the agent at that uplink sees the competition on its egress). Without the other traffic,
+    // or with a little of it, it is this link's congestion, as before.
+    let uplink = Fault::Uplink { link: "leaf2", goodput_factor: 0.45, ce_rate: 0.0, loss_rate: 0.0 };
+    let s = Scenario::two_leaves(11).with(uplink, 20, 40);
+    let scope = Scope::Link { link: "leaf2".into() };
+    for (other, named) in [(30_000_000u64, false), (2_000_000, true)] {
+        let mut windows = s.windows(60);
+        for (i, w) in windows.iter_mut().enumerate() {
+            let during = (20..40).contains(&i);
+            w.links.push(LinkWindow {
+                link: "leaf2".into(),
+                direction: "ingress".into(),
+                flows: if during { 8 } else { 4 },
+                job_bytes: 40_000_000,
+                other_bytes: if during { other } else { 0 },
+                ..Default::default()
+            });
+        }
+        let changes = run_with(DetectorConfig::default(), &windows);
+        if named {
+            single_verdict(&changes, VerdictKind::Congestion, &scope, 21, 43);
+        } else {
+            assert!(changes.is_empty(), "other traffic {other} B per window: {changes:#?}");
+        }
+    }
+    // The link's own evidence still names it: the same with competition on its egress.
+    let mut windows = s.windows(60);
+    for (i, w) in windows.iter_mut().enumerate() {
+        let during = (20..40).contains(&i);
+        w.links.push(LinkWindow { link: "leaf2".into(), direction: "ingress".into(), flows: 8, job_bytes: 40_000_000, other_bytes: if during { 30_000_000 } else { 0 }, ..Default::default() });
+        w.links.push(LinkWindow {
+            link: "leaf2".into(),
+            direction: "egress".into(),
+            flows: if during { 5 } else { 1 },
+            job_bytes: 40_000_000,
+            other_bytes: if during { 300_000_000 } else { 0 },
+            job_burst_bytes: 40_000_000,
+            job_burst_ns: if during { 1_600_000_000 } else { 400_000_000 },
+            ..Default::default()
+        });
+    }
+    let changes = run_with(DetectorConfig::default(), &windows);
+    let (_, _, v) = single_verdict(&changes, VerdictKind::Congestion, &scope, 21, 44);
+    assert!(has_metric(&v, Metric::OtherTrafficBps), "{v:?}");
+}
+
+#[test]
 fn compute_straggler_is_a_straggler_and_never_a_network_fault() {
     for seed in [1, 2, 3, 4] {
         let s = Scenario::two_leaves(seed).with(Fault::Straggler { peer: 5, delay_ns: 50 * MS }, 20, 40);
