@@ -137,7 +137,7 @@ impl LinkWindow {
     /// of the job's bytes here. The job's peers behind the link then share their path in with
     /// it: if they slow down together, the queue may be this link's far end or any link before
     /// it (another switch's uplink, whose agent sees it on its egress as competition), and this
-    /// vantage cannot tell which ([`super::Detector`] names nobody for it).
+    /// vantage cannot tell which ([`super::DetectorSet`] names nobody for it).
     pub fn upstream_competition(&self, min_other: f64) -> bool {
         self.direction == "ingress" && self.job_bytes > 0 && self.other_bytes as f64 >= min_other * self.job_bytes as f64
     }
