@@ -1291,7 +1291,7 @@ fn render_markdown(
         let _ = writeln!(
             m,
             "## Over {} seeds\n\nEach ratio is static / adaptive of one seed's pair of runs; the ratio targets are judged on the \
-             median over the seeds, the other targets must hold in every seed. Each seed's runs follow below.\n\n{}",
+             median over the seeds, the healthy target on the mean slowdown over the seeds, the other targets must hold in every seed. Each seed's runs follow below.\n\n{}",
             per_seed.len(),
             o.table
         );
