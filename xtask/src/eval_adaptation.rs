@@ -88,8 +88,9 @@ pub struct Opts {
     pub scenarios: Vec<String>,
     /// Seed of the faulted host's choice. Repeatable: every seed runs every source and scenario
     /// again (its logs in `adaptation-logs/seed-S/`), and the report adds each ratio's median over
-    /// the seeds, on which the ratio targets are then judged: runs minutes apart on a shared
-    /// machine differ by tens of percent, so one run per mode cannot compare two modes.
+    /// the seeds, on which the ratio targets are then judged (the healthy target on the mean
+    /// slowdown over the seeds): runs minutes apart on a shared machine differ by tens of percent,
+    /// so one run per mode cannot compare two modes.
     #[arg(long = "seed", default_values_t = [1u64])]
     pub seeds: Vec<u64>,
     /// Register every job without `transport_tuning`, so its hints never carry transport advice
