@@ -206,22 +206,27 @@ fn loss_shared_upstream_excuses_the_peers_that_come_in_by_that_link() {
 fn competing_windows(s: &Scenario, other: u64) -> Vec<JobWindow> {
     let mut windows = s.windows(60);
     for (i, w) in windows.iter_mut().enumerate() {
-        let during = (20..40).contains(&i);
-        w.links.push(LinkWindow {
-            link: "uplink".into(),
-            direction: "egress".into(),
-            flows: if during { 5 } else { 1 },
-            job_bytes: 40_000_000,
-            other_bytes: if during { other } else { 0 },
-            job_burst_bytes: 40_000_000,
-            job_burst_ns: if during { 1_600_000_000 } else { 400_000_000 },
-            ..Default::default()
-        });
+        w.links.push(competing_egress("uplink", (20..40).contains(&i), other));
         for p in w.peers.iter_mut().filter(|p| p.peer == s.peer(2)) {
             p.shared_links = vec!["uplink".into()];
         }
     }
     windows
+}
+
+/// `link`'s egress in one window: the job's 40 MB alone, or (`during`) beside `other` bytes of
+/// other traffic with the job's in-burst goodput cut to 1/4.
+fn competing_egress(link: &str, during: bool, other: u64) -> LinkWindow {
+    LinkWindow {
+        link: link.into(),
+        direction: "egress".into(),
+        flows: if during { 5 } else { 1 },
+        job_bytes: 40_000_000,
+        other_bytes: if during { other } else { 0 },
+        job_burst_bytes: 40_000_000,
+        job_burst_ns: if during { 1_600_000_000 } else { 400_000_000 },
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -524,16 +529,7 @@ fn peers_slowed_on_a_way_in_shared_with_other_traffic_name_nobody() {
     for (i, w) in windows.iter_mut().enumerate() {
         let during = (20..40).contains(&i);
         w.links.push(LinkWindow { link: "leaf2".into(), direction: "ingress".into(), flows: 8, job_bytes: 40_000_000, other_bytes: if during { 30_000_000 } else { 0 }, ..Default::default() });
-        w.links.push(LinkWindow {
-            link: "leaf2".into(),
-            direction: "egress".into(),
-            flows: if during { 5 } else { 1 },
-            job_bytes: 40_000_000,
-            other_bytes: if during { 300_000_000 } else { 0 },
-            job_burst_bytes: 40_000_000,
-            job_burst_ns: if during { 1_600_000_000 } else { 400_000_000 },
-            ..Default::default()
-        });
+        w.links.push(competing_egress("leaf2", during, 300_000_000));
     }
     let changes = run_with(DetectorConfig::default(), &windows);
     let (_, _, v) = single_verdict(&changes, VerdictKind::Congestion, &scope, 21, 44);
