@@ -8,7 +8,9 @@
 //!   window); below the severe ratio that alone is enough, but a milder dip must also be a drop against the peer's
 //!   *own* history (`own_baseline`, warm): peers of a job need not move bytes equally (a
 //!   compute straggler or a rank with another role in the algorithm sends at another pace from
-//!   its first step), and a network fault is a change. When other peers slowed with it (a rate
+//!   its first step), and a network fault is a change. Such a mild dip alone (no loss, no stall)
+//!   raises only on `mild_raise_k` of `mild_raise_n` windows (4 of 5), not 2 of 3: a busy
+//!   host's CPU makes the same dip for 2 windows in 3. When other peers slowed with it (a rate
 //!   cap's ring neighbours) and their spread defeats the z test, a peer at most `FAR_BELOW` of
 //!   both the others and its own history that is the window's clear minimum still counts;
 //! - loss rate well above the others *and* above an absolute floor (healthy veth reorders);
@@ -19,7 +21,7 @@
 
 use super::config::GrayConfig;
 use super::features::{PeerFeatures, PeerStats};
-use super::lifecycle::{Assessment, WindowState};
+use super::lifecycle::Assessment;
 use super::robust::Robust;
 use super::verdict::{Evidence, Metric, Reference, Severity, WindowCount};
 
@@ -45,6 +47,8 @@ pub(crate) struct Fold {
     severe: bool,
     /// Report as critical (severe, or as bad as severe without raising at once).
     critical: bool,
+    /// Some anomalous evidence a busy host's CPU cannot fake (not only a mild goodput dip).
+    strong: bool,
     evidence: Vec<Evidence>,
 }
 
@@ -63,14 +67,17 @@ impl Fold {
         self.anomalous = true;
         self.severe |= severe;
         self.critical |= severe;
+        self.strong = true;
         self.evidence.push(e);
     }
 
-    /// Anomalous, reported as critical when `critical`, but never raised on this window alone.
+    /// Anomalous, reported as critical when `critical`, but never raised on this window alone;
+    /// when not `critical` (a mild dip), evidence a busy host's CPU can fake.
     pub fn anomalous_not_at_once(&mut self, critical: bool, e: Evidence) {
         self.evaluated = true;
         self.anomalous = true;
         self.critical |= critical;
+        self.strong |= critical;
         self.evidence.push(e);
     }
 
@@ -80,11 +87,7 @@ impl Fold {
             return None;
         }
         Some(if self.anomalous {
-            Assessment {
-                state: WindowState::Anomalous { severe: self.severe },
-                severity: severity(self.critical),
-                evidence: self.evidence,
-            }
+            Assessment::anomalous(self.severe, severity(self.critical), self.evidence, !self.strong)
         } else if self.ambiguous {
             Assessment::ambiguous()
         } else {
@@ -158,6 +161,7 @@ pub(crate) fn assess(cfg: &GrayConfig, f: &PeerFeatures, s: &PeerStats, own_base
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::detect::lifecycle::WindowState;
 
     fn features(goodput: f64, loss: f64) -> PeerFeatures {
         PeerFeatures::for_test("10.0.0.9", "eth0", goodput, loss)

@@ -36,15 +36,22 @@ pub(crate) struct Assessment {
     pub severity: Severity,
     /// Only meaningful when anomalous.
     pub evidence: Vec<Evidence>,
+    /// Anomalous only on evidence a busy host's CPU can fake (`PersistenceConfig::mild_raise_k`).
+    pub mild: bool,
 }
 
 impl Assessment {
     pub fn clean() -> Self {
-        Self { state: WindowState::Clean, severity: Severity::Info, evidence: Vec::new() }
+        Self { state: WindowState::Clean, severity: Severity::Info, evidence: Vec::new(), mild: false }
     }
 
     pub fn ambiguous() -> Self {
-        Self { state: WindowState::Ambiguous, severity: Severity::Info, evidence: Vec::new() }
+        Self { state: WindowState::Ambiguous, severity: Severity::Info, evidence: Vec::new(), mild: false }
+    }
+
+    /// Anomalous on this evidence; `mild`: see the field.
+    pub fn anomalous(severe: bool, severity: Severity, evidence: Vec<Evidence>, mild: bool) -> Self {
+        Self { state: WindowState::Anomalous { severe }, severity, evidence, mild }
     }
 
     pub fn is_anomalous(&self) -> bool {
@@ -77,6 +84,8 @@ struct Open {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Track {
     anomalous: u64,
+    /// Anomalous windows whose assessment was not `mild`.
+    strong: u64,
     clean: u64,
     observed: u32,
     /// Start times of the last `MAX_RAISE_N` observed windows, most recent first.
@@ -134,9 +143,13 @@ impl Track {
         next_id: &mut u64,
     ) -> Option<VerdictChange> {
         self.anomalous <<= 1;
+        self.strong <<= 1;
         self.clean <<= 1;
         match a.state {
-            WindowState::Anomalous { .. } => self.anomalous |= 1,
+            WindowState::Anomalous { .. } => {
+                self.anomalous |= 1;
+                self.strong |= u64::from(!a.mild);
+            }
             WindowState::Clean => self.clean |= 1,
             WindowState::Ambiguous => {}
         }
@@ -152,9 +165,17 @@ impl Track {
         };
         let n = cfg.raise_n.clamp(1, MAX_RAISE_N);
         let k = cfg.raise_k.clamp(1, n);
-        let recent = self.anomalous & mask(n);
+        let mut recent = self.anomalous & mask(n);
         if recent.count_ones() < k && !(severe && allow_severe && cfg.raise_on_severe) {
             return None;
+        }
+        if self.strong & mask(n) == 0 {
+            // Only mild evidence lately: it must persist longer.
+            let n = cfg.mild_raise_n.clamp(1, MAX_RAISE_N);
+            recent = self.anomalous & mask(n);
+            if recent.count_ones() < cfg.mild_raise_k.clamp(1, n) {
+                return None;
+            }
         }
         let oldest = 63 - recent.leading_zeros();
         let started_ns = self.starts.get(oldest as usize).copied().unwrap_or(ctx.window_start_ns);
@@ -273,11 +294,7 @@ mod tests {
     const S: u64 = 1_000_000_000;
 
     fn anomalous(severe: bool) -> Assessment {
-        Assessment {
-            state: WindowState::Anomalous { severe },
-            severity: if severe { Severity::Critical } else { Severity::Warning },
-            evidence: Vec::new(),
-        }
+        Assessment::anomalous(severe, if severe { Severity::Critical } else { Severity::Warning }, Vec::new(), false)
     }
 
     /// Feeds states ('A' anomalous, 'S' severe, 'C' clean, '?' ambiguous) and returns
@@ -291,6 +308,7 @@ mod tests {
         for (i, c) in pattern.chars().enumerate() {
             let a = match c {
                 'A' => anomalous(false),
+                'm' => Assessment { mild: true, ..anomalous(false) },
                 'S' => anomalous(true),
                 'C' => Assessment::clean(),
                 _ => Assessment::ambiguous(),
@@ -318,6 +336,20 @@ mod tests {
         let VerdictChange::Opened(v) = &ch[0].1 else { panic!("{ch:?}") };
         assert_eq!(v.started_ns, 2 * S, "start is the first anomalous window of the raise");
         assert_eq!(v.raised_ns, 5 * S);
+    }
+
+    #[test]
+    fn mild_evidence_alone_raises_on_four_of_five() {
+        // Two mild windows in three (a CPU-starved rank): nothing; four in five: raised.
+        assert!(run("CmmCCmCmCC", false).is_empty());
+        let ch = run("CmmCmm", false);
+        assert_eq!(ch.len(), 1);
+        assert_eq!(ch[0].0, 5);
+        let VerdictChange::Opened(v) = &ch[0].1 else { panic!("{ch:?}") };
+        assert_eq!(v.started_ns, S, "start is the first anomalous window of the raise");
+        // Stronger evidence in the last three windows: the usual two of three.
+        assert_eq!(run("CmA", false).len(), 1);
+        assert_eq!(run("CAm", false).len(), 1);
     }
 
     #[test]

@@ -400,11 +400,7 @@ impl JobState {
         if let Some(o) = outage {
             if let Some(i) = feats.iter().position(|f| f.peer == o.peer) {
                 if !gray_all[i].as_ref().is_some_and(Assessment::is_anomalous) {
-                    gray_all[i] = Some(Assessment {
-                        state: lifecycle::WindowState::Anomalous { severe: true },
-                        severity: Severity::Critical,
-                        evidence: vec![outage_evidence(&o)],
-                    });
+                    gray_all[i] = Some(Assessment::anomalous(true, Severity::Critical, vec![outage_evidence(&o)], false));
                 }
             }
         }

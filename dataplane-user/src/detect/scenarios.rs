@@ -851,7 +851,9 @@ fn a_compute_straggler_is_found_whatever_the_algorithm() {
 /// `RUST_LOG=info,ringside::detect::input=debug`: one JSON `JobWindow` per log line) through the
 /// detectors and prints, per window, each peer's straggler lateness and every verdict change.
 /// `RINGSIDE_REPLAY=agent.log cargo test -p dataplane-user --lib replay_recorded_windows -- --ignored --nocapture`
-/// (`RINGSIDE_REPLAY_GRAY_MIN_PEERS=2` for an IPU agent's log).
+/// (`RINGSIDE_REPLAY_GRAY_MIN_PEERS=2` for an IPU agent's log; `RINGSIDE_REPLAY_MILD_RAISE=2/3`
+/// replays with another `[detect.persistence] mild_raise_k/mild_raise_n`, 2/3 being the rule
+/// before mild evidence had its own).
 #[test]
 #[ignore = "a tool: set RINGSIDE_REPLAY to an agent log with recorded windows"]
 fn replay_recorded_windows() {
@@ -867,6 +869,10 @@ fn replay_recorded_windows() {
     // An IPU's agent runs with `[detect.gray] min_peers = 2` (the operator guide's IPU setting).
     if let Ok(v) = std::env::var("RINGSIDE_REPLAY_GRAY_MIN_PEERS") {
         cfg.gray.min_peers = v.parse().expect("a number of peers");
+    }
+    if let Ok(v) = std::env::var("RINGSIDE_REPLAY_MILD_RAISE") {
+        let (k, n) = v.split_once('/').expect("K/N");
+        (cfg.persistence.mild_raise_k, cfg.persistence.mild_raise_n) = (k.parse().expect("K"), n.parse().expect("N"));
     }
     let mut set = DetectorSet::new(cfg);
     let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{:.0}", v / 1e6));

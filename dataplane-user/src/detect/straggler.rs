@@ -7,7 +7,7 @@
 use super::config::StragglerConfig;
 use super::features::{PeerFeatures, PeerStats};
 use super::gray::evidence;
-use super::lifecycle::{Assessment, WindowState};
+use super::lifecycle::Assessment;
 use super::robust::Robust;
 use super::verdict::{Metric, Reference, Severity};
 
@@ -44,14 +44,15 @@ pub(crate) fn assess(
     };
     let excess = late - r.median;
     let severity = if excess >= cfg.warning_lateness_ns as f64 { Severity::Warning } else { Severity::Info };
-    Some(Assessment {
-        state: WindowState::Anomalous { severe: false },
+    Some(Assessment::anomalous(
+        false,
         severity,
-        evidence: vec![
+        vec![
             evidence(Metric::PhaseStartLatenessNs, late, &r, Reference::PeerMedian),
             evidence(Metric::InBurstGoodputBps, g, &rg, Reference::PeerMedian),
         ],
-    })
+        false,
+    ))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -79,6 +80,7 @@ fn lateness(cfg: &StragglerConfig, late: Option<f64>, r: Option<Robust>) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::detect::lifecycle::WindowState;
 
     const MS: f64 = 1e6;
 
