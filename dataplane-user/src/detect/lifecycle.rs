@@ -297,8 +297,8 @@ mod tests {
         Assessment::anomalous(severe, if severe { Severity::Critical } else { Severity::Warning }, Vec::new(), false)
     }
 
-    /// Feeds states ('A' anomalous, 'S' severe, 'C' clean, '?' ambiguous) and returns
-    /// (window index, change) pairs.
+    /// Feeds states ('A' anomalous, 'm' anomalous on mild evidence only, 'S' severe, 'C' clean,
+    /// '?' ambiguous) and returns (window index, change) pairs.
     fn run(pattern: &str, gray: bool) -> Vec<(usize, VerdictChange)> {
         let cfg = PersistenceConfig::default();
         let scope = Scope::Link { link: "eth0".into() };
