@@ -365,7 +365,9 @@ pub struct StragglerConfig {
     /// rendezvous protocol the straggler's predecessor sends only once the straggler asks.
     pub co_start_ns: u64,
     /// A late start whose receiver sent this peer a small message with payload (a go-ahead; pure
-    /// ACKs are not one) in the 10 ms before names no one: it was waiting for that receiver.
+    /// ACKs are not one) in the 10 ms before names no one: it was waiting for that receiver. Nor
+    /// does one that fresh data from another peer reached in the 10 ms before (it is passing
+    /// that data on).
     pub go_ahead_ns: u64,
     /// Raise a straggler on `raise_k` (4) of the last `raise_n` (5) windows, stricter than
     /// network faults: a rank of a busy host runs late for a window or two without being one.

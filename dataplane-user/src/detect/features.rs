@@ -41,7 +41,12 @@
 //!   its previous data as it reads it would be excused at every step): it was
 //!   waiting for that receiver, not computing (recursive doubling's folded ranks send to their
 //!   partner, the straggler, only once it asks). With an eager protocol nothing comes back
-//!   before the data, and the late sender keeps the blame.
+//!   before the data, and the late sender keeps the blame. Nor is a start *fed* by fresh data
+//!   that another peer began sending to this one in the `go_ahead_ns` before it (and had not
+//!   sent it earlier in the step): that is the next hop passing the late data on. With small
+//!   chunks (256 KiB over 6 ranks, 43 KiB each) on a CPU-starved machine the straggler's ring
+//!   successor forwarded within a few ms and showed the straggler's own step lateness (28-32 ms
+//!   against 27-31), and was named a straggler too (`t2_detect`'s rig at load 13, session 31).
 
 use std::net::IpAddr;
 
@@ -284,12 +289,34 @@ fn waited_for_go_ahead(cfg: &DetectorConfig, peers: &[PeerFeatures], me: usize, 
     })
 }
 
+/// Whether another peer began sending *to* `peers[me]` in the `go_ahead_ns` before `t`, without
+/// having sent to it in `(since, that start)`: `me` starts right behind fresh data from that
+/// peer, so it is passing on or answering what just arrived (the next hop of an eager ring behind
+/// a straggler, whose chunks are small enough to forward at once, looks exactly as late as the
+/// straggler otherwise). A peer that had already sent to `me` earlier in the step is resuming a
+/// stalled send, which says nothing about `me`.
+fn fed_just_before(cfg: &DetectorConfig, peers: &[PeerFeatures], me: usize, t: u64, since: u64) -> bool {
+    let me_addr = peers[me].peer;
+    // Known destinations only: a burst of unknown destination may have gone anywhere, and
+    // counting it would excuse any start that follows another peer's by a few ms.
+    let to_me = |to: Option<IpAddr>| to == Some(me_addr);
+    let from = t.saturating_sub(cfg.straggler.go_ahead_ns);
+    peers.iter().enumerate().any(|(j, p)| {
+        j != me
+            && p.sends.iter().any(|&(start, _, to)| {
+                (from..t).contains(&start)
+                    && to_me(to)
+                    && !p.sends.iter().any(|&(earlier, _, to)| earlier > since && earlier < start && to_me(to))
+            })
+    })
+}
+
 /// A lateness sample capped by the job's silence before the start it was measured at, and 0 when
-/// another peer breaks the same silence at once or the receivers had just told this peer to go
-/// ahead (see the module docs): lateness that followed other peers' data is waiting, not
-/// computing, and a shared or go-ahead-gated start names no one. `since`: from when an earlier
-/// send to this peer makes a co-starter's send a resumption (the start of this peer's idle gap,
-/// or one matching offset back).
+/// another peer breaks the same silence at once, the receivers had just told this peer to go
+/// ahead, or another peer's data had just reached it (see the module docs): lateness that
+/// followed other peers' data is waiting, not computing, and a shared, go-ahead-gated or fed
+/// start names no one. `since`: from when an earlier send to this peer makes a co-starter's (or
+/// feeder's) send a resumption (the start of this peer's idle gap, or one matching offset back).
 fn gated(cfg: &DetectorConfig, late: f64, peers: &[PeerFeatures], me: usize, t: u64, since: u64) -> f64 {
     if late <= 0.0 {
         return late;
@@ -297,6 +324,7 @@ fn gated(cfg: &DetectorConfig, late: f64, peers: &[PeerFeatures], me: usize, t: 
     match job_silence_before(cfg, peers, me, t) {
         Some(_) if another_starts_within(peers, me, t, cfg.straggler.co_start_ns, since) => 0.0,
         Some(_) if waited_for_go_ahead(cfg, peers, me, t) => 0.0,
+        Some(_) if fed_just_before(cfg, peers, me, t, since) => 0.0,
         Some(silent) => late.min(silent),
         None => late,
     }
@@ -575,5 +603,38 @@ mod tests {
         let mut peers = vec![mk(&[(10, 20)]), mk(&[(11, 20)]), mk(&[(9, 5), (65, 20)]), mk(&[(60, 20)])];
         fill_lateness(&cfg, &mut peers, &vec![Vec::new(); 4]);
         assert!(peers[3].lateness_ns.unwrap() >= 20.0 * MS as f64, "{:?}", peers[3].lateness_ns);
+    }
+
+    #[test]
+    fn the_next_hop_that_forwards_a_stragglers_data_at_once_is_not_late() {
+        // An eager ring 1 → 2 → 3 → 4 → 1 with small chunks on a loaded machine: peers 1 and 2
+        // send on time (10, 11 ms), peer 3 computes 50 ms longer and sends at 60 ms, and peer 4,
+        // which had nothing to send before peer 3's chunk arrived, passes it on 1 ms later. Both
+        // break the same silence; only the one that was not fed is late.
+        let cfg = DetectorConfig::default();
+        let addr = |i: usize| -> IpAddr { format!("10.0.0.{i}").parse().unwrap() };
+        let mk = |me: usize, at: u64| {
+            let to = Some(addr(me % 4 + 1));
+            let mut w = window((0..5).map(|k| b(k * 200 + at, k * 200 + at + 20, 5_000_000)).collect());
+            w.bursts.iter_mut().for_each(|b| b.to = to);
+            w.peer = addr(me);
+            peer_features(&cfg, &w, 0, None, None)
+        };
+        let ring = vec![mk(1, 10), mk(2, 11), mk(3, 60), mk(4, 61)];
+        let mut phase = ring.clone();
+        fill_lateness(&cfg, &mut phase, &vec![Vec::new(); 4]);
+        let mut step = ring.clone();
+        fill_step_lateness(&cfg, &mut step, &vec![Vec::new(); 4]);
+        for (what, peers) in [("phase", &phase), ("step", &step)] {
+            let late = |i: usize| if what == "phase" { peers[i].lateness_ns } else { peers[i].step_lateness_ns };
+            assert!(late(2).unwrap() >= 20.0 * MS as f64, "{what}: the straggler keeps its lateness: {:?}", late(2));
+            assert_eq!(late(3), Some(0.0), "{what}: the next hop was fed just before it sent");
+        }
+        // The same timing without the feed (peer 3 sends elsewhere) leaves peer 4 as late as any
+        // peer that broke the silence on its own.
+        let mut unfed = ring.clone();
+        unfed[2].sends.iter_mut().for_each(|s| s.2 = Some(addr(1)));
+        fill_step_lateness(&cfg, &mut unfed, &vec![Vec::new(); 4]);
+        assert!(unfed[3].step_lateness_ns.unwrap() >= 20.0 * MS as f64, "{:?}", unfed[3].step_lateness_ns);
     }
 }
