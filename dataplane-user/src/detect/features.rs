@@ -269,8 +269,14 @@ fn another_starts_within(peers: &[PeerFeatures], me: usize, t: u64, within: u64,
     peers.iter().enumerate().any(|(j, p)| {
         j != me
             && p.sends.iter().any(|&(start, _, to)| start > t && start - t <= within && to_me(to))
-            && !p.sends.iter().any(|&(start, _, to)| start > since && start < t && to.is_some_and(|a| a == me_addr))
+            && !sent_to_between(p, me_addr, since, t)
     })
+}
+
+/// Whether `p` began a send to `to` (a known destination) strictly between `after` and `before`:
+/// a sender that had already sent to a peer in the step resumes, it does not start.
+fn sent_to_between(p: &PeerFeatures, to: IpAddr, after: u64, before: u64) -> bool {
+    p.sends.iter().any(|&(start, _, dst)| start > after && start < before && dst == Some(to))
 }
 
 /// Whether every peer `peers[me]` starts sending data to at `t` had just told it to go ahead:
@@ -297,16 +303,13 @@ fn waited_for_go_ahead(cfg: &DetectorConfig, peers: &[PeerFeatures], me: usize, 
 /// stalled send, which says nothing about `me`.
 fn fed_just_before(cfg: &DetectorConfig, peers: &[PeerFeatures], me: usize, t: u64, since: u64) -> bool {
     let me_addr = peers[me].peer;
+    let from = t.saturating_sub(cfg.straggler.go_ahead_ns);
     // Known destinations only: a burst of unknown destination may have gone anywhere, and
     // counting it would excuse any start that follows another peer's by a few ms.
-    let to_me = |to: Option<IpAddr>| to == Some(me_addr);
-    let from = t.saturating_sub(cfg.straggler.go_ahead_ns);
     peers.iter().enumerate().any(|(j, p)| {
         j != me
             && p.sends.iter().any(|&(start, _, to)| {
-                (from..t).contains(&start)
-                    && to_me(to)
-                    && !p.sends.iter().any(|&(earlier, _, to)| earlier > since && earlier < start && to_me(to))
+                (from..t).contains(&start) && to == Some(me_addr) && !sent_to_between(p, me_addr, since, start)
             })
     })
 }
