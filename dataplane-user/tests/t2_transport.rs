@@ -65,7 +65,7 @@ const MIN_STATIC_STALLS: usize = 5;
 /// Fewest steps under the advice (with a codec whose `comm_ms` times the network) to count
 /// stalls on; fewer makes the run inconclusive. Beside one T2 loop and two builds (load ~12,
 /// session 31) one run had 11: healthy steps took 225 ms of communication and the policy kept
-/// int8 for most of the lossy phase.
+/// int8 for most of the lossy phase (the job allows no codec since session 32).
 const MIN_ADVISED_STEPS: usize = 20;
 /// A step whose gradients took this much longer than a healthy step's waited for a
 /// retransmission timeout (at least 200 ms).
@@ -95,9 +95,9 @@ fn stall_count(comm: &[f64], stall_ms: f64) -> usize {
 }
 
 /// Whether a step's `comm_ms` measures the network: not for a synchronous codec (int8, top-k),
-/// whose hook compresses inside the backward pass and times that CPU work as communication. The
-/// policy tries int8 under loss and reverts it on the job's step times; on a loaded machine 10 of
-/// such a trial's 12 steps took ≥ 200 ms without a retransmission timeout (session 27).
+/// whose hook compresses inside the backward pass and times that CPU work as communication (on a
+/// loaded machine 10 of an int8 trial's 12 steps took ≥ 200 ms without a retransmission timeout,
+/// session 27). A guard: the job allows no codec, so no step should be left out.
 fn times_the_network(step: &Value) -> bool {
     !step["compression"].as_str().is_some_and(|c| c == "int8" || c.starts_with("topk"))
 }
