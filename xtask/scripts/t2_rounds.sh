@@ -14,12 +14,14 @@
 #       ROUNDS rounds; each runs the named T2 binaries (e.g. t2_detect t2_adapt) one after the
 #       other with `--ignored --test-threads=2`. One line per run in DIR/results-NAME.txt, logs in
 #       DIR/logs/. Two `run`s with disjoint TEST lists may go side by side (every T2 test makes
-#       its own namespaces). Stops before the next test once DIR/stop exists.
+#       its own namespaces). Stops before the next test once DIR/stop exists. FIRST=N starts at
+#       round N (to go on with the same binaries after an interruption, appending to the file).
 #   t2_rounds.sh load DIR
 #       The load: from-scratch release builds of the workspace at nice 10, one after the other,
 #       until DIR/stop exists (one line per build in DIR/results-build.txt).
 #   t2_rounds.sh summary DIR
-#       Per test binary: runs passed / runs, failing rounds, seconds per run, load average range.
+#       Per test binary: runs passed / runs, failing rounds, the runs passed in a row at the end
+#       (what "N runs in a row" counts), seconds per run, load average range.
 set -u
 cmd=${1:?usage: t2_rounds.sh prepare|run|load|summary DIR ...}
 dir=${2:?usage: t2_rounds.sh $cmd DIR ...}
@@ -67,7 +69,7 @@ run)
     # PyTorch tests: the venv of `cargo xtask setup`, with this checkout's Python package first.
     export RINGSIDE_PYTHON=${RINGSIDE_PYTHON:-$repo/target/venv/bin/python} PYTHONPATH=$repo/ringside-client/python/src
     mkdir -p "$dir/logs"
-    for r in $(seq "$rounds"); do
+    for r in $(seq "${FIRST:-1}" "$rounds"); do
         for t in "$@"; do
             [ -e "$dir/stop" ] && exit 0
             read -r _ exe pkg < <(grep "^$t " "$dir/bins.txt")
@@ -105,9 +107,10 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "results-*.txt"))):
         if not m:
             continue
         r, t, rc, s, l1, l2, at = m.groups()
-        e = tests.setdefault(t, {"runs": 0, "ok": 0, "failed": [], "s": [], "load": [], "first": at, "last": at})
+        e = tests.setdefault(t, {"runs": 0, "ok": 0, "failed": [], "streak": 0, "s": [], "load": [], "first": at, "last": at})
         e["runs"] += 1
         e["ok"] += rc == "0"
+        e["streak"] = e["streak"] + 1 if rc == "0" else 0
         if rc != "0":
             e["failed"].append(int(r))
         e["s"].append(int(s))
@@ -117,7 +120,7 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "results-*.txt"))):
         continue
     print(os.path.basename(f))
     for t, e in tests.items():
-        print(f"  {t:16} {e['ok']:3}/{e['runs']:<3} failed rounds {e['failed'] or '-'}  {min(e['s'])}-{max(e['s'])} s  load {min(e['load']):.1f}-{max(e['load']):.1f}  {e['first']}..{e['last']} UTC")
+        print(f"  {t:16} {e['ok']:3}/{e['runs']:<3} failed rounds {e['failed'] or '-'}  {e['streak']:2} in a row  {min(e['s'])}-{max(e['s'])} s  load {min(e['load']):.1f}-{max(e['load']):.1f}  {e['first']}..{e['last']} UTC")
 PY
     ;;
 *)
