@@ -516,15 +516,39 @@ impl Connection {
             if now >= deadline {
                 return Err(CollectiveError::Timeout { peer, channel, op, waited_ms: timeout.as_millis() as u64 });
             }
-            if self.read_ctl.parked_within((deadline - now).min(POLL_SLICE)) {
-                // A frame delivered just before parking is queued by now.
-                if let Some(f) = self.inbound.try_recv_in_order(shared, peer, channel)? {
-                    return Ok(f);
-                }
-                return self.read_frame_direct(shared, pool, deadline, op, timeout);
+            match self.after_park(shared, (deadline - now).min(POLL_SLICE))? {
+                Parked::No => {}
+                Parked::Queued(f) => return Ok(f),
+                Parked::Socket => return self.read_frame_direct(shared, pool, deadline, op, timeout),
             }
         }
     }
+
+    /// Direct reads: whether the reader has parked (waiting up to `wait`) and, if it has, the
+    /// frame it queued last. The queue has to be looked at again once `parked` is seen, however
+    /// recently it was found empty: the reader queues the frame it was reading, then parks, and
+    /// that can fall between the caller's look and the `parked` check. Reading the socket then
+    /// would take the frame after it, and fail the mesh on a sequence gap (seen under qemu-user in
+    /// CI: "seq is 2, expected 1" in `recv_queued`, which lacked this second look).
+    fn after_park(&mut self, shared: &SharedState, wait: Duration) -> Result<Parked> {
+        if !self.read_ctl.parked_within(wait) {
+            return Ok(Parked::No);
+        }
+        Ok(match self.inbound.try_recv_in_order(shared, self.peer, self.channel)? {
+            Some(f) => Parked::Queued(f),
+            None => Parked::Socket,
+        })
+    }
+}
+
+/// What [`Connection::after_park`] found.
+enum Parked {
+    /// The reader is still reading: its frame reaches the queue.
+    No,
+    /// The reader parked after queueing this frame.
+    Queued(InFrame),
+    /// The reader parked with nothing queued: the socket is the engine's to read.
+    Socket,
 }
 
 /// A full TCP mesh among the ranks of one job.
@@ -1050,14 +1074,16 @@ impl Transport for TcpTransport {
         if let Some(f) = c.inbound.try_recv_in_order(&shared, peer, channel)? {
             return Ok(Some(f));
         }
-        if !direct || c.inbound.peer_said_goodbye || !c.read_ctl.parked_within(Duration::ZERO) {
+        if !direct || c.inbound.peer_said_goodbye {
             return Ok(None);
         }
-        // Direct reads: a frame that has started to arrive counts as arrived.
-        if !poll_readable(&c.stream, 0) {
-            return Ok(None);
+        match c.after_park(&shared, Duration::ZERO)? {
+            Parked::No => Ok(None),
+            Parked::Queued(f) => Ok(Some(f)),
+            // Direct reads: a frame that has started to arrive counts as arrived.
+            Parked::Socket if !poll_readable(&c.stream, 0) => Ok(None),
+            Parked::Socket => c.read_frame_direct(&shared, &pool, Instant::now() + timeout, u64::MAX, timeout).map(Some),
         }
-        c.read_frame_direct(&shared, &pool, Instant::now() + timeout, u64::MAX, timeout).map(Some)
     }
 
     fn set_direct_reads(&mut self, on: bool) {
@@ -1131,5 +1157,87 @@ impl Drop for TcpTransport {
         } else {
             self.close();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A loopback mesh of two ranks, one channel.
+    fn pair() -> (TcpTransport, TcpTransport) {
+        let ls = [TcpListener::bind("127.0.0.1:0").unwrap(), TcpListener::bind("127.0.0.1:0").unwrap()];
+        let addrs: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+        let options = TcpOptions { channels: 1, timeout: Duration::from_secs(10) };
+        let [l0, l1] = ls;
+        let a = addrs.clone();
+        let rank0 = std::thread::spawn(move || TcpTransport::connect(l0, 0, &a, options).unwrap());
+        let t1 = TcpTransport::connect(l1, 1, &addrs, options).unwrap();
+        (rank0.join().unwrap(), t1)
+    }
+
+    fn send_op(t: &mut TcpTransport, op: u64) {
+        let mut h = FrameHeader::new(FrameKind::Control);
+        h.op = op;
+        let frame = t.frame_buffer(0);
+        t.send(1, 0, h, frame).unwrap();
+    }
+
+    /// `ioctl(2)` with an int result on `s` (FIONREAD: bytes waiting to be read; TIOCOUTQ: bytes
+    /// sent and not yet acknowledged by the peer).
+    fn ioctl_int(s: &TcpStream, request: libc::Ioctl) -> i32 {
+        let mut n: libc::c_int = 0;
+        // SAFETY: both requests write one int through the pointer; the fd is owned by `s`.
+        assert_eq!(unsafe { libc::ioctl(s.as_raw_fd(), request, &mut n) }, 0, "{}", std::io::Error::last_os_error());
+        n
+    }
+
+    /// Waits (bounded) until `cond` holds.
+    fn wait_until(what: &str, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < deadline, "{what}: not within 10 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn once_the_reader_parked_a_direct_receive_takes_what_it_queued_before_the_socket() {
+        let (mut t0, mut t1) = pair();
+        let shared = t1.shared.clone();
+        // Frame 1 while rank 1's reader is armed: wait until it has left rank 0's socket and the
+        // reader has read it from rank 1's, so the reader queues it before it next looks at
+        // `armed`.
+        send_op(&mut t0, 1);
+        let out = t0.conn(1, 0).unwrap().stream.try_clone().unwrap();
+        wait_until("frame 1 acknowledged", || ioctl_int(&out, libc::TIOCOUTQ) == 0);
+        let c = t1.conn(0, 0).unwrap();
+        wait_until("the reader read frame 1", || ioctl_int(&c.stream, libc::FIONREAD) == 0);
+        // Disarmed, the reader parks (after reading frame 2 if it was already back in read(2));
+        // frame 3 stays on the socket. Frame 1 was queued before the reader parked: this is the
+        // state a receive can find when the reader queued a frame and parked right after the
+        // receive saw the queue empty, and the queued frame has to come before the socket's.
+        t1.set_direct_reads(true);
+        send_op(&mut t0, 2);
+        let c = t1.conn(0, 0).unwrap();
+        assert!(c.read_ctl.parked_within(Duration::from_secs(10)), "the disarmed reader did not park");
+        send_op(&mut t0, 3);
+        wait_until("frame 3 acknowledged", || ioctl_int(&out, libc::TIOCOUTQ) == 0);
+        match c.after_park(&shared, Duration::ZERO).unwrap() {
+            Parked::Queued(f) => assert_eq!((f.header.seq, f.header.op), (1, 1)),
+            Parked::No => panic!("the reader parked, after_park says it did not"),
+            Parked::Socket => panic!("after_park would read the socket with frame 1 queued"),
+        }
+        // Frame 2 from the queue or the socket, then frame 3 from the socket, in order.
+        for op in [2, 3] {
+            let f = t1.recv_queued(0, 0).unwrap().unwrap_or_else(|| panic!("frame {op}"));
+            assert_eq!((f.header.seq, f.header.op), (op as u32, op));
+        }
+        assert!(t1.recv_queued(0, 0).unwrap().is_none());
+        assert!(shared.failure().is_none());
+        // Graceful close on both sides at once (each waits for the other's goodbye).
+        let closing = std::thread::spawn(move || drop(t0));
+        drop(t1);
+        closing.join().unwrap();
     }
 }
