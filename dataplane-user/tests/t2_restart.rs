@@ -200,7 +200,8 @@ fn ringside(star: &Star, args: &[&str]) -> std::process::Output {
 }
 
 /// Runs the paced stream host0 → host1 on a thread; returns (sent, received) when joined.
-fn start_stream(star: &Star) -> thread::JoinHandle<(u64, u64)> {
+/// The tenant's stream h0 -> h1: (datagrams sent, datagrams received, the receiver's report).
+fn start_stream(star: &Star) -> thread::JoinHandle<(u64, u64, testbed::RoceRecvReport)> {
     let h1: IpAddr = star.hosts[1].addr.into();
     let sink = star.hosts[1].ns.run(|| RoceSink::bind(SocketAddr::new(h1, testbed::ROCEV2_UDP_PORT))).unwrap();
     // Resolve the neighbour first so no packet waits in the ARP queue (see t2_agent).
@@ -215,7 +216,7 @@ fn start_stream(star: &Star) -> thread::JoinHandle<(u64, u64)> {
     thread::spawn(move || {
         let report = ns.try_run(|| testbed::roce_send(&spec)).unwrap().unwrap();
         let got = recv.join().unwrap().unwrap();
-        (report.packets_sent, got.datagrams)
+        (report.packets_sent, got.datagrams, got)
     })
 }
 
@@ -251,7 +252,8 @@ fn restart_under_traffic(star: &Star, scratch: &Scratch, config: &Path, extra: &
         assert!(c.never_below(&last), "a counter went down under agent B: {last:?} -> {c:?}");
         last = c;
         if stream.is_finished() {
-            break stream.join().unwrap();
+            let (sent, received, _) = stream.join().unwrap();
+            break (sent, received);
         }
         thread::sleep(Duration::from_millis(200));
     };
@@ -397,7 +399,7 @@ fn pins_of_another_layout_are_refused_and_left_alone() {
     let (p2, _) = kernel_counts(&scratch.pin_dir);
     assert!(p2 > p1, "the predecessor's program stopped counting after a refused start: {p1} -> {p2}");
     assert!(tc_show(&star, &["filter", "show", "dev", "eth0", "egress"]).contains("flowmon"));
-    let (sent, received) = stream.join().unwrap();
+    let (sent, received, _) = stream.join().unwrap();
     assert_eq!(received, sent, "tenant traffic was interrupted");
     detach(&star, &scratch);
     assert_nothing_left(&star, &scratch);
@@ -427,14 +429,20 @@ fn kept_pins_are_reused_and_the_program_attached_afresh() {
     let after = ready(&star, "agent B to reuse the kept pins and poll");
     assert!(after.never_below(&before), "{before:?} -> {after:?}");
     assert!(tc_show(&star, &["filter", "show", "dev", "eth0", "egress"]).contains("flowmon"), "agent B did not attach");
-    let (sent, received) = stream.join().unwrap();
+    let (sent, received, got) = stream.join().unwrap();
     // Not lossless: agent A's exit deletes the clsact qdisc it added and agent B adds it again,
-    // and the kernel drops a few of the device's packets while it grafts a clsact qdisc (measured
-    // without ringside: `tc qdisc add/del dev IF clsact` 4 times under a 2000 pps UDP stream lost
-    // 47 of 12 000; here 0-35 of 24 000 in 15 rounds). Persistent mode keeps the qdisc and is
-    // lossless (the tests above assert received == sent).
-    eprintln!("default-mode stop/start: sent {sent}, received {received}");
-    assert!(received + 200 >= sent, "tenant traffic lost {} of {sent} datagrams", sent - received);
+    // and the kernel drops the device's packets while it grafts a clsact qdisc (measured without
+    // ringside: `tc qdisc add/del dev IF clsact` 4 times under a 2000 pps UDP stream lost 47 of
+    // 12 000; here 0-35 of 24 000 in 15 quiet rounds, and 563 once beside a release build, session
+    // 33: the graft waits out an RCU grace period with the device on the noop qdisc, and a busy
+    // machine's grace periods are long). So how many is the machine's; where is ringside's: each
+    // graft drops one run of consecutive datagrams, so at most two gaps in the PSNs, and every
+    // datagram not received is in them (none lost at the end). Persistent mode keeps the qdisc and
+    // is lossless (the tests above assert received == sent).
+    eprintln!("default-mode stop/start: sent {sent}, received {received}, {} PSN gaps of {} PSNs", got.psn_gaps, got.skipped_psns);
+    assert!(got.psn_gaps <= 2, "tenant traffic lost {} of {sent} datagrams in {} runs; the two qdisc grafts drop at most two: {got:?}", sent - received, got.psn_gaps);
+    assert_eq!(received + got.skipped_psns, sent, "datagrams lost outside the PSN gaps (at the stream's end?): {got:?}");
+    assert!(received * 2 >= sent, "more than half of the stream lost: {got:?}");
     let end = wait_for(Duration::from_secs(5), POLL, "agent B to count the rest of the stream", || {
         let c = Counts::of(&get_metrics(&star)?);
         (c.peer > after.peer).then_some(c)

@@ -396,6 +396,12 @@ pub struct RoceRecvReport {
     pub cnps: u64,
     /// Datagrams too short to hold a BTH.
     pub not_roce: u64,
+    /// Gaps in the data packets' PSNs as received (CNPs and ACK/NAKs left out): how many times a
+    /// data packet's PSN was more than one past the previous one's (24 bits, wrapping). The
+    /// sender's skipped PSNs show up here, and so does each run of datagrams lost together.
+    pub psn_gaps: u64,
+    /// PSNs missing in those gaps.
+    pub skipped_psns: u64,
     pub duration_ms: f64,
 }
 
@@ -443,6 +449,7 @@ impl RoceSink {
         let mut buf = vec![0u8; 65536];
         let mut first: Option<Instant> = None;
         let mut last = Instant::now();
+        let mut last_psn: Option<u32> = None;
         // Bounded: at most one iteration per datagram or per 20 ms timeout tick.
         for _ in 0..u64::MAX {
             if expected.is_some_and(|e| r.datagrams >= e) || start.elapsed() >= timeout {
@@ -471,6 +478,18 @@ impl RoceSink {
                             }
                             if b.aeth_syndrome.is_some_and(|s| s & wire::AETH_SYNDROME_KIND_MASK == wire::AETH_SYNDROME_NAK) {
                                 r.naks += 1;
+                            }
+                            if b.opcode != bth_opcode::CNP && b.opcode != bth_opcode::RC_ACK {
+                                // Forward by 1..2^23 (mod 2^24) is the stream going on; anything
+                                // else (a duplicate or a late packet) leaves the position alone.
+                                let step = b.psn.wrapping_sub(last_psn.unwrap_or(b.psn.wrapping_sub(1))) & 0x00ff_ffff;
+                                if (1..1 << 23).contains(&step) {
+                                    if step > 1 {
+                                        r.psn_gaps += 1;
+                                        r.skipped_psns += u64::from(step - 1);
+                                    }
+                                    last_psn = Some(b.psn);
+                                }
                             }
                         }
                         None => r.not_roce += 1,

@@ -128,6 +128,7 @@ fn roce_send_reports_what_the_peer_receives() {
     assert_eq!(got.datagrams, sent.packets_sent, "{got:?}");
     assert_eq!(got.by_opcode, sent.by_opcode);
     assert_eq!((got.ce_marked, got.cnps, got.naks), (25, 4, 2));
+    assert_eq!((got.psn_gaps, got.skipped_psns), (2, 3), "the sink sees the sender's gaps");
     assert_eq!(got.bytes, sent.udp_payload_bytes);
 
     // IPv6: CE goes in the traffic class, headers are 40 bytes.
