@@ -611,4 +611,18 @@ mod tests {
         assert!(plan(&RoceSpec { ce_marks: 11, ..spec() }).is_err());
         assert!(plan(&RoceSpec { to: "0.0.0.0:4791".parse().unwrap(), ..spec() }).is_err());
     }
+
+    #[test]
+    fn the_sink_counts_the_psn_gaps_it_receives_across_the_wrap_and_leaves_cnps_out() {
+        let sink = RoceSink::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let to = sink.local_addr().unwrap();
+        // PSNs 0xfffffd, 0xfffffe, [0xffffff skipped], 0, [1, 2 skipped], 3, 4, 5: two gaps of 1 and
+        // 2 PSNs, one of them across the 24-bit wrap; the CNPs carry PSN 0 and are not data.
+        let spec = RoceSpec { to, start_psn: 0xfffffd, packets: 6, payload_len: 16, skip_psns: vec![0xffffff, 1, 2], cnps: 2, ..Default::default() };
+        let sent = roce_send(&spec).unwrap();
+        assert_eq!((sent.data_packets, sent.cnps, sent.psn_gaps, sent.skipped_psns), (6, 2, 2, 3));
+        let got = sink.receive(Some(sent.packets_sent), Duration::from_secs(1), Duration::from_secs(10)).unwrap();
+        assert_eq!(got.datagrams, sent.packets_sent, "{got:?}");
+        assert_eq!((got.cnps, got.psn_gaps, got.skipped_psns), (2, 2, 3), "{got:?}");
+    }
 }
