@@ -199,8 +199,8 @@ fn ringside(star: &Star, args: &[&str]) -> std::process::Output {
     star.hosts[0].ns.command(env!("CARGO_BIN_EXE_ringside")).args(args).output().unwrap()
 }
 
-/// Runs the paced stream host0 → host1 on a thread; returns (sent, received) when joined.
-/// The tenant's stream h0 -> h1: (datagrams sent, datagrams received, the receiver's report).
+/// Runs the paced stream host0 → host1 on a thread; returns (datagrams sent, datagrams received,
+/// the receiver's report) when joined.
 fn start_stream(star: &Star) -> thread::JoinHandle<(u64, u64, testbed::RoceRecvReport)> {
     let h1: IpAddr = star.hosts[1].addr.into();
     let sink = star.hosts[1].ns.run(|| RoceSink::bind(SocketAddr::new(h1, testbed::ROCEV2_UDP_PORT))).unwrap();
