@@ -480,9 +480,10 @@ impl RoceSink {
                                 r.naks += 1;
                             }
                             if b.opcode != bth_opcode::CNP && b.opcode != bth_opcode::RC_ACK {
-                                // Forward by 1..2^23 (mod 2^24) is the stream going on; anything
-                                // else (a duplicate or a late packet) leaves the position alone.
-                                let step = b.psn.wrapping_sub(last_psn.unwrap_or(b.psn.wrapping_sub(1))) & 0x00ff_ffff;
+                                // Forward by 1..2^23 (mod 2^24) is the stream going on (the
+                                // first packet counts as one step); anything else (a duplicate or
+                                // a late packet) leaves the position alone.
+                                let step = last_psn.map_or(1, |p| b.psn.wrapping_sub(p) & 0x00ff_ffff);
                                 if (1..1 << 23).contains(&step) {
                                     if step > 1 {
                                         r.psn_gaps += 1;

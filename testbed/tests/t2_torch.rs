@@ -115,15 +115,13 @@ fn ddp_trains_across_namespaces_and_its_gradients_cross_the_switch() {
     }
     // The straggler's peers wait for it inside backward(): their exposed communication time
     // exceeds its own by about its extra 30 ms per step.
-    let exposed: Vec<f64> = report.ranks.iter().map(|r| rank_json(&r.out)["summary"]["mean_exposed_comm_ms"].as_f64().unwrap()).collect();
+    let docs: Vec<serde_json::Value> = report.ranks.iter().map(|r| rank_json(&r.out)).collect();
+    let exposed: Vec<f64> = docs.iter().map(|v| v["summary"]["mean_exposed_comm_ms"].as_f64().unwrap()).collect();
     eprintln!("mean exposed communication per rank (rank 2 sleeps 30 ms more per step): {exposed:?} ms");
     // Once in 7 rounds beside a build (session 33) the means were [27.97, 27.36, 26.58] ms and
     // the rank JSONs were gone with the temporary directory: a failure prints every step's.
-    let per_step: Vec<Vec<f64>> = report
-        .ranks
-        .iter()
-        .map(|r| rank_json(&r.out)["steps"].as_array().unwrap().iter().map(|x| x["exposed_comm_ms"].as_f64().unwrap()).collect())
-        .collect();
+    let per_step: Vec<Vec<f64>> =
+        docs.iter().map(|v| v["steps"].as_array().unwrap().iter().map(|x| x["exposed_comm_ms"].as_f64().unwrap()).collect()).collect();
     assert!(mean(&exposed[..2]) - exposed[2] >= 10.0, "the straggler did not make its peers wait: {exposed:?}; exposed ms per step and rank: {per_step:?}");
     let stragglers: Vec<_> = star.faults().into_iter().filter(|f| matches!(f.kind, FaultKind::Straggler { rank: 2, extra_ms: 30 })).collect();
     assert_eq!(stragglers.len(), 1, "the straggler is in the fault log, ended with the job");
