@@ -20,6 +20,9 @@ use testbed::{FaultKind, Rig, Star, StarConfig, TorchCompression, TorchConfig};
 /// The tests of this file take turns: each runs several Python ranks on the machine's few cores.
 static ONE_JOB_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// The compute straggler's extra sleep per step (rank 2), in milliseconds.
+const STRAGGLER_MS: u64 = 100;
+
 /// Removes the job's output directory however the test ends.
 struct OutDir(PathBuf);
 
@@ -82,7 +85,7 @@ fn ddp_trains_across_namespaces_and_its_gradients_cross_the_switch() {
 
     // 1. A fixed number of fp32 steps, rank 2 a compute straggler.
     let steps = 20;
-    let cfg = TorchConfig { steps, straggler: Some((2, 30)), out_dir: Some(dir.0.join("steps")), ..base.clone() };
+    let cfg = TorchConfig { steps, straggler: Some((2, STRAGGLER_MS)), out_dir: Some(dir.0.join("steps")), ..base.clone() };
     let before = switch_tx_bytes(&star);
     let report = testbed::spawn_torch(&star, &cfg).unwrap().wait(None).unwrap_or_else(|e| panic!("the DDP job failed: {e}"));
     let after = switch_tx_bytes(&star);
@@ -114,16 +117,24 @@ fn ddp_trains_across_namespaces_and_its_gradients_cross_the_switch() {
         assert!(delivered >= floor, "host {i} received {delivered} bytes, less than the {floor} bytes an allreduce of {steps} x {grad_bytes} must deliver");
     }
     // The straggler's peers wait for it inside backward(): their exposed communication time
-    // exceeds its own by about its extra 30 ms per step.
+    // exceeds its own by up to its extra sleep per step. Three ranks share 2 vCPUs, so how much
+    // of the sleep shows depends on where the scheduler puts them: with the straggler alone on
+    // one CPU and its two peers sharing the other, the peers' compute takes about one more
+    // step's compute (~20 ms here) while the straggler sleeps, and that much of the sleep is
+    // hidden (session 34: ranks pinned that way by `taskset`, 30 ms of sleep showed as 7-13 ms,
+    // and once in 7 rounds beside a build, with the scheduler's own placement, as 1 ms). The
+    // sleep is long enough that the placement cannot hide most of it.
     let docs: Vec<serde_json::Value> = report.ranks.iter().map(|r| rank_json(&r.out)).collect();
     let exposed: Vec<f64> = docs.iter().map(|v| v["summary"]["mean_exposed_comm_ms"].as_f64().unwrap()).collect();
-    eprintln!("mean exposed communication per rank (rank 2 sleeps 30 ms more per step): {exposed:?} ms");
-    // Once in 7 rounds beside a build (session 33) the means were [27.97, 27.36, 26.58] ms and
-    // the rank JSONs were gone with the temporary directory: a failure prints every step's.
+    eprintln!("mean exposed communication per rank (rank 2 sleeps {STRAGGLER_MS} ms more per step): {exposed:?} ms");
     let per_step: Vec<Vec<f64>> =
         docs.iter().map(|v| v["steps"].as_array().unwrap().iter().map(|x| x["exposed_comm_ms"].as_f64().unwrap()).collect()).collect();
-    assert!(mean(&exposed[..2]) - exposed[2] >= 10.0, "the straggler did not make its peers wait: {exposed:?}; exposed ms per step and rank: {per_step:?}");
-    let stragglers: Vec<_> = star.faults().into_iter().filter(|f| matches!(f.kind, FaultKind::Straggler { rank: 2, extra_ms: 30 })).collect();
+    let waited = mean(&exposed[..2]) - exposed[2];
+    assert!(
+        waited >= STRAGGLER_MS as f64 * 0.3,
+        "the straggler did not make its peers wait: {waited:.1} ms of its {STRAGGLER_MS} ms ({exposed:?}); exposed ms per step and rank: {per_step:?}"
+    );
+    let stragglers: Vec<_> = star.faults().into_iter().filter(|f| matches!(f.kind, FaultKind::Straggler { rank: 2, extra_ms: STRAGGLER_MS })).collect();
     assert_eq!(stragglers.len(), 1, "the straggler is in the fault log, ended with the job");
     assert!(stragglers[0].ended_unix_ms.is_some());
 

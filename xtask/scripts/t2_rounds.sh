@@ -9,7 +9,9 @@
 #       From this checkout (commit it first): the eBPF objects (`cargo xtask build --release`)
 #       copied to DIR/frozen, release ringside-rank and ringside-ipu built into DIR/target and
 #       copied there too, and every T2 test binary built into DIR/target with the objects
-#       embedded; DIR/bins.txt lists them (name, executable, package directory).
+#       embedded; DIR/bins.txt lists them (name, executable, package directory). The tenants'
+#       Python package (ringside-client/python/src) is copied to DIR/frozen/python: the PyTorch
+#       tests import it from there, so editing the checkout's copy does not change the rounds.
 #   t2_rounds.sh run DIR NAME ROUNDS TEST...
 #       ROUNDS rounds; each runs the named T2 binaries (e.g. t2_detect t2_adapt) one after the
 #       other with `--ignored --test-threads=2`. One line per run in DIR/results-NAME.txt, logs in
@@ -39,6 +41,8 @@ prepare)
     export CARGO_TARGET_DIR=$dir/target RINGSIDE_EBPF_OBJECT=$dir/frozen/flowmon
     cargo build -q --release -p ipu-firmware --bin ringside-rank --bin ringside-ipu
     cp "$dir/target/release/ringside-rank" "$dir/target/release/ringside-ipu" "$dir/frozen/"
+    rm -rf "$dir/frozen/python"
+    cp -r ringside-client/python/src "$dir/frozen/python"
     cargo test -q --no-run --workspace --exclude dataplane-ebpf --test 't2_*' --message-format=json >"$dir/build.json"
     python3 - "$dir" <<'PY'
 import json, os, sys
@@ -66,8 +70,10 @@ run)
     f=$dir/frozen
     export RINGSIDE_EBPF_OBJECT=$f/flowmon RINGSIDE_RANK_BIN=$f/ringside-rank RINGSIDE_IPU_BIN=$f/ringside-ipu
     export CARGO_TARGET_DIR=$dir/target
-    # PyTorch tests: the venv of `cargo xtask setup`, with this checkout's Python package first.
-    export RINGSIDE_PYTHON=${RINGSIDE_PYTHON:-$repo/target/venv/bin/python} PYTHONPATH=$repo/ringside-client/python/src
+    # PyTorch tests: the venv of `cargo xtask setup`, with the frozen copy of the tenants' Python
+    # package first.
+    [ -d "$f/python" ] || { echo "$f/python is missing (run prepare)" >&2; exit 2; }
+    export RINGSIDE_PYTHON=${RINGSIDE_PYTHON:-$repo/target/venv/bin/python} PYTHONPATH=$f/python
     mkdir -p "$dir/logs"
     for r in $(seq "${FIRST:-1}" "$rounds"); do
         for t in "$@"; do
