@@ -61,16 +61,17 @@ impl Tier {
             Tier::T2 => "T2 namespace testbed",
         }
     }
-}
 
-fn tier_tag(tier: Tier) -> &'static str {
-    match tier {
-        Tier::T0 => "T0",
-        Tier::T1 => "T1",
-        Tier::T1Kernels => "T1k",
-        Tier::T2 => "T2",
+    fn tag(self) -> &'static str {
+        match self {
+            Tier::T0 => "T0",
+            Tier::T1 => "T1",
+            Tier::T1Kernels => "T1k",
+            Tier::T2 => "T2",
+        }
     }
 }
+
 
 /// One line of the summary: a tier, or one kernel of the T1 kernel matrix.
 struct TierResult {
@@ -116,7 +117,7 @@ pub fn run(tiers: &[Tier], no_setup: bool, kernels: &[String]) -> Result<()> {
         if tier == Tier::T1Kernels {
             let versions: Vec<String> =
                 if kernels.is_empty() { kernel::DEFAULT_KERNELS.iter().map(|v| v.to_string()).collect() } else { kernels.to_vec() };
-            results.extend(run_kernels(&versions, &object)?);
+            results.extend(run_kernels(&versions, &object));
             continue;
         }
         println!("\n==> {}", tier.describe());
@@ -124,6 +125,9 @@ pub fn run(tiers: &[Tier], no_setup: bool, kernels: &[String]) -> Result<()> {
         let mut cmd = cargo();
         // Every test binary runs even after one fails, so one failure does not hide the others.
         cmd.args(["test", "--no-fail-fast"]).env(build::OBJECT_ENV, &object);
+        // What fails before the tier's tests run (a build they need) is a failure of the tier,
+        // named in the summary; its tests still run and say what they miss.
+        let mut before = Counts::default();
         match tier {
             Tier::T0 => {
                 cmd.args(["--workspace", "--exclude", "dataplane-ebpf"]);
@@ -135,7 +139,11 @@ pub fn run(tiers: &[Tier], no_setup: bool, kernels: &[String]) -> Result<()> {
                 // The emulated training job's rank process, in release: a debug rank is
                 // compute-bound on its reductions, which would distort step timing in detection tests.
                 // ringside-ipu: the managed collective service of t2_managed, also in release.
-                sh(cargo().args(["build", "--release", "-p", "ipu-firmware", "--bin", "ringside-rank", "--bin", "ringside-ipu"]))?;
+                if let Err(e) = sh(cargo().args(["build", "--release", "-p", "ipu-firmware", "--bin", "ringside-rank", "--bin", "ringside-ipu"])) {
+                    println!("{e:#}");
+                    before.failed += 1;
+                    before.failures.push(format!("(release ringside-rank and ringside-ipu not built: {e:#})"));
+                }
                 cmd.env("RINGSIDE_RANK_BIN", build::bin_path("ringside-rank", true));
                 cmd.env("RINGSIDE_IPU_BIN", build::bin_path("ringside-ipu", true));
                 // Namespaced traffic tests share 2 cores; two at a time keeps them from starving.
@@ -145,6 +153,8 @@ pub fn run(tiers: &[Tier], no_setup: bool, kernels: &[String]) -> Result<()> {
             Tier::T1Kernels => unreachable!("run above"),
         }
         let (mut ok, mut counts) = run_counting(&mut cmd, Counts::add_line)?;
+        ok &= before.failed == 0;
+        counts.add(&before);
         if let (Tier::T0, Some(python)) = (tier, &python) {
             println!("\n==> T0 Python client (pytest {PY_TESTS})");
             let (py_ok, py_counts) = run_pytest(python)?;
@@ -188,7 +198,7 @@ pub fn run(tiers: &[Tier], no_setup: bool, kernels: &[String]) -> Result<()> {
         // A tier that ran nothing proves nothing (e.g. root-only tests that lost their #[ignore]
         // marker run in T0 and leave T1 empty): that is a failure, not a pass.
         let ok = ok && counts.passed > 0;
-        results.push(TierResult { label: tier.describe().into(), tag: tier_tag(tier).into(), ok, counts, took: started.elapsed() });
+        results.push(TierResult { label: tier.describe().into(), tag: tier.tag().into(), ok, counts, took: started.elapsed() });
     }
 
     println!("\n==> summary");
@@ -207,7 +217,11 @@ pub fn run(tiers: &[Tier], no_setup: bool, kernels: &[String]) -> Result<()> {
         for name in &r.counts.failures {
             println!("  FAILED {:<8} {name}", r.tag);
         }
-        if !r.ok && r.counts.failures.is_empty() && r.counts.passed > 0 {
+        let silent = r.counts.silent_failed_targets();
+        for target in &silent {
+            println!("  FAILED {:<8} cargo test {target} (no failing test named: it did not build, crashed or was killed; see its output above)", r.tag);
+        }
+        if !r.ok && r.counts.failures.is_empty() && silent.is_empty() && r.counts.passed > 0 {
             println!("  FAILED {:<8} (no failing test named: a test binary did not build or crashed; see its output above)", r.tag);
         }
     }
@@ -246,17 +260,27 @@ fn t1_binaries(object: &Path) -> Result<Vec<PathBuf>> {
 /// cannot be fetched or booted fails its line and the others still run. The kernels are fetched
 /// one after another, then booted side by side: a TCG guest keeps about one host core busy (the
 /// tests in it run one at a time), so on two cores the matrix takes as long as its slowest kernel.
-fn run_kernels(versions: &[String], object: &Path) -> Result<Vec<TierResult>> {
+/// What cannot be prepared for all kernels (QEMU and its tools, the T1 binaries) fails the matrix's
+/// one line and returns, so the tiers after it still run.
+fn run_kernels(versions: &[String], object: &Path) -> Vec<TierResult> {
     println!("\n==> {} on {}", Tier::T1Kernels.describe(), versions.join(", "));
-    setup::kernel_matrix_tools()?;
-    let tests = t1_binaries(object)?;
+    let started = Instant::now();
+    let tests = match setup::kernel_matrix_tools().and_then(|_| t1_binaries(object)) {
+        Ok(tests) => tests,
+        Err(e) => {
+            println!("the kernel matrix cannot run: {e:#}");
+            let mut counts = Counts::default();
+            counts.failures.push(format!("(kernel matrix not prepared: {e:#})"));
+            let label = format!("T1 on Linux {}", versions.join(", "));
+            return vec![TierResult { label, tag: Tier::T1Kernels.tag().into(), ok: false, counts, took: started.elapsed() }];
+        }
+    };
     let mut env = vec![(build::OBJECT_ENV.to_owned(), object.to_string_lossy().into_owned())];
     for var in ["RINGSIDE_FUZZ_FRAMES", "RINGSIDE_FUZZ_SEED"] {
         if let Ok(v) = std::env::var(var) {
             env.push((var.to_owned(), v));
         }
     }
-    let started = Instant::now();
     // Everything the guests share is fetched here, before they start side by side: the kernels
     // and busybox (two first fetches at once raced on its scratch directory in a fresh clone,
     // and one guest's init was a partial file).
@@ -273,7 +297,7 @@ fn run_kernels(versions: &[String], object: &Path) -> Result<Vec<TierResult>> {
             .collect();
         runs.into_iter().map(|h| h.join().expect("a kernel's guest thread panicked")).collect()
     });
-    Ok(results)
+    results
 }
 
 /// One kernel's summary line: boots `kernel` (or reports why it could not be prepared) and checks
@@ -332,9 +356,14 @@ struct Counts {
     passed: u64,
     failed: u64,
     ignored: u64,
-    /// The failed tests by name (libtest's `test NAME ... FAILED`, pytest's `FAILED PATH::NAME`),
-    /// and test binaries that did not build or crashed, for the summary.
+    /// The failed tests by name (libtest's `test NAME ... FAILED` as `BINARY: NAME`, pytest's
+    /// `FAILED PATH::NAME`), and what failed around them, for the summary.
     failures: Vec<String>,
+    /// The libtest binary whose output is being read (cargo's `Running ... (target/.../NAME-HASH)`).
+    binary: Option<String>,
+    /// cargo's failed targets (`-p dataplane-user --test t2_detect`): a binary that crashed, hung
+    /// or exited non-zero shows up here even when it named no failed test.
+    failed_targets: Vec<String>,
 }
 
 impl Counts {
@@ -343,6 +372,7 @@ impl Counts {
         self.failed += o.failed;
         self.ignored += o.ignored;
         self.failures.extend(o.failures.iter().cloned());
+        self.failed_targets.extend(o.failed_targets.iter().cloned());
     }
 
     /// Notes a failed test named on a libtest progress line (`test a::b ... FAILED`) or in
@@ -350,7 +380,10 @@ impl Counts {
     fn note_failure(&mut self, line: &str) {
         let line = line.trim();
         let name = if let Some(rest) = line.strip_prefix("test ") {
-            rest.strip_suffix(" ... FAILED").map(str::to_owned)
+            rest.strip_suffix(" ... FAILED").map(|t| match &self.binary {
+                Some(b) => format!("{b}: {t}"),
+                None => t.to_owned(),
+            })
         } else {
             line.strip_prefix("FAILED ").or_else(|| line.strip_prefix("ERROR ")).map(|r| r.split(" - ").next().unwrap_or(r).to_owned())
         };
@@ -359,6 +392,49 @@ impl Counts {
                 self.failures.push(name);
             }
         }
+    }
+
+    /// Follows cargo's lines around the test binaries' output: which binary runs now, and which
+    /// targets failed (`error: test failed, to rerun pass `-p x --test y``, and with
+    /// `--no-fail-fast` the closing list of `error: N targets failed:`). True if the line was one.
+    fn note_cargo_line(&mut self, line: &str) -> bool {
+        let t = line.trim();
+        if let Some(rest) = t.strip_prefix("Running ") {
+            // `Running tests/t2_detect.rs (target/debug/deps/t2_detect-0123456789abcdef)`
+            let exe = rest.rsplit_once(" (").map_or(rest, |(_, p)| p.trim_end_matches(')'));
+            let file = exe.rsplit('/').next().unwrap_or(exe);
+            self.binary = Some(file.rsplit_once('-').map_or(file, |(stem, _)| stem).to_owned());
+            return true;
+        }
+        if let Some(krate) = t.strip_prefix("Doc-tests ") {
+            self.binary = Some(format!("{krate} (doc)"));
+            return true;
+        }
+        let quoted = if let Some(rest) = t.strip_prefix("error: test failed, to rerun pass `") {
+            rest.strip_suffix('`')
+        } else {
+            t.strip_prefix('`').and_then(|r| r.strip_suffix('`')).filter(|r| r.starts_with("-p ") || r.starts_with("--"))
+        };
+        if let Some(target) = quoted {
+            if !self.failed_targets.iter().any(|f| f == target) {
+                self.failed_targets.push(target.to_owned());
+            }
+            return true;
+        }
+        false
+    }
+
+    /// The failed targets that named no failed test: they did not build, crashed, or were
+    /// killed (their output above says which).
+    fn silent_failed_targets(&self) -> Vec<&str> {
+        self.failed_targets
+            .iter()
+            .filter(|t| {
+                let bin = target_binary(t);
+                !self.failures.iter().any(|f| f.strip_prefix(bin.as_str()).is_some_and(|r| r.starts_with(": ")))
+            })
+            .map(String::as_str)
+            .collect()
     }
 
     /// Adds the counts of pytest's summary line, `=== 1 failed, 52 passed, 1 skipped in 30.0s ===`
@@ -387,8 +463,12 @@ impl Counts {
         }
     }
 
-    /// Adds the counts of a libtest line `test result: ok. 3 passed; 0 failed; 1 ignored; ...`.
+    /// Adds the counts of a libtest line `test result: ok. 3 passed; 0 failed; 1 ignored; ...`
+    /// (and follows cargo's own lines: [`Counts::note_cargo_line`]).
     fn add_line(&mut self, line: &str) {
+        if self.note_cargo_line(line) {
+            return;
+        }
         self.note_failure(line);
         let Some(rest) = line.trim().strip_prefix("test result: ") else { return };
         for part in rest.split(';') {
@@ -405,12 +485,34 @@ impl Counts {
     }
 }
 
-/// Runs a test command, echoing its stdout line by line while `count` sums its result lines.
+/// The name of the test binary a cargo target runs, as [`Counts::note_cargo_line`] records it:
+/// `-p testbed --test t2_torch` is `t2_torch`, `-p dataplane-user --lib` is `dataplane_user`,
+/// `--bin ringside` is `ringside`, `-p x --doc` is `x (doc)`.
+fn target_binary(target: &str) -> String {
+    let words: Vec<&str> = target.split_whitespace().collect();
+    let after = |flag: &str| words.iter().position(|w| *w == flag).and_then(|i| words.get(i + 1)).copied();
+    let package = after("-p").unwrap_or_default().replace('-', "_");
+    if let Some(name) = after("--test").or_else(|| after("--bin")).or_else(|| after("--example")).or_else(|| after("--bench")) {
+        name.to_owned()
+    } else if words.contains(&"--doc") {
+        format!("{package} (doc)")
+    } else {
+        package
+    }
+}
+
+/// Runs a test command, echoing its output line by line while `count` sums its result lines.
+/// stdout and stderr share one pipe, so cargo's `Running` lines (stderr) arrive in order with
+/// the test binaries' results (stdout) and each failure is named with its binary.
 fn run_counting(cmd: &mut Command, count: fn(&mut Counts, &str)) -> Result<(bool, Counts)> {
     use std::io::{BufRead, BufReader};
-    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
+    let (reader, writer) = std::io::pipe()?;
+    let mut child = cmd.stdout(writer.try_clone()?).stderr(writer).spawn()?;
+    // The command keeps its copies of the pipe's write end until they are replaced: without
+    // this the read below would never see the end of the output.
+    cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
     let mut counts = Counts::default();
-    for line in BufReader::new(child.stdout.take().expect("piped stdout")).lines() {
+    for line in BufReader::new(reader).lines() {
         let line = line?;
         println!("{line}");
         count(&mut counts, &line);
@@ -530,6 +632,62 @@ mod tests {
         c.add_line("test detect::tests::loss_is_seen ... ok");
         assert_eq!((c.passed, c.failed, c.ignored), (4, 2, 1));
         assert_eq!(c.failures, vec!["detect::tests::healthy_is_silent".to_string()]);
+    }
+
+    /// cargo's lines (stderr, read in order with the binaries' stdout) name each failure's binary
+    /// and the binaries that failed without naming a test. The lines are cargo 1.95's, with
+    /// `--no-fail-fast`.
+    #[test]
+    fn failures_are_named_with_their_binary_and_silent_crashes_are_listed() {
+        let mut c = Counts::default();
+        for line in [
+            "     Running unittests src/lib.rs (target/debug/deps/dataplane_user-682c7c66d8d3d6c3)",
+            "test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.1s",
+            "     Running tests/t2_detect.rs (target/debug/deps/t2_detect-8c23f8bc1200b1ec)",
+            "test healthy_is_silent ... FAILED",
+            "test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.26s",
+            "error: test failed, to rerun pass `-p dataplane-user --test t2_detect`",
+            "     Running tests/t2_torch.rs (target/debug/deps/t2_torch-03bc32fc75fee1ec)",
+            "running 1 test",
+            "error: test failed, to rerun pass `-p testbed --test t2_torch`",
+            "  process didn't exit successfully: `/x/target/debug/deps/t2_torch-03bc32fc75fee1ec --ignored` (signal: 6, SIGABRT: process abort signal)",
+            "   Doc-tests ringside_client",
+            "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.5s",
+            "error: 2 targets failed:",
+            "    `-p dataplane-user --test t2_detect`",
+            "    `-p testbed --test t2_torch`",
+        ] {
+            c.add_line(line);
+        }
+        assert_eq!((c.passed, c.failed), (5, 1));
+        assert_eq!(c.failures, vec!["t2_detect: healthy_is_silent".to_string()]);
+        assert_eq!(c.failed_targets, vec!["-p dataplane-user --test t2_detect", "-p testbed --test t2_torch"]);
+        assert_eq!(c.silent_failed_targets(), vec!["-p testbed --test t2_torch"]);
+        assert_eq!(super::target_binary("-p dataplane-user --lib"), "dataplane_user");
+        assert_eq!(super::target_binary("-p ringside-client --doc"), "ringside_client (doc)");
+        assert_eq!(super::target_binary("-p dataplane-user --bin ringside"), "ringside");
+    }
+
+    /// A real `cargo test --no-fail-fast` through [`super::run_counting`]: a failing and an
+    /// aborting test binary in a throwaway crate, both reported with their binary, and the read
+    /// ends (the command's copies of the pipe are closed).
+    #[test]
+    fn run_counting_reads_cargo_and_its_binaries_in_one_stream() {
+        let dir = std::env::temp_dir().join(format!("xtask-run-counting-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("src")).unwrap();
+        std::fs::create_dir_all(dir.join("tests")).unwrap();
+        std::fs::write(dir.join("Cargo.toml"), "[package]\nname = \"rc\"\nversion = \"0.1.0\"\nedition = \"2021\"\n[workspace]\n").unwrap();
+        std::fs::write(dir.join("src/lib.rs"), "").unwrap();
+        std::fs::write(dir.join("tests/t_fail.rs"), "#[test] fn a() { assert!(false) }\n#[test] fn b() {}\n").unwrap();
+        std::fs::write(dir.join("tests/t_abort.rs"), "#[test] fn c() { std::process::abort() }\n").unwrap();
+        let mut cmd = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.current_dir(&dir).env("CARGO_TARGET_DIR", dir.join("target")).args(["test", "--no-fail-fast", "--tests"]);
+        let (ok, c) = super::run_counting(&mut cmd, Counts::add_line).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(!ok);
+        assert_eq!(c.failures, vec!["t_fail: a".to_string()]);
+        assert_eq!(c.silent_failed_targets(), vec!["--test t_abort"]);
     }
 
     #[test]
