@@ -15,6 +15,8 @@ mod dist;
 mod eval;
 mod eval_adaptation;
 mod eval_detection;
+// `pub`: `fuzz::run_bounded` is the entry of the T0 tier's bounded pass, not yet called.
+pub mod fuzz;
 mod kernel;
 mod setup;
 mod test;
@@ -37,8 +39,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Install what a fresh machine lacks (Debian packages, nightly rust-src, bpf-linker built
-    /// against LLVM 22; QEMU and the bookworm-backports apt source for the kernel matrix) and
-    /// mount bpffs. Idempotent: fast and quiet when nothing is missing.
+    /// against LLVM 22, cargo-fuzz; QEMU and the bookworm-backports apt source for the kernel
+    /// matrix) and mount bpffs. Idempotent: fast and quiet when nothing is missing.
     Setup,
     /// Build the eBPF object (nightly, bpfel-unknown-none) and the workspace with it embedded.
     Build {
@@ -88,6 +90,8 @@ enum Command {
     /// DPU's Arm cores (`--target aarch64-unknown-linux-gnu`); `--check` runs them and the
     /// target's unit tests (under qemu-user when foreign).
     Dist(dist::Opts),
+    // The help (what each target fuzzes, longer runs, crashes, reproducing one) is `fuzz::Opts`'s.
+    Fuzz(fuzz::Opts),
     /// Run the testbed tool (`ringside-testbed`), e.g. `cargo xtask testbed clean`.
     Testbed {
         /// Arguments passed to ringside-testbed (try `cargo xtask testbed --help`).
@@ -119,6 +123,7 @@ fn main() -> Result<()> {
         Command::Eval { which: EvalWhich::Detection(opts) } => eval_detection::run(opts),
         Command::Eval { which: EvalWhich::Adaptation(opts) } => eval_adaptation::run(opts),
         Command::Dist(opts) => dist::run(opts),
+        Command::Fuzz(opts) => fuzz::run(opts),
         Command::Testbed { args } => build::testbed(&args),
     }
 }

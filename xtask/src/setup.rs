@@ -9,6 +9,9 @@
 //! this command and nothing has to be installed by hand, `cargo clean` removes it with the rest of
 //! the build output, and no system or user Python is touched.
 //!
+//! `cargo xtask fuzz` needs cargo-fuzz ([`ensure_cargo_fuzz`], a pinned version built from
+//! crates.io) besides the nightly toolchain this command already checks.
+//!
 //! The kernel matrix (`cargo xtask test`'s T1 on Debian's 6.1 and 6.12, xtask/src/kernel.rs) needs
 //! QEMU and bookworm-backports in apt's sources ([`kernel_matrix_tools`]); the kernel packages
 //! themselves are downloaded by the tier into `target/kernels/`, never installed.
@@ -83,6 +86,10 @@ const SYSTEM_PYTHON: &str = "python3";
 
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const BPF_LINKER_VERSION: &str = "0.13.0";
+/// `cargo fuzz` for `cargo xtask fuzz` (docs/fuzzing.md): the newest release, which builds with
+/// the stable toolchain here (`--locked`: its own lock file, no newer dependencies that might
+/// not). Its install took 97 s at nice 10 on the project's busy 2-core machine.
+pub const CARGO_FUZZ_VERSION: &str = "0.13.2";
 
 pub fn run() -> Result<()> {
     let started = Instant::now();
@@ -139,6 +146,10 @@ pub fn run() -> Result<()> {
         did.push(format!("installed bpf-linker {BPF_LINKER_VERSION}"));
     }
 
+    if let Some(done) = ensure_cargo_fuzz()? {
+        did.push(done);
+    }
+
     if !bpffs_mounted() {
         if is_root() {
             std::fs::create_dir_all("/sys/fs/bpf").ok();
@@ -187,6 +198,20 @@ fn deb_installed(pkg: &str) -> bool {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
         .unwrap_or(false)
+}
+
+/// Installs cargo-fuzz [`CARGO_FUZZ_VERSION`] unless `cargo fuzz --version` already names it.
+/// Part of [`run`]; `cargo xtask fuzz` calls it too. Returns what it did, or `None`.
+pub fn ensure_cargo_fuzz() -> Result<Option<String>> {
+    let want = format!("cargo-fuzz {CARGO_FUZZ_VERSION}");
+    if output(Command::new("cargo").args(["fuzz", "--version"])).is_ok_and(|v| v.trim() == want) {
+        return Ok(None);
+    }
+    let started = Instant::now();
+    println!("setup: installing cargo-fuzz {CARGO_FUZZ_VERSION} (about two minutes)");
+    sh(Command::new("cargo").args(["install", "cargo-fuzz", "--locked", "--version", CARGO_FUZZ_VERSION]))
+        .context("installing cargo-fuzz failed (it needs crates.io); run `cargo xtask setup` again to retry")?;
+    Ok(Some(format!("installed cargo-fuzz {CARGO_FUZZ_VERSION} in {:.0} s", started.elapsed().as_secs_f64())))
 }
 
 fn bpf_linker_ok() -> bool {
