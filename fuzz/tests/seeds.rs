@@ -4,14 +4,15 @@
 //! `cargo test --test seeds` (in `fuzz/`) checks that the committed files are exactly these;
 //! `RINGSIDE_WRITE_SEEDS=1 cargo test --test seeds` (re)writes them. A seed is a starting point
 //! the fuzzer mutates: one per shape the parser handles, kept small (a few KiB per target).
-use std::{collections::BTreeMap, net::Ipv6Addr, path::Path};
+use std::{collections::BTreeMap, net::Ipv6Addr, path::Path, time::Duration};
 
 use dataplane_common::{wire, ROCEV2_UDP_PORT};
-use ipu_firmware::codec::{self, wire_id};
+use ipu_firmware::codec::{self, wire_id, Bf16};
 use ipu_firmware::managed::{Header, Kind, ManagedReport};
-use ipu_firmware::plan::{encode_vote, ControlHeader, OpKind, PlanProposal};
-use ipu_firmware::wire::{FrameHeader, FrameKind, Hello};
-use ipu_firmware::{Algorithm, CodecKind, Compression, Dtype, Plan};
+use ipu_firmware::plan::{encode_vote, ControlHeader, OpKind, PlanProposal, PlanVoter};
+use ipu_firmware::transport::InFrame;
+use ipu_firmware::wire::{FrameHeader, FrameKind, Hello, HEADER_LEN};
+use ipu_firmware::{Algorithm, CodecKind, CollectiveError, Communicator, CommunicatorConfig, Compression, Dtype, Plan, Transport};
 use ringside_test_support::frames::{self, VlanTag, MAC_A, MAC_B};
 
 type Seeds = BTreeMap<(&'static str, &'static str), Vec<u8>>;
@@ -169,6 +170,133 @@ fn api_bodies(s: &mut Seeds) {
     s.insert(("api_bodies", "managed-report"), body(5, &serde_json::to_string(&report).unwrap()));
 }
 
+/// One rank of an in-memory 2-rank mesh for the `ipu_engine` seeds: frames go to the peer
+/// through channels, and each is also written to the peer's log in the target's input format
+/// (`channel | header | payload`), so a log is what that rank received from its peer.
+struct Pair {
+    rank: usize,
+    to_peer: Vec<std::sync::mpsc::Sender<InFrame>>,
+    from_peer: Vec<std::sync::mpsc::Receiver<InFrame>>,
+    peer_log: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    seq: Vec<u32>,
+    sent: u64,
+}
+
+impl Transport for Pair {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        2
+    }
+    fn channels(&self) -> usize {
+        self.to_peer.len()
+    }
+    fn send(&mut self, _peer: usize, channel: usize, mut header: FrameHeader, mut frame: Vec<u8>) -> ipu_firmware::error::Result<()> {
+        header.channel = channel as u8;
+        header.seq = self.seq[channel];
+        header.payload_len = (frame.len() - HEADER_LEN) as u32;
+        self.seq[channel] += 1;
+        header.write(&mut frame);
+        self.sent += frame.len() as u64;
+        let mut log = self.peer_log.lock().unwrap();
+        log.push(channel as u8);
+        log.extend_from_slice(&frame);
+        drop(log);
+        self.to_peer[channel].send(InFrame { header, frame }).map_err(|_| CollectiveError::PeerDisconnected { peer: 1 - self.rank, channel })
+    }
+    fn recv(&mut self, peer: usize, channel: usize, timeout: Duration, op: u64) -> ipu_firmware::error::Result<InFrame> {
+        self.from_peer[channel].recv_timeout(timeout).map_err(|_| CollectiveError::Timeout { peer, channel, op, waited_ms: timeout.as_millis() as u64 })
+    }
+    fn bytes_sent(&self) -> u64 {
+        self.sent
+    }
+    fn close(&mut self) {}
+    fn abort(&mut self) {}
+}
+
+/// Rank 1's vote in the seeds with plan votes: tree with fp16.
+struct VoteFp16;
+
+impl PlanVoter for VoteFp16 {
+    fn propose(&mut self, _step: u64) -> Option<PlanProposal> {
+        let plan = Plan { algorithm: Algorithm::Tree, compression: Compression { codec: CodecKind::Fp16, error_feedback: true }, ..Plan::default() };
+        Some(PlanProposal { plan, version: 1, severity: 2 })
+    }
+}
+
+/// Runs `ipu_engine`'s two collectives for `head` on both ranks of an in-memory mesh and returns
+/// each rank's input: `head` with the rank's flag, then the frames it received.
+fn engine_run(head: [u8; 5]) -> [Vec<u8>; 2] {
+    use std::sync::{mpsc::channel, Arc, Mutex};
+    let channels = if head[0] & 2 != 0 { 2 } else { 1 };
+    let logs = [Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new()))];
+    let (mut tx, mut rx): (Vec<Vec<_>>, Vec<Vec<_>>) = (vec![Vec::new(), Vec::new()], vec![Vec::new(), Vec::new()]);
+    for to in 0..2 {
+        for _ in 0..channels {
+            let (t, r) = channel();
+            tx[1 - to].push(t);
+            rx[to].push(r);
+        }
+    }
+    let mut threads = Vec::new();
+    for rank in (0..2).rev() {
+        let t = Pair { rank, to_peer: tx.pop().unwrap(), from_peer: rx.pop().unwrap(), peer_log: logs[1 - rank].clone(), seq: vec![0; channels], sent: 0 };
+        threads.push(std::thread::spawn(move || {
+            // The same plan and call as the target derives from `head`.
+            let [flags, call, elems, plan, chunk] = head;
+            let initial = Plan {
+                step_from: 0,
+                algorithm: Algorithm::ALL[usize::from(plan & 0x7f) % 3],
+                chunk_bytes: 4 << (chunk % 16),
+                channels: 1 + (chunk >> 7) % channels as u8,
+                compression: Compression { codec: codec::from_wire_id(plan / 3 % 5, 0.25).unwrap(), error_feedback: plan & 0x80 != 0 },
+            };
+            let config = CommunicatorConfig { initial_plan: if rank == 0 { initial } else { Plan::default() }, timeout: Duration::from_secs(10) };
+            let mut comm = Communicator::new(t, config).unwrap();
+            if flags & 4 != 0 {
+                comm.set_plan_voter(Box::new(VoteFp16));
+            }
+            let n = usize::from(elems) + 1;
+            for step in 0..2 {
+                comm.begin_step(step);
+                let mut buf: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
+                let r = match call % 5 {
+                    0 => comm.allreduce_f32(&mut buf),
+                    1 => {
+                        let mut b: Vec<Bf16> = buf.iter().map(|&x| Bf16::from_f32(x)).collect();
+                        comm.allreduce_bf16(&mut b)
+                    }
+                    2 => comm.broadcast_f32(&mut buf, usize::from(call / 5 % 2)),
+                    3 => comm.allgather_f32(&mut buf),
+                    _ => comm.reduce_scatter_f32(&mut buf).map(|(_, r)| r),
+                };
+                r.unwrap_or_else(|e| panic!("rank {rank} step {step} of {head:?}: {e}"));
+            }
+        }));
+    }
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    let input = |rank: usize| [&[head[0] & !1 | rank as u8][..], &head[1..], &logs[rank].lock().unwrap()].concat();
+    [input(0), input(1)]
+}
+
+fn ipu_engine(s: &mut Seeds) {
+    // flags (bit 1: two channels, bit 2: votes), call, elems - 1, algorithm + 3 * codec (+ 0x80
+    // error feedback), chunk (bytes 4 << chunk % 16; bit 7: two channels used).
+    let runs: [(&'static str, [u8; 5]); 5] = [
+        ("allreduce-ring-none", [0, 0, 15, 0, 2]),
+        ("allreduce-bf16-tree-fp16-ef", [2, 1, 11, 1 + 3 + 0x80, 0x80 | 3]),
+        ("broadcast-root1-int8", [0, 7, 15, 3 * 3, 2]),
+        ("allgather-topk", [2, 3, 15, 4 * 3, 0x80 | 2]),
+        ("reduce-scatter-votes-rhd-bf16", [4, 4, 15, 2 + 2 * 3, 2]),
+    ];
+    for (name, head) in runs {
+        let [r0, r1] = engine_run(head);
+        s.insert(("ipu_engine", Box::leak(format!("{name}-rank0").into_boxed_str())), r0);
+        s.insert(("ipu_engine", Box::leak(format!("{name}-rank1").into_boxed_str())), r1);
+    }
+}
+
 #[test]
 fn committed_seeds_are_the_generated_ones() {
     let mut seeds = Seeds::new();
@@ -178,6 +306,7 @@ fn committed_seeds_are_the_generated_ones() {
     managed_link(&mut seeds);
     agent_config(&mut seeds);
     api_bodies(&mut seeds);
+    ipu_engine(&mut seeds);
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
     let write = std::env::var_os("RINGSIDE_WRITE_SEEDS").is_some();
     let mut stale = Vec::new();

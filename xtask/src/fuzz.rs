@@ -26,12 +26,13 @@ pub const TARGETS: &[(&str, &str)] = &[
     ("mirror_frame", "mirrored frames: Ethernet/VLAN/IPv4/IPv6/TCP/UDP/RoCEv2 BTH+AETH (dataplane-user frame::parse) and the mirror table counting each one"),
     ("ipu_frame", "frames between IPU services: the 40-byte header, hello, control header, plan vote and data chunks (ipu-firmware wire, plan)"),
     ("ipu_codec", "the engine's chunk codecs both ways: payloads from a peer, and encoding with error feedback (ipu-firmware codec)"),
+    ("ipu_engine", "the collective engine consuming a peer's control headers, votes and data chunks over a scripted 2-rank transport (ipu-firmware engine)"),
     ("managed_link", "the host <-> IPU link: a tenant's byte stream through the managed service's session loop (ipu-firmware managed)"),
     ("agent_config", "the agent's TOML config: parse, validation, line/key of errors, resolved settings and kernel config (dataplane-user config)"),
     ("api_bodies", "API bodies and values: job registration, plan report, hint, limit, codec/algorithm/port names, the IPU's reply report"),
 ];
 
-/// Default seconds per target: a bounded pass of all six takes about two minutes after the build.
+/// Default seconds per target: a bounded pass of all seven takes under three minutes after the build.
 pub const DEFAULT_SECONDS: u64 = 20;
 /// libFuzzer's memory limit per target process.
 pub const RSS_LIMIT_MB: u64 = 2048;
@@ -48,6 +49,7 @@ pub const INPUT_TIMEOUT_SECS: u64 = 10;
 ///                 mirror table that counts them
 ///   ipu_frame     frames between IPU services: header, hello, control header, plan vote, data
 ///   ipu_codec     the engine's chunk codecs, decoding a peer's payload and encoding with feedback
+///   ipu_engine    the engine running collectives on a peer's frames (2 ranks, scripted transport)
 ///   managed_link  a tenant's byte stream through the managed service's host-link session loop
 ///   agent_config  the agent's TOML config file
 ///   api_bodies    API request bodies and values, and the IPU's reply report
