@@ -17,15 +17,17 @@
 //!   so that a stall on a step a little faster than the median still counts: on a busy
 //!   machine a step's communication alone takes 100-200 ms, and a fixed 200 ms then counted
 //!   CPU waits as stalls, 72 % against 44 % at load 8-10 in session 31) as of the
-//!   steps of a static run of the same job under the same loss started right after on the same rig,
-//!   and their mean communication time (`comm_ms`) over their own fast steps (its lower quartile)
-//!   is lower (steps of a synchronous codec the policy tried meanwhile are left out: their
-//!   `comm_ms` includes the codec's CPU time). Each run against its own lower quartile, because
-//!   the CPU's speed moves a run's whole distribution and stalls only its tail: in session 34's
-//!   round 3 the advised steps' compute took 110 ms (median) against 68 ms in the static run
-//!   right after, their communication's lower quartile was 190 against 146 ms, and their raw mean
-//!   ×0.82 of the static one's, while stalls fell from 5 % to 1 % (mean over lower quartile
-//!   1.18 against 1.26). A static
+//!   steps of a static run of the same job under the same loss started right after on the same rig
+//!   (steps of a synchronous codec the policy tried meanwhile are left out: their `comm_ms`
+//!   includes the codec's CPU time). The mean communication time of the two runs is printed,
+//!   not compared: the two runs are sequential, and beside a build their CPU speed differs by up
+//!   to 60 %, which moves a mean by more than the advice does (an RTO saved on 5-10 % of the
+//!   steps). Session 34's rounds 3 and 5: stalls fell from 5 % to 1 % and from 8 % to 1 %, while
+//!   the mean's gain (static over advised) was ×0.82 and ×1.32 (compute medians 110 against 68
+//!   ms in round 3), and that of each run's mean over its own lower quartile ×1.07 and ×0.96
+//!   (earlier forms of this test asserted a gain above 1 on the first, then on the second, and
+//!   each failed once). What the advice gains a job is measured in `cargo xtask eval adaptation`
+//!   (docs/eval-adaptation.md, the PyTorch column's loss-2 row). A static
 //!   run with fewer than [`MIN_STATIC_STALLS`] stalls makes the run inconclusive (run once more):
 //!   random loss does not always hit a tail segment, and then there is nothing to compare (seven
 //!   runs beside a CI run, load 4-8: static stalls on 5-44 % of 57 steps, advised on 0-6 %; comm
@@ -270,20 +272,11 @@ fn loss_run() -> Result<(), Inconclusive> {
             static_comm.len()
         )));
     }
-    let (static_tail, advised_tail) =
-        (mean(&static_comm) / lower_quartile(&static_comm), mean(&advised_comm) / lower_quartile(&advised_comm));
-    let gain = static_tail / advised_tail;
     assert!(
         stalls(&advised_comm, stall_ms) <= 0.5 * stalls(&static_comm, stall_ms),
         "the advice did not halve the retransmission stalls (≥ {stall_ms:.0} ms): {:.0} % of advised steps against {:.0} % without",
         100.0 * stalls(&advised_comm, stall_ms),
         100.0 * stalls(&static_comm, stall_ms)
-    );
-    assert!(
-        gain > 1.0,
-        "with the advice, communication under loss is not closer to its own fast steps than without: mean over lower quartile {advised_tail:.3} advised against {static_tail:.3} static (×{gain:.2}; means {:.1} ms advised, {:.1} ms static)",
-        mean(&advised_comm),
-        mean(&static_comm)
     );
     Ok(())
 }
