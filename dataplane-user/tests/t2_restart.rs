@@ -439,9 +439,14 @@ fn kept_pins_are_reused_and_the_program_attached_afresh() {
     // graft drops one run of consecutive datagrams, so at most two gaps in the PSNs, and every
     // datagram not received is in them (none lost at the end). Persistent mode keeps the qdisc and
     // is lossless (the tests above assert received == sent).
-    eprintln!("default-mode stop/start: sent {sent}, received {received}, {} PSN gaps of {} PSNs", got.psn_gaps, got.skipped_psns);
-    assert!(got.psn_gaps <= 2, "tenant traffic lost {} of {sent} datagrams in {} runs; the two qdisc grafts drop at most two: {got:?}", sent - received, got.psn_gaps);
-    assert_eq!(received + got.skipped_psns, sent, "datagrams lost outside the PSN gaps (at the stream's end?): {got:?}");
+    // Reordered datagrams (veth under load) arrive late and are not lost: the runs that count
+    // are the PSNs that never arrived.
+    eprintln!(
+        "default-mode stop/start: sent {sent}, received {received}, {} PSN gaps of {} PSNs as received, {} reordered, {} runs of {} PSNs never received",
+        got.psn_gaps, got.skipped_psns, got.reordered, got.unreceived_runs, got.unreceived_psns
+    );
+    assert!(got.unreceived_runs <= 2, "tenant traffic lost {} of {sent} datagrams in {} runs; the two qdisc grafts drop at most two: {got:?}", sent - received, got.unreceived_runs);
+    assert_eq!(received - got.duplicates + got.unreceived_psns, sent, "datagrams lost outside the PSN gaps (at the stream's end?): {got:?}");
     assert!(received * 2 >= sent, "more than half of the stream lost: {got:?}");
     let end = wait_for(Duration::from_secs(5), POLL, "agent B to count the rest of the stream", || {
         let c = Counts::of(&get_metrics(&star)?);

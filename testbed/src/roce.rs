@@ -397,12 +397,76 @@ pub struct RoceRecvReport {
     /// Datagrams too short to hold a BTH.
     pub not_roce: u64,
     /// Gaps in the data packets' PSNs as received (CNPs and ACK/NAKs left out): how many times a
-    /// data packet's PSN was more than one past the previous one's (24 bits, wrapping). The
-    /// sender's skipped PSNs show up here, and so does each run of datagrams lost together.
+    /// data packet's PSN was more than one past the furthest one so far (24 bits, wrapping), as
+    /// an in-order monitor counts them. The sender's skipped PSNs show up here, so does each run
+    /// of datagrams lost together, and so does each packet reordered on the way (veth and bridge
+    /// links reorder under load: one gap and one skipped PSN per late packet).
     pub psn_gaps: u64,
     /// PSNs missing in those gaps.
     pub skipped_psns: u64,
+    /// Data packets that arrived late, with a PSN skipped before: reordered, not lost.
+    pub reordered: u64,
+    /// Data packets at or behind the furthest PSN whose PSN was not missing: duplicates.
+    pub duplicates: u64,
+    /// Skipped PSNs that never arrived (`skipped_psns - reordered`).
+    pub unreceived_psns: u64,
+    /// Runs of consecutive PSNs that never arrived: the gaps left once late packets are in.
+    pub unreceived_runs: u64,
     pub duration_ms: f64,
+}
+
+/// The data PSNs of one stream as a receiver sees them ([`RoceRecvReport`]'s PSN fields): gaps as
+/// they arrive, and which skipped PSNs arrived late, so that loss can be told from reordering.
+/// PSNs are extended past the 24-bit wrap into a 64-bit position; at most [`Self::MAX_MISSING`]
+/// missing PSNs are remembered (beyond that they count as never received).
+#[derive(Debug, Default)]
+struct PsnTracker {
+    /// The furthest PSN so far and its extended position.
+    last: Option<(u32, u64)>,
+    missing: BTreeSet<u64>,
+    /// Missing PSNs not remembered (the set was full), and the gaps they were in.
+    forgotten_psns: u64,
+    forgotten_runs: u64,
+}
+
+impl PsnTracker {
+    const MAX_MISSING: usize = 1 << 16;
+    /// The first PSN's extended position: far from 0, so that a late packet's is not negative.
+    const ORIGIN: u64 = 1 << 32;
+
+    fn see(&mut self, psn: u32, r: &mut RoceRecvReport) {
+        let Some((last, pos)) = self.last else {
+            self.last = Some((psn, Self::ORIGIN));
+            return;
+        };
+        // Forward by 1..2^23 (mod 2^24) is the stream going on; anything else is behind.
+        let step = psn.wrapping_sub(last) & wire::PSN_MASK;
+        if (1..1 << 23).contains(&step) {
+            if step > 1 {
+                r.psn_gaps += 1;
+                r.skipped_psns += u64::from(step - 1);
+                let room = Self::MAX_MISSING.saturating_sub(self.missing.len()) as u64;
+                let keep = room.min(u64::from(step - 1));
+                self.missing.extend(pos + 1..pos + 1 + keep);
+                self.forgotten_psns += u64::from(step - 1) - keep;
+                self.forgotten_runs += u64::from(keep == 0);
+            }
+            self.last = Some((psn, pos + u64::from(step)));
+        } else {
+            let back = last.wrapping_sub(psn) & wire::PSN_MASK;
+            if self.missing.remove(&(pos - u64::from(back))) {
+                r.reordered += 1;
+            } else {
+                r.duplicates += 1;
+            }
+        }
+    }
+
+    /// Fills in the report's `unreceived_*` fields.
+    fn finish(&self, r: &mut RoceRecvReport) {
+        r.unreceived_psns = self.missing.len() as u64 + self.forgotten_psns;
+        r.unreceived_runs = self.missing.iter().filter(|&&p| !self.missing.contains(&(p - 1))).count() as u64 + self.forgotten_runs;
+    }
 }
 
 /// A UDP receiver for RoCEv2 datagrams that counts them and reads their ECN bits.
@@ -449,7 +513,7 @@ impl RoceSink {
         let mut buf = vec![0u8; 65536];
         let mut first: Option<Instant> = None;
         let mut last = Instant::now();
-        let mut last_psn: Option<u32> = None;
+        let mut psns = PsnTracker::default();
         // Bounded: at most one iteration per datagram or per 20 ms timeout tick.
         for _ in 0..u64::MAX {
             if expected.is_some_and(|e| r.datagrams >= e) || start.elapsed() >= timeout {
@@ -480,17 +544,7 @@ impl RoceSink {
                                 r.naks += 1;
                             }
                             if b.opcode != bth_opcode::CNP && b.opcode != bth_opcode::RC_ACK {
-                                // Forward by 1..2^23 (mod 2^24) is the stream going on (the
-                                // first packet counts as one step); anything else (a duplicate or
-                                // a late packet) leaves the position alone.
-                                let step = last_psn.map_or(1, |p| b.psn.wrapping_sub(p) & 0x00ff_ffff);
-                                if (1..1 << 23).contains(&step) {
-                                    if step > 1 {
-                                        r.psn_gaps += 1;
-                                        r.skipped_psns += u64::from(step - 1);
-                                    }
-                                    last_psn = Some(b.psn);
-                                }
+                                psns.see(b.psn, &mut r);
                             }
                         }
                         None => r.not_roce += 1,
@@ -501,6 +555,7 @@ impl RoceSink {
             }
         }
         r.duration_ms = first.map(|f| (last - f).as_secs_f64() * 1e3).unwrap_or(0.0);
+        psns.finish(&mut r);
         Ok(r)
     }
 }
@@ -625,5 +680,47 @@ mod tests {
         let got = sink.receive(Some(sent.packets_sent), Duration::from_secs(1), Duration::from_secs(10)).unwrap();
         assert_eq!(got.datagrams, sent.packets_sent, "{got:?}");
         assert_eq!((got.cnps, got.psn_gaps, got.skipped_psns), (2, 2, 3), "{got:?}");
+        assert_eq!((got.reordered, got.duplicates, got.unreceived_psns, got.unreceived_runs), (0, 0, 3, 2), "{got:?}");
+    }
+
+    /// The tracker on PSN sequences as a reordering, lossy, duplicating link delivers them.
+    fn track(psns: &[u32]) -> RoceRecvReport {
+        let mut t = PsnTracker::default();
+        let mut r = RoceRecvReport::default();
+        for &p in psns {
+            t.see(p, &mut r);
+        }
+        t.finish(&mut r);
+        r
+    }
+
+    fn psn_fields(r: &RoceRecvReport) -> [u64; 6] {
+        [r.psn_gaps, r.skipped_psns, r.reordered, r.duplicates, r.unreceived_psns, r.unreceived_runs]
+    }
+
+    #[test]
+    fn late_packets_are_reordered_not_lost_and_the_runs_never_received_remain() {
+        // In order, no loss.
+        assert_eq!(psn_fields(&track(&[5, 6, 7, 8])), [0, 0, 0, 0, 0, 0]);
+        // 7 arrives after 8: one gap as received, nothing unreceived.
+        assert_eq!(psn_fields(&track(&[5, 6, 8, 7, 9])), [1, 1, 1, 0, 0, 0]);
+        // 11 and 12 skipped by the sender, 14 arrives after 15: two gaps as received (3 PSNs), one
+        // left (2 PSNs).
+        assert_eq!(psn_fields(&track(&[10, 13, 15, 14, 16])), [2, 3, 1, 0, 2, 1]);
+        // A late packet inside a real gap splits it: 21..24 missing, 22 comes late -> runs 21 and 23-24.
+        assert_eq!(psn_fields(&track(&[20, 25, 22, 26])), [1, 4, 1, 0, 3, 2]);
+        // Duplicates: the furthest PSN again, and one behind that was never missing.
+        assert_eq!(psn_fields(&track(&[1, 2, 3, 3, 2, 4])), [0, 0, 0, 2, 0, 0]);
+        // Across the 24-bit wrap: 0xffffff comes after 0 and 1 (skipped by the sender).
+        assert_eq!(psn_fields(&track(&[0xfffffd, 0xfffffe, 0, 0xffffff, 2])), [2, 2, 1, 0, 1, 1]);
+    }
+
+    #[test]
+    fn a_huge_gap_is_remembered_up_to_the_bound_and_counted_whole() {
+        let max = PsnTracker::MAX_MISSING as u32;
+        // A gap larger than the bound, then another once the set is full.
+        let r = track(&[0, max + 10, max + 20]);
+        assert_eq!((r.psn_gaps, r.skipped_psns), (2, u64::from(max) + 9 + 9));
+        assert_eq!((r.unreceived_psns, r.unreceived_runs), (u64::from(max) + 18, 2));
     }
 }
