@@ -10,7 +10,8 @@
 //! the build output, and no system or user Python is touched.
 //!
 //! `cargo xtask fuzz` needs cargo-fuzz ([`ensure_cargo_fuzz`], a pinned version built from
-//! crates.io) besides the nightly toolchain this command already checks.
+//! crates.io, about 100 s) besides the nightly toolchain this command already checks; it installs
+//! it itself on its first run, so `cargo xtask test` and `demo`, which do not fuzz, do not pay for it.
 //!
 //! The kernel matrix (`cargo xtask test`'s T1 on Debian's 6.1 and 6.12, xtask/src/kernel.rs) needs
 //! QEMU and bookworm-backports in apt's sources ([`kernel_matrix_tools`]); the kernel packages
@@ -146,10 +147,6 @@ pub fn run() -> Result<()> {
         did.push(format!("installed bpf-linker {BPF_LINKER_VERSION}"));
     }
 
-    if let Some(done) = ensure_cargo_fuzz()? {
-        did.push(done);
-    }
-
     if !bpffs_mounted() {
         if is_root() {
             std::fs::create_dir_all("/sys/fs/bpf").ok();
@@ -201,7 +198,7 @@ fn deb_installed(pkg: &str) -> bool {
 }
 
 /// Installs cargo-fuzz [`CARGO_FUZZ_VERSION`] unless `cargo fuzz --version` already names it.
-/// Part of [`run`]; `cargo xtask fuzz` calls it too. Returns what it did, or `None`.
+/// `cargo xtask fuzz` calls it before building the targets. Returns what it did, or `None`.
 pub fn ensure_cargo_fuzz() -> Result<Option<String>> {
     let want = format!("cargo-fuzz {CARGO_FUZZ_VERSION}");
     if output(Command::new("cargo").args(["fuzz", "--version"])).is_ok_and(|v| v.trim() == want) {
