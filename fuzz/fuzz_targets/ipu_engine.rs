@@ -15,8 +15,7 @@
 //!
 //! Checked: no panic and no send to a peer or channel that does not exist; a collective that
 //! succeeds on rank 1 took a control header from rank 0 for it that announces exactly this call
-//! and the plan it reports; a collective that fails poisons the communicator. (An int8 chunk with
-//! a scale above 1e36 is a known failure, left out: `known_int8_overflow`.)
+//! and the plan it reports; a collective that fails poisons the communicator.
 #![no_main]
 
 use std::collections::VecDeque;
@@ -146,21 +145,6 @@ fn frames(mut rest: &[u8], channels: usize) -> Vec<VecDeque<InFrame>> {
     inbound
 }
 
-/// Known finding (docs/fuzzing.md, the int8 codec on non-finite chunks): a peer's well-formed int8
-/// chunk whose scale times 127 overflows (or whose sum with this rank's values does) makes this
-/// rank's sum infinite, and the rank panics re-encoding it (`finalize_chunk`'s "a payload we just
-/// encoded decodes") instead of failing the collective. Inputs with such a chunk (scale above
-/// 1e36) are left out so that the bounded runs look for other failures;
-/// `RINGSIDE_FUZZ_INT8_NONFINITE=1` puts them back. Remove this when the codec is fixed.
-fn known_int8_overflow(inbound: &[VecDeque<InFrame>]) -> bool {
-    static INCLUDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let large = |f: &InFrame| {
-        let p = f.payload();
-        f.header.kind == FrameKind::Data && f.header.codec == 3 && p.len() >= 4 && !(f32::from_le_bytes([p[0], p[1], p[2], p[3]]).abs() <= 1.0e36)
-    };
-    inbound.iter().flatten().any(large) && !*INCLUDE.get_or_init(|| std::env::var_os("RINGSIDE_FUZZ_INT8_NONFINITE").is_some())
-}
-
 fuzz_target!(|data: &[u8]| {
     let Some((head, rest)) = data.split_first_chunk::<5>() else { return };
     let [flags, call, elems, plan, chunk] = *head;
@@ -182,9 +166,6 @@ fuzz_target!(|data: &[u8]| {
         compression: Compression { codec: from_wire_id(plan / 3 % 5, 0.25).expect("ids 0..5"), error_feedback: plan & 0x80 != 0 },
     };
     let inbound = frames(rest, channels);
-    if known_int8_overflow(&inbound) {
-        return;
-    }
     let transport = Scripted { rank, channels, inbound, controls: Vec::new(), sent: 0 };
     let config = CommunicatorConfig { initial_plan: if rank == 0 { initial } else { Plan::default() }, timeout: Duration::from_millis(1) };
     let mut comm = Communicator::new(transport, config).expect("a valid initial plan");

@@ -8,15 +8,25 @@
 //! | [`RawF32Codec`] (`none`) | 4 B/elem, bit-exact | 0 |
 //! | [`Fp16Codec`] | 2 B/elem IEEE binary16, round-to-nearest-even | `|x|·2⁻¹¹` for `2⁻¹⁴ ≤ |x| ≤ 65504`, `2⁻²⁵` below; overflow to ±inf above 65519 |
 //! | [`Bf16Codec`] | 2 B/elem bfloat16, round-to-nearest-even | `|x|·2⁻⁸` for `|x| ≥ 2⁻¹²⁶` (full f32 range), `2⁻¹³⁴` below |
-//! | [`Int8Codec`] | 4 B scale + 1 B/elem, symmetric per-chunk scale `max|x|/127` | `max|x| / 254` (over the chunk) |
+//! | [`Int8Codec`] | 4 B scale + 1 B/elem, symmetric per-chunk scale `max|x|/127`; a NaN scale marks a non-finite chunk | `max|x|/254 · (1 + 2⁻¹³) + 2⁻¹⁴³` (over the chunk), for every finite chunk |
 //! | [`TopKCodec`] | 4 B count + 8 B per kept (u32 index, f32 value) | kept values exact; every dropped `|x|` ≤ the smallest kept `|x|` |
 //!
 //! Invariants:
 //! - Decoding validates the payload length against the element count (and top-k indices against the
 //!   chunk), so a malformed payload is an error, never a silent partial result.
-//! - Non-finite inputs are not supported by the lossy codecs (fp16/bf16 keep inf/NaN; int8 and top-k
-//!   may turn a chunk containing them into NaN). Gradients are expected to be finite.
-//! - The bf16/int8 loops and the fp16 decoder are branch-free per element so LLVM auto-vectorises them;
+//! - No input panics a codec: not a tenant's chunk (any f32 bit pattern) in `encode` or
+//!   [`encode_with_feedback`], not a peer's payload in `decode`. Every encoder's payload is accepted
+//!   by its own decoder.
+//! - Non-finite values are carried, not preserved exactly (gradients are expected to be finite, but
+//!   an overflow must still reach every rank so that a loss scaler such as torch's `GradScaler`
+//!   sees it and skips the step, as with an uncompressed allreduce): fp16/bf16 keep inf/NaN per
+//!   element and round values beyond their range to ±inf (fp16 `|x| > 65519`, bf16 `|x|` from
+//!   about 3.396e38); int8 turns a chunk holding an inf or a NaN into NaN for every element of the
+//!   chunk (the NaN scale, [`Int8Codec`]); top-k ranks inf/NaN above every finite magnitude, so it
+//!   keeps them first, as they are. A partial sum that overflows to inf is such a value on the next
+//!   hop. Error feedback resets the residual of a chunk that was not finite to 0.
+//! - The bf16/int8 loops and the fp16 decoder are branch-free per element so LLVM auto-vectorises them
+//!   (int8's edge cases, non-finite, tiny and near-`f32::MAX` chunks, are decided once per chunk);
 //!   the fp16 encoder uses the `half` crate's slice conversion (F16C / FEAT_FP16 when detected at run
 //!   time), checked bit for bit against the scalar reference. Measured by the
 //!   `ringside-collective-bench codecs` command.
@@ -89,6 +99,12 @@ pub trait ChunkCodec {
     fn encode(&self, src: &[f32], out: &mut Vec<u8>);
     /// Decodes a payload of exactly `dst.len()` elements and applies it to `dst`.
     fn decode(&self, payload: &[u8], dst: &mut [f32], mode: DecodeMode) -> Result<(), FrameError>;
+    /// The smallest finite `|x|` this codec may decode as ±inf (`f32::INFINITY`: none does). Below
+    /// it, a finite chunk decodes to finite values within a finite distance of it, which lets
+    /// [`encode_with_feedback`] skip checking the residual.
+    fn overflows_from(&self) -> f32 {
+        f32::INFINITY
+    }
 }
 
 #[inline(always)]
@@ -247,6 +263,9 @@ impl ChunkCodec for Fp16Codec {
         dispatch_mode!(mode, fp16_decode(p, dst));
         Ok(())
     }
+    fn overflows_from(&self) -> f32 {
+        65520.0 // rounds to 2^16, one step above 65504
+    }
 }
 
 // ---------------------------------------------------------------- bf16
@@ -310,20 +329,64 @@ impl ChunkCodec for Bf16Codec {
         dispatch_mode!(mode, bf16_decode(p, dst));
         Ok(())
     }
+    fn overflows_from(&self) -> f32 {
+        f32::from_bits(0x7f7f_8000) // about 3.396e38: half-way to 2^128 rounds up from 0x7f7f
+    }
 }
 
 // ---------------------------------------------------------------- int8
 
-/// Symmetric int8 with one f32 scale per chunk: `q = round(x · 127 / max|x|)`, `x̂ = q · max|x| / 127`.
+/// Symmetric int8 with one f32 scale per chunk: `q = round(x · 127 / max|x|)`, `x̂ = q · scale` with
+/// `scale ≈ max|x|/127`.
+///
+/// Payload: the scale (f32, little endian), then one `i8` per element. A finite scale ≥ 0 (−0.0
+/// included) decodes element `i` as `q[i] · scale`. A NaN scale (any NaN bit pattern; the encoder
+/// writes [`INT8_NONFINITE_SCALE`] and zero bytes) marks a chunk that was not finite: every element
+/// decodes as NaN, so an inf or NaN a tenant's gradient held reaches every rank as NaN, as an
+/// uncompressed allreduce would carry it (as inf or NaN), and a framework's overflow check (torch's
+/// `GradScaler`) sees it. A `+inf` scale (what encoders before the NaN scale wrote for a chunk with an
+/// infinity) reads the same as NaN. A negative scale (−inf included) is malformed and refused.
+///
+/// Error bound for a finite chunk, `m = max|x|` (the whole finite range, subnormals included):
+/// `|x − x̂| ≤ m/254 · (1 + 2⁻¹³) + 2⁻¹⁴³`. The relative term is the half quantisation step plus f32
+/// rounding of the scale, its inverse and the product (at most `m · 6 · 2⁻²⁴`, under the `2⁻¹³`);
+/// the absolute term, 64 subnormal steps, is the rounding of a subnormal scale
+/// (`m < 127 · 2⁻¹²⁶`, about 1.5e-36; for `m ≤ 63.5 · 2⁻¹⁴⁹` the scale rounds to 0 and the chunk
+/// decodes as zeros). Two edges are handled once per chunk, outside the element loop: where
+/// `127 / m` overflows f32 (`m < 127 / f32::MAX`, about 3.7e-37) the chunk is quantised scaled up by
+/// 2⁶⁴ (exact), and where `127 · scale` would round up to infinity (`m` within a few ulps of
+/// `f32::MAX`) the scale is lowered by one ulp, so every finite chunk decodes to finite values.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Int8Codec;
 
+/// The scale int8's encoder writes for a chunk holding an inf or a NaN: the canonical quiet NaN.
+pub const INT8_NONFINITE_SCALE: f32 = f32::NAN;
+
 /// Largest |x| over the chunk, computed on the bit patterns (for non-negative floats the integer order
-/// is the float order), which vectorises where an f32 max-reduction would not.
+/// is the float order), which vectorises where an f32 max-reduction would not. NaN if any element is
+/// NaN (its magnitude bits are above infinity's), else infinity if any element is infinite.
 #[inline]
 fn max_abs(src: &[f32]) -> f32 {
     let m = src.iter().fold(0u32, |m, &x| m.max(x.to_bits() & 0x7fff_ffff));
     f32::from_bits(m)
+}
+
+/// Power of two a tiny chunk is multiplied by before quantising, so that `127 / max|x|` is finite.
+const INT8_TINY_PRESCALE: f32 = 18_446_744_073_709_551_616.0; // 2^64
+
+/// `q = round(x · inv)` into `out`, with `x` first multiplied by [`INT8_TINY_PRESCALE`] when `TINY`.
+/// Adding 1.5·2²³ rounds to nearest even and leaves the integer in the low mantissa bits (for
+/// |y| < 2²²), so the conversion is integer arithmetic that vectorises on plain SSE2. The caller
+/// makes `|x · inv| ≤ 127` (up to f32 rounding, which still rounds to 127), so no clamp is needed.
+#[inline(always)]
+fn int8_quantize<const TINY: bool>(src: &[f32], inv: f32, out: &mut [u8]) {
+    const ROUND: f32 = 12_582_912.0;
+    const ROUND_BITS: i32 = 0x4b40_0000;
+    for (o, &x) in out.iter_mut().zip(src) {
+        let x = if TINY { x * INT8_TINY_PRESCALE } else { x };
+        let q = ((x * inv + ROUND).to_bits() as i32).wrapping_sub(ROUND_BITS);
+        *o = q as u8;
+    }
 }
 
 fn int8_decode<const M: u8>(q: &[u8], scale: f32, dst: &mut [f32]) {
@@ -341,27 +404,40 @@ impl ChunkCodec for Int8Codec {
     }
     fn encode(&self, src: &[f32], out: &mut Vec<u8>) {
         let m = max_abs(src);
-        let scale = m / 127.0;
-        let inv = if m > 0.0 { 127.0 / m } else { 0.0 };
-        out.extend_from_slice(&scale.to_le_bytes());
         let start = out.len();
-        out.resize(start + src.len(), 0);
-        // Adding 1.5·2²³ rounds to nearest even and leaves the integer in the low mantissa bits
-        // (for |y| < 2²²), so the conversion is integer arithmetic that vectorises on plain SSE2.
-        // |x · inv| ≤ 127 by construction of inv, so no clamp is needed for finite inputs.
-        const ROUND: f32 = 12_582_912.0;
-        const ROUND_BITS: i32 = 0x4b40_0000;
-        for (o, &x) in out[start..].iter_mut().zip(src) {
-            let q = ((x * inv + ROUND).to_bits() as i32).wrapping_sub(ROUND_BITS);
-            *o = q as u8;
+        out.resize(start + 4 + src.len(), 0);
+        let (head, q) = out[start..].split_at_mut(4);
+        if !m.is_finite() {
+            // An inf or a NaN: the NaN scale, and zero bytes (the decoder ignores them).
+            head.copy_from_slice(&INT8_NONFINITE_SCALE.to_le_bytes());
+            return;
         }
+        let mut scale = m / 127.0;
+        if (127.0 * scale).is_infinite() {
+            // m near f32::MAX: 127 · (m/127) rounds up past f32::MAX. One ulp less decodes finite, and
+            // still within the bound (the error grows by at most 127 ulps of the scale).
+            scale = f32::from_bits(scale.to_bits() - 1);
+        }
+        head.copy_from_slice(&scale.to_le_bytes());
+        let inv = 127.0 / m;
+        if inv.is_finite() {
+            int8_quantize::<false>(src, inv, q);
+        } else if m > 0.0 {
+            // m < 127 / f32::MAX: quantise the chunk scaled by 2^64 (exact) with the inverse of the
+            // scaled maximum, the same q without the overflow.
+            int8_quantize::<true>(src, 127.0 / (m * INT8_TINY_PRESCALE), q);
+        }
+        // m == 0: every q is 0, as resized.
     }
     fn decode(&self, p: &[u8], dst: &mut [f32], mode: DecodeMode) -> Result<(), FrameError> {
         check_len("int8 chunk", 4 + dst.len(), p.len())?;
         let scale = f32::from_le_bytes([p[0], p[1], p[2], p[3]]);
-        if !scale.is_finite() || scale < 0.0 {
-            return Err(FrameError::MalformedPayload { what: "int8 scale is negative or not finite" });
+        if scale < 0.0 {
+            return Err(FrameError::MalformedPayload { what: "int8 scale is negative" });
         }
+        // A NaN scale decodes every element as NaN through the product itself (q · NaN, q = 0
+        // included); +inf reads as NaN too (q · inf would give ±inf and, for q = 0, NaN).
+        let scale = if scale == f32::INFINITY { f32::NAN } else { scale };
         dispatch_mode!(mode, int8_decode(&p[4..], scale, dst));
         Ok(())
     }
@@ -579,6 +655,14 @@ impl ChunkCodec for TopKCodec {
 
 /// Encodes `src + residual` into `out` (appending) and replaces `residual` with what the receiver will
 /// not see: `src + residual − decode(payload)`. `scratch` is reused between calls.
+///
+/// If that residual is not finite somewhere (the chunk held an inf or a NaN, `src + residual`
+/// overflowed, or the codec made a finite value infinite: fp16 from 65520), the whole chunk's
+/// residual becomes 0 instead. Kept, it would make these positions inf or NaN in every later step
+/// (`x + inf`, then `inf − inf`), so a tenant whose loss scaler skips the overflowing step would
+/// never get a finite gradient there again; reset, the next step compresses cleanly. The largest
+/// `|src + residual|` comes with the sum (same pass); only a chunk that is not finite or reaches
+/// the codec's [`ChunkCodec::overflows_from`] has its residual checked, in one more pass.
 pub fn encode_with_feedback(
     codec: &dyn ChunkCodec,
     src: &[f32],
@@ -588,13 +672,28 @@ pub fn encode_with_feedback(
 ) {
     debug_assert_eq!(src.len(), residual.len());
     scratch.clear();
-    scratch.extend(src.iter().zip(residual.iter()).map(|(a, b)| a + b));
+    let mut m = 0u32; // max |src + residual| on the bit patterns, as `max_abs`
+    scratch.extend(src.iter().zip(residual.iter()).map(|(a, b)| {
+        let x = a + b;
+        m = m.max(x.to_bits() & 0x7fff_ffff);
+        x
+    }));
+    let m = f32::from_bits(m);
     let start = out.len();
     codec.encode(scratch, out);
     residual.copy_from_slice(scratch);
+    // Every codec's encoder writes a payload its decoder accepts, for any input (int8 marks a
+    // non-finite chunk with a NaN scale, which decodes; the others cannot refuse their own layout):
+    // the unit tests and the `ipu_codec` fuzz target check this for every f32 bit pattern.
     codec
         .decode(&out[start..], residual, DecodeMode::Subtract)
         .expect("a payload we just encoded decodes");
+    if m < codec.overflows_from() {
+        debug_assert!(max_abs(residual).is_finite(), "{}: a finite chunk below overflows_from left a non-finite residual", codec.kind());
+    } else if !max_abs(residual).is_finite() {
+        // m is NaN, infinite or at least overflows_from.
+        residual.fill(0.0);
+    }
 }
 
 #[cfg(test)]
@@ -752,12 +851,246 @@ mod tests {
         }
         assert!(t.decode(&p, &mut d, DecodeMode::Overwrite).is_err());
         assert!(d.iter().all(|&x| x == 0.0));
-        let mut p = f32::NAN.to_le_bytes().to_vec();
-        p.resize(14, 0);
-        assert!(Int8Codec.decode(&p, &mut d, DecodeMode::Overwrite).is_err());
-        let mut p = (-1.0f32).to_le_bytes().to_vec();
-        p.resize(14, 0);
-        assert!(Int8Codec.decode(&p, &mut d, DecodeMode::Overwrite).is_err());
+        // Negative int8 scales are malformed, −inf and −MAX included (a NaN scale is not: below).
+        for scale in [-1.0f32, f32::NEG_INFINITY, -f32::MAX, -f32::from_bits(1)] {
+            let mut p = scale.to_le_bytes().to_vec();
+            p.resize(14, 7);
+            assert!(Int8Codec.decode(&p, &mut d, DecodeMode::Accumulate).is_err(), "{scale}");
+        }
+        assert!(d.iter().all(|&x| x == 0.0));
+    }
+
+    /// The int8 payload `scale | q…` with every q the same.
+    fn int8_payload(scale: f32, q: i8, n: usize) -> Vec<u8> {
+        let mut p = scale.to_le_bytes().to_vec();
+        p.resize(4 + n, q as u8);
+        p
+    }
+
+    #[test]
+    fn int8_chunk_holding_inf_or_nan_encodes_a_nan_scale_and_decodes_as_nan() {
+        let chunks: [&[f32]; 6] = [
+            &[1.0, f32::NAN, -2.0],
+            &[f32::INFINITY],
+            &[0.0, f32::NEG_INFINITY, 3.0, 1e-30],
+            &[f32::from_bits(0xffc0_0001), 5.0], // a negative NaN with a payload
+            &[f32::from_bits(0x7f80_0001), f32::MAX], // a signalling NaN
+            &[f32::INFINITY, f32::NAN, f32::NEG_INFINITY],
+        ];
+        for src in chunks {
+            let mut p = vec![0xa5]; // at an offset, after other bytes
+            Int8Codec.encode(src, &mut p);
+            assert_eq!(p.len(), 1 + Int8Codec.max_encoded_len(src.len()));
+            assert_eq!(f32::from_le_bytes([p[1], p[2], p[3], p[4]]).to_bits(), INT8_NONFINITE_SCALE.to_bits(), "{src:?}");
+            assert!(p[5..].iter().all(|&q| q == 0), "{src:?}");
+            for mode in [DecodeMode::Overwrite, DecodeMode::Accumulate, DecodeMode::Subtract] {
+                let mut d = vec![1.0f32; src.len()];
+                Int8Codec.decode(&p[1..], &mut d, mode).unwrap();
+                assert!(d.iter().all(|x| x.is_nan()), "{src:?} {mode:?}: {d:?}");
+            }
+        }
+        // A peer's NaN scale with any bytes and any NaN bits, or +inf (what encoders before the NaN
+        // scale wrote for a chunk with an infinity), decodes as NaN too; −0.0 is a zero scale.
+        for (scale, q) in [(f32::NAN, 127i8), (f32::from_bits(0xffff_ffff), -128), (f32::INFINITY, 0), (f32::INFINITY, 5)] {
+            let mut d = vec![2.0f32; 9];
+            Int8Codec.decode(&int8_payload(scale, q, 9), &mut d, DecodeMode::Accumulate).unwrap();
+            assert!(d.iter().all(|x| x.is_nan()), "scale {scale}, q {q}: {d:?}");
+        }
+        let mut d = vec![2.0f32; 9];
+        Int8Codec.decode(&int8_payload(-0.0, 100, 9), &mut d, DecodeMode::Overwrite).unwrap();
+        assert!(d.iter().all(|&x| x == 0.0));
+    }
+
+    /// The documented int8 bound, in f64 (exact for the difference of two f32).
+    fn int8_bound(m: f32) -> f64 {
+        f64::from(m) / 254.0 * (1.0 + 2f64.powi(-13)) + 2f64.powi(-143)
+    }
+
+    fn assert_int8_within_bound(src: &[f32]) {
+        let d = roundtrip(&Int8Codec, src);
+        let m = max_abs(src);
+        for (x, y) in src.iter().zip(&d) {
+            assert!(y.is_finite(), "{x:e} -> {y:e} (max {m:e})");
+            let err = (f64::from(*x) - f64::from(*y)).abs();
+            assert!(err <= int8_bound(m), "{x:e} -> {y:e} (max {m:e}): error {err:e}, bound {:e}", int8_bound(m));
+        }
+    }
+
+    /// Chunks whose largest |x| is `m`: m itself (both signs) and fractions of it that land on and
+    /// between the quantisation steps.
+    fn int8_probe(m: f32) -> Vec<f32> {
+        let mut v = vec![m, -m, 0.0];
+        for k in 1..=20 {
+            let f = k as f32 / 20.0;
+            v.push(m * f);
+            v.push(-m * (f * 0.997));
+            v.push(m * ((k as f32 + 0.5) / 127.0)); // half-way between steps
+        }
+        v
+    }
+
+    #[test]
+    fn int8_huge_chunks_decode_finite_within_the_bound() {
+        // 127 · (f32::MAX / 127) rounds up to infinity: the encoder lowers the scale by one ulp.
+        // (docs/fuzzing.md, finding 1: the fuzzer's input was one f32::MAX.)
+        let below_max = |k: u32| f32::from_bits(f32::MAX.to_bits() - k);
+        for m in [f32::MAX, below_max(1), below_max(7), below_max(1000), 3.0e38, 1.7e38, 1e36] {
+            assert_int8_within_bound(&int8_probe(m));
+            assert_int8_within_bound(&[m]);
+            assert_int8_within_bound(&[-m, 1.0]);
+            let mut p = Vec::new();
+            Int8Codec.encode(&[m], &mut p);
+            let scale = f32::from_le_bytes([p[0], p[1], p[2], p[3]]);
+            assert!((127.0 * scale).is_finite(), "{m:e}: scale {scale:e}");
+        }
+    }
+
+    #[test]
+    fn int8_tiny_chunks_are_within_the_bound() {
+        // Below 127 / f32::MAX (about 3.7e-37), 127 / max|x| overflows: the encoder quantises the chunk
+        // scaled by 2^64 instead; below 127 · 2^-126 the scale itself is subnormal. Every exponent from
+        // the smallest subnormal up to 2^-100, several mantissas each, and the fuzzer's input (one
+        // 2.35e-38: docs/fuzzing.md, finding 2).
+        let mut ms = vec![f32::from_bits(0x0100_0000), 127.0 / f32::MAX, f32::MIN_POSITIVE, 127.0 * f32::MIN_POSITIVE];
+        for bits in 1u32..64 {
+            ms.push(f32::from_bits(bits));
+        }
+        for e in 0u32..28 {
+            for mant in [0u32, 1, 0x2a_aaab, 0x40_0000, 0x7f_ffff] {
+                ms.push(f32::from_bits((e << 23) | mant.max(u32::from(e == 0))));
+            }
+        }
+        for m in ms {
+            assert!(m > 0.0 && m < 1e-29);
+            let next = f32::from_bits(m.to_bits() + 1);
+            for src in [int8_probe(m), vec![m], vec![-m], vec![m, next * 0.5, -f32::from_bits(1)]] {
+                assert_int8_within_bound(&src);
+            }
+            // Not all zeros, unless the scale itself rounds to 0 (m ≤ 63.5 subnormal steps).
+            let d = roundtrip(&Int8Codec, &[m]);
+            assert_eq!(d[0] == 0.0, m.to_bits() <= 63, "{m:e} -> {:e}", d[0]);
+        }
+    }
+
+    #[test]
+    fn a_peer_int8_chunk_that_overflows_decodes_to_inf_and_reencodes_as_nan() {
+        // Scale f32::MAX with q = 127 is well formed: its reading is ±inf (docs/fuzzing.md, finding 3).
+        // The rank's sum is then infinite, and re-encoding it (the engine's `finalize_chunk`) gives the
+        // NaN scale, which decodes.
+        let mut sum = vec![1.0f32, -2.0, 3.0];
+        let mut p = int8_payload(f32::MAX, 127, 3);
+        p[5] = (-127i8) as u8;
+        Int8Codec.decode(&p, &mut sum, DecodeMode::Accumulate).unwrap();
+        assert_eq!(sum, [f32::INFINITY, f32::NEG_INFINITY, f32::INFINITY]);
+        let d = roundtrip(&Int8Codec, &sum);
+        assert!(d.iter().all(|x| x.is_nan()));
+        let mut residual = vec![0f32; 3];
+        let mut out = Vec::new();
+        encode_with_feedback(&Int8Codec, &sum, &mut residual, &mut Vec::new(), &mut out);
+        assert_eq!(residual, [0.0; 3]);
+    }
+
+    fn lossy_codecs() -> [CodecKind; 5] {
+        [CodecKind::Fp16, CodecKind::Bf16, CodecKind::Int8, CodecKind::TopK { ratio: 0.2 }, CodecKind::TopK { ratio: 1.0 }]
+    }
+
+    #[test]
+    fn error_feedback_resets_the_residual_of_a_chunk_that_was_not_finite() {
+        // A chunk holding an inf or a NaN, or a value the codec turns into one (fp16 above 65519,
+        // bf16 and a sum near f32::MAX), leaves residual 0 for the whole chunk; the next, finite
+        // step then encodes exactly as with a fresh residual. Kept, `x + inf` and then `inf − inf`
+        // would send NaN at that position in every later step.
+        let n = 17;
+        let clean: Vec<f32> = (0..n).map(|i| ((i * 7) % 5) as f32 * 0.3 - 0.61).collect();
+        for kind in lossy_codecs() {
+            let c = for_kind(kind);
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1.0e5, f32::MAX] {
+                let mut residual = vec![0f32; n];
+                let mut scratch = Vec::new();
+                let mut out = Vec::new();
+                // A finite step first, so the residual is not zero already.
+                encode_with_feedback(c.as_ref(), &clean, &mut residual, &mut scratch, &mut out);
+                let mut chunk = clean.clone();
+                chunk[3] = bad;
+                chunk[4] = if bad == f32::MAX { f32::MAX } else { chunk[4] };
+                out.clear();
+                encode_with_feedback(c.as_ref(), &chunk, &mut residual, &mut scratch, &mut out);
+                let mut sent = vec![0f32; n];
+                c.decode(&out, &mut sent, DecodeMode::Overwrite).unwrap();
+                let mut want_residual = vec![0f32; n];
+                if sent.iter().all(|x| x.is_finite()) {
+                    // Finite on the wire (f32::MAX with int8 or top-k, 1e5 but with fp16): an ordinary residual.
+                    assert!(bad == f32::MAX || (bad == 1.0e5 && kind != CodecKind::Fp16), "{kind} {bad:e}: {sent:?}");
+                    assert!(residual.iter().all(|r| r.is_finite()), "{kind} {bad:e}: {residual:?}");
+                    continue;
+                }
+                assert!(!sent[3].is_finite(), "{kind} {bad:e}: {sent:?}");
+                if kind == CodecKind::Int8 {
+                    assert!(sent.iter().all(|x| x.is_nan()), "{kind} {bad:e}: {sent:?}");
+                }
+                assert_eq!(residual, want_residual, "{kind} {bad:e}");
+                // The next step compresses as if it were the first.
+                out.clear();
+                encode_with_feedback(c.as_ref(), &clean, &mut residual, &mut scratch, &mut out);
+                let mut fresh = Vec::new();
+                encode_with_feedback(c.as_ref(), &clean, &mut want_residual, &mut scratch, &mut fresh);
+                assert_eq!(out, fresh, "{kind} {bad:e}");
+                assert_eq!(residual, want_residual, "{kind} {bad:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn overflows_from_is_the_smallest_magnitude_that_decodes_infinite() {
+        // Error feedback checks the residual only for chunks reaching it: it must not be too high.
+        for kind in [CodecKind::Fp16, CodecKind::Bf16] {
+            let c = for_kind(kind);
+            let t = c.overflows_from();
+            let below = f32::from_bits(t.to_bits() - 1);
+            for sign in [1.0f32, -1.0] {
+                assert!(roundtrip(c.as_ref(), &[sign * below])[0].is_finite(), "{kind}");
+                assert!(roundtrip(c.as_ref(), &[sign * t])[0].is_infinite(), "{kind}");
+            }
+        }
+        for kind in [CodecKind::None, CodecKind::Int8, CodecKind::TopK { ratio: 0.5 }] {
+            let c = for_kind(kind);
+            assert_eq!(c.overflows_from(), f32::INFINITY, "{kind}");
+            assert!(roundtrip(c.as_ref(), &[f32::MAX, -f32::MAX, 1.0]).iter().all(|x| x.is_finite()), "{kind}");
+        }
+    }
+
+    /// Any f32 bit pattern, with NaNs, infinities, the extremes and subnormals made likely.
+    fn any_bits() -> impl Strategy<Value = f32> {
+        prop_oneof![
+            any::<u32>().prop_map(f32::from_bits),
+            prop::sample::select(vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, -f32::MAX, f32::from_bits(1), 0.0, -0.0]),
+            (0u32..0x0080_0000).prop_map(f32::from_bits),
+            (0x7f00_0000u32..0x7f80_0000).prop_map(f32::from_bits),
+            finite(),
+        ]
+    }
+
+    #[test]
+    fn every_codec_decodes_what_it_encodes_for_any_bits() {
+        // Every exponent and sign with a few mantissas, NaNs and infinities included, beside a 1.0
+        // (the proptest `no_input_panics_a_codec_and_the_encoder_output_decodes` covers chunks).
+        for kind in lossy_codecs().into_iter().chain([CodecKind::None]) {
+            let c = for_kind(kind);
+            for hi in 0u32..512 {
+                for lo in [0u32, 1, 0x40_0000, 0x7f_ffff] {
+                    let x = f32::from_bits(hi << 23 | lo);
+                    let d = roundtrip(c.as_ref(), &[x, 1.0]);
+                    match kind {
+                        CodecKind::None | CodecKind::TopK { ratio: 1.0 } => assert_eq!(d[0].to_bits(), x.to_bits()),
+                        CodecKind::Int8 => assert!(d.iter().all(|y| y.is_finite() == x.is_finite()), "{x:e}: {d:?}"),
+                        _ => assert!(x.is_finite() || !d[0].is_finite(), "{kind} {x:e}: {d:?}"),
+                    }
+                    let mut residual = [0f32; 2];
+                    encode_with_feedback(c.as_ref(), &[x, 1.0], &mut residual, &mut Vec::new(), &mut Vec::new());
+                    assert!(residual.iter().all(|r| r.is_finite()), "{kind} {x:e}: {residual:?}");
+                }
+            }
+        }
     }
 
     /// Full sort by (magnitude descending, index ascending), keep k, emit by index.
@@ -845,7 +1178,47 @@ mod tests {
             let d = roundtrip(&Int8Codec, &src);
             let m = src.iter().fold(0f32, |m, x| m.max(x.abs()));
             for (x, y) in src.iter().zip(&d) {
-                prop_assert!((x - y).abs() <= m / 254.0 * 1.0001 + f32::MIN_POSITIVE, "{} -> {} (max {})", x, y, m);
+                prop_assert!((f64::from(*x) - f64::from(*y)).abs() <= int8_bound(m), "{} -> {} (max {})", x, y, m);
+            }
+        }
+
+        #[test]
+        fn int8_error_bound_over_the_whole_finite_range(m_bits in 0u32..0x7f80_0000,
+                                                        fracs in proptest::collection::vec(-1.0f32..=1.0, 0..64)) {
+            // A chunk of any magnitude, from subnormal to f32::MAX: m and fractions of it.
+            let m = f32::from_bits(m_bits);
+            let mut src: Vec<f32> = fracs.iter().map(|f| m * f).collect();
+            src.push(if m_bits % 2 == 0 { m } else { -m });
+            let d = roundtrip(&Int8Codec, &src);
+            let m = max_abs(&src);
+            for (x, y) in src.iter().zip(&d) {
+                prop_assert!(y.is_finite());
+                prop_assert!((f64::from(*x) - f64::from(*y)).abs() <= int8_bound(m), "{:e} -> {:e} (max {:e})", x, y, m);
+            }
+        }
+
+        #[test]
+        fn no_input_panics_a_codec_and_the_encoder_output_decodes(
+            src in proptest::collection::vec(any_bits(), 0..80), which in 0usize..6, steps in 1usize..4) {
+            let kind = lossy_codecs().into_iter().chain([CodecKind::None]).nth(which).unwrap();
+            let c = for_kind(kind);
+            let mut p = Vec::new();
+            c.encode(&src, &mut p);
+            prop_assert!(p.len() <= c.max_encoded_len(src.len()));
+            let mut d = vec![0f32; src.len()];
+            c.decode(&p, &mut d, DecodeMode::Overwrite).unwrap();
+            if kind == CodecKind::Int8 {
+                // NaN for the whole chunk iff it held an inf or a NaN; finite otherwise.
+                let finite = src.iter().all(|x| x.is_finite());
+                prop_assert!(d.iter().all(|y| y.is_finite() == finite && y.is_nan() != finite), "{:?} -> {:?}", src, d);
+            }
+            // Error feedback over a few steps of the same chunk: never a non-finite residual.
+            let mut residual = vec![0f32; src.len()];
+            let mut scratch = Vec::new();
+            for _ in 0..steps {
+                let mut out = Vec::new();
+                encode_with_feedback(c.as_ref(), &src, &mut residual, &mut scratch, &mut out);
+                prop_assert!(residual.iter().all(|r| r.is_finite()), "{:?}", residual);
             }
         }
 

@@ -276,6 +276,9 @@ impl<'a, T: Transport> Exchange<'a, T> {
     fn finalize_chunk(&mut self, sub: Range<usize>, buf: &mut [f32], residual: Residual) -> Vec<u8> {
         let frame = self.encode(buf, &sub, residual);
         if !self.cx.lossless {
+            // Cannot fail: every codec's decoder accepts its own encoder's payload, for any values
+            // (an inf or NaN sum, perhaps from a peer's int8 chunk with a huge scale, encodes as
+            // int8's NaN scale and decodes as NaN: codec.rs's module docs).
             self.cx
                 .codec
                 .decode(&frame[HEADER_LEN..], &mut buf[sub], DecodeMode::Overwrite)

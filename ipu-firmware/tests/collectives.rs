@@ -49,6 +49,12 @@ fn matrix_plans() -> Vec<Plan> {
 
 /// Checks rank results against the exact sum and the documented codec bound.
 fn check(world: usize, plan: &Plan, inputs: &[Vec<f32>], results: &[Vec<f32>]) {
+    check_carrying(world, plan, inputs, &[], results)
+}
+
+/// [`check`] for a collective whose error-feedback residuals may hold the error of an earlier one
+/// with inputs `carried` (its values widen the bound; empty for none).
+fn check_carrying(world: usize, plan: &Plan, inputs: &[Vec<f32>], carried: &[Vec<f32>], results: &[Vec<f32>]) {
     let n = inputs[0].len();
     for r in 1..world {
         assert!(
@@ -56,7 +62,8 @@ fn check(world: usize, plan: &Plan, inputs: &[Vec<f32>], results: &[Vec<f32>]) {
             "rank {r} result differs from rank 0 (plan {plan:?}, n {n})"
         );
     }
-    let abs_sum: Vec<f64> = (0..n).map(|i| inputs.iter().map(|x| f64::from(x[i].abs())).sum()).collect();
+    let abs_sum: Vec<f64> =
+        (0..n).map(|i| inputs.iter().chain(carried).map(|x| f64::from(x[i].abs())).sum()).collect();
     let max_abs = abs_sum.iter().cloned().fold(0.0, f64::max);
     let hops = (world + 1) as f64;
     for i in 0..n {
@@ -695,6 +702,75 @@ fn small_and_large_collectives_alternate_between_direct_and_reader_reads() {
                 let inputs: Vec<Vec<f32>> = (0..world).map(|r| input(r, 500 + i as u64, n)).collect();
                 let results: Vec<Vec<f32>> = res.iter().map(|r| r[i].clone()).collect();
                 check(world, &plan, &inputs, &results);
+            }
+        }
+    }
+}
+
+/// A tenant's inf or NaN, or a sum that overflows f32, reaches every rank as a non-finite value with
+/// every lossy codec and algorithm (int8: NaN), bit-identical everywhere and without a panic
+/// (docs/fuzzing.md, findings 1 and 3); a single f32::MAX stays finite with int8. With error
+/// feedback the next, finite step is within the codec's bound again: the residuals of the chunks
+/// that were not finite were reset, not carried into every later step as inf/NaN.
+#[test]
+fn nonfinite_values_reach_every_rank_and_error_feedback_recovers() {
+    let (world, n, at) = (3usize, 300usize, 5usize);
+    let bad_input = move |case: usize, rank: usize| -> Vec<f32> {
+        let mut v = input(rank, 40, n);
+        match (case, rank) {
+            (0, 1) => v[at] = f32::NAN,
+            (1, 2) => v[at] = f32::INFINITY,
+            (2, 1 | 2) => v[at] = f32::MAX, // the sum overflows
+            (3, 1) => v[at] = f32::MAX,     // alone: finite on the raw wire
+            _ => {}
+        }
+        v
+    };
+    for algorithm in Algorithm::ALL {
+        for codec in [CodecKind::Fp16, CodecKind::Bf16, CodecKind::Int8, CodecKind::TopK { ratio: 0.3 }] {
+            for error_feedback in [false, true] {
+                let plan = Plan { algorithm, chunk_bytes: 64, compression: Compression { codec, error_feedback }, ..Plan::default() };
+                let res = run_ranks_in_process(world, opts(1), move |rank, t| {
+                    let mut c = Communicator::new(t, CommunicatorConfig { initial_plan: plan, timeout: TIMEOUT })?;
+                    let mut out = Vec::new();
+                    for case in 0..4 {
+                        c.begin_step(2 * case as u64);
+                        let mut b = bad_input(case, rank);
+                        c.allreduce_f32(&mut b)?;
+                        c.begin_step(2 * case as u64 + 1);
+                        let mut next = input(rank, 41 + case as u64, n);
+                        c.allreduce_f32(&mut next)?;
+                        out.push((b, next));
+                    }
+                    c.close();
+                    Ok(out)
+                });
+                let res: Vec<_> = res.into_iter().map(|r| r.expect("rank failed")).collect();
+                for case in 0..4 {
+                    let what = format!("{algorithm} {codec} feedback {error_feedback}, case {case}");
+                    let bad: Vec<Vec<f32>> = res.iter().map(|r| r[case].0.clone()).collect();
+                    for r in 1..world {
+                        assert!(bad[r].iter().zip(&bad[0]).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: rank {r} differs");
+                    }
+                    let x = bad[0][at];
+                    match (case, codec) {
+                        (3, CodecKind::Int8 | CodecKind::TopK { .. }) => assert!(x.is_finite() && x >= f32::MAX * 0.99, "{what}: {x}"),
+                        (3, _) => assert!(x == f32::INFINITY, "{what}: {x}"), // beyond fp16's and bf16's range
+                        (_, CodecKind::Int8) => assert!(x.is_nan(), "{what}: {x}"),
+                        _ => assert!(!x.is_finite(), "{what}: {x}"),
+                    }
+                    // An f32::MAX in a rank's own chunk leaves an ordinary residual with int8: that
+                    // chunk was finite, so its error is still sent later, as error feedback should.
+                    if case >= 2 && error_feedback && codec == CodecKind::Int8 {
+                        continue;
+                    }
+                    // The next step: within the bound, widened by the residuals the bad step left in
+                    // its finite chunks (its inputs without the bad value).
+                    let inputs: Vec<Vec<f32>> = (0..world).map(|r| input(r, 41 + case as u64, n)).collect();
+                    let carried: Vec<Vec<f32>> = if error_feedback { (0..world).map(|r| input(r, 40, n)).collect() } else { Vec::new() };
+                    let next: Vec<Vec<f32>> = res.iter().map(|r| r[case].1.clone()).collect();
+                    check_carrying(world, &plan, &inputs, &carried, &next);
+                }
             }
         }
     }

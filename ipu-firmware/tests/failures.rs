@@ -4,7 +4,8 @@
 use ipu_firmware::job::{loopback_listeners, run_ranks_in_process};
 use ipu_firmware::wire::{FrameError, FrameHeader, FrameKind, Hello, HEADER_LEN};
 use ipu_firmware::{
-    segment, Algorithm, CollectiveError, Communicator, CommunicatorConfig, Plan, TcpOptions, TcpTransport, Transport,
+    segment, Algorithm, CodecKind, CollectiveError, Communicator, CommunicatorConfig, Compression, Plan, TcpOptions,
+    TcpTransport, Transport,
 };
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -277,6 +278,11 @@ fn data_frame(h: FrameHeader, values: &[f32]) -> Vec<u8> {
 /// Real rank 0 (ring, world 2) against a fake rank 1 that completes the handshake and then writes
 /// `bytes`. Returns rank 0's allreduce outcome, its buffer afterwards, and how long it took.
 fn against_fake_rank1(frames: Vec<Vec<u8>>) -> (Result<(), CollectiveError>, Vec<f32>, Duration) {
+    against_fake_rank1_with(Plan::default(), frames)
+}
+
+/// [`against_fake_rank1`] with rank 0 running `plan`.
+fn against_fake_rank1_with(plan: Plan, frames: Vec<Vec<u8>>) -> (Result<(), CollectiveError>, Vec<f32>, Duration) {
     let timeout = Duration::from_millis(800);
     let (mut ls, addrs) = loopback_listeners(2).unwrap();
     drop(ls.pop()); // the fake does not listen
@@ -295,7 +301,7 @@ fn against_fake_rank1(frames: Vec<Vec<u8>>) -> (Result<(), CollectiveError>, Vec
         let _ = s.read_to_end(&mut sink);
     });
     let t = TcpTransport::connect(l0, 0, &addrs, TcpOptions { channels: 1, timeout }).unwrap();
-    let mut c = Communicator::new(t, config(timeout)).unwrap();
+    let mut c = Communicator::new(t, CommunicatorConfig { initial_plan: plan, timeout }).unwrap();
     let mut buf: Vec<f32> = (0..N).map(|i| i as f32).collect();
     let start = Instant::now();
     let r = c.allreduce_f32(&mut buf).map(|_| ());
@@ -322,6 +328,59 @@ fn fake_peer_speaking_the_protocol_completes() {
     let mut want: Vec<f32> = s0.map(|i| i as f32 + 100.0).collect();
     want.extend(std::iter::repeat_n(7.0, s1.len()));
     assert_eq!(buf, want);
+}
+
+/// An int8 data frame: header for `range`, then `scale` and the bytes `q`.
+fn int8_frame(op: u64, seq: u32, range: std::ops::Range<usize>, scale: f32, q: &[i8]) -> Vec<u8> {
+    let mut h = data_header(op, seq, range);
+    h.codec = ipu_firmware::codec::wire_id(CodecKind::Int8);
+    h.payload_len = 4 + q.len() as u32;
+    let mut v = h.to_bytes().to_vec();
+    v.extend_from_slice(&scale.to_le_bytes());
+    v.extend(q.iter().map(|&b| b as u8));
+    v
+}
+
+/// A peer's well-formed int8 chunk whose values overflow f32 (scale f32::MAX, q = ±127) makes rank 0's
+/// partial sum infinite; re-encoding it as the segment's owner gives int8's NaN scale, so rank 0 ends
+/// the allreduce with NaN there instead of panicking (docs/fuzzing.md, finding 3: `finalize_chunk`'s
+/// "a payload we just encoded decodes"). A NaN scale from the peer reads as NaN for its chunk.
+#[test]
+fn a_peer_int8_chunk_that_overflows_becomes_nan_not_a_panic() {
+    let (s0, s1) = (segment(N, 2, 0), segment(N, 2, 1));
+    for error_feedback in [false, true] {
+        let plan = Plan { compression: Compression { codec: CodecKind::Int8, error_feedback }, ..Plan::default() };
+        let q: Vec<i8> = (0..s0.len()).map(|i| if i % 2 == 0 { 127 } else { -127 }).collect();
+        let frames = vec![
+            int8_frame(0, 1, s0.clone(), f32::MAX, &q),
+            int8_frame(0, 2, s1.clone(), 0.5, &vec![14i8; s1.len()]),
+        ];
+        let (r, buf, _) = against_fake_rank1_with(plan, frames);
+        r.unwrap_or_else(|e| panic!("feedback {error_feedback}: {e}"));
+        assert!(buf[s0.clone()].iter().all(|x| x.is_nan()), "feedback {error_feedback}: {buf:?}");
+        assert!(buf[s1.clone()].iter().all(|&x| x == 7.0), "feedback {error_feedback}: {buf:?}");
+
+        let frames = vec![
+            int8_frame(0, 1, s0.clone(), 1.0, &vec![1i8; s0.len()]),
+            int8_frame(0, 2, s1.clone(), f32::NAN, &vec![3i8; s1.len()]),
+        ];
+        let (r, buf, _) = against_fake_rank1_with(plan, frames);
+        r.unwrap_or_else(|e| panic!("feedback {error_feedback}: {e}"));
+        assert!(buf[s0.clone()].iter().all(|x| x.is_finite()), "feedback {error_feedback}: {buf:?}");
+        assert!(buf[s1.clone()].iter().all(|x| x.is_nan()), "feedback {error_feedback}: {buf:?}");
+    }
+}
+
+/// A negative int8 scale is malformed: the collective fails with a bad frame and the buffer keeps
+/// its values.
+#[test]
+fn a_negative_int8_scale_is_rejected() {
+    let s0 = segment(N, 2, 0);
+    let plan = Plan { compression: Compression { codec: CodecKind::Int8, error_feedback: false }, ..Plan::default() };
+    let (r, buf, _) = against_fake_rank1_with(plan, vec![int8_frame(0, 1, s0.clone(), -1.0, &vec![1i8; s0.len()])]);
+    let e = r.expect_err("a negative scale must fail the allreduce");
+    assert!(matches!(e, CollectiveError::BadFrame { peer: 1, error: FrameError::MalformedPayload { .. }, .. }), "{e}");
+    assert_eq!(buf, original());
 }
 
 fn assert_garbage_rejected(frames: Vec<Vec<u8>>, check: impl Fn(&CollectiveError) -> bool) {

@@ -21,8 +21,14 @@ fn reference(kind: CodecKind, p: &[u8], n: usize) -> Option<Vec<Option<f32>>> {
             if p.len() != 4 + n {
                 return None;
             }
+            // A negative scale is refused; a NaN or +inf scale marks a chunk that was not finite
+            // and reads as NaN everywhere.
             let scale = f32::from_bits(le32(p));
-            (scale.is_finite() && scale >= 0.0).then(|| p[4..].iter().map(|&b| Some(f32::from(b as i8) * scale)).collect())
+            if scale < 0.0 {
+                return None;
+            }
+            let nonfinite = scale.is_nan() || scale == f32::INFINITY;
+            Some(p[4..].iter().map(|&b| Some(if nonfinite { f32::NAN } else { f32::from(b as i8) * scale })).collect())
         }
         CodecKind::TopK { .. } => {
             let k = le32(p.get(..4)?) as usize;
