@@ -120,7 +120,7 @@ def codec_worker(rank, world, codecs, ef_codecs, ef_steps):
 
     ddp = _ddp(CODEC_N)
     hook = rt.use_codec(ddp, "none", error_feedback=False)
-    out = {"single": {}, "ef": {}}
+    out = {"single": {}, "ef": {}, "nonfinite": {}}
     for seed, name in enumerate(codecs):
         hook.set_plan(name, error_feedback=False)
         g = codec_gradient(rank, seed)
@@ -135,6 +135,22 @@ def codec_worker(rank, world, codecs, ef_codecs, ef_steps):
             hook.set_plan("none", error_feedback=False)
             flushed = _reduce(ddp, torch.zeros(CODEC_N))  # the pending residual, sent once under `none`
             out["ef"][(name, ef)] = {"input": g, "outputs": torch.stack(outs), "flushed": flushed, "residual_after_flush": hook.residual_norm}
+    # An overflow step: rank 0's gradient holds an inf, rank 1's a NaN (in another int8 block);
+    # then a finite step. The parent checks that the overflow reaches every rank and that the
+    # next step is finite (error feedback must not carry inf/NaN over).
+    for name in ef_codecs:
+        hook.set_plan(name, error_feedback=True)
+        g = codec_gradient(rank, 7)
+        if rank == 0:
+            g[5] = float("inf")
+        if rank == 1:
+            g[1500] = float("nan")
+        overflow = _reduce(ddp, g)
+        after = [_reduce(ddp, codec_gradient(rank, 8)) for _ in range(2)]
+        residual = hook.residual_norm
+        hook.set_plan("none", error_feedback=False)
+        _reduce(ddp, torch.zeros(CODEC_N))  # flush, so the next codec starts without a residual
+        out["nonfinite"][name] = {"overflow": overflow, "after": torch.stack(after), "residual": residual}
     out["buckets_by_codec"] = dict(hook.buckets_by_codec)
     return out
 

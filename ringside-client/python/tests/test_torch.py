@@ -151,6 +151,20 @@ def test_error_feedback_shrinks_the_accumulated_error(codec_results, codec):
     assert all(r["ef"][(codec, True)]["residual_after_flush"] == 0.0 for r in codec_results)
 
 
+@pytest.mark.parametrize("codec", ["topk:0.05", "int8"])
+def test_an_overflow_reaches_every_rank_and_error_feedback_does_not_carry_it(codec_results, codec):
+    outs = [r["nonfinite"][codec] for r in codec_results]
+    for o in outs:
+        # What a loss scaler checks: the reduced gradient is not finite on any rank.
+        assert not torch.isfinite(o["overflow"]).all(), f"{codec}: the inf/NaN did not reach every rank"
+        # The next steps, with error feedback, are finite everywhere (without the reset the
+        # residual made these positions NaN for good).
+        assert torch.isfinite(o["after"]).all(), f"{codec}: a step after the overflow is not finite"
+        assert math.isfinite(o["residual"])
+    for o in outs[1:]:
+        assert torch.equal(o["after"], outs[0]["after"]), f"{codec}: ranks disagree after the overflow"
+
+
 # -- reporting the plan and its step times (rank 0's reporter, no process group needed) -------------
 
 

@@ -47,7 +47,9 @@ after the other, in bucket order on every rank, which keeps ranks matched), so t
 overlap with backward computation; they pay off when the network, not the CPU/GPU, is the bottleneck.
 
 Non-finite gradients: fp16/bf16 keep inf/NaN; int8 and top-k turn a block containing them into
-non-finite values (NaN), so AMP's GradScaler still sees the overflow and skips the step.
+non-finite values (NaN), so AMP's GradScaler still sees the overflow and skips the step. Error
+feedback then drops what it would carry at those positions (it would be inf or NaN at every later
+step): the step after an overflow compresses cleanly.
 """
 
 import collections
@@ -173,6 +175,11 @@ class CompressionHook:
         else:
             out, new_residual = self._topk(x, codec.ratio, ef)
         if new_residual is not None:
+            # A bucket holding an inf or a NaN (an overflow the loss scaler will skip) leaves a
+            # residual that is not finite there; kept, it would make those positions inf/NaN in
+            # every later step. Reset to 0, so the next step compresses cleanly (as the IPU engine's
+            # error feedback does, ipu-firmware codec::encode_with_feedback).
+            new_residual.masked_fill_(~torch.isfinite(new_residual), 0.0)
             with self._lock:
                 self._residuals[key] = new_residual
         buf.copy_(out)
