@@ -23,7 +23,8 @@
 #       until DIR/stop exists (one line per build in DIR/results-build.txt).
 #   t2_rounds.sh summary DIR
 #       Per test binary: runs passed / runs, failing rounds, the runs passed in a row at the end
-#       (what "N runs in a row" counts), seconds per run, load average range.
+#       (what "N runs in a row" counts: of one build, since each line records a digest of the
+#       test binary and the frozen programs), seconds per run, load average range.
 set -u
 cmd=${1:?usage: t2_rounds.sh prepare|run|load|summary DIR ...}
 dir=${2:?usage: t2_rounds.sh $cmd DIR ...}
@@ -86,7 +87,10 @@ run)
             (cd "$pkg" && timeout -k 30 1800 "$exe" --ignored --test-threads=2) >"$log" 2>&1
             rc=$?
             l2=$(cut -d' ' -f1 /proc/loadavg)
-            echo "round $r $t rc=$rc $(($(date +%s) - s))s load $l1->$l2 $(date -u +%H:%M:%S) $(grep -h '^test result' "$log" | tail -1)" >>"$dir/results-$name.txt"
+            # What ran: the test binary's and the frozen programs' digest (a rebuild in place
+            # starts a new count in `summary`).
+            bin=$(cat "$exe" "$f/flowmon" "$f/ipuwire" "$f/ringside-rank" "$f/ringside-ipu" | sha256sum | cut -c1-12)
+            echo "round $r $t rc=$rc $(($(date +%s) - s))s load $l1->$l2 $(date -u +%H:%M:%S) bin=$bin $(grep -h '^test result' "$log" | tail -1)" >>"$dir/results-$name.txt"
         done
     done
     echo "done $(date -u +%H:%M:%S)" >>"$dir/results-$name.txt"
@@ -109,14 +113,18 @@ import collections, glob, os, re, sys
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "results-*.txt"))):
     tests = collections.OrderedDict()
     for line in open(f):
-        m = re.match(r"round (\d+) (\S+) rc=(\d+) (\d+)s load ([\d.]+)->([\d.]+) (\S+)", line)
+        m = re.match(r"round (\d+) (\S+) rc=(\d+) (\d+)s load ([\d.]+)->([\d.]+) (\S+)(?: bin=(\w+))?", line)
         if not m:
             continue
-        r, t, rc, s, l1, l2, at = m.groups()
-        e = tests.setdefault(t, {"runs": 0, "ok": 0, "failed": [], "streak": 0, "s": [], "load": [], "first": at, "last": at})
+        r, t, rc, s, l1, l2, at, bin = m.groups()
+        e = tests.setdefault(t, {"runs": 0, "ok": 0, "failed": [], "streak": 0, "s": [], "load": [], "first": at, "last": at, "bin": None})
         e["runs"] += 1
         e["ok"] += rc == "0"
-        e["streak"] = e["streak"] + 1 if rc == "0" else 0
+        # Runs in a row of one build: a run of another binary than the one before starts over
+        # (lines written before the digest was recorded carry none and count on).
+        same = bin is None or e["bin"] in (None, bin)
+        e["streak"] = (e["streak"] if same else 0) + 1 if rc == "0" else 0
+        e["bin"] = bin or e["bin"]
         if rc != "0":
             e["failed"].append(int(r))
         e["s"].append(int(s))
