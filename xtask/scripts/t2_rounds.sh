@@ -81,15 +81,15 @@ run)
             [ -e "$dir/stop" ] && exit 0
             read -r _ exe pkg < <(grep "^$t " "$dir/bins.txt")
             log=$dir/logs/$name-$t-$r.log
+            # What runs: the test binary's and the frozen programs' digest, taken before the run
+            # starts (a rebuild in place during it is the next run's; `summary` starts a new count).
+            bin=$(cat "$exe" "$f/flowmon" "$f/ipuwire" "$f/ringside-rank" "$f/ringside-ipu" | sha256sum | cut -c1-12)
             s=$(date +%s)
             l1=$(cut -d' ' -f1 /proc/loadavg)
             # Bounded: a run that hangs is killed and counts as a failure.
             (cd "$pkg" && timeout -k 30 1800 "$exe" --ignored --test-threads=2) >"$log" 2>&1
             rc=$?
             l2=$(cut -d' ' -f1 /proc/loadavg)
-            # What ran: the test binary's and the frozen programs' digest (a rebuild in place
-            # starts a new count in `summary`).
-            bin=$(cat "$exe" "$f/flowmon" "$f/ipuwire" "$f/ringside-rank" "$f/ringside-ipu" | sha256sum | cut -c1-12)
             echo "round $r $t rc=$rc $(($(date +%s) - s))s load $l1->$l2 $(date -u +%H:%M:%S) bin=$bin $(grep -h '^test result' "$log" | tail -1)" >>"$dir/results-$name.txt"
         done
     done
