@@ -408,6 +408,12 @@ pub struct RoceRecvReport {
     pub reordered: u64,
     /// Data packets at or behind the furthest PSN whose PSN was not missing: duplicates.
     pub duplicates: u64,
+    /// Data packets behind the first one received, each PSN once: the stream's head overtaken, not
+    /// duplicates (CI saw 3 of 2000 arrive behind a later one on a fresh veth pair; the likely
+    /// cause: packets the kernel queued while it resolved the neighbour leave after ones sent once
+    /// it was resolved).
+    /// Neither gaps nor skipped PSNs, as an in-order monitor starting at the first packet sees them.
+    pub overtaken: u64,
     /// Skipped PSNs that never arrived (`skipped_psns - reordered`).
     pub unreceived_psns: u64,
     /// Runs of consecutive PSNs that never arrived: the gaps left once late packets are in.
@@ -424,6 +430,9 @@ struct PsnTracker {
     /// The furthest PSN so far and its extended position.
     last: Option<(u32, u64)>,
     missing: BTreeSet<u64>,
+    /// Positions behind the first PSN received that arrived (at most [`Self::MAX_MISSING`]; past
+    /// that, such packets count as duplicates).
+    before_first: BTreeSet<u64>,
     /// Missing PSNs not remembered (the set was full), and the gaps they were in.
     forgotten_psns: u64,
     forgotten_runs: u64,
@@ -454,8 +463,11 @@ impl PsnTracker {
             self.last = Some((psn, pos + u64::from(step)));
         } else {
             let back = last.wrapping_sub(psn) & wire::PSN_MASK;
-            if self.missing.remove(&(pos - u64::from(back))) {
+            let at = pos - u64::from(back);
+            if self.missing.remove(&at) {
                 r.reordered += 1;
+            } else if at < Self::ORIGIN && self.before_first.len() < Self::MAX_MISSING && self.before_first.insert(at) {
+                r.overtaken += 1;
             } else {
                 r.duplicates += 1;
             }
@@ -694,25 +706,36 @@ mod tests {
         r
     }
 
-    fn psn_fields(r: &RoceRecvReport) -> [u64; 6] {
-        [r.psn_gaps, r.skipped_psns, r.reordered, r.duplicates, r.unreceived_psns, r.unreceived_runs]
+    fn psn_fields(r: &RoceRecvReport) -> [u64; 7] {
+        [r.psn_gaps, r.skipped_psns, r.reordered, r.duplicates, r.unreceived_psns, r.unreceived_runs, r.overtaken]
     }
 
     #[test]
     fn late_packets_are_reordered_not_lost_and_the_runs_never_received_remain() {
         // In order, no loss.
-        assert_eq!(psn_fields(&track(&[5, 6, 7, 8])), [0, 0, 0, 0, 0, 0]);
+        assert_eq!(psn_fields(&track(&[5, 6, 7, 8])), [0, 0, 0, 0, 0, 0, 0]);
         // 7 arrives after 8: one gap as received, nothing unreceived.
-        assert_eq!(psn_fields(&track(&[5, 6, 8, 7, 9])), [1, 1, 1, 0, 0, 0]);
+        assert_eq!(psn_fields(&track(&[5, 6, 8, 7, 9])), [1, 1, 1, 0, 0, 0, 0]);
         // 11 and 12 skipped by the sender, 14 arrives after 15: two gaps as received (3 PSNs), one
         // left (2 PSNs).
-        assert_eq!(psn_fields(&track(&[10, 13, 15, 14, 16])), [2, 3, 1, 0, 2, 1]);
+        assert_eq!(psn_fields(&track(&[10, 13, 15, 14, 16])), [2, 3, 1, 0, 2, 1, 0]);
         // A late packet inside a real gap splits it: 21..24 missing, 22 comes late -> runs 21 and 23-24.
-        assert_eq!(psn_fields(&track(&[20, 25, 22, 26])), [1, 4, 1, 0, 3, 2]);
+        assert_eq!(psn_fields(&track(&[20, 25, 22, 26])), [1, 4, 1, 0, 3, 2, 0]);
         // Duplicates: the furthest PSN again, and one behind that was never missing.
-        assert_eq!(psn_fields(&track(&[1, 2, 3, 3, 2, 4])), [0, 0, 0, 2, 0, 0]);
+        assert_eq!(psn_fields(&track(&[1, 2, 3, 3, 2, 4])), [0, 0, 0, 2, 0, 0, 0]);
         // Across the 24-bit wrap: 0xffffff comes after 0 and 1 (skipped by the sender).
-        assert_eq!(psn_fields(&track(&[0xfffffd, 0xfffffe, 0, 0xffffff, 2])), [2, 2, 1, 0, 1, 1]);
+        assert_eq!(psn_fields(&track(&[0xfffffd, 0xfffffe, 0, 0xffffff, 2])), [2, 2, 1, 0, 1, 1, 0]);
+    }
+
+    #[test]
+    fn packets_behind_the_first_one_received_are_overtaken_once_and_duplicates_after() {
+        // CI's t2_rig (stop 44): three data packets arrived behind the first one received; they
+        // were counted as duplicates, and a stream that lost nothing looked duplicated.
+        assert_eq!(psn_fields(&track(&[1003, 1000, 1001, 1002, 1004, 1005])), [0, 0, 0, 0, 0, 0, 3]);
+        // The same PSN behind the first again is a duplicate; so is the first one again.
+        assert_eq!(psn_fields(&track(&[1003, 1001, 1001, 1003, 1004])), [0, 0, 0, 2, 0, 0, 1]);
+        // Across the wrap, with a gap after the first packet.
+        assert_eq!(psn_fields(&track(&[1, 0xffffff, 0, 3])), [1, 1, 0, 0, 1, 1, 2]);
     }
 
     #[test]

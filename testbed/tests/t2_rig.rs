@@ -130,7 +130,8 @@ fn roce_send_reports_what_the_peer_receives() {
     assert_eq!((got.ce_marked, got.cnps, got.naks), (25, 4, 2));
     // The sender's gaps are what never arrived. The link may reorder under load (session 34: one
     // packet in a round beside a build, seen as (3, 4)): each late packet adds one gap as received
-    // and one skipped PSN, and is counted as reordered.
+    // and one skipped PSN, and is counted as reordered. The stream's first packets can arrive
+    // behind a later one (CI, stop 44: 3 of them, then counted as duplicates): `overtaken`.
     assert_eq!((got.unreceived_runs, got.unreceived_psns, got.duplicates), (2, 3, 0), "the sink sees the sender's gaps: {got:?}");
     assert_eq!(got.skipped_psns, 3 + got.reordered, "{got:?}");
     assert!(got.psn_gaps >= 2 && got.psn_gaps <= 2 + got.reordered, "{got:?}");
