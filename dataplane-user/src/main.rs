@@ -6,7 +6,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use dataplane_user::{
     agent::AgentArgs,
     cli::{
-        self, check_config::CheckConfigArgs, completions::CompletionsArgs, detach::DetachArgs, events::EventsArgs,
+        self, check_config::CheckConfigArgs, completions::CompletionsArgs, detach::DetachArgs, events::EventsArgs, fleet::FleetArgs,
         flows::FlowsArgs, ipu_wire::IpuWireArgs, jobs::JobsCommand, man::ManArgs, status::StatusArgs, LogFormat,
     },
 };
@@ -62,6 +62,22 @@ enum Command {
     ///   ringside events --json | jq '.events[] | select(.kind == "gray_failure") | .scope'
     #[command(verbatim_doc_comment)]
     Events(EventsArgs),
+    /// The provider's fleet view: read the events of the agents of many hosts (one agent per
+    /// host's IPU/DPU or NIC, each seeing only its own host) and name the hosts they blame
+    /// together.
+    ///
+    /// An agent that sees one host cannot tell a fault on its own host's cable from one on a
+    /// peer's: both slow the connection between them. A host is named unless its own agent blames
+    /// its accuser back while the accuser is named by at least as many agents; a host named by
+    /// one other agent alone only after that blame stood --lone-blame-hold-ms uncontested.
+    /// Straggler events are not judged (read them with `ringside events`).
+    ///
+    /// Examples:
+    ///   ringside fleet --agent 10.0.0.1=http://10.1.0.1:9464 --agent 10.0.0.2=http://10.1.0.2:9464 --agent 10.0.0.3=http://10.1.0.3:9464
+    ///   ringside fleet --withheld ...          # also the blames held back, and why
+    ///   ringside fleet --json ... | jq '.verdicts[] | select(.ended_unix_ms == null) | .host'
+    #[command(verbatim_doc_comment)]
+    Fleet(FleetArgs),
     /// Register, list and delete jobs (operator token). A registered job's tenant gets hints at
     /// /v1/jobs/ID/hints with the tenant token printed once by `register`.
     ///
@@ -150,6 +166,7 @@ fn run(parsed: Cli) -> anyhow::Result<()> {
         Command::Flows(args) => cli::flows::run(args)?,
         Command::Status(args) => cli::status::run(args)?,
         Command::Events(args) => cli::events::run(args)?,
+        Command::Fleet(args) => cli::fleet::run(args)?,
         Command::Jobs { action } => cli::jobs::run(action)?,
         Command::Detach(args) => cli::detach::run(args)?,
         Command::IpuWire(args) => cli::ipu_wire::run(args)?,

@@ -28,6 +28,7 @@
 //! the hints) and any Rust trainer that wants to embed the client.
 
 pub mod client;
+pub mod fleet;
 pub mod operator;
 pub mod types;
 

@@ -14,7 +14,8 @@
 //! IPU vantage (`--vantage ipu`, issue 12): the star becomes a `testbed::IpuStar` (each host
 //! behind its own IPU namespace running the eBPF redirect forwarder) and an agent runs in every
 //! IPU on its `fabric` port, seeing only its own host's traffic; faults go on the IPUs' fabric
-//! cables (`h<i>`); the agents' events are merged before scoring ([`merge_ipu_events`]). The
+//! cables (`h<i>`); the agents' events are judged together before scoring, by the provider's
+//! fleet view ([`fleet_ipu_events`], `ringside fleet`'s code); stragglers merged ([`merge_ipu_events`]). The
 //! leaf-spine has no IPUs, so `uplink-congestion` runs at the switch vantage only.
 //!
 //! One run: rig up → agent(s) ready → job starts → healthy warm-up (+ 0–2 s jitter) → fault
@@ -231,7 +232,8 @@ enum Vantage {
     /// One agent in the switch namespace on every bridge port: it sees every host's traffic.
     Switch,
     /// One agent in each host's IPU namespace on its `fabric` port (`testbed::IpuStar`): each
-    /// sees only its own host's traffic; the agents' events are merged ([`merge_ipu_events`]).
+    /// sees only its own host's traffic; the agents' events are judged by the fleet view
+    /// ([`fleet_ipu_events`]).
     Ipu,
 }
 
@@ -282,8 +284,8 @@ enum Place {
     /// Host access link: (the agent that sees it, host address, bridge port name).
     HostLink { agent: usize, addr: String, port: String },
     /// IPU `host`'s fabric cable, at the IPU vantage: named by an event whose merged named host
-    /// ([`merge_ipu_events`]: a peer's address, or the own host of an IPU whose link-scoped event
-    /// it is) is the faulted host's address.
+    /// ([`fleet_ipu_events`], [`merge_ipu_events`]: a peer's address, or the own host of an IPU
+    /// whose link-scoped event it is) is the faulted host's address.
     IpuLink { addr: String },
     /// Leaf uplink: the faulted leaf's agent and the uplink's interface name there.
     Uplink { agent: usize, iface: String },
@@ -306,11 +308,13 @@ struct RunResult {
     fault: Option<FaultRecord>,
     /// Every record of the rig's fault log (including setup conditions like the uplink cap).
     fault_log: Vec<FaultRecord>,
-    /// (agent index, event JSON): what is scored. At the IPU vantage, the merged events of all
-    /// IPU agents ([`merge_ipu_events`]; the agent index is the first agent that raised it).
+    /// (agent index, event JSON): what is scored. At the IPU vantage, the fleet view's verdicts
+    /// over all IPU agents ([`fleet_ipu_events`]; the agent index is the first witness's).
     events: Vec<(usize, Value)>,
     /// At the IPU vantage, every agent's own events before the merge (empty otherwise).
     raw_events: Vec<(usize, Value)>,
+    /// At the IPU vantage, the blames the fleet view held back ([`ringside_client::fleet::Withheld`]).
+    fleet_withheld: Vec<Value>,
     /// Healthy observation: [from, to) unix ms.
     healthy_from_ms: u64,
     healthy_to_ms: u64,
@@ -582,6 +586,7 @@ fn run_one(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng) -> RunResult {
         fault_log: Vec::new(),
         events: Vec::new(),
         raw_events: Vec::new(),
+        fleet_withheld: Vec::new(),
         healthy_from_ms: 0,
         healthy_to_ms: 0,
         windows: Vec::new(),
@@ -773,7 +778,7 @@ fn run_star(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng, r: &mut RunResu
     if let StarRig::Ipu(s) = &star {
         let own: Vec<String> = s.hosts.iter().map(|h| h.addr.to_string()).collect();
         r.raw_events = std::mem::take(&mut r.events);
-        r.events = merge_ipu_events(&r.raw_events, &own);
+        r.events = fleet_ipu_events(&r.raw_events, &own, &mut r.fleet_withheld)?;
     }
     r.fault_log = star.rig().faults();
     r.job = job_summary(job, &ctx.logs.join(format!("{tag}-job")), job_start, r.fault.as_ref());
@@ -1011,6 +1016,54 @@ fn merge_ipu_events(raw: &[(usize, Value)], own_hosts: &[String]) -> Vec<(usize,
         }
     }
     out
+}
+
+/// The IPU vantage's verdicts as the provider's fleet view gives them
+/// ([`ringside_client::fleet::judge`], the code of `ringside fleet`): the network-fault events of
+/// all IPU agents judged together (a host is named unless the host it accuses names its accuser
+/// back with at least as many agents behind it), one event per run of time a host is named,
+/// raised when the fleet began naming it (`fleet_witnesses`: every agent event behind it). The
+/// fields are those of the first event behind it, plus `ipu_named_host` and `ipu_agents` as in
+/// [`merge_ipu_events`]. Straggler events are not judged by the fleet; they are merged as before.
+/// The blames held back go to `withheld`.
+fn fleet_ipu_events(raw: &[(usize, Value)], own_hosts: &[String], withheld: &mut Vec<Value>) -> Result<Vec<(usize, Value)>> {
+    use ringside_client::{fleet, operator::Event};
+    let mut agents = Vec::new();
+    for (i, h) in own_hosts.iter().enumerate() {
+        let events = raw
+            .iter()
+            .filter(|(a, _)| *a == i)
+            .map(|(_, e)| serde_json::from_value::<Event>(e.clone()).with_context(|| format!("ipu{i}'s event {e} is not an /v1/events event")))
+            .collect::<Result<Vec<_>>>()?;
+        agents.push(fleet::AgentEvents { agent: format!("ipu{i}"), host: h.parse().with_context(|| format!("host address {h}"))?, events });
+    }
+    let view = fleet::judge(&agents, now_ms(), &fleet::Rules::default());
+    let index = |name: &str| name.strip_prefix("ipu").and_then(|n| n.parse::<usize>().ok()).unwrap_or(0);
+    let mut out = Vec::new();
+    for v in &view.verdicts {
+        let first = v.witnesses.first().context("a fleet verdict without a witness")?;
+        let a = index(&first.agent);
+        let (_, e) = raw.iter().find(|(x, e)| *x == a && e["id"].as_u64() == Some(first.event_id)).context("the first witness's event")?;
+        let mut m = e.clone();
+        m["raised_unix_ms"] = json!(v.raised_unix_ms);
+        m["ended_unix_ms"] = json!(v.ended_unix_ms);
+        m["ipu_named_host"] = json!(v.host.to_string());
+        let mut by: Vec<usize> = Vec::new();
+        for a in v.witnesses.iter().map(|w| index(&w.agent)) {
+            if !by.contains(&a) {
+                by.push(a);
+            }
+        }
+        m["ipu_agents"] = json!(by);
+        m["fleet_kinds"] = json!(v.kinds);
+        m["fleet_witnesses"] = json!(v.witnesses);
+        out.push((a, m));
+    }
+    let stragglers: Vec<(usize, Value)> = raw.iter().filter(|(_, e)| !is_network(e)).cloned().collect();
+    out.extend(merge_ipu_events(&stragglers, own_hosts));
+    out.sort_by_key(|(a, e)| (raised(e), *a));
+    *withheld = view.withheld.iter().map(|w| json!(w)).collect();
+    Ok(out)
 }
 
 fn names_place(agent: usize, e: &Value, place: &Place) -> bool {
@@ -1453,6 +1506,7 @@ fn run_json(r: &RunResult) -> Value {
         "windows": r.windows,
         "events": r.events.iter().map(|(a, e)| json!({"agent": a, "event": e, "matches_fault": r.fault.as_ref().is_some_and(|f| matches_fault(e, f, r.scenario == Scenario::Straggler)), "names_place": names_place(*a, e, &r.place)})).collect::<Vec<_>>(),
         "raw_events": r.raw_events.iter().map(|(a, e)| json!({"agent": a, "event": e})).collect::<Vec<_>>(),
+        "fleet_withheld": r.fleet_withheld,
         "job": r.job,
     })
 }
@@ -1560,13 +1614,15 @@ fn render_markdown(
     if per_source.iter().any(|r| r.vantage == Vantage::Ipu) {
         let _ = writeln!(
             m,
-            "- IPU vantage: the six agents' events are merged before scoring, as an operator reading every IPU would count them: \
-             the union of all events; each names a host (a peer-scoped event its peer, a link-scoped event the agent's own host, since the \
-             agent's one port is its host's fabric cable); events of the same kind naming the same host whose lifetimes (raised → ended, or \
-             still open) overlap are one event, raised when the first was, listing every agent (`ipu_agents` in the JSON; `raw_events` keeps \
-             each agent's own). Localization is judged on the named host: the faulted host's address is correct, a healthy host is not. \
-             Two neighbours both naming a lossy host count once; a neighbour named by the faulted host's own IPU (which sees every peer \
-             lossy) counts as a wrong event.\n"
+            "- IPU vantage: the six agents' events are judged together before scoring, by the provider's fleet view (`ringside fleet`, \
+             `ringside_client::fleet`, docs/operator-guide.md \"Fleet view\"): each network event names a host (a peer-scoped event its peer, a \
+             link-scoped event the agent's own host, since the agent's one port is its host's fabric cable); a host is named unless its own agent \
+             blames its accuser back while the accuser is named by at least as many agents, and a host named by one other agent alone only after \
+             that blame stood {hold} ms; each run of time a host is named is one event (`ipu_named_host`, `ipu_agents`, `fleet_witnesses` in the \
+             JSON; `raw_events` keeps each agent's own, `fleet_withheld` the blames held back and why). Straggler events are merged as before \
+             (same kind, same host, overlapping lifetimes: one event). Localization is judged on the named host: the faulted host's address is \
+             correct, a healthy host is not.\n",
+            hold = ringside_client::fleet::Rules::default().lone_blame_hold_ms
         );
     }
     let _ = writeln!(m, "## Results per traffic source\n");
@@ -1792,6 +1848,36 @@ mod tests {
         let m = merge_ipu_events(&raw, &hosts());
         assert_eq!(m.len(), 2);
         assert!(m.iter().all(|(a, e)| !names_place(*a, e, &Place::IpuLink { addr: "10.77.0.2".into() })));
+    }
+
+    /// A whole `/v1/events` event, as an agent serves it.
+    fn full_ev(id: u64, kind: &str, scope: Value, raised: u64, ended: Option<u64>) -> Value {
+        json!({"id": id, "job": "eval", "kind": kind, "scope": scope, "severity": "critical", "state": if ended.is_some() { "closed" } else { "open" },
+               "started_unix_ms": raised, "raised_unix_ms": raised, "ended_unix_ms": ended, "observed_windows": 3, "anomalous_windows": 3, "evidence": []})
+    }
+
+    #[test]
+    fn the_fleet_drops_the_faulted_ipus_blame_of_a_neighbour_that_names_it_back() {
+        // Host 3 (10.77.0.3, ipu2) capped: its IPU names neighbour 10.77.0.4 (ipu3) first; ipu3 and
+        // ipu1 name 10.77.0.3. A straggler event passes through the old merge.
+        let raw = vec![
+            (2, full_ev(1, "gray_failure", peer("10.77.0.4"), 1_000, None)),
+            (3, full_ev(5, "gray_failure", peer("10.77.0.3"), 1_100, None)),
+            (1, full_ev(8, "gray_failure", peer("10.77.0.3"), 1_300, Some(5_000))),
+            (4, full_ev(9, "straggler", peer("10.77.0.6"), 2_000, None)),
+        ];
+        let mut withheld = Vec::new();
+        let m = fleet_ipu_events(&raw, &hosts(), &mut withheld).unwrap();
+        let named: Vec<(&str, &str, u64)> = m.iter().map(|(_, e)| (kind(e), e["ipu_named_host"].as_str().unwrap(), raised(e))).collect();
+        // 10.77.0.4 is never named (alone, then contested); 10.77.0.3 once two agents name it.
+        assert_eq!(named, vec![("gray_failure", "10.77.0.3", 1_300), ("straggler", "10.77.0.6", 2_000)]);
+        assert_eq!(m[0].1["ipu_agents"], json!([3, 1]));
+        // At 5.0 s ipu1's blame ends: ipu3 and ipu2 blame only each other again, a tie.
+        assert_eq!(m[0].1["ended_unix_ms"], json!(5_000));
+        assert_eq!(withheld.len(), 2, "{withheld:?}");
+        assert!(names_place(m[0].0, &m[0].1, &Place::IpuLink { addr: "10.77.0.3".into() }));
+        // An event that is not an agent's event is an error, not a silent drop.
+        assert!(fleet_ipu_events(&[(0, json!({"kind": "congestion"}))], &hosts(), &mut withheld).is_err());
     }
 
     #[test]

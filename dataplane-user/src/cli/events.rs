@@ -44,7 +44,7 @@ fn scope_text(s: &Scope) -> String {
     }
 }
 
-fn unix_ms_text(ms: u64) -> String {
+pub(crate) fn unix_ms_text(ms: u64) -> String {
     // UTC clock time is enough to line events up; the JSON carries the full timestamp.
     let secs = ms / 1000;
     format!("{:02}:{:02}:{:02}.{:03}Z", (secs / 3600) % 24, (secs / 60) % 60, secs % 60, ms % 1000)

@@ -1,7 +1,8 @@
 //! The `ringside` command line, one module per subcommand: [`agent`] runs the agent; [`flows`],
 //! [`status`], [`events`] and [`jobs`] read or change a running agent through
 //! [`ringside_client::OperatorClient`] and print aligned tables (or, with `--json`, the response);
-//! [`detach`] removes a leftover attachment; [`ipu_wire`] runs the emulated IPU's forwarder; [`check_config`] validates a config file the way the
+//! [`fleet`] reads the agents of many hosts and judges their verdicts together; [`detach`]
+//! removes a leftover attachment; [`ipu_wire`] runs the emulated IPU's forwarder; [`check_config`] validates a config file the way the
 //! agent reads it; [`completions`] and [`man`] generate shell completions and man pages from the
 //! clap definition. `main.rs` parses the arguments, sets up logging ([`init_logging`]) and calls
 //! the subcommand's `run`.
@@ -24,6 +25,7 @@ pub mod check_config;
 pub mod completions;
 pub mod detach;
 pub mod events;
+pub mod fleet;
 pub mod flows;
 pub mod ipu_wire;
 pub mod jobs;
@@ -98,6 +100,9 @@ pub enum CliError {
     Runtime(#[source] std::io::Error),
     #[error("printing JSON")]
     Json(#[from] serde_json::Error),
+    /// `ringside fleet`'s arguments or reads.
+    #[error("{0}")]
+    Fleet(String),
 }
 
 fn status_hint(status: u16) -> &'static str {
