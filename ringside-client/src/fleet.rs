@@ -241,10 +241,10 @@ pub fn judge(agents: &[AgentEvents], now_unix_ms: u64, rules: &Rules) -> FleetVi
             let (who, accuser) = (&agents[b.agent].agent, agents[b.agent].host);
             let mut why = Vec::new();
             if contested_ms[i] > 0 {
-                why.push(format!("contested for {} ms: {}'s agent named {accuser} back, and {accuser} was named by at least as many agents", contested_ms[i], b.host));
+                why.push(format!("contested for {} ms: the agent of {} named {accuser} back, and {accuser} was named by at least as many agents", contested_ms[i], b.host));
             }
             if alone_ms[i] > 0 || why.is_empty() {
-                why.push(format!("{who} alone named {} for {} ms, less than the hold of {} ms", b.host, alone_ms[i], rules.lone_blame_hold_ms));
+                why.push(format!("the agent {who} alone named {} for {} ms, under the hold of {} ms", b.host, alone_ms[i], rules.lone_blame_hold_ms));
             }
             Withheld {
                 host: b.host,
