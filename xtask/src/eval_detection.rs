@@ -315,6 +315,8 @@ struct RunResult {
     raw_events: Vec<(usize, Value)>,
     /// At the IPU vantage, the blames the fleet view held back ([`ringside_client::fleet::Withheld`]).
     fleet_withheld: Vec<Value>,
+    /// At the IPU vantage, each IPU's host address (agent index order).
+    ipu_hosts: Vec<String>,
     /// Healthy observation: [from, to) unix ms.
     healthy_from_ms: u64,
     healthy_to_ms: u64,
@@ -587,6 +589,7 @@ fn run_one(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng) -> RunResult {
         events: Vec::new(),
         raw_events: Vec::new(),
         fleet_withheld: Vec::new(),
+        ipu_hosts: Vec::new(),
         healthy_from_ms: 0,
         healthy_to_ms: 0,
         windows: Vec::new(),
@@ -779,6 +782,7 @@ fn run_star(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng, r: &mut RunResu
         let own: Vec<String> = s.hosts.iter().map(|h| h.addr.to_string()).collect();
         r.raw_events = std::mem::take(&mut r.events);
         r.events = fleet_ipu_events(&r.raw_events, &own, &mut r.fleet_withheld)?;
+        r.ipu_hosts = own;
     }
     r.fault_log = star.rig().faults();
     r.job = job_summary(job, &ctx.logs.join(format!("{tag}-job")), job_start, r.fault.as_ref());
@@ -1507,6 +1511,10 @@ fn run_json(r: &RunResult) -> Value {
         "events": r.events.iter().map(|(a, e)| json!({"agent": a, "event": e, "matches_fault": r.fault.as_ref().is_some_and(|f| matches_fault(e, f, r.scenario == Scenario::Straggler)), "names_place": names_place(*a, e, &r.place)})).collect::<Vec<_>>(),
         "raw_events": r.raw_events.iter().map(|(a, e)| json!({"agent": a, "event": e})).collect::<Vec<_>>(),
         "fleet_withheld": r.fleet_withheld,
+        // The plain merge of the same events (every agent's blame repeated), to compare with the fleet's.
+        "merged_events": if r.raw_events.is_empty() { Vec::new() } else {
+            merge_ipu_events(&r.raw_events, &r.ipu_hosts).iter().map(|(a, e)| json!({"agent": a, "event": e, "matches_fault": r.fault.as_ref().is_some_and(|f| matches_fault(e, f, r.scenario == Scenario::Straggler)), "names_place": names_place(*a, e, &r.place)})).collect::<Vec<_>>()
+        },
         "job": r.job,
     })
 }
