@@ -315,8 +315,9 @@ struct RunResult {
     raw_events: Vec<(usize, Value)>,
     /// At the IPU vantage, the blames the fleet view held back ([`ringside_client::fleet::Withheld`]).
     fleet_withheld: Vec<Value>,
-    /// At the IPU vantage, each IPU's host address (agent index order).
-    ipu_hosts: Vec<String>,
+    /// At the IPU vantage, the plain merge of the same events ([`merge_ipu_events`]: every
+    /// agent's blame repeated), scored beside the fleet's for comparison.
+    merged_events: Vec<(usize, Value)>,
     /// Healthy observation: [from, to) unix ms.
     healthy_from_ms: u64,
     healthy_to_ms: u64,
@@ -589,7 +590,7 @@ fn run_one(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng) -> RunResult {
         events: Vec::new(),
         raw_events: Vec::new(),
         fleet_withheld: Vec::new(),
-        ipu_hosts: Vec::new(),
+        merged_events: Vec::new(),
         healthy_from_ms: 0,
         healthy_to_ms: 0,
         windows: Vec::new(),
@@ -782,7 +783,7 @@ fn run_star(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng, r: &mut RunResu
         let own: Vec<String> = s.hosts.iter().map(|h| h.addr.to_string()).collect();
         r.raw_events = std::mem::take(&mut r.events);
         r.events = fleet_ipu_events(&r.raw_events, &own, &mut r.fleet_withheld)?;
-        r.ipu_hosts = own;
+        r.merged_events = merge_ipu_events(&r.raw_events, &own);
     }
     r.fault_log = star.rig().faults();
     r.job = job_summary(job, &ctx.logs.join(format!("{tag}-job")), job_start, r.fault.as_ref());
@@ -1152,6 +1153,11 @@ impl Summary {
 }
 
 fn summarize(sc: Scenario, results: &[&RunResult]) -> Summary {
+    summarize_events(sc, results, |r| &r.events)
+}
+
+/// [`summarize`] over the events `of` each run gives (the IPU vantage's plain merge, say).
+fn summarize_events(sc: Scenario, results: &[&RunResult], of: impl Fn(&RunResult) -> &[(usize, Value)]) -> Summary {
     let mut s = Summary { name: sc.name(), describe: sc.describe(), network_fault: sc.is_network_fault(), ..Default::default() };
     let straggler = sc == Scenario::Straggler;
     for r in results.iter().filter(|r| r.scenario == sc) {
@@ -1163,8 +1169,9 @@ fn summarize(sc: Scenario, results: &[&RunResult]) -> Summary {
         s.healthy_s += r.healthy_to_ms.saturating_sub(r.healthy_from_ms) as f64 / 1e3;
         s.comm_before_ms.extend(r.job["comm_ms_median_before_fault"].as_f64());
         s.comm_during_ms.extend(r.job["comm_ms_median_during_fault"].as_f64());
-        s.events_any += r.events.len();
-        for (_, e) in &r.events {
+        let events = of(r);
+        s.events_any += events.len();
+        for (_, e) in events {
             if is_network(e) {
                 s.network_events += 1;
                 let in_healthy = raised(e) >= r.healthy_from_ms && raised(e) < r.healthy_to_ms;
@@ -1182,11 +1189,11 @@ fn summarize(sc: Scenario, results: &[&RunResult]) -> Summary {
         }
         let Some(f) = &r.fault else { continue };
         s.faults += 1;
-        let mut matching: Vec<&(usize, Value)> = r.events.iter().filter(|(_, e)| matches_fault(e, f, straggler)).collect();
+        let mut matching: Vec<&(usize, Value)> = events.iter().filter(|(_, e)| matches_fault(e, f, straggler)).collect();
         matching.sort_by_key(|(_, e)| raised(e));
         if straggler {
             let end = f.ended_unix_ms.unwrap_or(u64::MAX).saturating_add(GRACE_MS);
-            s.straggler_as_network += r.events.iter().filter(|(_, e)| is_network(e) && raised(e) >= f.started_unix_ms && raised(e) <= end).count();
+            s.straggler_as_network += events.iter().filter(|(_, e)| is_network(e) && raised(e) >= f.started_unix_ms && raised(e) <= end).count();
         } else {
             s.timely_network_events += matching.len();
             s.matched_network_events += matching.iter().filter(|(a, e)| names_place(*a, e, &r.place)).count();
@@ -1214,6 +1221,9 @@ struct SourceReport {
     /// OpenMPI cycling its algorithms: one row per algorithm over all scenarios ("" otherwise).
     by_algorithm: String,
     targets: Vec<Target>,
+    /// At the IPU vantage: the same runs scored on the plain merge instead of the fleet view
+    /// (one summary per scenario).
+    plain_merge: Option<Vec<Summary>>,
 }
 
 impl SourceReport {
@@ -1251,7 +1261,8 @@ impl SourceReport {
                 );
             }
         }
-        SourceReport { source, vantage, summaries, overall: total, table, by_algorithm, targets }
+        let plain_merge = (vantage == Vantage::Ipu).then(|| scenarios.iter().map(|&sc| summarize_events(sc, runs, |r| &r.merged_events)).collect::<Vec<_>>());
+        SourceReport { source, vantage, summaries, overall: total, table, by_algorithm, targets, plain_merge }
     }
 
     /// "" at the switch vantage (the report's names before vantages existed), "-ipu" otherwise.
@@ -1278,6 +1289,7 @@ impl SourceReport {
             "scenarios": self.summaries.iter().map(Summary::to_json).collect::<Vec<_>>(),
             "overall": self.overall.to_json(),
             "targets": self.targets.iter().map(|(n, v, ok)| json!({"target": n, "measured": v, "met": ok})).collect::<Vec<_>>(),
+            "plain_merge_scenarios": self.plain_merge.as_ref().map(|v| v.iter().map(Summary::to_json).collect::<Vec<_>>()),
         })
     }
 }
@@ -1503,18 +1515,22 @@ fn targets(sums: &[Summary], o: &Summary) -> Vec<Target> {
 }
 
 fn run_json(r: &RunResult) -> Value {
+    let scored = |events: &[(usize, Value)]| -> Vec<Value> {
+        events
+            .iter()
+            .map(|(a, e)| json!({"agent": a, "event": e, "matches_fault": r.fault.as_ref().is_some_and(|f| matches_fault(e, f, r.scenario == Scenario::Straggler)), "names_place": names_place(*a, e, &r.place)}))
+            .collect()
+    };
     json!({
         "source": r.source.name(), "vantage": r.vantage.name(), "mpi_algorithm": r.algorithm.map(MpiAlgorithm::name),
         "scenario": r.scenario.name(), "repeat": r.repeat, "target": r.target, "error": r.error,
         "fault": r.fault, "fault_log": r.fault_log, "healthy_from_unix_ms": r.healthy_from_ms, "healthy_to_unix_ms": r.healthy_to_ms,
         "windows": r.windows,
-        "events": r.events.iter().map(|(a, e)| json!({"agent": a, "event": e, "matches_fault": r.fault.as_ref().is_some_and(|f| matches_fault(e, f, r.scenario == Scenario::Straggler)), "names_place": names_place(*a, e, &r.place)})).collect::<Vec<_>>(),
+        "events": scored(&r.events),
         "raw_events": r.raw_events.iter().map(|(a, e)| json!({"agent": a, "event": e})).collect::<Vec<_>>(),
         "fleet_withheld": r.fleet_withheld,
         // The plain merge of the same events (every agent's blame repeated), to compare with the fleet's.
-        "merged_events": if r.raw_events.is_empty() { Vec::new() } else {
-            merge_ipu_events(&r.raw_events, &r.ipu_hosts).iter().map(|(a, e)| json!({"agent": a, "event": e, "matches_fault": r.fault.as_ref().is_some_and(|f| matches_fault(e, f, r.scenario == Scenario::Straggler)), "names_place": names_place(*a, e, &r.place)})).collect::<Vec<_>>()
-        },
+        "merged_events": scored(&r.merged_events),
         "job": r.job,
     })
 }
@@ -1637,6 +1653,22 @@ fn render_markdown(
     for rep in per_source {
         let _ = writeln!(m, "### {}\n\n{}.\n", rep.title(), rep.source.describe());
         m.push_str(&rep.table);
+        if let Some(sums) = &rep.plain_merge {
+            // As the table's "all network faults" row: events of the network-fault runs.
+            let p = overall(sums);
+            let net: usize = sums.iter().filter(|s| s.network_fault).map(|s| s.network_events).sum();
+            let _ = writeln!(
+                m,
+                "\nThe same runs scored on the plain merge (every agent's blame repeated, no fleet view): all network faults {}/{} detected, \
+                 median latency {} s, precision {} ({net} network events, {} naming the faulted host), localization {}.",
+                p.detected,
+                p.faults,
+                secs_opt(quantile(&p.latencies_ms, 0.5)),
+                f2((net > 0).then(|| p.matched_network_events as f64 / net as f64)),
+                p.matched_network_events,
+                f2(p.localization())
+            );
+        }
         if !rep.by_algorithm.is_empty() {
             let _ = writeln!(m, "\nBy OpenMPI algorithm (run i of each scenario uses the i-th algorithm, shifted by the scenario's index):\n");
             m.push_str(&rep.by_algorithm);
