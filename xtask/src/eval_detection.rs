@@ -1051,6 +1051,7 @@ fn fleet_ipu_events(raw: &[(usize, Value)], own_hosts: &[String], withheld: &mut
         let (_, e) = raw.iter().find(|(x, e)| *x == a && e["id"].as_u64() == Some(first.event_id)).context("the first witness's event")?;
         let mut m = e.clone();
         m["raised_unix_ms"] = json!(v.raised_unix_ms);
+        m["started_unix_ms"] = json!(v.started_unix_ms);
         m["ended_unix_ms"] = json!(v.ended_unix_ms);
         m["ipu_named_host"] = json!(v.host.to_string());
         let mut by: Vec<usize> = Vec::new();
@@ -1912,9 +1913,10 @@ mod tests {
         // 10.77.0.4 is never named (alone, then contested); 10.77.0.3 once two agents name it.
         assert_eq!(named, vec![("gray_failure", "10.77.0.3", 1_300), ("straggler", "10.77.0.6", 2_000)]);
         assert_eq!(m[0].1["ipu_agents"], json!([3, 1]));
-        // At 5.0 s ipu1's blame ends: ipu3 and ipu2 blame only each other again, a tie.
-        assert_eq!(m[0].1["ended_unix_ms"], json!(5_000));
-        assert_eq!(withheld.len(), 2, "{withheld:?}");
+        // ipu3's blame is still open: so is the verdict; ipu2's blame of 10.77.0.4 is held back.
+        assert_eq!(m[0].1["ended_unix_ms"], Value::Null);
+        assert_eq!(withheld.len(), 1, "{withheld:?}");
+        assert_eq!((withheld[0]["witness"]["agent"].as_str(), withheld[0]["contested"].as_bool()), (Some("ipu2"), Some(true)));
         assert!(names_place(m[0].0, &m[0].1, &Place::IpuLink { addr: "10.77.0.3".into() }));
         // An event that is not an agent's event is an error, not a silent drop.
         assert!(fleet_ipu_events(&[(0, json!({"kind": "congestion"}))], &hosts(), &mut withheld).is_err());
