@@ -1640,14 +1640,17 @@ fn render_markdown(
         let _ = writeln!(
             m,
             "- IPU vantage: the six agents' events are judged together before scoring, by the provider's fleet view (`ringside fleet`, \
-             `ringside_client::fleet`, docs/operator-guide.md \"Fleet view\"): each network event names a host (a peer-scoped event its peer, a \
-             link-scoped event the agent's own host, since the agent's one port is its host's fabric cable); a host is named unless its own agent \
-             blames its accuser back while the accuser is named by at least as many agents, and a host named by one other agent alone only after \
-             that blame stood {hold} ms; each run of time a host is named is one event (`ipu_named_host`, `ipu_agents`, `fleet_witnesses` in the \
-             JSON; `raw_events` keeps each agent's own, `fleet_withheld` the blames held back and why). Straggler events are merged as before \
-             (same kind, same host, overlapping lifetimes: one event). Localization is judged on the named host: the faulted host's address is \
-             correct, a healthy host is not.\n",
-            hold = ringside_client::fleet::Rules::default().lone_blame_hold_ms
+             `ringside_client::fleet`, docs/operator-guide.md \"Fleet view\"): each network event is a blame of one host (a peer-scoped event its \
+             peer, a link-scoped event the agent's own host, since the agent's one port is its host's fabric cable) claiming the fault's \
+             estimated time (started..ended, ±{slack} ms), decided as a live fleet would from what had been raised by then: repeated unless the \
+             blamed host's agent blames the accuser back in that time while the accuser is named by at least as many agents, and only once \
+             a second agent (or the host's own link verdict) agrees or after {hold} ms alone. Blames of one host agreeing in time are one event, \
+             raised when the fleet first repeated one (`ipu_named_host`, `ipu_agents`, `fleet_witnesses` in the JSON; `raw_events` keeps each \
+             agent's own, `fleet_withheld` the blames never repeated and why, `merged_events` the plain merge scored in the line under each \
+             IPU table). Straggler events are merged as before (same kind, same host, overlapping lifetimes: one event). Localization is \
+             judged on the named host: the faulted host's address is correct, a healthy host is not.\n",
+            hold = ringside_client::fleet::Rules::default().lone_blame_hold_ms,
+            slack = ringside_client::fleet::Rules::default().overlap_slack_ms
         );
     }
     let _ = writeln!(m, "## Results per traffic source\n");
