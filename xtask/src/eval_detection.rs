@@ -1025,9 +1025,10 @@ fn merge_ipu_events(raw: &[(usize, Value)], own_hosts: &[String]) -> Vec<(usize,
 
 /// The IPU vantage's verdicts as the provider's fleet view gives them
 /// ([`ringside_client::fleet::judge`], the code of `ringside fleet`): the network-fault events of
-/// all IPU agents judged together (a host is named unless the host it accuses names its accuser
-/// back with at least as many agents behind it), one event per run of time a host is named,
-/// raised when the fleet began naming it (`fleet_witnesses`: every agent event behind it). The
+/// all IPU agents judged together (see its module: a blame is repeated unless the accused host's
+/// agent blames the accuser back with at least as many agents behind the accuser, and once
+/// corroborated or after the hold alone), one event per host and run of blames agreeing in time,
+/// raised when the fleet first repeated one (`fleet_witnesses`: every agent event behind it). The
 /// fields are those of the first event behind it, plus `ipu_named_host` and `ipu_agents` as in
 /// [`merge_ipu_events`]. Straggler events are not judged by the fleet; they are merged as before.
 /// The blames held back go to `withheld`.
