@@ -201,10 +201,12 @@ pub fn judge(agents: &[AgentEvents], now_unix_ms: u64, rules: &Rules) -> FleetVi
     let mut repeated: Vec<Option<u64>> = vec![None; all.len()];
     let mut last: Vec<Option<Answer>> = (0..all.len()).map(|_| None).collect();
     for (i, b) in all.iter().enumerate() {
+        let accuser = agents[b.agent].host;
+        let near: Vec<&Blame<'_>> = all.iter().filter(|c| c.host == b.host || c.host == accuser).collect();
         // The instants at which the answer on `b` can change: its raise, the end of its hold,
-        // and the raises and (known) ends of the blames that agree with it or contest it.
+        // and the raises and (known) ends of the blames it reads.
         let mut at: Vec<u64> = vec![b.raised, b.raised.saturating_add(rules.lone_blame_hold_ms)];
-        for c in all.iter().filter(|c| c.agrees(b, u64::MAX)) {
+        for c in &near {
             at.push(c.raised);
             if c.to != u64::MAX {
                 at.push(c.to);
@@ -213,8 +215,6 @@ pub fn judge(agents: &[AgentEvents], now_unix_ms: u64, rules: &Rules) -> FleetVi
         at.retain(|&t| t >= b.raised && t <= now_unix_ms);
         at.sort_unstable();
         at.dedup();
-        let accuser = agents[b.agent].host;
-        let near: Vec<&Blame<'_>> = all.iter().filter(|c| c.host == b.host || c.host == accuser).collect();
         for t in at {
             match answer(agents, &near, b, t, rules) {
                 Answer::Repeat => {
