@@ -1043,7 +1043,10 @@ fn fleet_ipu_events(raw: &[(usize, Value)], own_hosts: &[String], withheld: &mut
             .collect::<Result<Vec<_>>>()?;
         agents.push(fleet::AgentEvents { agent: format!("ipu{i}"), host: h.parse().with_context(|| format!("host address {h}"))?, events });
     }
-    let view = fleet::judge(&agents, now_ms(), &fleet::Rules::default());
+    // As of the end of time: a lone blame raised in the run's last seconds is repeated once its
+    // hold passes, as a live fleet would (judged at collection time, it would be held back only
+    // because the run ended first).
+    let view = fleet::judge(&agents, u64::MAX, &fleet::Rules::default());
     let index = |name: &str| name.strip_prefix("ipu").and_then(|n| n.parse::<usize>().ok()).unwrap_or(0);
     let mut out = Vec::new();
     for v in &view.verdicts {
