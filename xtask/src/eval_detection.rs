@@ -315,8 +315,9 @@ struct RunResult {
     raw_events: Vec<(usize, Value)>,
     /// At the IPU vantage, the blames the fleet view held back ([`ringside_client::fleet::Withheld`]).
     fleet_withheld: Vec<Value>,
-    /// At the IPU vantage, the plain merge of the same events ([`merge_ipu_events`]: every
-    /// agent's blame repeated), scored beside the fleet's for comparison.
+    /// At the IPU vantage, the plain merge of the same events, network kinds together
+    /// ([`merge_ipu_events_by`]: every agent's blame repeated, one event per host as the fleet
+    /// counts), scored beside the fleet's for comparison.
     merged_events: Vec<(usize, Value)>,
     /// Healthy observation: [from, to) unix ms.
     healthy_from_ms: u64,
@@ -783,7 +784,7 @@ fn run_star(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng, r: &mut RunResu
         let own: Vec<String> = s.hosts.iter().map(|h| h.addr.to_string()).collect();
         r.raw_events = std::mem::take(&mut r.events);
         r.events = fleet_ipu_events(&r.raw_events, &own, &mut r.fleet_withheld)?;
-        r.merged_events = merge_ipu_events(&r.raw_events, &own);
+        r.merged_events = merge_ipu_events_by(&r.raw_events, &own, false);
     }
     r.fault_log = star.rig().faults();
     r.job = job_summary(job, &ctx.logs.join(format!("{tag}-job")), job_start, r.fault.as_ref());
@@ -983,6 +984,12 @@ fn matches_fault(e: &Value, f: &FaultRecord, straggler: bool) -> bool {
 ///
 /// Localization is then judged on the host a merged event names (`Place::IpuLink`).
 fn merge_ipu_events(raw: &[(usize, Value)], own_hosts: &[String]) -> Vec<(usize, Value)> {
+    merge_ipu_events_by(raw, own_hosts, true)
+}
+
+/// [`merge_ipu_events`], with `by_kind` false: events of any network kind naming the same host
+/// are one (the fleet view's unit, so that the two count alike).
+fn merge_ipu_events_by(raw: &[(usize, Value)], own_hosts: &[String], by_kind: bool) -> Vec<(usize, Value)> {
     let named = |a: usize, e: &Value| -> String {
         let s = &e["scope"];
         match s["type"].as_str() {
@@ -998,7 +1005,7 @@ fn merge_ipu_events(raw: &[(usize, Value)], own_hosts: &[String]) -> Vec<(usize,
         let host = named(a, e);
         let end = e["ended_unix_ms"].as_u64();
         let same = out.iter_mut().find(|(_, m)| {
-            kind(m) == kind(e) && m["ipu_named_host"] == host.as_str() && m["ended_unix_ms"].as_u64().is_none_or(|end| raised(e) <= end)
+            (kind(m) == kind(e) || !by_kind && is_network(m) && is_network(e)) && m["ipu_named_host"] == host.as_str() && m["ended_unix_ms"].as_u64().is_none_or(|end| raised(e) <= end)
         });
         match same {
             Some((_, m)) => {
@@ -1667,7 +1674,8 @@ fn render_markdown(
             let net: usize = sums.iter().filter(|s| s.network_fault).map(|s| s.network_events).sum();
             let _ = writeln!(
                 m,
-                "\nThe same runs scored on the plain merge (every agent's blame repeated, no fleet view): all network faults {}/{} detected, \
+                "\nThe same runs scored on the plain merge (every agent's blame repeated, no fleet view; network events naming one host with \
+                 overlapping lifetimes counted once, as the fleet counts): all network faults {}/{} detected, \
                  median latency {} s, precision {} ({net} network events, {} naming the faulted host), localization {}.",
                 p.detected,
                 p.faults,
@@ -1873,6 +1881,16 @@ mod tests {
         ];
         let m = merge_ipu_events(&raw, &hosts());
         assert_eq!(m.len(), 4, "{m:?}");
+    }
+
+    #[test]
+    fn without_kinds_a_hosts_congestion_and_gray_failure_are_one_event() {
+        let raw = vec![(2, ev("congestion", json!({"type": "link", "link": "fabric"}), 1_000, None)), (1, ev("gray_failure", peer("10.77.0.3"), 1_200, Some(3_000)))];
+        assert_eq!(merge_ipu_events(&raw, &hosts()).len(), 2);
+        let m = merge_ipu_events_by(&raw, &hosts(), false);
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert_eq!((m[0].1["ipu_named_host"].as_str(), raised(&m[0].1)), (Some("10.77.0.3"), 1_000));
+        assert_eq!(m[0].1["ipu_agents"], json!([2, 1]));
     }
 
     #[test]
