@@ -69,6 +69,19 @@ pub struct FleetVerdict {
     pub witnesses: Vec<Witness>,
 }
 
+impl FleetVerdict {
+    /// The agents behind it, each once, in the order of its witnesses.
+    pub fn agents(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for w in &self.witnesses {
+            if !out.contains(&w.agent.as_str()) {
+                out.push(&w.agent);
+            }
+        }
+        out
+    }
+}
+
 /// A blame the fleet did not repeat.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Withheld {
@@ -114,6 +127,8 @@ struct Blame<'a> {
     agent: usize,
     host: IpAddr,
     raised: u64,
+    /// The estimated fault start (never after the raise).
+    start: u64,
     /// The claim, slack included: `[from, to)`; `to` is `u64::MAX` while the event is open.
     from: u64,
     to: u64,
@@ -150,7 +165,7 @@ fn blames<'a>(agents: &'a [AgentEvents], rules: &Rules) -> Vec<Blame<'a>> {
             };
             let start = e.started_unix_ms.min(e.raised_unix_ms);
             let to = e.ended_unix_ms.map_or(u64::MAX, |end| end.max(start).saturating_add(rules.overlap_slack_ms + 1));
-            out.push(Blame { agent: i, host, raised: e.raised_unix_ms, from: start.saturating_sub(rules.overlap_slack_ms), to, own_link, event: e });
+            out.push(Blame { agent: i, host, raised: e.raised_unix_ms, start, from: start.saturating_sub(rules.overlap_slack_ms), to, own_link, event: e });
         }
     }
     out.sort_by_key(|b| b.raised);
@@ -250,7 +265,7 @@ pub fn judge(agents: &[AgentEvents], now_unix_ms: u64, rules: &Rules) -> FleetVi
             FleetVerdict {
                 host: all[g[0]].host,
                 raised_unix_ms: repeated[g[0]].expect("repeated"),
-                started_unix_ms: members.iter().map(|c| c.event.started_unix_ms.min(c.event.raised_unix_ms)).min().unwrap_or_default(),
+                started_unix_ms: members.iter().map(|c| c.start).min().unwrap_or_default(),
                 ended_unix_ms: members.iter().map(|c| c.event.ended_unix_ms).try_fold(0, |m, e| e.map(|e| m.max(e))),
                 kinds,
                 witnesses: members.iter().map(|c| witness(c)).collect(),

@@ -1054,7 +1054,8 @@ fn fleet_ipu_events(raw: &[(usize, Value)], own_hosts: &[String], withheld: &mut
     // hold passes, as a live fleet would (judged at collection time, it would be held back only
     // because the run ended first).
     let view = fleet::judge(&agents, u64::MAX, &fleet::Rules::default());
-    let index = |name: &str| name.strip_prefix("ipu").and_then(|n| n.parse::<usize>().ok()).unwrap_or(0);
+    // An agent's index is its place in `agents` (= in `own_hosts`).
+    let index = |name: &str| agents.iter().position(|a| a.agent == name).unwrap_or_default();
     let mut out = Vec::new();
     for v in &view.verdicts {
         let first = v.witnesses.first().context("a fleet verdict without a witness")?;
@@ -1065,13 +1066,7 @@ fn fleet_ipu_events(raw: &[(usize, Value)], own_hosts: &[String], withheld: &mut
         m["started_unix_ms"] = json!(v.started_unix_ms);
         m["ended_unix_ms"] = json!(v.ended_unix_ms);
         m["ipu_named_host"] = json!(v.host.to_string());
-        let mut by: Vec<usize> = Vec::new();
-        for a in v.witnesses.iter().map(|w| index(&w.agent)) {
-            if !by.contains(&a) {
-                by.push(a);
-            }
-        }
-        m["ipu_agents"] = json!(by);
+        m["ipu_agents"] = json!(v.agents().into_iter().map(index).collect::<Vec<_>>());
         m["fleet_kinds"] = json!(v.kinds);
         m["fleet_witnesses"] = json!(v.witnesses);
         out.push((a, m));

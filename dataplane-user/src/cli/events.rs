@@ -5,7 +5,7 @@ use ringside_client::{
     EventsResponse,
 };
 
-use super::{default_agent_url, human_bytes, print_json, table, CliError, TokenArgs};
+use super::{default_agent_url, human_bytes, print_json, table, wire_name, CliError, TokenArgs};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct EventsArgs {
@@ -85,14 +85,13 @@ pub fn render_events(r: &EventsResponse) -> String {
                     format!("closed ({})", e.end_reason.map(|r| serde_json::to_value(r).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()).unwrap_or_default())
                 }
             };
-            let enum_text = |v: serde_json::Value| v.as_str().unwrap_or("-").to_owned();
             vec![
                 e.id.to_string(),
                 e.job.clone(),
-                enum_text(serde_json::to_value(e.kind).unwrap_or_default()),
+                wire_name(e.kind),
                 scope_text(&e.scope),
-                enum_text(serde_json::to_value(e.severity).unwrap_or_default()),
-                e.classification.map_or("-".to_owned(), |c| enum_text(serde_json::to_value(c).unwrap_or_default())),
+                wire_name(e.severity),
+                e.classification.map_or("-".to_owned(), wire_name),
                 state,
                 unix_ms_text(e.started_unix_ms),
                 e.ended_unix_ms.map_or("-".to_owned(), unix_ms_text),

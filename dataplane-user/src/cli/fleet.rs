@@ -4,13 +4,10 @@
 //! tell a fault on its own cable from one on its peer's, and the other agents break the tie.
 use std::{collections::BTreeSet, net::IpAddr};
 
-use ringside_client::{
-    fleet::{self, AgentEvents, FleetView, Rules},
-    operator::VerdictKind,
-};
+use ringside_client::fleet::{self, AgentEvents, FleetView, Rules};
 use serde::Serialize;
 
-use super::{events::unix_ms_text, print_json, table, CliError, TokenArgs};
+use super::{events::unix_ms_text, print_json, table, wire_name, CliError, TokenArgs};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct FleetArgs {
@@ -133,14 +130,6 @@ pub fn run(args: FleetArgs) -> Result<(), CliError> {
     }
 }
 
-fn kind_text(k: VerdictKind) -> &'static str {
-    match k {
-        VerdictKind::Congestion => "congestion",
-        VerdictKind::GrayFailure => "gray_failure",
-        VerdictKind::Straggler => "straggler",
-    }
-}
-
 /// The `ringside fleet` tables.
 pub fn render(r: &FleetReport, withheld: bool) -> String {
     let rows: Vec<Vec<String>> = r
@@ -148,20 +137,14 @@ pub fn render(r: &FleetReport, withheld: bool) -> String {
         .verdicts
         .iter()
         .map(|v| {
-            let mut by: Vec<&str> = Vec::new();
-            for w in &v.witnesses {
-                if !by.contains(&w.agent.as_str()) {
-                    by.push(&w.agent);
-                }
-            }
             vec![
                 v.host.to_string(),
                 if v.ended_unix_ms.is_none() { "open".into() } else { "over".into() },
-                v.kinds.iter().map(|k| kind_text(*k)).collect::<Vec<_>>().join("+"),
+                v.kinds.iter().map(|&k| wire_name(k)).collect::<Vec<_>>().join("+"),
                 unix_ms_text(v.raised_unix_ms),
                 unix_ms_text(v.started_unix_ms),
                 v.ended_unix_ms.map_or("-".to_owned(), unix_ms_text),
-                by.join(", "),
+                v.agents().join(", "),
             ]
         })
         .collect();
@@ -186,7 +169,7 @@ pub fn render(r: &FleetReport, withheld: bool) -> String {
                 vec![
                     w.witness.agent.clone(),
                     w.witness.event_id.to_string(),
-                    kind_text(w.witness.kind).into(),
+                    wire_name(w.witness.kind),
                     w.host.to_string(),
                     w.reason.clone(),
                 ]

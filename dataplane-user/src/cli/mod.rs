@@ -194,6 +194,12 @@ impl AgentConn {
     }
 }
 
+/// How a unit enum variant is spelled on the wire (`gray_failure`, `critical`): its serde name;
+/// "-" for a value that does not serialize to a string.
+pub fn wire_name(value: impl serde::Serialize) -> String {
+    serde_json::to_value(value).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_else(|| "-".to_owned())
+}
+
 /// Prints `value` as indented JSON (the `--json` output).
 pub fn print_json(value: &impl serde::Serialize) -> Result<(), CliError> {
     println!("{}", serde_json::to_string_pretty(value)?);
