@@ -28,6 +28,7 @@ use crate::{
     flow_table::WindowAccumulator,
     hint_board::{HintBoard, JobUpdate},
     jobs::{self, JobSet, SharedCatalog},
+    queue_stats::QueueReader,
     rdma_counters::{self, RdmaPortReader, RdmaSnapshot},
     policy::{baseline_hint, JobContext, FIRST_VERSION, JobPolicies, PhaseParams, PlanChoice, PolicyConfig, VerdictSummary},
 };
@@ -140,6 +141,9 @@ pub struct Analysis {
     /// The RDMA port counters, read once per window (`[rdma]`): a second source of evidence,
     /// judged per port by the same detector set ([`DetectorSet::observe_ports`]).
     rdma: Option<RdmaPortReader>,
+    /// The interfaces' egress queue counters, read once per window: the queue-drop evidence of
+    /// the congestion detector (`crate::queue_stats`).
+    queues: QueueReader,
     events: watch::Sender<Arc<EventsSnapshot>>,
 }
 
@@ -159,7 +163,7 @@ impl Analysis {
         let rdma = settings.rdma.clone().map(RdmaPortReader::new);
         let snapshot = EventsSnapshot { log: log.clone(), jobs: jobs.clone(), rdma: rdma.as_ref().map(|r| r.snapshot().clone()) };
         let (events, rx) = watch::channel(Arc::new(snapshot));
-        (Analysis { settings, detectors, policies, published: BTreeMap::new(), log, jobs, catalog, board, ifnames, rdma, events }, rx)
+        (Analysis { settings, detectors, policies, published: BTreeMap::new(), log, jobs, catalog, board, ifnames, rdma, queues: QueueReader::default(), events }, rx)
     }
 
     fn publish(&self) {
@@ -177,7 +181,14 @@ impl Analysis {
         self.jobs = jobs.names();
         let clock = Clock::now();
         let ifnames = &self.ifnames;
-        let job_windows = jobs.windows(&window, |i| ifnames.get(&i).cloned().unwrap_or_else(|| format!("if{i}")));
+        let mut job_windows = jobs.windows(&window, |i| ifnames.get(&i).cloned().unwrap_or_else(|| format!("if{i}")));
+        // Each egress link's own queue over (about) the window: read now, at the window's end.
+        let queues = self.queues.poll();
+        if !queues.is_empty() {
+            for l in job_windows.iter_mut().flat_map(|jw| jw.links.iter_mut()).filter(|l| l.direction == "egress") {
+                l.queue = ifnames.iter().find(|(_, n)| **n == l.link).and_then(|(i, _)| queues.get(i)).copied();
+            }
+        }
         let mut changes: Vec<VerdictChange> = Vec::new();
         let mut errors = 0u64;
         for jw in &job_windows {

@@ -304,6 +304,9 @@ pub enum Metric {
     /// Bytes per second of other traffic (not the job's) on a link's egress; the reference is
     /// the job's own in-burst goodput baseline there.
     OtherTrafficBps,
+    /// Packets the link's own egress queue (its interface's root qdisc) dropped per packet it was
+    /// offered: loss at this end of the link, not behind it.
+    QueueDropRate,
     /// RDMA port counters: CNPs the port sent per second (`np_cnp_sent`: it received
     /// ECN-marked packets, so the path *into* the port is congested).
     CnpSentPerS,

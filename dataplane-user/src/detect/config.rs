@@ -282,6 +282,15 @@ pub struct CongestionConfig {
     /// `goodput_severe_ratio`; healthy windows vary by ±15 % on the testbed).
     pub competition_open_ratio: f64,
     pub competition_min_other: f64,
+    /// Queue drops: the link's own egress queue (its interface's root qdisc, all traffic) drops
+    /// at least `queue_drop_open_floor` (1 %) of the packets it is offered *and*
+    /// `queue_drop_growth` (4×) its own baseline, judged only once that baseline is warm (a link
+    /// that is a bottleneck by design drops from the start, and TCP probes every bottleneck);
+    /// severe at `queue_drop_severe` (5 %); clean below max(0.5 %, 2× baseline). Loss at this end
+    /// of the link, which the flows alone cannot tell from the far end's.
+    pub queue_drop_open_floor: f64,
+    pub queue_drop_growth: f64,
+    pub queue_drop_severe: f64,
 }
 
 impl CongestionConfig {
@@ -305,7 +314,12 @@ impl CongestionConfig {
         at_least_f64(self.cnp_growth, 1.0).map_err(key("cnp_growth"))?;
         at_least(u64::from(self.min_shared_loss_flows), 2).map_err(key("min_shared_loss_flows"))?;
         between(self.competition_open_ratio, 0.0, 1.0).map_err(key("competition_open_ratio"))?;
-        in_range(self.competition_min_other, 0.0, 1.0).map_err(key("competition_min_other"))
+        in_range(self.competition_min_other, 0.0, 1.0).map_err(key("competition_min_other"))?;
+        in_range(self.queue_drop_open_floor, 0.0, 1.0).map_err(key("queue_drop_open_floor"))?;
+        at_least_f64(self.queue_drop_growth, 1.0).map_err(key("queue_drop_growth"))?;
+        in_range(self.queue_drop_severe, 0.0, 1.0).map_err(key("queue_drop_severe"))?;
+        below("queue_drop_open_floor", self.queue_drop_open_floor, "queue_drop_severe", self.queue_drop_severe)
+            .map_err(key("queue_drop_open_floor"))
     }
 }
 
@@ -327,6 +341,9 @@ impl Default for CongestionConfig {
             min_shared_loss_flows: 3,
             competition_open_ratio: 0.7,
             competition_min_other: 0.25,
+            queue_drop_open_floor: 0.01,
+            queue_drop_growth: 4.0,
+            queue_drop_severe: 0.05,
         }
     }
 }

@@ -12,11 +12,17 @@
 //!   packets on the link's egress ([`LinkWindow::shared_loss`]);
 //! - competition: the job's in-burst goodput on the link's egress falls to
 //!   `competition_open_ratio` of its own baseline while other traffic on that egress carries at
-//!   least `competition_min_other` of that baseline (deep queues slow everyone without loss).
+//!   least `competition_min_other` of that baseline (deep queues slow everyone without loss);
+//! - queue drops: the link's own egress queue (its interface's root qdisc) drops a share of what
+//!   it is offered, several times its own baseline ([`queue_drop_condition`]).
 //!
-//! The last two see a shared uplink that carries only one or two of the job's peers, where the
-//! per-peer conditions cannot count; both need other traffic on the link, so a job alone on a
-//! link never makes it "congested" (its own slowness is a gray failure or the job itself).
+//! The last three see a shared uplink that carries only one or two of the job's peers, where the
+//! per-peer conditions cannot count. Shared loss and competition need other traffic on the link,
+//! so a job alone on a link is not "congested" by them (its own slowness is a gray failure or the
+//! job itself). Queue drops do not: they are this interface's own count of packets its link could
+//! not carry, so where one connection crosses two hosts' cables (a ring's neighbours, each end
+//! seen by its own IPU) they say which cable; against the link's own warm baseline only, because
+//! a link that is a bottleneck by design drops from the start (TCP probes it).
 //! One degraded peer is never congestion: that is the gray-failure detector's case.
 
 use super::config::{CongestionConfig, GrayConfig};
@@ -46,6 +52,8 @@ pub(crate) struct LinkInput<'a> {
     pub shared: Vec<&'a LinkWindow>,
     /// The job's in-burst goodput on the link's egress, own baseline once warmed up.
     pub egress_goodput_baseline: Option<Robust>,
+    /// The egress queue's drop ratio, own baseline once warmed up.
+    pub queue_drop_baseline: Option<Robust>,
 }
 
 impl LinkInput<'_> {
@@ -59,6 +67,7 @@ impl LinkInput<'_> {
 pub(crate) struct LinkRates {
     pub ce_rate: Option<f64>,
     pub cnp_per_s: Option<f64>,
+    pub queue_drop_ratio: Option<f64>,
 }
 
 fn required(cfg: &CongestionConfig, n: usize) -> usize {
@@ -140,6 +149,28 @@ fn shared_loss_condition(cfg: &CongestionConfig, gray: &GrayConfig, fold: &mut F
         windows: Default::default(),
     };
     fold.anomalous(loss_rate >= gray.loss_severe, e);
+}
+
+/// Queue drops (module docs): judged on `min_data_packets` offered to the queue, against the
+/// link's own baseline only once it is warm. Returns the window's drop ratio, for that baseline.
+fn queue_drop_condition(cfg: &CongestionConfig, min_data_packets: u64, fold: &mut Fold, link: &LinkInput<'_>) -> Option<f64> {
+    let q = link.egress()?.queue?;
+    if q.packets + q.drops < min_data_packets.max(1) {
+        return None;
+    }
+    let ratio = q.drop_ratio()?;
+    if link.queue_drop_baseline.is_some() {
+        rate_condition(
+            fold,
+            Metric::QueueDropRate,
+            ratio,
+            link.queue_drop_baseline,
+            cfg.queue_drop_open_floor,
+            cfg.queue_drop_growth,
+            cfg.queue_drop_severe,
+        );
+    }
+    Some(ratio)
 }
 
 /// Competition (module docs).
@@ -228,6 +259,7 @@ pub(crate) fn assess(
     }
     shared_loss_condition(cfg, gray, &mut fold, &link.shared);
     competition_condition(cfg, &mut fold, link);
+    rates.queue_drop_ratio = queue_drop_condition(cfg, min_data_packets, &mut fold, link);
     let a = fold.finish(|severe| if severe { Severity::Critical } else { Severity::Warning });
     (a, rates)
 }
@@ -251,6 +283,7 @@ mod tests {
             window_s: 1.0,
             shared: Vec::new(),
             egress_goodput_baseline: None,
+            queue_drop_baseline: None,
         };
         assess(&CongestionConfig::default(), &GrayConfig::default(), 1000, &input).0
     }

@@ -110,6 +110,10 @@ pub struct LinkWindow {
     /// in-burst goodput on this link direction.
     pub job_burst_bytes: u64,
     pub job_burst_ns: u64,
+    /// Egress only: what the interface's own queue (root qdisc) sent and dropped in the window,
+    /// all traffic (`crate::queue_stats`); `None` when it was not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<crate::queue_stats::QueueDelta>,
 }
 
 impl LinkWindow {

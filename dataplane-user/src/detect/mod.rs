@@ -97,6 +97,8 @@ struct LinkState {
     cnp_baseline: Ring,
     /// The job's in-burst goodput on the link's egress, in windows not judged congested.
     egress_goodput_baseline: Ring,
+    /// The egress queue's drop ratio, in windows not judged congested.
+    queue_drop_baseline: Ring,
     congestion: Track,
 }
 
@@ -271,6 +273,7 @@ impl JobState {
                 ce_baseline: Ring::new(cfg.congestion.baseline_windows),
                 cnp_baseline: Ring::new(cfg.congestion.baseline_windows),
                 egress_goodput_baseline: Ring::new(cfg.congestion.baseline_windows),
+                queue_drop_baseline: Ring::new(cfg.congestion.baseline_windows),
                 congestion: Track::default(),
             });
             ls.last_seen_ns = w.window_end_ns;
@@ -290,6 +293,7 @@ impl JobState {
                 window_s,
                 shared: w.links.iter().filter(|l| l.link == *link).collect(),
                 egress_goodput_baseline: warm(&ls.egress_goodput_baseline, cfg),
+                queue_drop_baseline: warm(&ls.queue_drop_baseline, cfg),
             };
             let egress_goodput = input.egress().and_then(LinkWindow::job_goodput_bps);
             let (mut assessment, mut rates) =
@@ -311,6 +315,7 @@ impl JobState {
             } else {
                 rates.ce_rate.inspect(|&x| ls.ce_baseline.push(x));
                 rates.cnp_per_s.inspect(|&x| ls.cnp_baseline.push(x));
+                rates.queue_drop_ratio.inspect(|&x| ls.queue_drop_baseline.push(x));
                 egress_goodput.inspect(|&x| ls.egress_goodput_baseline.push(x));
             }
             let scope = Scope::Link { link: (*link).to_owned() };

@@ -451,6 +451,8 @@ impl<'a> LinkTraffic<'a> {
                 other_bytes: d.bytes.iter().filter(|(j, _)| **j != Some(job)).map(|(_, b)| b).sum(),
                 job_burst_bytes: burst_bytes,
                 job_burst_ns: burst_ns,
+                // Filled in by the analysis stage, which reads the queues once per window.
+                queue: None,
             };
             if lw.direction == "egress" && (lw.other_bytes > 0 || lw.lossy_flows > lw.lossy_job_flows) {
                 for c in &job_conns {

@@ -1,0 +1,238 @@
+//! Egress queue counters of the agent's own interfaces: packets each interface's root qdisc sent
+//! and dropped, read with one `RTM_GETQDISC` dump per detection window in the agent's network
+//! namespace.
+//!
+//! Why: the monitor's TC egress hook sees a packet *before* the interface's queue, so loss it
+//! infers on an egress flow (retransmissions) can be this queue or anything behind it. The queue's
+//! own drop counter says which: packets this interface threw away because its link could not
+//! carry them (a port that negotiated down, a rate-capped or congested uplink). At a host's end
+//! of the wire (an IPU/DPU port, a host NIC) that is the difference between "my cable" and "the
+//! peer at the other end", which the flows alone cannot tell when one connection crosses both
+//! (`detect::congestion`, the queue-drop condition). Real NICs count the same (`tc -s qdisc`:
+//! `dropped`), whatever the qdisc (mq, fq_codel, tbf, ...).
+//!
+//! The root qdisc's statistics cover its children (mq sums its per-queue qdiscs when dumped), so
+//! the root is read alone. An interface with `noqueue` (veth's default) has no queue and never
+//! drops there; its counters stay 0. The kernel's basic counters are 32-bit: deltas are taken
+//! modulo 2^32, so a counter that wrapped between two windows (4 billion packets in a window) is
+//! the only thing that could be misread.
+use std::{collections::BTreeMap, io};
+
+use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST};
+use netlink_packet_route::{
+    tc::{TcAttribute, TcHandle, TcMessage, TcStats2},
+    RouteNetlinkMessage,
+};
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+
+/// A root qdisc's cumulative counters, as the kernel keeps them (32-bit, wrapping).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueCounters {
+    pub packets: u32,
+    pub drops: u32,
+}
+
+/// What one interface's queue did between two reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct QueueDelta {
+    /// Packets the queue sent (handed to the device).
+    pub packets: u64,
+    /// Packets it dropped (queue full, rate limit, AQM).
+    pub drops: u64,
+}
+
+impl QueueDelta {
+    /// Dropped share of what the queue was offered; `None` when it was offered nothing.
+    pub fn drop_ratio(&self) -> Option<f64> {
+        let offered = self.packets + self.drops;
+        (offered > 0).then(|| self.drops as f64 / offered as f64)
+    }
+}
+
+/// The root qdisc's counters of one `RTM_NEWQDISC` message, if it is a root qdisc with them.
+fn root_counters(m: &TcMessage) -> Option<(u32, QueueCounters)> {
+    if m.header.parent != TcHandle::ROOT || m.header.index <= 0 {
+        return None;
+    }
+    let mut c: Option<QueueCounters> = None;
+    for a in &m.attributes {
+        match a {
+            TcAttribute::Stats2(s) => {
+                let mut q = c.unwrap_or_default();
+                for s in s {
+                    match s {
+                        TcStats2::Basic(b) => q.packets = b.packets,
+                        TcStats2::Queue(x) => q.drops = x.drops,
+                        _ => {}
+                    }
+                }
+                c = Some(q);
+            }
+            // The old `TCA_STATS` block, for a kernel (or qdisc) without `TCA_STATS2`.
+            TcAttribute::Stats(s) if c.is_none() => c = Some(QueueCounters { packets: s.packets, drops: s.drops }),
+            _ => {}
+        }
+    }
+    Some((m.header.index as u32, c?))
+}
+
+/// Dumps every root qdisc of the calling thread's network namespace: ifindex → counters.
+pub fn read_root_queues() -> io::Result<BTreeMap<u32, QueueCounters>> {
+    let mut socket = Socket::new(NETLINK_ROUTE)?;
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    let mut req = NetlinkMessage::new(
+        NetlinkHeader::default(),
+        NetlinkPayload::from(RouteNetlinkMessage::GetQueueDiscipline(TcMessage::default())),
+    );
+    req.header.flags = NLM_F_DUMP | NLM_F_REQUEST;
+    req.header.sequence_number = 1;
+    req.finalize();
+    let mut buf = vec![0; req.buffer_len()];
+    req.serialize(&mut buf);
+    socket.send(&buf, 0)?;
+
+    let mut out = BTreeMap::new();
+    let mut rx = vec![0u8; 64 * 1024];
+    // Bounded: a dump of a namespace's qdiscs is a handful of datagrams; a kernel that never
+    // sends NLMSG_DONE would otherwise hold the analysis thread.
+    for _ in 0..10_000 {
+        let n = socket.recv(&mut &mut rx[..], 0)?;
+        let mut off = 0;
+        while off < n {
+            let msg: NetlinkMessage<RouteNetlinkMessage> = NetlinkMessage::deserialize(&rx[off..n])
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("RTM_GETQDISC reply: {e}")))?;
+            let len = msg.header.length as usize;
+            match msg.payload {
+                NetlinkPayload::Done(_) => return Ok(out),
+                NetlinkPayload::Error(e) => {
+                    return Err(e.code.map_or_else(|| io::Error::other("netlink error"), |c| io::Error::from_raw_os_error(-c.get())))
+                }
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(m)) => {
+                    if let Some((ifindex, c)) = root_counters(&m) {
+                        out.insert(ifindex, c);
+                    }
+                }
+                _ => {}
+            }
+            if len == 0 {
+                break;
+            }
+            off += len;
+        }
+    }
+    Err(io::Error::other("RTM_GETQDISC dump did not end"))
+}
+
+/// Reads the root queues once per window and turns their counters into deltas.
+#[derive(Debug, Default)]
+pub struct QueueReader {
+    last: BTreeMap<u32, QueueCounters>,
+    /// Reads that failed (each logged once per failure streak).
+    pub errors: u64,
+    failing: bool,
+}
+
+impl QueueReader {
+    /// The queues' growth since the previous call (empty on the first call and after a failed
+    /// read: a delta needs two good reads). An interface that appeared since (or whose root
+    /// qdisc was replaced, resetting its counters below the last read) starts from this read.
+    pub fn poll(&mut self) -> BTreeMap<u32, QueueDelta> {
+        match read_root_queues() {
+            Ok(now) => {
+                self.failing = false;
+                let d = deltas(&self.last, &now);
+                self.last = now;
+                d
+            }
+            Err(e) => {
+                self.errors += 1;
+                if !self.failing {
+                    tracing::warn!("reading the interfaces' queue counters (RTM_GETQDISC) failed: {e}; queue drops are not judged until it works again");
+                }
+                self.failing = true;
+                self.last.clear();
+                BTreeMap::new()
+            }
+        }
+    }
+}
+
+/// Growth of each interface's counters from `prev` to `now` (interfaces in both only).
+pub fn deltas(prev: &BTreeMap<u32, QueueCounters>, now: &BTreeMap<u32, QueueCounters>) -> BTreeMap<u32, QueueDelta> {
+    now.iter()
+        .filter_map(|(i, c)| {
+            let p = prev.get(i)?;
+            // A replaced qdisc starts from zero: both counters below the last read. Wrapping
+            // subtraction would read that as ~4 billion packets.
+            if c.packets < p.packets && c.drops < p.drops {
+                return None;
+            }
+            Some((
+                *i,
+                QueueDelta {
+                    packets: u64::from(c.packets.wrapping_sub(p.packets)),
+                    drops: u64::from(c.drops.wrapping_sub(p.drops)),
+                },
+            ))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use netlink_packet_route::tc::{TcStatsBasic, TcStatsQueue};
+
+    fn qdisc(index: i32, parent: TcHandle, packets: u32, drops: u32) -> TcMessage {
+        // Both types are `#[non_exhaustive]`: built field by field.
+        let mut basic = TcStatsBasic::default();
+        basic.packets = packets;
+        let mut queue = TcStatsQueue::default();
+        queue.drops = drops;
+        let mut m = TcMessage::default();
+        m.header.index = index;
+        m.header.parent = parent;
+        m.attributes = vec![
+            TcAttribute::Kind("tbf".into()),
+            TcAttribute::Stats2(vec![TcStats2::Basic(basic), TcStats2::Queue(queue)]),
+        ];
+        m
+    }
+
+    #[test]
+    fn only_root_qdiscs_count() {
+        assert_eq!(root_counters(&qdisc(3, TcHandle::ROOT, 10, 2)), Some((3, QueueCounters { packets: 10, drops: 2 })));
+        assert_eq!(root_counters(&qdisc(3, TcHandle { major: 1, minor: 1 }, 10, 2)), None);
+        assert_eq!(root_counters(&qdisc(0, TcHandle::ROOT, 10, 2)), None);
+        let mut bare = qdisc(4, TcHandle::ROOT, 0, 0);
+        bare.attributes.truncate(1);
+        assert_eq!(root_counters(&bare), None, "no statistics, nothing to say");
+    }
+
+    #[test]
+    fn deltas_wrap_and_skip_replaced_or_new_queues() {
+        let prev = BTreeMap::from([
+            (1, QueueCounters { packets: u32::MAX - 5, drops: 7 }),
+            (2, QueueCounters { packets: 1000, drops: 50 }),
+        ]);
+        let now = BTreeMap::from([
+            (1, QueueCounters { packets: 4, drops: 9 }),
+            (2, QueueCounters { packets: 10, drops: 0 }),
+            (3, QueueCounters { packets: 5, drops: 5 }),
+        ]);
+        let d = deltas(&prev, &now);
+        assert_eq!(d.get(&1), Some(&QueueDelta { packets: 10, drops: 2 }), "the 32-bit counter wrapped");
+        assert_eq!(d.get(&2), None, "replaced: both counters went backwards");
+        assert_eq!(d.get(&3), None, "new: no previous read");
+        assert_eq!(QueueDelta { packets: 90, drops: 10 }.drop_ratio(), Some(0.1));
+        assert_eq!(QueueDelta::default().drop_ratio(), None);
+    }
+
+    /// The dump works in this process's namespace (loopback has a queue-less root or none; the
+    /// call must succeed without privileges either way).
+    #[test]
+    fn a_dump_of_this_namespace_succeeds() {
+        read_root_queues().expect("RTM_GETQDISC dump needs no privileges");
+    }
+}
