@@ -159,22 +159,19 @@ impl QueueReader {
 }
 
 /// Growth of each interface's counters from `prev` to `now` (interfaces in both only).
+///
+/// Each counter's growth is taken modulo 2^32 (the kernel's counters wrap). A growth of 2^31 or
+/// more is a counter that went *backwards*: the qdisc was replaced (a `tbf` added or removed
+/// starts from zero), so the interface is skipped for this read; a real wrap shows as a small
+/// growth, and 2^31 packets in one window is beyond any link.
 pub fn deltas(prev: &BTreeMap<u32, QueueCounters>, now: &BTreeMap<u32, QueueCounters>) -> BTreeMap<u32, QueueDelta> {
+    const BACKWARDS: u32 = 1 << 31;
     now.iter()
         .filter_map(|(i, c)| {
             let p = prev.get(i)?;
-            // A replaced qdisc starts from zero: both counters below the last read. Wrapping
-            // subtraction would read that as ~4 billion packets.
-            if c.packets < p.packets && c.drops < p.drops {
-                return None;
-            }
-            Some((
-                *i,
-                QueueDelta {
-                    packets: u64::from(c.packets.wrapping_sub(p.packets)),
-                    drops: u64::from(c.drops.wrapping_sub(p.drops)),
-                },
-            ))
+            let (packets, drops) = (c.packets.wrapping_sub(p.packets), c.drops.wrapping_sub(p.drops));
+            (packets < BACKWARDS && drops < BACKWARDS)
+                .then_some((*i, QueueDelta { packets: u64::from(packets), drops: u64::from(drops) }))
         })
         .collect()
 }
@@ -215,16 +212,19 @@ mod tests {
         let prev = BTreeMap::from([
             (1, QueueCounters { packets: u32::MAX - 5, drops: 7 }),
             (2, QueueCounters { packets: 1000, drops: 50 }),
+            (4, QueueCounters { packets: 207_000, drops: 0 }),
         ]);
         let now = BTreeMap::from([
             (1, QueueCounters { packets: 4, drops: 9 }),
             (2, QueueCounters { packets: 10, drops: 0 }),
             (3, QueueCounters { packets: 5, drops: 5 }),
+            (4, QueueCounters { packets: 0, drops: 0 }),
         ]);
         let d = deltas(&prev, &now);
         assert_eq!(d.get(&1), Some(&QueueDelta { packets: 10, drops: 2 }), "the 32-bit counter wrapped");
         assert_eq!(d.get(&2), None, "replaced: both counters went backwards");
         assert_eq!(d.get(&3), None, "new: no previous read");
+        assert_eq!(d.get(&4), None, "a tbf replaced by noqueue: packets went backwards, drops stayed 0");
         assert_eq!(QueueDelta { packets: 90, drops: 10 }.drop_ratio(), Some(0.1));
         assert_eq!(QueueDelta::default().drop_ratio(), None);
     }

@@ -13,8 +13,10 @@
 //! - competition: the job's in-burst goodput on the link's egress falls to
 //!   `competition_open_ratio` of its own baseline while other traffic on that egress carries at
 //!   least `competition_min_other` of that baseline (deep queues slow everyone without loss);
-//! - queue drops: the link's own egress queue (its interface's root qdisc) drops a share of what
-//!   it is offered, several times its own baseline ([`queue_drop_condition`]).
+//! - queue drops, at one host's end of the wire only (its NIC, its IPU's `fabric` port): the
+//!   host's own cable's egress queue (its interface's root qdisc) drops a share of what it is
+//!   offered, several times its own baseline ([`queue_drop_condition`]). On a switch a port
+//!   whose queue drops is a peer's slow or capped path, which the gray-failure detector names.
 //!
 //! The last three see a shared uplink that carries only one or two of the job's peers, where the
 //! per-peer conditions cannot count. Shared loss and competition need other traffic on the link,
@@ -54,6 +56,9 @@ pub(crate) struct LinkInput<'a> {
     pub egress_goodput_baseline: Option<Robust>,
     /// The egress queue's drop ratio, own baseline once warmed up.
     pub queue_drop_baseline: Option<Robust>,
+    /// The link is the host's own cable (the agent sits at one host's end of the wire:
+    /// `JobWindow::local`'s link): only there are queue drops judged.
+    pub own_cable: bool,
 }
 
 impl LinkInput<'_> {
@@ -151,14 +156,23 @@ fn shared_loss_condition(cfg: &CongestionConfig, gray: &GrayConfig, fold: &mut F
     fold.anomalous(loss_rate >= gray.loss_severe, e);
 }
 
-/// Queue drops (module docs): judged on `min_data_packets` offered to the queue, against the
-/// link's own baseline only once it is warm. Returns the window's drop ratio, for that baseline.
+/// Queue drops (module docs), on the host's own cable only: judged on `min_data_packets` offered
+/// to the queue, against the link's own baseline only once it is warm. A window without drops
+/// is a 0 whatever the queue sent (veth's `noqueue` counts nothing), so a queue that appears
+/// with a fault (a rate cap's `tbf`) meets a warm baseline. Returns the window's drop ratio, for
+/// that baseline.
 fn queue_drop_condition(cfg: &CongestionConfig, min_data_packets: u64, fold: &mut Fold, link: &LinkInput<'_>) -> Option<f64> {
-    let q = link.egress()?.queue?;
-    if q.packets + q.drops < min_data_packets.max(1) {
+    if !link.own_cable {
         return None;
     }
-    let ratio = q.drop_ratio()?;
+    let q = link.egress()?.queue?;
+    let ratio = if q.drops == 0 {
+        0.0
+    } else if q.packets + q.drops < min_data_packets.max(1) {
+        return None;
+    } else {
+        q.drop_ratio()?
+    };
     if link.queue_drop_baseline.is_some() {
         rate_condition(
             fold,
@@ -284,6 +298,7 @@ mod tests {
             shared: Vec::new(),
             egress_goodput_baseline: None,
             queue_drop_baseline: None,
+            own_cable: false,
         };
         assess(&CongestionConfig::default(), &GrayConfig::default(), 1000, &input).0
     }

@@ -294,6 +294,7 @@ impl JobState {
                 shared: w.links.iter().filter(|l| l.link == *link).collect(),
                 egress_goodput_baseline: warm(&ls.egress_goodput_baseline, cfg),
                 queue_drop_baseline: warm(&ls.queue_drop_baseline, cfg),
+                own_cable: w.local.as_ref().is_some_and(|l| l.link == *link),
             };
             let egress_goodput = input.egress().and_then(LinkWindow::job_goodput_bps);
             let (mut assessment, mut rates) =

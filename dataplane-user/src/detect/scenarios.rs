@@ -451,6 +451,14 @@ fn the_tail_of_a_fault_on_the_hosts_own_cable_names_no_neighbour() {
     }
 }
 
+/// `windows` as seen at one host's end of the wire (`JobWindow::local`, its cable `fabric`).
+fn at_own_cable(mut windows: Vec<JobWindow>) -> Vec<JobWindow> {
+    for w in &mut windows {
+        w.local = Some(LocalSends { addr: "10.0.0.9".parse().unwrap(), link: "fabric".into(), bursts: Vec::new(), pokes: Vec::new() });
+    }
+    windows
+}
+
 /// `windows` with the own cable's egress queue (`fabric`) sending 10,000 packets a window and
 /// dropping `drops` of them in `during` (none before and after).
 fn with_fabric_queue(mut windows: Vec<JobWindow>, during: std::ops::Range<usize>, drops: u64) -> Vec<JobWindow> {
@@ -475,19 +483,15 @@ fn drops_in_the_own_cables_queue_name_the_cable_not_the_neighbour() {
     let fabric = Scope::Link { link: "fabric".into() };
     for seed in [1, 2, 3] {
         let s = Scenario::own_cable(seed).with(Fault::Loss { peer: 0, rate: 0.05 }, 20, 40);
-        let local = |mut ws: Vec<JobWindow>| {
-            for w in &mut ws {
-                w.local = Some(LocalSends { addr: "10.0.0.9".parse().unwrap(), link: "fabric".into(), bursts: Vec::new(), pokes: Vec::new() });
-            }
-            ws
-        };
+        let local = at_own_cable;
         let changes = run_with(cfg.clone(), &with_fabric_queue(local(s.windows(60)), 20..40, 600));
         let (opened, _, v) = single_verdict(&changes, VerdictKind::Congestion, &fabric, 20, 44);
         assert_eq!(opened, 20, "seed {seed}: severe (6 % of the queue) raises at once");
         assert!(has_metric(&v, Metric::QueueDropRate), "seed {seed}: {v:?}");
         assert_eq!(v.severity, Severity::Critical, "seed {seed}");
         // Without the queue's counters (or with a queue that drops nothing) it is the neighbour.
-        for windows in [local(s.windows(60)), with_fabric_queue(local(s.windows(60)), 20..40, 0)] {
+        // On a switch's port (no `local`) a dropping queue is that peer's path: not judged here.
+        for windows in [local(s.windows(60)), with_fabric_queue(local(s.windows(60)), 20..40, 0), with_fabric_queue(s.windows(60), 20..40, 600)] {
             let changes = run_with(cfg.clone(), &windows);
             single_verdict(&changes, VerdictKind::GrayFailure, &peer_scope(&s, 0), 21, 44);
         }
@@ -500,9 +504,8 @@ fn a_queue_that_drops_from_the_start_is_judged_against_its_own_baseline() {
     // (TCP probing it), which is its normal. Not judged before the baseline is warm, so the
     // first windows raise nothing; later, 2 % stays quiet and 12 % (6x) is congestion.
     let s = Scenario::own_cable(5);
-    let mut windows = with_fabric_queue(s.windows(60), 0..60, 200);
+    let mut windows = with_fabric_queue(at_own_cable(s.windows(60)), 0..60, 200);
     assert!(opened_scopes(&windows).is_empty(), "{:?}", opened_scopes(&windows));
-    windows = with_fabric_queue(windows, 0..60, 200);
     for w in &mut windows[30..40] {
         w.links.iter_mut().find(|l| l.link == "fabric").unwrap().queue = Some(crate::queue_stats::QueueDelta { packets: 8_800, drops: 1_200 });
     }
@@ -511,7 +514,7 @@ fn a_queue_that_drops_from_the_start_is_judged_against_its_own_baseline() {
     assert_eq!(opened, 30);
     assert!(has_metric(&v, Metric::QueueDropRate), "{v:?}");
     // Dropping 6 % in the very first windows, before any baseline: nothing said.
-    let early = with_fabric_queue(s.windows(60), 0..4, 600);
+    let early = with_fabric_queue(at_own_cable(s.windows(60)), 0..4, 600);
     assert!(opened_scopes(&early).is_empty(), "{:?}", opened_scopes(&early));
 }
 
