@@ -29,6 +29,13 @@
 //!   Communication time grows 1.5-1.8x under that load, but in-burst goodput does not fall with
 //!   it, so the policy's degraded-time rule must stay silent (stay silent when unsure).
 //!
+//! - `drops_in_ipu0s_own_fabric_queue_are_congestion_on_its_cable`: host 0 sends bursts to hosts
+//!   1 and 2 through IPU 0 (2 MB on a new connection each, 100 ms apart); after 9 s a `tbf` on
+//!   IPU 0's own fabric port only (40 Mbit/s, a 32 KB queue) drops host 0's sends there. The agent
+//!   in IPU 0 reads that queue's counters once per window (`RTM_GETQDISC`) and names its own
+//!   cable (`congestion` on `fabric`, evidence `queue_drop_rate`) within 30 s, and blames no
+//!   neighbour: from the flows alone, loss on the connections to hosts 1 and 2 could be theirs.
+//!
 //! Needs root, an agent built with both eBPF objects (`cargo xtask build` puts `ipuwire` next to
 //! `flowmon`) and, for the detection and hint tests, the rank binary. Without them it FAILS with the reason.
 mod support;
@@ -314,6 +321,115 @@ fn a_healthy_job_on_a_busy_machine_keeps_its_plan_in_ipu0() {
     if let Some(h) = changed {
         panic!("the policy changed the healthy job's plan {loaded_s:.1} s into the CPU load: {h:?}\nevents:{events}");
     }
+}
+
+#[test]
+#[ignore = "needs root and the eBPF objects (T2): run with cargo xtask test"]
+fn drops_in_ipu0s_own_fabric_queue_are_congestion_on_its_cable() {
+    let _serial = preconditions();
+    let star = ipu_star(3);
+    let body = format!(
+        "[match]\ntcp_ports = [{JOB_PORT}]\n\
+         [[job]]\nname = \"t2\"\nmembers = [\"10.77.0.0/24\"]\ntcp_ports = [{JOB_PORT}]\n\
+         [detect.gray]\nmin_peers = 2\n"
+    );
+    let agent = IpuAgent::start(&star, 0, "t2ipu", "queue", 9485, &body);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sinks: Vec<_> = [1usize, 2]
+        .iter()
+        .map(|&h| {
+            let addr = SocketAddr::new(star.hosts[h].addr.into(), JOB_PORT);
+            let listener = star.hosts[h].ns.run(|| std::net::TcpListener::bind(addr)).expect("binding the sink");
+            let stop = stop.clone();
+            std::thread::spawn(move || drain(listener, &stop))
+        })
+        .collect();
+    // Host 0 sends 2 MB to host 1, then to host 2, over and over, each on a new connection (with
+    // its slow start), pausing 100 ms between sends: bursts well above what the cap below lets
+    // through, paced so the healthy fabric never queues.
+    let sender = {
+        let stop = stop.clone();
+        let to: Vec<SocketAddr> = [1usize, 2].iter().map(|&h| SocketAddr::new(star.hosts[h].addr.into(), JOB_PORT)).collect();
+        let ns = star.hosts[0].ns.handle();
+        std::thread::spawn(move || {
+            let mut sent = 0u64;
+            for round in 0..2_000usize {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let r = ns.try_run(|| testbed::tcp_send_with_timeout(to[round % 2], 2_000_000, 1, Duration::from_secs(20)));
+                sent += r.ok().and_then(|r| r.ok()).map_or(0, |r| r.total_payload_bytes);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            sent
+        })
+    };
+    // The congestion detector's baseline of the cable's queue (5 windows of 1 s without drops:
+    // veth's `noqueue` counts nothing), then the fault.
+    std::thread::sleep(Duration::from_secs(9));
+    let healthy = agent.events();
+    eprintln!("after 9 s of traffic: {} windows, events:{}", healthy.windows, summary(&healthy));
+    assert!(healthy.windows >= 6, "the detectors ran only {} windows", healthy.windows);
+    assert!(!healthy.events.iter().any(|e| e.kind.is_network_fault()), "network faults before the cap:{}", summary(&healthy));
+
+    // IPU 0's own fabric port only (not the switch's end): host 0's sends are capped and dropped
+    // in IPU 0's queue; the neighbours' data comes in as before.
+    let ipu0 = star.ipu(0).unwrap().handle();
+    let tc = |args: &[&str]| {
+        let out = ipu0.command("tc").args(args).output().expect("running tc");
+        assert!(out.status.success(), "tc {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    tc(&["qdisc", "replace", "dev", IPU_FABRIC_PORT, "root", "tbf", "rate", "40mbit", "burst", "16kb", "limit", "32kb"]);
+    let started = Instant::now();
+    let fabric = Scope::Link { link: IPU_FABRIC_PORT.into() };
+    let found = wait_for(Duration::from_secs(30), POLL, "a congestion event on IPU 0's fabric cable", || {
+        agent.events().events.into_iter().find(|e| e.kind == VerdictKind::Congestion && e.scope == fabric)
+    });
+    let latency = started.elapsed();
+    let r = agent.events();
+    let qdisc = ipu0.command("tc").args(["-s", "qdisc", "show", "dev", IPU_FABRIC_PORT]).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    tc(&["qdisc", "del", "dev", IPU_FABRIC_PORT, "root"]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = sender.join().unwrap();
+    let received: u64 = sinks.into_iter().map(|s| s.join().unwrap()).sum();
+    eprintln!(
+        "congestion on {IPU_FABRIC_PORT} {:.1} s after the cap: {}\nall events:{}\nthe queue: {qdisc:?}\nsent {sent} B, received {received} B",
+        latency.as_secs_f64(),
+        serde_json::to_string(&found).unwrap(),
+        summary(&r)
+    );
+    assert!(
+        found.evidence.iter().any(|e| e.metric == dataplane_user::detect::Metric::QueueDropRate),
+        "the cable was named, but not on its queue's drops: {found:?}"
+    );
+    let blamed: Vec<_> = r.events.iter().filter(|e| e.kind.is_network_fault() && matches!(e.scope, Scope::Peer { .. })).collect();
+    assert!(blamed.is_empty(), "a neighbour was blamed for IPU 0's own cable: {blamed:?}");
+}
+
+/// Accepts connections on `listener` and reads each to its end, until `stop` (bounded: 120 s).
+/// Returns the bytes read.
+fn drain(listener: std::net::TcpListener, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    use std::io::Read;
+    listener.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut total = 0u64;
+    let mut buf = vec![0u8; 1 << 16];
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+        match listener.accept() {
+            Ok((mut c, _)) => {
+                c.set_nonblocking(false).unwrap();
+                c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                while let Ok(n) = c.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    total += n as u64;
+                }
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    total
 }
 
 /// A job's hint as the provider's side reads it: from inside the agent's IPU, with the job's

@@ -57,7 +57,8 @@ pub(crate) struct LinkInput<'a> {
     /// The egress queue's drop ratio, own baseline once warmed up.
     pub queue_drop_baseline: Option<Robust>,
     /// The link is the host's own cable (the agent sits at one host's end of the wire:
-    /// `JobWindow::local`'s link): only there are queue drops judged.
+    /// `JobWindow::local`'s link, in this window or an earlier one): only there are queue drops
+    /// judged.
     pub own_cable: bool,
 }
 
@@ -156,24 +157,28 @@ fn shared_loss_condition(cfg: &CongestionConfig, gray: &GrayConfig, fold: &mut F
     fold.anomalous(loss_rate >= gray.loss_severe, e);
 }
 
+/// Drops that make a window's queue judged however few packets it was offered: a fault that
+/// starts late in a window (a cap installed, a port renegotiated) drops this many before the
+/// window ends, and the flows' loss in that window is then judged against it. A healthy queue
+/// drops none.
+const QUEUE_MIN_DROPS: u64 = 10;
+
 /// Queue drops (module docs), on the host's own cable only: judged on `min_data_packets` offered
-/// to the queue, against the link's own baseline only once it is warm. A window without drops
-/// is a 0 whatever the queue sent (veth's `noqueue` counts nothing), so a queue that appears
-/// with a fault (a rate cap's `tbf`) meets a warm baseline. Returns the window's drop ratio, for
-/// that baseline.
+/// to the queue or [`QUEUE_MIN_DROPS`] dropped, against the link's own baseline only once it is
+/// warm. A window without drops is a 0 whatever the queue sent (veth's `noqueue` counts nothing),
+/// so a queue that appears with a fault (a rate cap's `tbf`) meets a warm baseline. Returns the
+/// window's drop ratio, for that baseline (on every link: the baseline is warm by the time a link
+/// is known as the host's own cable).
 fn queue_drop_condition(cfg: &CongestionConfig, min_data_packets: u64, fold: &mut Fold, link: &LinkInput<'_>) -> Option<f64> {
-    if !link.own_cable {
-        return None;
-    }
     let q = link.egress()?.queue?;
     let ratio = if q.drops == 0 {
         0.0
-    } else if q.packets + q.drops < min_data_packets.max(1) {
+    } else if q.packets + q.drops < min_data_packets.max(1) && q.drops < QUEUE_MIN_DROPS {
         return None;
     } else {
         q.drop_ratio()?
     };
-    if link.queue_drop_baseline.is_some() {
+    if link.own_cable && link.queue_drop_baseline.is_some() {
         rate_condition(
             fold,
             Metric::QueueDropRate,

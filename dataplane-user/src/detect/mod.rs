@@ -99,6 +99,8 @@ struct LinkState {
     egress_goodput_baseline: Ring,
     /// The egress queue's drop ratio, in windows not judged congested.
     queue_drop_baseline: Ring,
+    /// Seen as the host's own cable (`JobWindow::local`'s link) in some window.
+    own_cable: bool,
     congestion: Track,
 }
 
@@ -274,9 +276,13 @@ impl JobState {
                 cnp_baseline: Ring::new(cfg.congestion.baseline_windows),
                 egress_goodput_baseline: Ring::new(cfg.congestion.baseline_windows),
                 queue_drop_baseline: Ring::new(cfg.congestion.baseline_windows),
+                own_cable: false,
                 congestion: Track::default(),
             });
             ls.last_seen_ns = w.window_end_ns;
+            // `local` is inferred from a window's own bursts, and a window of few or mixed
+            // bursts has none: once a host's own cable, always (a switch port never is one).
+            ls.own_cable |= w.local.as_ref().is_some_and(|l| l.link == *link);
             let mut input = LinkInput {
                 // A peer explained by another peer's path is that path's evidence, not the link's.
                 peers: idxs
@@ -294,7 +300,7 @@ impl JobState {
                 shared: w.links.iter().filter(|l| l.link == *link).collect(),
                 egress_goodput_baseline: warm(&ls.egress_goodput_baseline, cfg),
                 queue_drop_baseline: warm(&ls.queue_drop_baseline, cfg),
-                own_cable: w.local.as_ref().is_some_and(|l| l.link == *link),
+                own_cable: ls.own_cable,
             };
             let egress_goodput = input.egress().and_then(LinkWindow::job_goodput_bps);
             let (mut assessment, mut rates) =
