@@ -28,7 +28,7 @@ use crate::{
     flow_table::WindowAccumulator,
     hint_board::{HintBoard, JobUpdate},
     jobs::{self, JobSet, SharedCatalog},
-    queue_stats::QueueReader,
+    queue_stats::{QueueReader, QueueSnapshot},
     rdma_counters::{self, RdmaPortReader, RdmaSnapshot},
     policy::{baseline_hint, JobContext, FIRST_VERSION, JobPolicies, PhaseParams, PlanChoice, PolicyConfig, VerdictSummary},
 };
@@ -119,6 +119,8 @@ pub struct EventsSnapshot {
     pub jobs: Vec<String>,
     /// The RDMA port counters as of the window (`None`: `[rdma] enabled = false`).
     pub rdma: Option<RdmaSnapshot>,
+    /// The attached interfaces' egress queue counters (`None` before the first window).
+    pub queues: Option<QueueSnapshot>,
 }
 
 /// What the analysis stage owns: the detectors, the event log, each planned job's policy and the
@@ -144,6 +146,8 @@ pub struct Analysis {
     /// The interfaces' egress queue counters, read once per window: the queue-drop evidence of
     /// the congestion detector (`crate::queue_stats`).
     queues: QueueReader,
+    /// What `/metrics` shows of them.
+    queue_totals: QueueSnapshot,
     events: watch::Sender<Arc<EventsSnapshot>>,
 }
 
@@ -161,14 +165,15 @@ impl Analysis {
         let policies = JobPolicies::new(settings.policy.clone(), PhaseParams::from(&settings.detectors));
         let jobs = jobs::lock(&catalog).config_job_names();
         let rdma = settings.rdma.clone().map(RdmaPortReader::new);
-        let snapshot = EventsSnapshot { log: log.clone(), jobs: jobs.clone(), rdma: rdma.as_ref().map(|r| r.snapshot().clone()) };
+        let snapshot = EventsSnapshot { log: log.clone(), jobs: jobs.clone(), rdma: rdma.as_ref().map(|r| r.snapshot().clone()), queues: None };
         let (events, rx) = watch::channel(Arc::new(snapshot));
-        (Analysis { settings, detectors, policies, published: BTreeMap::new(), log, jobs, catalog, board, ifnames, rdma, queues: QueueReader::default(), events }, rx)
+        (Analysis { settings, detectors, policies, published: BTreeMap::new(), log, jobs, catalog, board, ifnames, rdma, queues: QueueReader::default(), queue_totals: QueueSnapshot::default(), events }, rx)
     }
 
     fn publish(&self) {
         let rdma = self.rdma.as_ref().map(|r| r.snapshot().clone());
-        self.events.send_replace(Arc::new(EventsSnapshot { log: self.log.clone(), jobs: self.jobs.clone(), rdma }));
+        let queues = Some(self.queue_totals.clone());
+        self.events.send_replace(Arc::new(EventsSnapshot { log: self.log.clone(), jobs: self.jobs.clone(), rdma, queues }));
     }
 
     /// Runs one detection window, with the catalog's job set as of now (config-file jobs, then
@@ -184,6 +189,8 @@ impl Analysis {
         let mut job_windows = jobs.windows(&window, |i| ifnames.get(&i).cloned().unwrap_or_else(|| format!("if{i}")));
         // Each egress link's own queue over (about) the window: read now, at the window's end.
         let queues = self.queues.poll();
+        self.queue_totals.add(&queues, ifnames);
+        (self.queue_totals.reads, self.queue_totals.errors) = (self.queues.reads, self.queues.errors);
         if !queues.is_empty() {
             for l in job_windows.iter_mut().flat_map(|jw| jw.links.iter_mut()).filter(|l| l.direction == "egress") {
                 l.queue = ifnames.iter().find(|(_, n)| **n == l.link).and_then(|(i, _)| queues.get(i)).copied();

@@ -126,6 +126,16 @@ metric!(MIRROR_EVENTS_DROPPED, "ringside_mirror_events_dropped", Counter,
 metric!(MIRROR_TIMESTAMP_FALLBACKS, "ringside_mirror_timestamp_fallbacks", Counter,
     "Mirrored frames whose socket timestamp was more than 10 s from the clock; their receive time was used instead");
 
+// --- Egress queues of the attached interfaces (queue_stats.rs; growth since the first read) ---
+metric!(INTERFACE_QUEUE_PACKETS, "ringside_interface_queue_packets", Counter,
+    "Packets the interface's root qdisc sent (0 for a queue-less interface such as veth's noqueue), read once per detection window");
+metric!(INTERFACE_QUEUE_DROPS, "ringside_interface_queue_drops", Counter,
+    "Packets the interface's root qdisc dropped (queue full, rate limit, AQM): loss at this end of the link, the congestion detector's queue_drop_rate");
+metric!(INTERFACE_QUEUE_READS, "ringside_interface_queue_reads", Counter,
+    "Dumps of the namespace's root qdiscs (RTM_GETQDISC), one per detection window");
+metric!(INTERFACE_QUEUE_READ_ERRORS, "ringside_interface_queue_read_errors", Counter,
+    "Dumps that failed (no queue counters for that window; logged once per failure streak)");
+
 // --- RDMA port counters (rdma_counters.rs; growth since the agent first read the port) ---
 metric!(RDMA_PORT_BYTES, "ringside_rdma_port_bytes", Counter,
     "Bytes an RDMA port sent (egress) or received (ingress), from its port_xmit_data / port_rcv_data counters, including RoCE the host kernel never sees");
@@ -239,6 +249,7 @@ pub const ALL: &[&Metric] = &[
     &MIRROR_FRAMES, &MIRROR_RING_DROPS, &MIRROR_FLOWS, &MIRROR_TABLE_FULL, &MIRROR_EVENTS_DROPPED, &MIRROR_TIMESTAMP_FALLBACKS,
     &RDMA_PORT_BYTES, &RDMA_PORT_PACKETS, &RDMA_PORT_CNPS, &RDMA_PORT_ECN_MARKED_PACKETS, &RDMA_PORT_LOSS_SIGNALS,
     &RDMA_PORT_ERRORS, &RDMA_PORT_READ_PROBLEMS, &RDMA_PORT_POLLS, &RDMA_PORTS_READ,
+    &INTERFACE_QUEUE_PACKETS, &INTERFACE_QUEUE_DROPS, &INTERFACE_QUEUE_READS, &INTERFACE_QUEUE_READ_ERRORS,
     &API_JOBS_REGISTERED, &API_JOBS_FILE_ERRORS, &API_HINT_STREAMS,
 ];
 
@@ -423,6 +434,9 @@ fn families(view: &AgentView) -> Vec<Family> {
     if let Some(r) = &events.rdma {
         out.extend(rdma_families(r));
     }
+    if let Some(q) = &events.queues {
+        out.extend(queue_families(q));
+    }
     let (registered, file) = {
         let c = view.catalog();
         (c.len(), c.file_counters)
@@ -463,6 +477,21 @@ fn mirror_families(m: &crate::mirror::MirrorStatus) -> Vec<Family> {
         one(&MIRROR_TABLE_FULL, Value::Counter(c.table_full)),
         one(&MIRROR_EVENTS_DROPPED, Value::Counter(c.events_dropped)),
         one(&MIRROR_TIMESTAMP_FALLBACKS, Value::Counter(c.timestamp_fallbacks)),
+    ]
+}
+
+/// The attached interfaces' egress queues (absent before the first detection window and without
+/// detection). Label: `interface` (attached interfaces only).
+fn queue_families(q: &crate::queue_stats::QueueSnapshot) -> Vec<Family> {
+    let per = |metric, f: fn(&crate::queue_stats::QueueDelta) -> u64| Family {
+        metric,
+        series: q.interfaces.iter().map(|(i, d)| (vec![("interface", i.clone())], Value::Counter(f(d)))).collect(),
+    };
+    vec![
+        per(&INTERFACE_QUEUE_PACKETS, |d| d.packets),
+        per(&INTERFACE_QUEUE_DROPS, |d| d.drops),
+        Family { metric: &INTERFACE_QUEUE_READS, series: vec![(Vec::new(), Value::Counter(q.reads))] },
+        Family { metric: &INTERFACE_QUEUE_READ_ERRORS, series: vec![(Vec::new(), Value::Counter(q.errors))] },
     ]
 }
 
@@ -730,7 +759,9 @@ pub(crate) mod tests {
         rdma.add("mlx5_0/ports/1/counters/port_rcv_data", 250);
         reader.poll(2_000_000_000);
         let rdma = Some(reader.snapshot().clone());
-        let events = tokio::sync::watch::channel(Arc::new(EventsSnapshot { log: sample_events(), jobs: Vec::new(), rdma })).1;
+        let mut queues = crate::queue_stats::QueueSnapshot { reads: 3, errors: 1, ..Default::default() };
+        queues.interfaces.insert("eth0".into(), crate::queue_stats::QueueDelta { packets: 5000, drops: 40 });
+        let events = tokio::sync::watch::channel(Arc::new(EventsSnapshot { log: sample_events(), jobs: Vec::new(), rdma, queues: Some(queues) })).1;
         let catalog = JobCatalog::new(vec![crate::jobs::TokenHash::of(TEST_OPERATOR_TOKEN)], Vec::new());
         // A mirror port that read one RoCE frame and one ARP frame.
         let mut table = crate::mirror::MirrorTable::new(9, &crate::mirror::MirrorSettings::new("mir0".into()), crate::mirror::FlowMatch::default());
@@ -753,6 +784,10 @@ pub(crate) mod tests {
             "ringside_mirror_frames_total{interface=\"mir0\",result=\"matched\"} 1",
             "ringside_mirror_frames_total{interface=\"mir0\",result=\"unsupported\"} 1",
             "ringside_mirror_flows{interface=\"mir0\"} 1",
+            "ringside_interface_queue_packets_total{interface=\"eth0\"} 5000",
+            "ringside_interface_queue_drops_total{interface=\"eth0\"} 40",
+            "ringside_interface_queue_reads_total 3",
+            "ringside_interface_queue_read_errors_total 1",
             "ringside_mirror_ring_drops_total{interface=\"mir0\"} 0",
             "ringside_flows_tracked{interface=\"eth0\"} 2",
             "ringside_peer_bytes_total{interface=\"eth0\",direction=\"egress\",kind=\"tcp\",peer=\"10.77.0.2\"} 15000",

@@ -124,10 +124,35 @@ pub fn read_root_queues() -> io::Result<BTreeMap<u32, QueueCounters>> {
     Err(io::Error::other("RTM_GETQDISC dump did not end"))
 }
 
+/// What `/metrics` shows of the attached interfaces' queues: growth since the agent first read
+/// each one (so a qdisc replaced or a counter wrapped never makes a series go backwards).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct QueueSnapshot {
+    /// Attached interface name → packets sent and dropped by its root qdisc.
+    pub interfaces: BTreeMap<String, QueueDelta>,
+    pub reads: u64,
+    pub errors: u64,
+}
+
+impl QueueSnapshot {
+    /// Adds one read's deltas of the interfaces in `names` (index → name: the attached ones).
+    pub fn add(&mut self, deltas: &BTreeMap<u32, QueueDelta>, names: &std::collections::HashMap<u32, String>) {
+        for (i, d) in deltas {
+            if let Some(n) = names.get(i) {
+                let t = self.interfaces.entry(n.clone()).or_default();
+                t.packets += d.packets;
+                t.drops += d.drops;
+            }
+        }
+    }
+}
+
 /// Reads the root queues once per window and turns their counters into deltas.
 #[derive(Debug, Default)]
 pub struct QueueReader {
     last: BTreeMap<u32, QueueCounters>,
+    /// Reads made.
+    pub reads: u64,
     /// Reads that failed (each logged once per failure streak).
     pub errors: u64,
     failing: bool,
@@ -138,6 +163,7 @@ impl QueueReader {
     /// read: a delta needs two good reads). An interface that appeared since (or whose root
     /// qdisc was replaced, resetting its counters below the last read) starts from this read.
     pub fn poll(&mut self) -> BTreeMap<u32, QueueDelta> {
+        self.reads += 1;
         match read_root_queues() {
             Ok(now) => {
                 self.failing = false;
@@ -205,6 +231,16 @@ mod tests {
         let mut bare = qdisc(4, TcHandle::ROOT, 0, 0);
         bare.attributes.truncate(1);
         assert_eq!(root_counters(&bare), None, "no statistics, nothing to say");
+    }
+
+    #[test]
+    fn the_snapshot_sums_the_attached_interfaces_only() {
+        let names = std::collections::HashMap::from([(2, "fabric".to_owned())]);
+        let mut s = QueueSnapshot::default();
+        let read = BTreeMap::from([(2, QueueDelta { packets: 10, drops: 1 }), (3, QueueDelta { packets: 5, drops: 5 })]);
+        s.add(&read, &names);
+        s.add(&read, &names);
+        assert_eq!(s.interfaces, BTreeMap::from([("fabric".to_owned(), QueueDelta { packets: 20, drops: 2 })]));
     }
 
     #[test]

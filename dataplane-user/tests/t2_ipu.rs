@@ -35,6 +35,7 @@
 //!   in IPU 0 reads that queue's counters once per window (`RTM_GETQDISC`) and names its own
 //!   cable (`congestion` on `fabric`, evidence `queue_drop_rate`) within 30 s, and blames no
 //!   neighbour: from the flows alone, loss on the connections to hosts 1 and 2 could be theirs.
+//!   The drops show in its `/metrics` (`ringside_interface_queue_drops_total{interface="fabric"}`).
 //!
 //! Needs root, an agent built with both eBPF objects (`cargo xtask build` puts `ipuwire` next to
 //! `flowmon`) and, for the detection and hint tests, the rank binary. Without them it FAILS with the reason.
@@ -388,6 +389,9 @@ fn drops_in_ipu0s_own_fabric_queue_are_congestion_on_its_cable() {
     let latency = started.elapsed();
     let r = agent.events();
     let qdisc = ipu0.command("tc").args(["-s", "qdisc", "show", "dev", IPU_FABRIC_PORT]).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    // The drops are in the agent's /metrics too (growth since its first read of the queue).
+    let metrics = support::agent::scrape_metrics(star.ipu(0).unwrap(), agent.port).expect("scraping IPU 0's agent");
+    let drops = support::agent::metric(&metrics, &format!("ringside_interface_queue_drops_total{{interface=\"{IPU_FABRIC_PORT}\"}}"));
     tc(&["qdisc", "del", "dev", IPU_FABRIC_PORT, "root"]);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let sent = sender.join().unwrap();
@@ -398,6 +402,7 @@ fn drops_in_ipu0s_own_fabric_queue_are_congestion_on_its_cable() {
         serde_json::to_string(&found).unwrap(),
         summary(&r)
     );
+    assert!(drops.is_some_and(|d| d > 0), "ringside_interface_queue_drops_total of {IPU_FABRIC_PORT}: {drops:?}");
     assert!(
         found.evidence.iter().any(|e| e.metric == dataplane_user::detect::Metric::QueueDropRate),
         "the cable was named, but not on its queue's drops: {found:?}"

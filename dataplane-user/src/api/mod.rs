@@ -306,7 +306,7 @@ mod tests {
             log.apply(&[VerdictChange::Opened(v.clone())], &clock);
             v.end_reason = Some(EndReason::Cleared);
             log.apply(&[VerdictChange::Closed(v)], &clock);
-            sample_state().with_events(crate::analysis::EventsSnapshot { log, jobs: vec!["train".into()], rdma: None })
+            sample_state().with_events(crate::analysis::EventsSnapshot { log, jobs: vec!["train".into()], rdma: None, queues: None })
         };
         let (st, ct, body) = get(state.clone(), "/v1/events").await;
         assert_eq!(st, StatusCode::OK, "{body}");

@@ -142,7 +142,7 @@ mod tests {
         }];
         let mut log = crate::events::EventLog::new(8, 8);
         log.apply(&[VerdictChange::Opened(v)], &crate::clock::Clock { mono_ns: 1, unix_ms: 1_700_000_000_000 });
-        let state = sample_state().with_events(crate::analysis::EventsSnapshot { log, jobs: Vec::new(), rdma: None });
+        let state = sample_state().with_events(crate::analysis::EventsSnapshot { log, jobs: Vec::new(), rdma: None, queues: None });
         let text = render_events(&api::events_of(&state.events(), true, 10));
         assert!(text.contains("rdma port mlx5_0/1") && text.contains("@rdma-ports") && text.contains("cnp-sent=5000/s (ref 10/s)"), "{text}");
     }

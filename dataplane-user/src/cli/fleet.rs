@@ -203,7 +203,7 @@ mod tests {
             v.started_ns = v.raised_ns;
             log.apply(&[VerdictChange::Opened(v)], &Clock { mono_ns: 20_000_000_000, unix_ms: 1_700_000_020_000 });
         }
-        let view = sample_state().with_events(EventsSnapshot { log, jobs: Vec::new(), rdma: None });
+        let view = sample_state().with_events(EventsSnapshot { log, jobs: Vec::new(), rdma: None, queues: None });
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         std_listener.set_nonblocking(true).unwrap();
         let url = format!("http://{}", std_listener.local_addr().unwrap());
