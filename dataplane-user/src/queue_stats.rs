@@ -79,6 +79,22 @@ fn root_counters(m: &TcMessage) -> Option<(u32, QueueCounters)> {
 /// Dumps every root qdisc of the calling thread's network namespace: ifindex → counters.
 pub fn read_root_queues() -> io::Result<BTreeMap<u32, QueueCounters>> {
     let mut socket = Socket::new(NETLINK_ROUTE)?;
+    // The analysis thread must not wait on the kernel forever: a reply that does not come within
+    // a second is a failed read (the window then has no queue counters).
+    let timeout = libc::timeval { tv_sec: 1, tv_usec: 0 };
+    // SAFETY: a valid socket and a `timeval` of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            std::ptr::addr_of!(timeout).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
     socket.bind_auto()?;
     socket.connect(&SocketAddr::new(0, 0))?;
     let mut req = NetlinkMessage::new(
