@@ -146,8 +146,6 @@ pub struct Analysis {
     /// The interfaces' egress queue counters, read once per window: the queue-drop evidence of
     /// the congestion detector (`crate::queue_stats`).
     queues: QueueReader,
-    /// What `/metrics` shows of them.
-    queue_totals: QueueSnapshot,
     events: watch::Sender<Arc<EventsSnapshot>>,
 }
 
@@ -167,12 +165,12 @@ impl Analysis {
         let rdma = settings.rdma.clone().map(RdmaPortReader::new);
         let snapshot = EventsSnapshot { log: log.clone(), jobs: jobs.clone(), rdma: rdma.as_ref().map(|r| r.snapshot().clone()), queues: None };
         let (events, rx) = watch::channel(Arc::new(snapshot));
-        (Analysis { settings, detectors, policies, published: BTreeMap::new(), log, jobs, catalog, board, ifnames, rdma, queues: QueueReader::default(), queue_totals: QueueSnapshot::default(), events }, rx)
+        (Analysis { settings, detectors, policies, published: BTreeMap::new(), log, jobs, catalog, board, ifnames, rdma, queues: QueueReader::default(), events }, rx)
     }
 
     fn publish(&self) {
         let rdma = self.rdma.as_ref().map(|r| r.snapshot().clone());
-        let queues = Some(self.queue_totals.clone());
+        let queues = Some(self.queues.snapshot().clone());
         self.events.send_replace(Arc::new(EventsSnapshot { log: self.log.clone(), jobs: self.jobs.clone(), rdma, queues }));
     }
 
@@ -188,12 +186,10 @@ impl Analysis {
         let ifnames = &self.ifnames;
         let mut job_windows = jobs.windows(&window, |i| ifnames.get(&i).cloned().unwrap_or_else(|| format!("if{i}")));
         // Each egress link's own queue over (about) the window: read now, at the window's end.
-        let queues = self.queues.poll();
-        self.queue_totals.add(&queues, ifnames);
-        (self.queue_totals.reads, self.queue_totals.errors) = (self.queues.reads, self.queues.errors);
+        let queues = self.queues.poll(ifnames);
         if !queues.is_empty() {
             for l in job_windows.iter_mut().flat_map(|jw| jw.links.iter_mut()).filter(|l| l.direction == "egress") {
-                l.queue = ifnames.iter().find(|(_, n)| **n == l.link).and_then(|(i, _)| queues.get(i)).copied();
+                l.queue = queues.get(&l.link).copied();
             }
         }
         let mut changes: Vec<VerdictChange> = Vec::new();

@@ -14,9 +14,12 @@
 //! The root qdisc's statistics cover its children (mq sums its per-queue qdiscs when dumped), so
 //! the root is read alone. An interface with `noqueue` (veth's default) has no queue and never
 //! drops there; its counters stay 0. The kernel's basic counters are 32-bit: deltas are taken
-//! modulo 2^32, so a counter that wrapped between two windows (4 billion packets in a window) is
-//! the only thing that could be misread.
-use std::{collections::BTreeMap, io};
+//! modulo 2^32, and a growth of 2^31 or more is a counter that went backwards (a qdisc replaced),
+//! not traffic ([`deltas`]).
+use std::{
+    collections::{BTreeMap, HashMap},
+    io,
+};
 
 use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_route::{
@@ -150,45 +153,34 @@ pub struct QueueSnapshot {
     pub errors: u64,
 }
 
-impl QueueSnapshot {
-    /// Adds one read's deltas of the interfaces in `names` (index → name: the attached ones).
-    pub fn add(&mut self, deltas: &BTreeMap<u32, QueueDelta>, names: &std::collections::HashMap<u32, String>) {
-        for (i, d) in deltas {
-            if let Some(n) = names.get(i) {
-                let t = self.interfaces.entry(n.clone()).or_default();
-                t.packets += d.packets;
-                t.drops += d.drops;
-            }
-        }
-    }
-}
-
-/// Reads the root queues once per window and turns their counters into deltas.
+/// Reads the root queues once per window, turns their counters into deltas of the attached
+/// interfaces, and keeps their totals for `/metrics` (the pattern of `RdmaPortReader`).
 #[derive(Debug, Default)]
 pub struct QueueReader {
     last: BTreeMap<u32, QueueCounters>,
-    /// Reads made.
-    pub reads: u64,
-    /// Reads that failed (each logged once per failure streak).
-    pub errors: u64,
+    snapshot: QueueSnapshot,
     failing: bool,
 }
 
 impl QueueReader {
-    /// The queues' growth since the previous call (empty on the first call and after a failed
-    /// read: a delta needs two good reads). An interface that appeared since (or whose root
-    /// qdisc was replaced, resetting its counters below the last read) starts from this read.
-    pub fn poll(&mut self) -> BTreeMap<u32, QueueDelta> {
-        self.reads += 1;
+    /// What `/metrics` shows.
+    pub fn snapshot(&self) -> &QueueSnapshot {
+        &self.snapshot
+    }
+
+    /// The growth since the previous call of each interface in `names` (index → name: the
+    /// attached ones), by name. Empty on the first call and after a failed read: a delta needs
+    /// two good reads. An interface that appeared since (or whose root qdisc was replaced,
+    /// resetting its counters below the last read) starts from this read.
+    pub fn poll(&mut self, names: &HashMap<u32, String>) -> BTreeMap<String, QueueDelta> {
+        self.snapshot.reads += 1;
         match read_root_queues() {
             Ok(now) => {
                 self.failing = false;
-                let d = deltas(&self.last, &now);
-                self.last = now;
-                d
+                self.account(now, names)
             }
             Err(e) => {
-                self.errors += 1;
+                self.snapshot.errors += 1;
                 if !self.failing {
                     tracing::warn!("reading the interfaces' queue counters (RTM_GETQDISC) failed: {e}; queue drops are not judged until it works again");
                 }
@@ -197,6 +189,22 @@ impl QueueReader {
                 BTreeMap::new()
             }
         }
+    }
+}
+
+impl QueueReader {
+    /// One good read `now`: the attached interfaces' growth since the last one, added to the
+    /// totals.
+    fn account(&mut self, now: BTreeMap<u32, QueueCounters>, names: &HashMap<u32, String>) -> BTreeMap<String, QueueDelta> {
+        let d: BTreeMap<String, QueueDelta> =
+            deltas(&self.last, &now).into_iter().filter_map(|(i, d)| Some((names.get(&i)?.clone(), d))).collect();
+        self.last = now;
+        for (n, d) in &d {
+            let t = self.snapshot.interfaces.entry(n.clone()).or_default();
+            t.packets += d.packets;
+            t.drops += d.drops;
+        }
+        d
     }
 }
 
@@ -250,13 +258,23 @@ mod tests {
     }
 
     #[test]
-    fn the_snapshot_sums_the_attached_interfaces_only() {
-        let names = std::collections::HashMap::from([(2, "fabric".to_owned())]);
-        let mut s = QueueSnapshot::default();
-        let read = BTreeMap::from([(2, QueueDelta { packets: 10, drops: 1 }), (3, QueueDelta { packets: 5, drops: 5 })]);
-        s.add(&read, &names);
-        s.add(&read, &names);
-        assert_eq!(s.interfaces, BTreeMap::from([("fabric".to_owned(), QueueDelta { packets: 20, drops: 2 })]));
+    fn reads_report_and_sum_the_attached_interfaces_only() {
+        let names = HashMap::from([(2, "fabric".to_owned())]);
+        let read = |p, d| BTreeMap::from([(2, QueueCounters { packets: p, drops: d }), (3, QueueCounters { packets: 5 * p, drops: 5 * d })]);
+        let mut r = QueueReader::default();
+        assert!(r.account(read(0, 0), &names).is_empty(), "the first read is the reference");
+        let fabric = |p, d| BTreeMap::from([("fabric".to_owned(), QueueDelta { packets: p, drops: d })]);
+        assert_eq!(r.account(read(10, 1), &names), fabric(10, 1));
+        assert_eq!(r.account(read(20, 2), &names), fabric(10, 1));
+        assert_eq!(r.snapshot().interfaces, fabric(20, 2), "interface 3 is not attached");
+    }
+
+    /// A poll of this process's namespace counts its read.
+    #[test]
+    fn a_poll_counts_its_read() {
+        let mut r = QueueReader::default();
+        r.poll(&HashMap::new());
+        assert_eq!((r.snapshot().reads, r.snapshot().errors), (1, 0));
     }
 
     #[test]

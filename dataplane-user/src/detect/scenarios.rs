@@ -483,15 +483,18 @@ fn drops_in_the_own_cables_queue_name_the_cable_not_the_neighbour() {
     let fabric = Scope::Link { link: "fabric".into() };
     for seed in [1, 2, 3] {
         let s = Scenario::own_cable(seed).with(Fault::Loss { peer: 0, rate: 0.05 }, 20, 40);
-        let local = at_own_cable;
-        let changes = run_with(cfg.clone(), &with_fabric_queue(local(s.windows(60)), 20..40, 600));
+        let changes = run_with(cfg.clone(), &with_fabric_queue(at_own_cable(s.windows(60)), 20..40, 600));
         let (opened, _, v) = single_verdict(&changes, VerdictKind::Congestion, &fabric, 20, 44);
         assert_eq!(opened, 20, "seed {seed}: severe (6 % of the queue) raises at once");
         assert!(has_metric(&v, Metric::QueueDropRate), "seed {seed}: {v:?}");
         assert_eq!(v.severity, Severity::Critical, "seed {seed}");
         // Without the queue's counters (or with a queue that drops nothing) it is the neighbour.
         // On a switch's port (no `local`) a dropping queue is that peer's path: not judged here.
-        for windows in [local(s.windows(60)), with_fabric_queue(local(s.windows(60)), 20..40, 0), with_fabric_queue(s.windows(60), 20..40, 600)] {
+        for windows in [
+            at_own_cable(s.windows(60)),
+            with_fabric_queue(at_own_cable(s.windows(60)), 20..40, 0),
+            with_fabric_queue(s.windows(60), 20..40, 600),
+        ] {
             let changes = run_with(cfg.clone(), &windows);
             single_verdict(&changes, VerdictKind::GrayFailure, &peer_scope(&s, 0), 21, 44);
         }
