@@ -72,7 +72,10 @@ enum Command {
     /// Delete namespaces left behind by testbed runs that died (rs-<pid>-... whose pid is gone),
     /// restore net.core.netdev_max_backlog if a dead run left it raised, and remove the job
     /// output directories of processes that are gone (ringside-{job,mpi,torch}-<pid>-<n> under
-    /// the temp dir: logs of killed or failed jobs).
+    /// the temp dir: logs of killed or failed jobs) and the pin directories of test and eval
+    /// agents that were killed (/sys/fs/bpf/ringside-...-<pid>-... holding ringside's pins, whose
+    /// pid is gone; an operator's /sys/fs/bpf/ringside is never touched), with their config and
+    /// state files under the temp dir (ringside-...-<pid>-...).
     Clean {
         /// Delete every rs-* namespace, including those of runs still in progress.
         #[arg(long)]
@@ -1033,6 +1036,12 @@ fn main() -> anyhow::Result<()> {
             }
             for d in &r.job_dirs_removed {
                 eprintln!("removed {} (job output of a process that is gone)", d.display());
+            }
+            for d in &r.pin_dirs_removed {
+                eprintln!("removed {} (pins of an agent that is gone)", d.display());
+            }
+            for d in &r.scratch_removed {
+                eprintln!("removed {} (files of an agent that is gone)", d.display());
             }
             print_json(&r)?;
             if !r.failed.is_empty() {
