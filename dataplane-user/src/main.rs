@@ -70,8 +70,9 @@ enum Command {
     /// peer's: both slow the connection between them. A blame of a host is repeated unless that
     /// host's agent blames the accuser back in the same fault time while the accuser is named by
     /// at least as many agents, and only once a second agent agrees (or the host's own agent
-    /// flags its own link), or after it stood --lone-blame-hold-ms alone. Straggler events are
-    /// not judged (read them with `ringside events`). docs/operator-guide.md, "Fleet view".
+    /// flags its own link), or after it stood --lone-blame-hold-ms alone. A straggler (a slow
+    /// worker, not the network) is named only once two agents see the same host late: a slow
+    /// worker is late to every peer it sends to. docs/operator-guide.md, "Fleet view".
     ///
     /// Examples:
     ///   ringside fleet --agent 10.0.0.1=http://10.1.0.1:9464 --agent 10.0.0.2=http://10.1.0.2:9464 --agent 10.0.0.3=http://10.1.0.3:9464

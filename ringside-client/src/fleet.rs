@@ -26,8 +26,15 @@
 //!
 //! Blames of one host that agree in time are one [`FleetVerdict`], raised when the fleet first
 //! repeated one of them. Blames never repeated are listed as [`Withheld`], with the reason, so an
-//! operator sees what each agent said and why the fleet did not repeat it. Straggler events are
-//! not judged here (they are about compute, and name the straggler from every vantage alike).
+//! operator sees what each agent said and why the fleet did not repeat it.
+//!
+//! A straggler event (a peer's worker starts its phases late: compute, not network) names a host
+//! too, and a slow worker is late to every peer it sends to, so every such peer's agent sees it.
+//! One agent alone naming it is one connection's schedule (OpenMPI's rank 0, seen late by one
+//! IPU only, ten times in a ten-minute healthy run; none of its other peers' IPUs saw it), so the
+//! fleet repeats a straggler only once a second agent names the same host a straggler in that
+//! time (no hold: a lone straggler is never repeated). Straggler verdicts are their own
+//! [`FleetVerdict`]s (kind `straggler`), never merged with a network verdict of the same host.
 use std::{collections::BTreeSet, net::IpAddr};
 
 use serde::{Deserialize, Serialize};
@@ -134,6 +141,8 @@ struct Blame<'a> {
     to: u64,
     /// The agent's own host, on a link-scoped event.
     own_link: bool,
+    /// A straggler event (judged only with other straggler events).
+    straggler: bool,
     event: &'a Event,
 }
 
@@ -157,15 +166,16 @@ impl Blame<'_> {
 fn blames<'a>(agents: &'a [AgentEvents], rules: &Rules) -> Vec<Blame<'a>> {
     let mut out = Vec::new();
     for (i, a) in agents.iter().enumerate() {
-        for e in a.events.iter().filter(|e| e.kind.is_network_fault()) {
+        for e in &a.events {
+            let straggler = e.kind == VerdictKind::Straggler;
             let (host, own_link) = match &e.scope {
                 Scope::Peer { peer, .. } => (*peer, *peer == a.host),
-                Scope::Link { .. } => (a.host, true),
-                Scope::Job | Scope::RdmaPort { .. } => continue,
+                Scope::Link { .. } if !straggler => (a.host, true),
+                Scope::Link { .. } | Scope::Job | Scope::RdmaPort { .. } => continue,
             };
             let start = e.started_unix_ms.min(e.raised_unix_ms);
             let to = e.ended_unix_ms.map_or(u64::MAX, |end| end.max(start).saturating_add(rules.overlap_slack_ms + 1));
-            out.push(Blame { agent: i, host, raised: e.raised_unix_ms, start, from: start.saturating_sub(rules.overlap_slack_ms), to, own_link, event: e });
+            out.push(Blame { agent: i, host, raised: e.raised_unix_ms, start, from: start.saturating_sub(rules.overlap_slack_ms), to, own_link, straggler, event: e });
         }
     }
     out.sort_by_key(|b| b.raised);
@@ -177,6 +187,8 @@ enum Answer {
     Repeat,
     Contested(String),
     Alone,
+    /// A straggler no second agent names (never repeated by waiting).
+    LoneStraggler,
 }
 
 /// `near`: the blames naming `b`'s host or its accuser (the only ones the answer reads).
@@ -186,6 +198,9 @@ fn answer(agents: &[AgentEvents], near: &[&Blame<'_>], b: &Blame<'_>, t: u64, ru
     let namers = |host: IpAddr, reference: &Blame<'_>| -> BTreeSet<usize> { known().filter(|c| c.host == host && c.agrees(reference, t)).map(|c| c.agent).collect() };
     let accuser = agents[b.agent].host;
     let mine = namers(b.host, b);
+    if b.straggler {
+        return if mine.len() >= 2 { Answer::Repeat } else { Answer::LoneStraggler };
+    }
     if !b.own_link {
         for c in known().filter(|c| agents[c.agent].host == b.host && c.host == accuser && !c.own_link && c.agrees(b, t)) {
             let theirs = namers(accuser, c);
@@ -217,7 +232,10 @@ pub fn judge(agents: &[AgentEvents], now_unix_ms: u64, rules: &Rules) -> FleetVi
     let mut last: Vec<Option<Answer>> = (0..all.len()).map(|_| None).collect();
     for (i, b) in all.iter().enumerate() {
         let accuser = agents[b.agent].host;
-        let near: Vec<&Blame<'_>> = all.iter().filter(|c| c.host == b.host || c.host == accuser).collect();
+        // A straggler is judged on the other stragglers of its host; a network blame on the
+        // network blames of its host and its accuser.
+        let near: Vec<&Blame<'_>> =
+            all.iter().filter(|c| c.straggler == b.straggler && (c.host == b.host || !b.straggler && c.host == accuser)).collect();
         // The instants at which the answer on `b` can change: its raise, the end of its hold,
         // and the raises and (known) ends of the blames it reads.
         let mut at: Vec<u64> = vec![b.raised, b.raised.saturating_add(rules.lone_blame_hold_ms)];
@@ -245,7 +263,8 @@ pub fn judge(agents: &[AgentEvents], now_unix_ms: u64, rules: &Rules) -> FleetVi
     order.sort_by_key(|&i| repeated[i]);
     let mut groups: Vec<Vec<usize>> = Vec::new();
     for i in order {
-        match groups.iter_mut().find(|g| all[g[0]].host == all[i].host && g.iter().any(|&j| all[j].agrees(&all[i], u64::MAX))) {
+        let same = |g: &Vec<usize>| all[g[0]].host == all[i].host && all[g[0]].straggler == all[i].straggler;
+        match groups.iter_mut().find(|g| same(g) && g.iter().any(|&j| all[j].agrees(&all[i], u64::MAX))) {
             Some(g) => g.push(i),
             None => groups.push(vec![i]),
         }
@@ -255,7 +274,9 @@ pub fn judge(agents: &[AgentEvents], now_unix_ms: u64, rules: &Rules) -> FleetVi
         .iter()
         .map(|g| {
             // Every blame of the host that agrees with the group's, repeated or not.
-            let members: Vec<&Blame<'_>> = all.iter().filter(|c| c.host == all[g[0]].host && g.iter().any(|&j| all[j].agrees(c, u64::MAX))).collect();
+            let first = &all[g[0]];
+            let members: Vec<&Blame<'_>> =
+                all.iter().filter(|c| c.host == first.host && c.straggler == first.straggler && g.iter().any(|&j| all[j].agrees(c, u64::MAX))).collect();
             let mut kinds = Vec::new();
             for c in &members {
                 if !kinds.contains(&c.event.kind) {
@@ -279,6 +300,13 @@ pub fn judge(agents: &[AgentEvents], now_unix_ms: u64, rules: &Rules) -> FleetVi
         .map(|(i, b)| {
             let (contested, reason) = match &last[i] {
                 Some(Answer::Contested(why)) => (true, why.clone()),
+                Some(Answer::LoneStraggler) => (
+                    false,
+                    format!(
+                        "a straggler seen by this agent only: a slow worker is late to every peer it sends to, and no other agent named {} a straggler in that time",
+                        b.host
+                    ),
+                ),
                 // Never contested and not repeated: its hold has not passed yet.
                 _ => (false, format!("alone so far: raised {} ms ago, the hold is {} ms", now_unix_ms.saturating_sub(b.raised), rules.lone_blame_hold_ms)),
             };
@@ -414,10 +442,34 @@ mod tests {
     }
 
     #[test]
-    fn stragglers_and_other_scopes_are_not_judged() {
-        let s = ev(1, VerdictKind::Straggler, Scope::Peer { peer: host(2), link: "fabric".into() }, 1_000, None);
+    fn other_scopes_are_not_judged() {
         let r = ev(2, VerdictKind::GrayFailure, Scope::RdmaPort { device: "mlx5_0".into(), port: 1 }, 1_000, None);
-        assert_eq!(judge(&fleet(&[(1, s), (1, r)]), 10_000), FleetView::default());
+        let j = ev(3, VerdictKind::Straggler, Scope::Job, 1_000, None);
+        assert_eq!(judge(&fleet(&[(1, r), (1, j)]), 10_000), FleetView::default());
+    }
+
+    fn straggler(id: u64, peer: u8, raised: u64, ended: Option<u64>) -> Event {
+        ev(id, VerdictKind::Straggler, Scope::Peer { peer: host(peer), link: "fabric".into() }, raised, ended)
+    }
+
+    #[test]
+    fn a_straggler_is_repeated_only_once_a_second_agent_names_it() {
+        // One IPU alone, however long: withheld, and it says why.
+        let v = judge(&fleet(&[(3, straggler(1, 1, 1_000, Some(60_000)))]), 100_000);
+        assert!(v.verdicts.is_empty(), "{v:?}");
+        assert_eq!(held(&v), vec![("ipu3", host(1), false)]);
+        assert!(v.withheld[0].reason.contains("a straggler seen by this agent only"), "{v:?}");
+        // Two IPUs see host 4 late: named when the second one does, as a straggler of its own,
+        // not merged with a network verdict on the same host at the same time.
+        let v = judge(&fleet(&[(3, straggler(1, 4, 1_000, None)), (5, straggler(2, 4, 4_000, None)), (6, gray(3, 4, 2_000, None))]), 100_000);
+        let named: Vec<_> = v.verdicts.iter().map(|v| (v.host, v.raised_unix_ms, v.kinds.clone(), v.witnesses.len())).collect();
+        assert_eq!(named, vec![(host(4), 4_000, vec![VerdictKind::Straggler], 2), (host(4), 4_000, vec![VerdictKind::GrayFailure], 1)], "{v:?}");
+        // Apart in time, two agents do not corroborate each other.
+        let v = judge(&fleet(&[(3, straggler(1, 4, 1_000, Some(2_000))), (5, straggler(2, 4, 9_000, Some(10_000)))]), 100_000);
+        assert!(v.verdicts.is_empty(), "{v:?}");
+        // A straggler never contests a network blame, nor counts as its witness.
+        let v = judge(&fleet(&[(3, gray(1, 4, 1_000, None)), (4, straggler(2, 3, 1_100, None)), (2, straggler(3, 4, 1_200, None))]), 100_000);
+        assert_eq!(v.verdicts.iter().map(|v| (v.host, v.raised_unix_ms)).collect::<Vec<_>>(), vec![(host(4), 3_000)], "{v:?}");
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //! behind its own IPU namespace running the eBPF redirect forwarder) and an agent runs in every
 //! IPU on its `fabric` port, seeing only its own host's traffic; faults go on the IPUs' fabric
 //! cables (`h<i>`); the agents' events are judged together before scoring, by the provider's
-//! fleet view ([`fleet_ipu_events`], `ringside fleet`'s code); stragglers merged ([`merge_ipu_events`]). The
+//! fleet view ([`fleet_ipu_events`], `ringside fleet`'s code, stragglers included). The
 //! leaf-spine has no IPUs, so `uplink-congestion` runs at the switch vantage only.
 //!
 //! One run: rig up → agent(s) ready → job starts → healthy warm-up (+ 0–2 s jitter) → fault
@@ -316,7 +316,7 @@ struct RunResult {
     /// At the IPU vantage, the blames the fleet view held back ([`ringside_client::fleet::Withheld`]).
     fleet_withheld: Vec<Value>,
     /// At the IPU vantage, the plain merge of the same events, network kinds together
-    /// ([`merge_ipu_events_by`]: every agent's blame repeated, one event per host as the fleet
+    /// ([`merge_ipu_events`]: every agent's blame repeated, one event per host as the fleet
     /// counts), scored beside the fleet's for comparison.
     merged_events: Vec<(usize, Value)>,
     /// Healthy observation: [from, to) unix ms.
@@ -784,7 +784,7 @@ fn run_star(ctx: &RunCtx, sc: Scenario, rep: u32, rng: &mut Rng, r: &mut RunResu
         let own: Vec<String> = s.hosts.iter().map(|h| h.addr.to_string()).collect();
         r.raw_events = std::mem::take(&mut r.events);
         r.events = fleet_ipu_events(&r.raw_events, &own, &mut r.fleet_withheld)?;
-        r.merged_events = merge_ipu_events_by(&r.raw_events, &own, false);
+        r.merged_events = merge_ipu_events(&r.raw_events, &own);
     }
     r.fault_log = star.rig().faults();
     r.job = job_summary(job, &ctx.logs.join(format!("{tag}-job")), job_start, r.fault.as_ref());
@@ -971,25 +971,21 @@ fn matches_fault(e: &Value, f: &FaultRecord, straggler: bool) -> bool {
 }
 
 /// The IPU vantage's verdicts as one fabric-wide list, the way an operator reading every IPU's
-/// `/v1/events` would count them:
+/// `/v1/events` without the fleet view would count them (the plain merge, scored beside the
+/// fleet's):
 /// 1. union of every IPU agent's events;
 /// 2. each names a host (`ipu_named_host`): a peer-scoped event its peer; a link-scoped event
 ///    the agent's own host (the agent watches one port, its IPU's fabric cable, so a verdict on
 ///    that link is about the path of the host behind it); other scopes name nothing across agents
 ///    and are kept per agent;
-/// 3. dedup: events of the same kind naming the same host whose lifetimes overlap (from
-///    `raised_unix_ms` to `ended_unix_ms`, or to the end of the run while open) are one event,
-///    raised when the first was, ended when the last ended, with every agent that raised one in
+/// 3. dedup: network events (of any network kind; stragglers only with stragglers) naming the same
+///    host whose lifetimes overlap (from `raised_unix_ms` to `ended_unix_ms`, or to the end of the
+///    run while open) are one event (the fleet view's unit, so that the two count alike), raised
+///    when the first was, ended when the last ended, with every agent that raised one in
 ///    `ipu_agents`. Two ring neighbours of a lossy host both naming it are one detection.
 ///
 /// Localization is then judged on the host a merged event names (`Place::IpuLink`).
 fn merge_ipu_events(raw: &[(usize, Value)], own_hosts: &[String]) -> Vec<(usize, Value)> {
-    merge_ipu_events_by(raw, own_hosts, true)
-}
-
-/// [`merge_ipu_events`], with `by_kind` false: events of any network kind naming the same host
-/// are one (the fleet view's unit, so that the two count alike).
-fn merge_ipu_events_by(raw: &[(usize, Value)], own_hosts: &[String], by_kind: bool) -> Vec<(usize, Value)> {
     let named = |a: usize, e: &Value| -> String {
         let s = &e["scope"];
         match s["type"].as_str() {
@@ -1005,7 +1001,7 @@ fn merge_ipu_events_by(raw: &[(usize, Value)], own_hosts: &[String], by_kind: bo
         let host = named(a, e);
         let end = e["ended_unix_ms"].as_u64();
         let same = out.iter_mut().find(|(_, m)| {
-            (kind(m) == kind(e) || !by_kind && is_network(m) && is_network(e)) && m["ipu_named_host"] == host.as_str() && m["ended_unix_ms"].as_u64().is_none_or(|end| raised(e) <= end)
+            (kind(m) == kind(e) || is_network(m) && is_network(e)) && m["ipu_named_host"] == host.as_str() && m["ended_unix_ms"].as_u64().is_none_or(|end| raised(e) <= end)
         });
         match same {
             Some((_, m)) => {
@@ -1037,8 +1033,8 @@ fn merge_ipu_events_by(raw: &[(usize, Value)], own_hosts: &[String], by_kind: bo
 /// corroborated or after the hold alone), one event per host and run of blames agreeing in time,
 /// raised when the fleet first repeated one (`fleet_witnesses`: every agent event behind it). The
 /// fields are those of the first event behind it, plus `ipu_named_host` and `ipu_agents` as in
-/// [`merge_ipu_events`]. Straggler events are not judged by the fleet; they are merged as before.
-/// The blames held back go to `withheld`.
+/// [`merge_ipu_events`]. Straggler events are judged by the fleet too (repeated once two agents
+/// name the same host a straggler in agreeing time). The blames held back go to `withheld`.
 fn fleet_ipu_events(raw: &[(usize, Value)], own_hosts: &[String], withheld: &mut Vec<Value>) -> Result<Vec<(usize, Value)>> {
     use ringside_client::{fleet, operator::Event};
     let mut agents = Vec::new();
@@ -1071,8 +1067,6 @@ fn fleet_ipu_events(raw: &[(usize, Value)], own_hosts: &[String], withheld: &mut
         m["fleet_witnesses"] = json!(v.witnesses);
         out.push((a, m));
     }
-    let stragglers: Vec<(usize, Value)> = raw.iter().filter(|(_, e)| !is_network(e)).cloned().collect();
-    out.extend(merge_ipu_events(&stragglers, own_hosts));
     out.sort_by_key(|(a, e)| (raised(e), *a));
     *withheld = view.withheld.iter().map(|w| json!(w)).collect();
     Ok(out)
@@ -1653,7 +1647,8 @@ fn render_markdown(
              a second agent (or the host's own link verdict) agrees or after {hold} ms alone. Blames of one host agreeing in time are one event, \
              raised when the fleet first repeated one (`ipu_named_host`, `ipu_agents`, `fleet_witnesses` in the JSON; `raw_events` keeps each \
              agent's own, `fleet_withheld` the blames never repeated and why, `merged_events` the plain merge scored in the line under each \
-             IPU table). Straggler events are merged as before (same kind, same host, overlapping lifetimes: one event). Localization is \
+             IPU table). Straggler events are judged by the fleet too: repeated only once a second agent names the same host a straggler \
+             in that time (a slow worker is late to every peer it sends to; one agent alone is one connection's schedule). Localization is \
              judged on the named host: the faulted host's address is correct, a healthy host is not.\n",
             hold = ringside_client::fleet::Rules::default().lone_blame_hold_ms,
             slack = ringside_client::fleet::Rules::default().overlap_slack_ms
@@ -1871,7 +1866,7 @@ mod tests {
             (0, ev("gray_failure", peer("10.77.0.2"), 1_000, Some(2_000))),
             // Raised after the first ended: a second detection.
             (2, ev("gray_failure", peer("10.77.0.2"), 2_500, Some(3_000))),
-            (2, ev("congestion", peer("10.77.0.2"), 1_100, None)),
+            (2, ev("straggler", peer("10.77.0.2"), 1_100, None)),
             (1, ev("gray_failure", peer("10.77.0.3"), 1_200, None)),
         ];
         let m = merge_ipu_events(&raw, &hosts());
@@ -1879,10 +1874,9 @@ mod tests {
     }
 
     #[test]
-    fn without_kinds_a_hosts_congestion_and_gray_failure_are_one_event() {
+    fn a_hosts_congestion_and_gray_failure_are_one_event() {
         let raw = vec![(2, ev("congestion", json!({"type": "link", "link": "fabric"}), 1_000, None)), (1, ev("gray_failure", peer("10.77.0.3"), 1_200, Some(3_000)))];
-        assert_eq!(merge_ipu_events(&raw, &hosts()).len(), 2);
-        let m = merge_ipu_events_by(&raw, &hosts(), false);
+        let m = merge_ipu_events(&raw, &hosts());
         assert_eq!(m.len(), 1, "{m:?}");
         assert_eq!((m[0].1["ipu_named_host"].as_str(), raised(&m[0].1)), (Some("10.77.0.3"), 1_000));
         assert_eq!(m[0].1["ipu_agents"], json!([2, 1]));
@@ -1920,23 +1914,28 @@ mod tests {
     #[test]
     fn the_fleet_drops_the_faulted_ipus_blame_of_a_neighbour_that_names_it_back() {
         // Host 3 (10.77.0.3, ipu2) capped: its IPU names neighbour 10.77.0.4 (ipu3) first; ipu3 and
-        // ipu1 name 10.77.0.3. A straggler event passes through the old merge.
+        // ipu1 name 10.77.0.3. Stragglers: 10.77.0.6 named by ipu4 and ipu0, 10.77.0.1 by ipu2 alone.
         let raw = vec![
             (2, full_ev(1, "gray_failure", peer("10.77.0.4"), 1_000, None)),
             (3, full_ev(5, "gray_failure", peer("10.77.0.3"), 1_100, None)),
             (1, full_ev(8, "gray_failure", peer("10.77.0.3"), 1_300, Some(5_000))),
             (4, full_ev(9, "straggler", peer("10.77.0.6"), 2_000, None)),
+            (0, full_ev(3, "straggler", peer("10.77.0.6"), 2_400, None)),
+            (2, full_ev(4, "straggler", peer("10.77.0.1"), 2_500, None)),
         ];
         let mut withheld = Vec::new();
         let m = fleet_ipu_events(&raw, &hosts(), &mut withheld).unwrap();
         let named: Vec<(&str, &str, u64)> = m.iter().map(|(_, e)| (kind(e), e["ipu_named_host"].as_str().unwrap(), raised(e))).collect();
-        // 10.77.0.4 is never named (alone, then contested); 10.77.0.3 once two agents name it.
-        assert_eq!(named, vec![("gray_failure", "10.77.0.3", 1_300), ("straggler", "10.77.0.6", 2_000)]);
+        // 10.77.0.4 is never named (alone, then contested); 10.77.0.3 once two agents name it;
+        // the straggler 10.77.0.6 once the second IPU sees it late; 10.77.0.1 never.
+        assert_eq!(named, vec![("gray_failure", "10.77.0.3", 1_300), ("straggler", "10.77.0.6", 2_400)]);
         assert_eq!(m[0].1["ipu_agents"], json!([3, 1]));
+        assert_eq!(m[1].1["ipu_agents"], json!([4, 0]));
         // ipu3's blame is still open: so is the verdict; ipu2's blame of 10.77.0.4 is held back.
         assert_eq!(m[0].1["ended_unix_ms"], Value::Null);
-        assert_eq!(withheld.len(), 1, "{withheld:?}");
-        assert_eq!((withheld[0]["witness"]["agent"].as_str(), withheld[0]["contested"].as_bool()), (Some("ipu2"), Some(true)));
+        let held: Vec<(Option<&str>, Option<&str>, Option<bool>)> =
+            withheld.iter().map(|w| (w["witness"]["agent"].as_str(), w["witness"]["kind"].as_str(), w["contested"].as_bool())).collect();
+        assert_eq!(held, vec![(Some("ipu2"), Some("gray_failure"), Some(true)), (Some("ipu2"), Some("straggler"), Some(false))], "{withheld:?}");
         assert!(names_place(m[0].0, &m[0].1, &Place::IpuLink { addr: "10.77.0.3".into() }));
         // An event that is not an agent's event is an error, not a silent drop.
         assert!(fleet_ipu_events(&[(0, json!({"kind": "congestion"}))], &hosts(), &mut withheld).is_err());

@@ -451,6 +451,35 @@ fn the_tail_of_a_fault_on_the_hosts_own_cable_names_no_neighbour() {
     }
 }
 
+#[test]
+fn a_mild_dip_of_every_peer_at_the_own_cable_must_last() {
+    // Both neighbours at 0.6 of their own history together: from the host's own end of the wire
+    // that is also the host itself running slow (a busy CPU), so it must last 4 windows of 5, as a
+    // gray failure's mild dip must. 3 windows of 5, then 2 of 3: nothing. A severe dip (0.3, a rate
+    // cap) raises at once. On a switch's port the same mild dip keeps the 2-of-3 rule.
+    let mild = |factor| Fault::Uplink { link: "fabric", goodput_factor: factor, ce_rate: 0.0, loss_rate: 0.0 };
+    let fabric = Scope::Link { link: "fabric".into() };
+    for seed in [1, 2, 3] {
+        let bursts = Scenario::own_cable(seed).with(mild(0.6), 20, 22).with(mild(0.6), 23, 24).with(mild(0.6), 30, 32);
+        let changes = run_at_own_cable(&bursts, 50);
+        assert!(changes.is_empty(), "seed {seed}: {changes:#?}");
+        let lasting = Scenario::own_cable(seed).with(mild(0.6), 20, 30);
+        let (opened, _, v) = single_verdict(&run_at_own_cable(&lasting, 50), VerdictKind::Congestion, &fabric, 23, 36);
+        assert_eq!(opened, 23, "seed {seed}: the fourth window of five");
+        assert_eq!(v.severity, Severity::Warning, "seed {seed}");
+        let severe = Scenario::own_cable(seed).with(mild(0.3), 20, 30);
+        let (opened, _, _) = single_verdict(&run_at_own_cable(&severe, 50), VerdictKind::Congestion, &fabric, 20, 36);
+        assert_eq!(opened, 20, "seed {seed}: severe raises at once");
+        let mut cfg = DetectorConfig::default();
+        cfg.gray.min_peers = 2;
+        let at_switch = run_with(cfg, &bursts.windows(50));
+        assert!(
+            at_switch.iter().any(|(i, c)| *i == 21 && matches!(c, VerdictChange::Opened(v) if v.scope == fabric)),
+            "seed {seed}: away from the own cable two windows of three raise: {at_switch:#?}"
+        );
+    }
+}
+
 /// `windows` as seen at one host's end of the wire (`JobWindow::local`, its cable `fabric`).
 fn at_own_cable(mut windows: Vec<JobWindow>) -> Vec<JobWindow> {
     for w in &mut windows {
