@@ -145,7 +145,7 @@ impl EventLog {
                     *self.opened_total.entry(v.kind).or_default() += 1;
                     let id = self.next_id;
                     self.next_id += 1;
-                    let event = Event {
+                    let mut event = Event {
                         id,
                         job: v.job.clone(),
                         kind: v.kind,
@@ -162,7 +162,9 @@ impl EventLog {
                         observed_windows: v.observed_windows,
                         anomalous_windows: v.anomalous_windows,
                         evidence: v.evidence.clone(),
+                        signals: Vec::new(),
                     };
+                    add_signals(&mut event, v);
                     self.open.insert(id, OpenEvent { event, verdict: Some(v.id), carry_windows_left: 0 });
                 }
                 VerdictChange::Updated(v) => {
@@ -252,6 +254,17 @@ fn update(e: &mut Event, v: &Verdict) {
     e.anomalous_windows = v.anomalous_windows;
     if !v.evidence.is_empty() {
         e.evidence.clone_from(&v.evidence);
+    }
+    add_signals(e, v);
+}
+
+/// Adds the metrics of `v`'s evidence that `e.signals` lacks (refreshed every window, so every
+/// anomalous window's metrics are kept).
+fn add_signals(e: &mut Event, v: &Verdict) {
+    for m in v.evidence.iter().map(|x| x.metric) {
+        if !e.signals.contains(&m) {
+            e.signals.push(m);
+        }
     }
 }
 

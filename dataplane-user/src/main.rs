@@ -70,7 +70,9 @@ enum Command {
     /// peer's: both slow the connection between them. A blame of a host is repeated unless that
     /// host's agent blames the accuser back in the same fault time while the accuser is named by
     /// at least as many agents, and only once a second agent agrees (or the host's own agent
-    /// flags its own link), or after it stood --lone-blame-hold-ms alone. A straggler (a slow
+    /// flags its own link), or after it stood --lone-blame-hold-ms alone; a blame on in-burst
+    /// goodput alone (what a busy host looks like too) only once two agents besides the
+    /// host's own name it, or a blame with loss, stall or queue evidence agrees. A straggler (a slow
     /// worker, not the network) is named only once two agents see the same host late: a slow
     /// worker is late to every peer it sends to. docs/operator-guide.md, "Fleet view".
     ///

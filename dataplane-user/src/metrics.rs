@@ -760,7 +760,7 @@ pub(crate) mod tests {
         reader.poll(2_000_000_000);
         let rdma = Some(reader.snapshot().clone());
         let mut queues = crate::queue_stats::QueueSnapshot { reads: 3, errors: 1, ..Default::default() };
-        queues.interfaces.insert("eth0".into(), crate::queue_stats::QueueDelta { packets: 5000, drops: 40 });
+        queues.interfaces.insert("eth0".into(), crate::queue_stats::QueueDelta { packets: 5000, drops: 40, overlimits: 0 });
         let events = tokio::sync::watch::channel(Arc::new(EventsSnapshot { log: sample_events(), jobs: Vec::new(), rdma, queues: Some(queues) })).1;
         let catalog = JobCatalog::new(vec![crate::jobs::TokenHash::of(TEST_OPERATOR_TOKEN)], Vec::new());
         // A mirror port that read one RoCE frame and one ARP frame.

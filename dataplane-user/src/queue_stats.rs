@@ -33,6 +33,7 @@ use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 pub struct QueueCounters {
     pub packets: u32,
     pub drops: u32,
+    pub overlimits: u32,
 }
 
 /// What one interface's queue did between two reads.
@@ -42,6 +43,11 @@ pub struct QueueDelta {
     pub packets: u64,
     /// Packets it dropped (queue full, rate limit, AQM).
     pub drops: u64,
+    /// Times a shaping qdisc held a packet back because its rate was exhausted (`tc -s qdisc`:
+    /// `overlimits`; a `tbf`, `htb`: the link is the bottleneck of what it is offered, even
+    /// when nothing is dropped). 0 for queues that do not shape.
+    #[serde(default)]
+    pub overlimits: u64,
 }
 
 impl QueueDelta {
@@ -65,14 +71,17 @@ fn root_counters(m: &TcMessage) -> Option<(u32, QueueCounters)> {
                 for s in s {
                     match s {
                         TcStats2::Basic(b) => q.packets = b.packets,
-                        TcStats2::Queue(x) => q.drops = x.drops,
+                        TcStats2::Queue(x) => {
+                            q.drops = x.drops;
+                            q.overlimits = x.overlimits;
+                        }
                         _ => {}
                     }
                 }
                 c = Some(q);
             }
             // The old `TCA_STATS` block, for a kernel (or qdisc) without `TCA_STATS2`.
-            TcAttribute::Stats(s) if c.is_none() => c = Some(QueueCounters { packets: s.packets, drops: s.drops }),
+            TcAttribute::Stats(s) if c.is_none() => c = Some(QueueCounters { packets: s.packets, drops: s.drops, overlimits: s.overlimits }),
             _ => {}
         }
     }
@@ -203,6 +212,7 @@ impl QueueReader {
             let t = self.snapshot.interfaces.entry(n.clone()).or_default();
             t.packets += d.packets;
             t.drops += d.drops;
+            t.overlimits += d.overlimits;
         }
         d
     }
@@ -219,9 +229,12 @@ pub fn deltas(prev: &BTreeMap<u32, QueueCounters>, now: &BTreeMap<u32, QueueCoun
     now.iter()
         .filter_map(|(i, c)| {
             let p = prev.get(i)?;
-            let (packets, drops) = (c.packets.wrapping_sub(p.packets), c.drops.wrapping_sub(p.drops));
-            (packets < BACKWARDS && drops < BACKWARDS)
-                .then_some((*i, QueueDelta { packets: u64::from(packets), drops: u64::from(drops) }))
+            let (packets, drops, overlimits) =
+                (c.packets.wrapping_sub(p.packets), c.drops.wrapping_sub(p.drops), c.overlimits.wrapping_sub(p.overlimits));
+            (packets < BACKWARDS && drops < BACKWARDS && overlimits < BACKWARDS).then_some((
+                *i,
+                QueueDelta { packets: u64::from(packets), drops: u64::from(drops), overlimits: u64::from(overlimits) },
+            ))
         })
         .collect()
 }
@@ -249,7 +262,7 @@ mod tests {
 
     #[test]
     fn only_root_qdiscs_count() {
-        assert_eq!(root_counters(&qdisc(3, TcHandle::ROOT, 10, 2)), Some((3, QueueCounters { packets: 10, drops: 2 })));
+        assert_eq!(root_counters(&qdisc(3, TcHandle::ROOT, 10, 2)), Some((3, QueueCounters { packets: 10, drops: 2, overlimits: 0 })));
         assert_eq!(root_counters(&qdisc(3, TcHandle { major: 1, minor: 1 }, 10, 2)), None);
         assert_eq!(root_counters(&qdisc(0, TcHandle::ROOT, 10, 2)), None);
         let mut bare = qdisc(4, TcHandle::ROOT, 0, 0);
@@ -260,10 +273,10 @@ mod tests {
     #[test]
     fn reads_report_and_sum_the_attached_interfaces_only() {
         let names = HashMap::from([(2, "fabric".to_owned())]);
-        let read = |p, d| BTreeMap::from([(2, QueueCounters { packets: p, drops: d }), (3, QueueCounters { packets: 5 * p, drops: 5 * d })]);
+        let read = |p, d| BTreeMap::from([(2, QueueCounters { packets: p, drops: d, overlimits: 0 }), (3, QueueCounters { packets: 5 * p, drops: 5 * d, overlimits: 0 })]);
         let mut r = QueueReader::default();
         assert!(r.account(read(0, 0), &names).is_empty(), "the first read is the reference");
-        let fabric = |p, d| BTreeMap::from([("fabric".to_owned(), QueueDelta { packets: p, drops: d })]);
+        let fabric = |p, d| BTreeMap::from([("fabric".to_owned(), QueueDelta { packets: p, drops: d, overlimits: 0 })]);
         assert_eq!(r.account(read(10, 1), &names), fabric(10, 1));
         assert_eq!(r.account(read(20, 2), &names), fabric(10, 1));
         assert_eq!(r.snapshot().interfaces, fabric(20, 2), "interface 3 is not attached");
@@ -280,22 +293,22 @@ mod tests {
     #[test]
     fn deltas_wrap_and_skip_replaced_or_new_queues() {
         let prev = BTreeMap::from([
-            (1, QueueCounters { packets: u32::MAX - 5, drops: 7 }),
-            (2, QueueCounters { packets: 1000, drops: 50 }),
-            (4, QueueCounters { packets: 207_000, drops: 0 }),
+            (1, QueueCounters { packets: u32::MAX - 5, drops: 7, overlimits: 0 }),
+            (2, QueueCounters { packets: 1000, drops: 50, overlimits: 0 }),
+            (4, QueueCounters { packets: 207_000, drops: 0, overlimits: 0 }),
         ]);
         let now = BTreeMap::from([
-            (1, QueueCounters { packets: 4, drops: 9 }),
-            (2, QueueCounters { packets: 10, drops: 0 }),
-            (3, QueueCounters { packets: 5, drops: 5 }),
-            (4, QueueCounters { packets: 0, drops: 0 }),
+            (1, QueueCounters { packets: 4, drops: 9, overlimits: 0 }),
+            (2, QueueCounters { packets: 10, drops: 0, overlimits: 0 }),
+            (3, QueueCounters { packets: 5, drops: 5, overlimits: 0 }),
+            (4, QueueCounters { packets: 0, drops: 0, overlimits: 0 }),
         ]);
         let d = deltas(&prev, &now);
-        assert_eq!(d.get(&1), Some(&QueueDelta { packets: 10, drops: 2 }), "the 32-bit counter wrapped");
+        assert_eq!(d.get(&1), Some(&QueueDelta { packets: 10, drops: 2, overlimits: 0 }), "the 32-bit counter wrapped");
         assert_eq!(d.get(&2), None, "replaced: both counters went backwards");
         assert_eq!(d.get(&3), None, "new: no previous read");
         assert_eq!(d.get(&4), None, "a tbf replaced by noqueue: packets went backwards, drops stayed 0");
-        assert_eq!(QueueDelta { packets: 90, drops: 10 }.drop_ratio(), Some(0.1));
+        assert_eq!(QueueDelta { packets: 90, drops: 10, overlimits: 0 }.drop_ratio(), Some(0.1));
         assert_eq!(QueueDelta::default().drop_ratio(), None);
     }
 

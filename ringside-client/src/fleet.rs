@@ -24,6 +24,15 @@
 //!   [`Rules::lone_blame_hold_ms`] since it was raised (the blame back usually comes within a
 //!   second).
 //!
+//! A blame on in-burst goodput alone ([`Event::goodput_only`]: no loss, stall, ECN, CNP or queue
+//! drops in any of its windows) is evidence a busy host fakes as well as a slow path: a host
+//! whose CPU is starved looks, from its own agent, like every peer slower (congestion on its own
+//! link) and, from a neighbour's, like a slow peer. Unless a blame of the same host with other
+//! evidence agrees in time, it is repeated only once two agents besides the host's own name that
+//! host, never after the hold (recorded before the rule, in the IPU runs of sessions 36-37: 12 of
+//! the fleet's 13 wrong verdicts were goodput-only, named by at most one agent besides the host's
+//! own; 1 of its 52 right ones was, named by two).
+//!
 //! Blames of one host that agree in time are one [`FleetVerdict`], raised when the fleet first
 //! repeated one of them. Blames never repeated are listed as [`Withheld`], with the reason, so an
 //! operator sees what each agent said and why the fleet did not repeat it.
@@ -143,6 +152,8 @@ struct Blame<'a> {
     own_link: bool,
     /// A straggler event (judged only with other straggler events).
     straggler: bool,
+    /// A network blame on in-burst goodput alone ([`Event::goodput_only`]).
+    weak: bool,
     event: &'a Event,
 }
 
@@ -175,7 +186,7 @@ fn blames<'a>(agents: &'a [AgentEvents], rules: &Rules) -> Vec<Blame<'a>> {
             };
             let start = e.started_unix_ms.min(e.raised_unix_ms);
             let to = e.ended_unix_ms.map_or(u64::MAX, |end| end.max(start).saturating_add(rules.overlap_slack_ms + 1));
-            out.push(Blame { agent: i, host, raised: e.raised_unix_ms, start, from: start.saturating_sub(rules.overlap_slack_ms), to, own_link, straggler, event: e });
+            out.push(Blame { agent: i, host, raised: e.raised_unix_ms, start, from: start.saturating_sub(rules.overlap_slack_ms), to, own_link, straggler, weak: !straggler && e.goodput_only(), event: e });
         }
     }
     out.sort_by_key(|b| b.raised);
@@ -189,6 +200,9 @@ enum Answer {
     Alone,
     /// A straggler no second agent names (never repeated by waiting).
     LoneStraggler,
+    /// A goodput-only blame that fewer than two agents besides the host's own back, and no blame
+    /// with other evidence (never repeated by waiting); how many do.
+    WeakAlone(usize),
 }
 
 /// `near`: the blames naming `b`'s host or its accuser (the only ones the answer reads).
@@ -200,6 +214,14 @@ fn answer(agents: &[AgentEvents], near: &[&Blame<'_>], b: &Blame<'_>, t: u64, ru
     let mine = namers(b.host, b);
     if b.straggler {
         return if mine.len() >= 2 { Answer::Repeat } else { Answer::LoneStraggler };
+    }
+    if b.weak && !known().any(|c| c.host == b.host && !c.weak && c.agrees(b, t)) {
+        // Goodput alone is what a busy host looks like from its own agent (every peer slower)
+        // and from a neighbour's (that host slower): two agents besides its own must see it.
+        let others = mine.iter().filter(|&&a| agents[a].host != b.host).count();
+        if others < 2 {
+            return Answer::WeakAlone(others);
+        }
     }
     if !b.own_link {
         for c in known().filter(|c| agents[c.agent].host == b.host && c.host == accuser && !c.own_link && c.agrees(b, t)) {
@@ -300,6 +322,13 @@ pub fn judge(agents: &[AgentEvents], now_unix_ms: u64, rules: &Rules) -> FleetVi
         .map(|(i, b)| {
             let (contested, reason) = match &last[i] {
                 Some(Answer::Contested(why)) => (true, why.clone()),
+                Some(Answer::WeakAlone(n)) => (
+                    false,
+                    format!(
+                        "goodput only (what a busy host looks like as well as a slow path), and {n} agent(s) besides {}'s own named it in that time: the fleet needs two, or a blame with other evidence (loss, stall, ECN, queue drops)",
+                        b.host
+                    ),
+                ),
                 Some(Answer::LoneStraggler) => (
                     false,
                     format!(
@@ -319,7 +348,7 @@ pub fn judge(agents: &[AgentEvents], now_unix_ms: u64, rules: &Rules) -> FleetVi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operator::{EventState, Severity};
+    use crate::operator::{EventState, Metric, Severity};
 
     fn ev(id: u64, kind: VerdictKind, scope: Scope, raised: u64, ended: Option<u64>) -> Event {
         Event {
@@ -339,7 +368,14 @@ mod tests {
             observed_windows: 1,
             anomalous_windows: 1,
             evidence: Vec::new(),
+            signals: Vec::new(),
         }
+    }
+
+    /// `e` raised and kept on these signals only.
+    fn on(mut e: Event, signals: &[Metric]) -> Event {
+        e.signals = signals.to_vec();
+        e
     }
 
     fn host(i: u8) -> IpAddr {
@@ -470,6 +506,28 @@ mod tests {
         // A straggler never contests a network blame, nor counts as its witness.
         let v = judge(&fleet(&[(3, gray(1, 4, 1_000, None)), (4, straggler(2, 3, 1_100, None)), (2, straggler(3, 4, 1_200, None))]), 100_000);
         assert_eq!(v.verdicts.iter().map(|v| (v.host, v.raised_unix_ms)).collect::<Vec<_>>(), vec![(host(4), 3_000)], "{v:?}");
+    }
+
+    #[test]
+    fn goodput_alone_needs_two_agents_besides_the_hosts_own() {
+        const G: &[Metric] = &[Metric::InBurstGoodputBps];
+        let link = |id, raised| on(ev(id, VerdictKind::Congestion, Scope::Link { link: "fabric".into() }, raised, Some(9_000)), G);
+        // Host 6 busy: its own agent sees every peer slower, one neighbour sees it slower. Never
+        // repeated, however long, and it says why.
+        let v = judge(&fleet(&[(6, link(1, 1_000)), (5, on(gray(2, 6, 1_500, Some(9_000)), G))]), 100_000);
+        assert!(v.verdicts.is_empty(), "{v:?}");
+        assert_eq!(held(&v), vec![("ipu6", host(6), false), ("ipu5", host(6), false)]);
+        assert!(v.withheld[1].reason.contains("goodput only") && v.withheld[1].reason.contains("1 agent(s) besides 10.77.0.6's own"), "{v:?}");
+        // Both neighbours see it: named when the second does (the host's own link verdict joins).
+        let v = judge(&fleet(&[(6, link(1, 1_000)), (5, on(gray(2, 6, 1_500, None), G)), (1, on(gray(3, 6, 2_500, None), G))]), 100_000);
+        assert_eq!(v.verdicts.iter().map(|v| (v.host, v.raised_unix_ms, v.witnesses.len())).collect::<Vec<_>>(), vec![(host(6), 2_500, 3)], "{v:?}");
+        // One neighbour's blame with loss in any of its windows backs the others: the usual rules.
+        let lossy = on(gray(2, 6, 1_500, Some(9_000)), &[Metric::LossRate, Metric::InBurstGoodputBps]);
+        let v = judge(&fleet(&[(6, link(1, 1_000)), (5, lossy)]), 100_000);
+        assert_eq!(spans(&v), vec![(host(6), 1_500, 1_000, Some(9_000))], "{v:?}");
+        // An event from an agent without `signals` is judged on its evidence; none at all is not
+        // goodput-only.
+        assert!(!gray(1, 2, 0, None).goodput_only());
     }
 
     #[test]

@@ -192,6 +192,21 @@ pub struct Event {
     pub anomalous_windows: u32,
     /// The numbers of the latest anomalous window.
     pub evidence: Vec<Evidence>,
+    /// Every metric that was evidence in any window since the raise, in the order first seen
+    /// (`evidence` shows the latest anomalous window's only: a verdict raised on loss may end on
+    /// a goodput dip). Empty from agents older than this field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signals: Vec<Metric>,
+}
+
+impl Event {
+    /// Whether every signal the event was ever raised or kept on is in-burst goodput: evidence a
+    /// busy host's CPU can fake as well as a slow path (no loss, stall, ECN, CNP or queue count).
+    /// Reads `signals`, or `evidence` from an agent that does not report them.
+    pub fn goodput_only(&self) -> bool {
+        let mut metrics = self.signals.iter().copied().chain(self.evidence.iter().map(|e| e.metric)).peekable();
+        metrics.peek().is_some() && metrics.all(|m| m == Metric::InBurstGoodputBps)
+    }
 }
 
 /// Open or closed.

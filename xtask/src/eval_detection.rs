@@ -1644,7 +1644,9 @@ fn render_markdown(
              peer, a link-scoped event the agent's own host, since the agent's one port is its host's fabric cable) claiming the fault's \
              estimated time (started..ended, ±{slack} ms), decided as a live fleet would from what had been raised by then: repeated unless the \
              blamed host's agent blames the accuser back in that time while the accuser is named by at least as many agents, and only once \
-             a second agent (or the host's own link verdict) agrees or after {hold} ms alone. Blames of one host agreeing in time are one event, \
+             a second agent (or the host's own link verdict) agrees or after {hold} ms alone; a blame on in-burst goodput alone (its event's \
+             `signals`: what a busy host looks like too) only once two agents besides the host's own name it, or a blame with other evidence \
+             agrees. Blames of one host agreeing in time are one event, \
              raised when the fleet first repeated one (`ipu_named_host`, `ipu_agents`, `fleet_witnesses` in the JSON; `raw_events` keeps each \
              agent's own, `fleet_withheld` the blames never repeated and why, `merged_events` the plain merge scored in the line under each \
              IPU table). Straggler events are judged by the fleet too: repeated only once a second agent names the same host a straggler \

@@ -492,7 +492,7 @@ fn at_own_cable(mut windows: Vec<JobWindow>) -> Vec<JobWindow> {
 /// dropping `drops` of them in `during` (none before and after).
 fn with_fabric_queue(mut windows: Vec<JobWindow>, during: std::ops::Range<usize>, drops: u64) -> Vec<JobWindow> {
     for (i, w) in windows.iter_mut().enumerate() {
-        let queue = Some(crate::queue_stats::QueueDelta { packets: 10_000, drops: if during.contains(&i) { drops } else { 0 } });
+        let queue = Some(crate::queue_stats::QueueDelta { packets: 10_000, drops: if during.contains(&i) { drops } else { 0 }, overlimits: 0 });
         match w.links.iter_mut().find(|l| l.link == "fabric" && l.direction == "egress") {
             Some(l) => l.queue = queue,
             None => w.links.push(LinkWindow { link: "fabric".into(), direction: "egress".into(), flows: 2, queue, ..Default::default() }),
@@ -539,7 +539,7 @@ fn a_queue_that_drops_from_the_start_is_judged_against_its_own_baseline() {
     let mut windows = with_fabric_queue(at_own_cable(s.windows(60)), 0..60, 200);
     assert!(opened_scopes(&windows).is_empty(), "{:?}", opened_scopes(&windows));
     for w in &mut windows[30..40] {
-        w.links.iter_mut().find(|l| l.link == "fabric").unwrap().queue = Some(crate::queue_stats::QueueDelta { packets: 8_800, drops: 1_200 });
+        w.links.iter_mut().find(|l| l.link == "fabric").unwrap().queue = Some(crate::queue_stats::QueueDelta { packets: 8_800, drops: 1_200, overlimits: 0 });
     }
     let changes = run_with(DetectorConfig::default(), &windows);
     let (opened, _, v) = single_verdict(&changes, VerdictKind::Congestion, &Scope::Link { link: "fabric".into() }, 30, 44);
