@@ -56,6 +56,12 @@ impl QueueDelta {
         let offered = self.packets + self.drops;
         (offered > 0).then(|| self.drops as f64 / offered as f64)
     }
+
+    /// Throttles per packet sent (above 1 when the shaper held packets back more than once
+    /// each); `None` when it sent nothing.
+    pub fn throttle_ratio(&self) -> Option<f64> {
+        (self.packets > 0).then(|| self.overlimits as f64 / self.packets as f64)
+    }
 }
 
 /// The root qdisc's counters of one `RTM_NEWQDISC` message, if it is a root qdisc with them.

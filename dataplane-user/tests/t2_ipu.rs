@@ -327,6 +327,24 @@ fn a_healthy_job_on_a_busy_machine_keeps_its_plan_in_ipu0() {
 #[test]
 #[ignore = "needs root and the eBPF objects (T2): run with cargo xtask test"]
 fn drops_in_ipu0s_own_fabric_queue_are_congestion_on_its_cable() {
+    // A 32 KB queue: host 0's bursts overflow it.
+    own_fabric_cap_is_congestion_on_its_cable("queue", 9485, "32kb", dataplane_user::detect::Metric::QueueDropRate, "drops");
+}
+
+#[test]
+#[ignore = "needs root and the eBPF objects (T2): run with cargo xtask test"]
+fn a_shaper_on_ipu0s_own_fabric_that_drops_nothing_is_congestion_on_its_cable() {
+    // A 64 MB queue holds everything TCP has in flight: nothing is dropped, the shaper holds
+    // host 0's packets back (overlimits).
+    own_fabric_cap_is_congestion_on_its_cable("shaper", 9486, "64mb", dataplane_user::detect::Metric::QueueThrottleRate, "overlimits");
+}
+
+/// Host 0 sends bursts to its two neighbours through IPU 0, whose agent has a warm baseline of
+/// its fabric queue; then a 40 Mbit/s `tbf` with a queue of `limit` goes on IPU 0's own fabric
+/// port (not the switch's end). IPU 0's agent must name congestion on `fabric` with `metric`
+/// among its evidence, show the queue's `counter` (drops, overlimits) in `/metrics`, and blame no
+/// neighbour.
+fn own_fabric_cap_is_congestion_on_its_cable(tag: &str, port: u16, limit: &str, metric: dataplane_user::detect::Metric, counter: &str) {
     let _serial = preconditions();
     let star = ipu_star(3);
     let body = format!(
@@ -334,7 +352,7 @@ fn drops_in_ipu0s_own_fabric_queue_are_congestion_on_its_cable() {
          [[job]]\nname = \"t2\"\nmembers = [\"10.77.0.0/24\"]\ntcp_ports = [{JOB_PORT}]\n\
          [detect.gray]\nmin_peers = 2\n"
     );
-    let agent = IpuAgent::start(&star, 0, "t2ipu", "queue", 9485, &body);
+    let agent = IpuAgent::start(&star, 0, "t2ipu", tag, port, &body);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sinks: Vec<_> = [1usize, 2]
         .iter()
@@ -373,14 +391,14 @@ fn drops_in_ipu0s_own_fabric_queue_are_congestion_on_its_cable() {
     assert!(healthy.windows >= 6, "the detectors ran only {} windows", healthy.windows);
     assert!(!healthy.events.iter().any(|e| e.kind.is_network_fault()), "network faults before the cap:{}", summary(&healthy));
 
-    // IPU 0's own fabric port only (not the switch's end): host 0's sends are capped and dropped
-    // in IPU 0's queue; the neighbours' data comes in as before.
+    // IPU 0's own fabric port only (not the switch's end): host 0's sends are capped in IPU 0's
+    // queue; the neighbours' data comes in as before.
     let ipu0 = star.ipu(0).unwrap().handle();
     let tc = |args: &[&str]| {
         let out = ipu0.command("tc").args(args).output().expect("running tc");
         assert!(out.status.success(), "tc {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     };
-    tc(&["qdisc", "replace", "dev", IPU_FABRIC_PORT, "root", "tbf", "rate", "40mbit", "burst", "16kb", "limit", "32kb"]);
+    tc(&["qdisc", "replace", "dev", IPU_FABRIC_PORT, "root", "tbf", "rate", "40mbit", "burst", "16kb", "limit", limit]);
     let started = Instant::now();
     let fabric = Scope::Link { link: IPU_FABRIC_PORT.into() };
     let found = wait_for(Duration::from_secs(30), POLL, "a congestion event on IPU 0's fabric cable", || {
@@ -389,9 +407,9 @@ fn drops_in_ipu0s_own_fabric_queue_are_congestion_on_its_cable() {
     let latency = started.elapsed();
     let r = agent.events();
     let qdisc = ipu0.command("tc").args(["-s", "qdisc", "show", "dev", IPU_FABRIC_PORT]).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
-    // The drops are in the agent's /metrics too (growth since its first read of the queue).
+    // The counts are in the agent's /metrics too (growth since its first read of the queue).
     let metrics = support::agent::scrape_metrics(star.ipu(0).unwrap(), agent.port).expect("scraping IPU 0's agent");
-    let drops = support::agent::metric(&metrics, &format!("ringside_interface_queue_drops_total{{interface=\"{IPU_FABRIC_PORT}\"}}"));
+    let counted = support::agent::metric(&metrics, &format!("ringside_interface_queue_{counter}_total{{interface=\"{IPU_FABRIC_PORT}\"}}"));
     tc(&["qdisc", "del", "dev", IPU_FABRIC_PORT, "root"]);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let sent = sender.join().unwrap();
@@ -402,11 +420,8 @@ fn drops_in_ipu0s_own_fabric_queue_are_congestion_on_its_cable() {
         serde_json::to_string(&found).unwrap(),
         summary(&r)
     );
-    assert!(drops.is_some_and(|d| d > 0), "ringside_interface_queue_drops_total of {IPU_FABRIC_PORT}: {drops:?}");
-    assert!(
-        found.evidence.iter().any(|e| e.metric == dataplane_user::detect::Metric::QueueDropRate),
-        "the cable was named, but not on its queue's drops: {found:?}"
-    );
+    assert!(counted.is_some_and(|d| d > 0), "ringside_interface_queue_{counter}_total of {IPU_FABRIC_PORT}: {counted:?}");
+    assert!(found.signals.contains(&metric) || found.evidence.iter().any(|e| e.metric == metric), "the cable was named, but not on {metric:?}: {found:?}");
     let blamed: Vec<_> = r.events.iter().filter(|e| e.kind.is_network_fault() && matches!(e.scope, Scope::Peer { .. })).collect();
     assert!(blamed.is_empty(), "a neighbour was blamed for IPU 0's own cable: {blamed:?}");
 }

@@ -322,6 +322,10 @@ pub enum Metric {
     /// Packets the link's own egress queue (its interface's root qdisc) dropped per packet it was
     /// offered: loss at this end of the link, not behind it.
     QueueDropRate,
+    /// Times the link's own egress queue (a shaping root qdisc: `tbf`, `htb`) held a packet back
+    /// for lack of rate, per packet it sent (`tc -s qdisc`: `overlimits`): the link is the
+    /// bottleneck of what this end offers it.
+    QueueThrottleRate,
     /// RDMA port counters: CNPs the port sent per second (`np_cnp_sent`: it received
     /// ECN-marked packets, so the path *into* the port is congested).
     CnpSentPerS,

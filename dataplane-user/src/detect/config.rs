@@ -291,6 +291,16 @@ pub struct CongestionConfig {
     pub queue_drop_open_floor: f64,
     pub queue_drop_growth: f64,
     pub queue_drop_severe: f64,
+    /// Queue throttles: the link's own egress queue, a shaper (`tbf`, `htb`), holds packets back
+    /// for lack of rate at least `queue_throttle_open_floor` (0.05) times per packet it sends
+    /// *and* `queue_throttle_growth` (4×) its own baseline: the link has become the bottleneck of
+    /// what this end offers it (a rate cap applied, a shaper lowered), even where nothing is
+    /// dropped. Never severe (a shaper doing its job loses nothing), so raised on `raise_k` of
+    /// `raise_n` windows; judged only once the baseline is warm, like queue drops (a job that
+    /// starts on a link shaped below its rate is shaped from its first window, and that is its
+    /// normal); clean below max(0.025, 2× baseline).
+    pub queue_throttle_open_floor: f64,
+    pub queue_throttle_growth: f64,
 }
 
 impl CongestionConfig {
@@ -319,7 +329,9 @@ impl CongestionConfig {
         at_least_f64(self.queue_drop_growth, 1.0).map_err(key("queue_drop_growth"))?;
         in_range(self.queue_drop_severe, 0.0, 1.0).map_err(key("queue_drop_severe"))?;
         below("queue_drop_open_floor", self.queue_drop_open_floor, "queue_drop_severe", self.queue_drop_severe)
-            .map_err(key("queue_drop_open_floor"))
+            .map_err(key("queue_drop_open_floor"))?;
+        positive(self.queue_throttle_open_floor).map_err(key("queue_throttle_open_floor"))?;
+        at_least_f64(self.queue_throttle_growth, 1.0).map_err(key("queue_throttle_growth"))
     }
 }
 
@@ -344,6 +356,8 @@ impl Default for CongestionConfig {
             queue_drop_open_floor: 0.01,
             queue_drop_growth: 4.0,
             queue_drop_severe: 0.05,
+            queue_throttle_open_floor: 0.05,
+            queue_throttle_growth: 4.0,
         }
     }
 }

@@ -18,7 +18,13 @@
 //! - queue drops, at one host's end of the wire only (its NIC, its IPU's `fabric` port): the
 //!   host's own cable's egress queue (its interface's root qdisc) drops a share of what it is
 //!   offered, several times its own baseline ([`queue_drop_condition`]). On a switch a port
-//!   whose queue drops is a peer's slow or capped path, which the gray-failure detector names.
+//!   whose queue drops is a peer's slow or capped path, which the gray-failure detector names;
+//! - queue throttles, at one host's end of the wire only, likewise: the own cable's egress queue
+//!   is a shaper (`tbf`, `htb`) that holds packets back for lack of rate several times more often
+//!   per packet than its baseline ([`queue_throttle_condition`]): the cable has become the
+//!   bottleneck of what this end sends, though nothing need be dropped (a rate cap whose queue
+//!   absorbs what a ring forwards: recorded, 0.9-1.7 throttles per packet on the capped host's
+//!   IPU, 0 on every other IPU).
 //!
 //! The last three see a shared uplink that carries only one or two of the job's peers, where the
 //! per-peer conditions cannot count. Shared loss and competition need other traffic on the link,
@@ -58,6 +64,8 @@ pub(crate) struct LinkInput<'a> {
     pub egress_goodput_baseline: Option<Robust>,
     /// The egress queue's drop ratio, own baseline once warmed up.
     pub queue_drop_baseline: Option<Robust>,
+    /// The egress queue's throttles per packet sent, own baseline once warmed up.
+    pub queue_throttle_baseline: Option<Robust>,
     /// The link is the host's own cable (the agent sits at one host's end of the wire:
     /// `JobWindow::local`'s link, in this window or an earlier one): only there are queue drops
     /// judged.
@@ -76,6 +84,7 @@ pub(crate) struct LinkRates {
     pub ce_rate: Option<f64>,
     pub cnp_per_s: Option<f64>,
     pub queue_drop_ratio: Option<f64>,
+    pub queue_throttle_ratio: Option<f64>,
 }
 
 fn required(cfg: &CongestionConfig, n: usize) -> usize {
@@ -200,6 +209,33 @@ fn queue_drop_condition(cfg: &CongestionConfig, min_data_packets: u64, fold: &mu
     Some(ratio)
 }
 
+/// Queue throttles (module docs), on the host's own cable only, like [`queue_drop_condition`]:
+/// judged on `min_data_packets` sent, against the link's own warm baseline; a window without
+/// throttles is a 0 whatever the queue sent (`noqueue` counts nothing), so a shaper that appears
+/// with a fault meets a warm baseline. Never severe. Returns the window's ratio, for the baseline.
+fn queue_throttle_condition(cfg: &CongestionConfig, min_data_packets: u64, fold: &mut Fold, link: &LinkInput<'_>) -> Option<f64> {
+    let q = link.egress()?.queue?;
+    let ratio = if q.overlimits == 0 {
+        0.0
+    } else if q.packets < min_data_packets.max(1) {
+        return None;
+    } else {
+        q.throttle_ratio()?
+    };
+    if link.own_cable && link.queue_throttle_baseline.is_some() {
+        rate_condition(
+            fold,
+            Metric::QueueThrottleRate,
+            ratio,
+            link.queue_throttle_baseline,
+            cfg.queue_throttle_open_floor,
+            cfg.queue_throttle_growth,
+            f64::INFINITY,
+        );
+    }
+    Some(ratio)
+}
+
 /// Competition (module docs).
 fn competition_condition(cfg: &CongestionConfig, fold: &mut Fold, link: &LinkInput<'_>) {
     let Some(eg) = link.egress() else { return };
@@ -293,6 +329,7 @@ pub(crate) fn assess(
     shared_loss_condition(cfg, gray, &mut fold, &link.shared);
     competition_condition(cfg, &mut fold, link);
     rates.queue_drop_ratio = queue_drop_condition(cfg, min_data_packets, &mut fold, link);
+    rates.queue_throttle_ratio = queue_throttle_condition(cfg, min_data_packets, &mut fold, link);
     let a = fold.finish(|severe| if severe { Severity::Critical } else { Severity::Warning });
     (a, rates)
 }
@@ -317,6 +354,7 @@ mod tests {
             shared: Vec::new(),
             egress_goodput_baseline: None,
             queue_drop_baseline: None,
+            queue_throttle_baseline: None,
             own_cable: false,
         };
         assess(&CongestionConfig::default(), &GrayConfig::default(), 1000, &input).0

@@ -99,6 +99,7 @@ struct LinkState {
     egress_goodput_baseline: Ring,
     /// The egress queue's drop ratio, in windows not judged congested.
     queue_drop_baseline: Ring,
+    queue_throttle_baseline: Ring,
     /// Seen as the host's own cable (`JobWindow::local`'s link) in some window.
     own_cable: bool,
     congestion: Track,
@@ -276,6 +277,7 @@ impl JobState {
                 cnp_baseline: Ring::new(cfg.congestion.baseline_windows),
                 egress_goodput_baseline: Ring::new(cfg.congestion.baseline_windows),
                 queue_drop_baseline: Ring::new(cfg.congestion.baseline_windows),
+                queue_throttle_baseline: Ring::new(cfg.congestion.baseline_windows),
                 own_cable: false,
                 congestion: Track::default(),
             });
@@ -300,6 +302,7 @@ impl JobState {
                 shared: w.links.iter().filter(|l| l.link == *link).collect(),
                 egress_goodput_baseline: warm(&ls.egress_goodput_baseline, cfg),
                 queue_drop_baseline: warm(&ls.queue_drop_baseline, cfg),
+                queue_throttle_baseline: warm(&ls.queue_throttle_baseline, cfg),
                 own_cable: ls.own_cable,
             };
             let egress_goodput = input.egress().and_then(LinkWindow::job_goodput_bps);
@@ -323,6 +326,7 @@ impl JobState {
                 rates.ce_rate.inspect(|&x| ls.ce_baseline.push(x));
                 rates.cnp_per_s.inspect(|&x| ls.cnp_baseline.push(x));
                 rates.queue_drop_ratio.inspect(|&x| ls.queue_drop_baseline.push(x));
+                rates.queue_throttle_ratio.inspect(|&x| ls.queue_throttle_baseline.push(x));
                 egress_goodput.inspect(|&x| ls.egress_goodput_baseline.push(x));
             }
             let scope = Scope::Link { link: (*link).to_owned() };
@@ -396,9 +400,8 @@ impl JobState {
         // peers degraded together: the cable itself), one peer's loss or slowness is more likely
         // the same fault's tail (a flap's resent data lands on one neighbour a window later) than
         // a second fault on that peer's side: say nothing about the peer.
-        let own_cable_open = |link: &str| {
-            w.local.is_some() && self.links.get(link).is_some_and(|l| l.congestion.open_verdict().is_some())
-        };
+        // (`own_cable` is sticky: `local` is missing in windows of few bursts.)
+        let own_cable_open = |link: &str| self.links.get(link).is_some_and(|l| l.own_cable && l.congestion.open_verdict().is_some());
         // A host whose outages stall the whole job again and again (`outage`): the other
         // peers stall with it, so no per-peer comparison sees it. Raised on this window: the
         // rule already asked for several stalls.

@@ -490,9 +490,15 @@ fn at_own_cable(mut windows: Vec<JobWindow>) -> Vec<JobWindow> {
 
 /// `windows` with the own cable's egress queue (`fabric`) sending 10,000 packets a window and
 /// dropping `drops` of them in `during` (none before and after).
-fn with_fabric_queue(mut windows: Vec<JobWindow>, during: std::ops::Range<usize>, drops: u64) -> Vec<JobWindow> {
+fn with_fabric_queue(windows: Vec<JobWindow>, during: std::ops::Range<usize>, drops: u64) -> Vec<JobWindow> {
+    with_fabric_queue_counts(windows, during, drops, 0)
+}
+
+/// [`with_fabric_queue`], also throttling `overlimits` times in `during`.
+fn with_fabric_queue_counts(mut windows: Vec<JobWindow>, during: std::ops::Range<usize>, drops: u64, overlimits: u64) -> Vec<JobWindow> {
     for (i, w) in windows.iter_mut().enumerate() {
-        let queue = Some(crate::queue_stats::QueueDelta { packets: 10_000, drops: if during.contains(&i) { drops } else { 0 }, overlimits: 0 });
+        let (drops, overlimits) = if during.contains(&i) { (drops, overlimits) } else { (0, 0) };
+        let queue = Some(crate::queue_stats::QueueDelta { packets: 10_000, drops, overlimits });
         match w.links.iter_mut().find(|l| l.link == "fabric" && l.direction == "egress") {
             Some(l) => l.queue = queue,
             None => w.links.push(LinkWindow { link: "fabric".into(), direction: "egress".into(), flows: 2, queue, ..Default::default() }),
@@ -526,6 +532,32 @@ fn drops_in_the_own_cables_queue_name_the_cable_not_the_neighbour() {
         ] {
             let changes = run_with(cfg.clone(), &windows);
             single_verdict(&changes, VerdictKind::GrayFailure, &peer_scope(&s, 0), 21, 44);
+        }
+    }
+}
+
+#[test]
+fn a_shaper_that_starts_holding_back_the_own_cables_sends_names_the_cable_not_the_neighbour() {
+    // The host's own cable is rate-capped by a shaper whose queue absorbs what the host sends (a
+    // ring forwards what it got): nothing is dropped, but the connection to neighbour 0 slows,
+    // which from the flows alone is neighbour 0's gray failure. The queue held packets back
+    // 1.5 times per packet sent (recorded on a capped IPU: 0.9-1.7): the cable is here.
+    let mut cfg = DetectorConfig::default();
+    cfg.gray.min_peers = 2;
+    let fabric = Scope::Link { link: "fabric".into() };
+    for seed in [1, 2, 3] {
+        let s = Scenario::own_cable(seed).with(Fault::GoodputCut { peer: 0, factor: 0.25 }, 20, 40);
+        let changes = run_with(cfg.clone(), &with_fabric_queue_counts(at_own_cable(s.windows(60)), 20..40, 0, 15_000));
+        let (opened, _, v) = single_verdict(&changes, VerdictKind::Congestion, &fabric, 21, 44);
+        assert_eq!(opened, 21, "seed {seed}: two windows of three (never severe)");
+        assert!(has_metric(&v, Metric::QueueThrottleRate), "seed {seed}: {v:?}");
+        assert_eq!(v.severity, Severity::Warning, "seed {seed}");
+        // A shaper that held packets back all along (a provider's rate limit) is its baseline.
+        let always = with_fabric_queue_counts(at_own_cable(Scenario::own_cable(seed).windows(60)), 0..60, 0, 15_000);
+        assert!(run_with(cfg.clone(), &always).is_empty(), "seed {seed}");
+        // Without the counters, or on a switch's port: the neighbour.
+        for windows in [at_own_cable(s.windows(60)), with_fabric_queue_counts(s.windows(60), 20..40, 0, 15_000)] {
+            single_verdict(&run_with(cfg.clone(), &windows), VerdictKind::GrayFailure, &peer_scope(&s, 0), 21, 44);
         }
     }
 }
