@@ -68,7 +68,8 @@ pub(crate) struct LinkInput<'a> {
     pub queue_throttle_baseline: Option<Robust>,
     /// The link is the host's own cable (the agent sits at one host's end of the wire:
     /// `JobWindow::local`'s link, in this window or an earlier one): only there are queue drops
-    /// judged.
+    /// and throttles judged, and is a mild dip of every peer against its own history mild
+    /// evidence.
     pub own_cable: bool,
 }
 

@@ -99,6 +99,7 @@ struct LinkState {
     egress_goodput_baseline: Ring,
     /// The egress queue's drop ratio, in windows not judged congested.
     queue_drop_baseline: Ring,
+    /// The egress queue's throttles per packet sent, in windows not judged congested.
     queue_throttle_baseline: Ring,
     /// Seen as the host's own cable (`JobWindow::local`'s link) in some window.
     own_cable: bool,
