@@ -133,6 +133,8 @@ metric!(INTERFACE_QUEUE_DROPS, "ringside_interface_queue_drops", Counter,
     "Packets the interface's root qdisc dropped (queue full, rate limit, AQM): loss at this end of the link, the congestion detector's queue_drop_rate");
 metric!(INTERFACE_QUEUE_OVERLIMITS, "ringside_interface_queue_overlimits", Counter,
     "Times the interface's root qdisc, a shaper (tbf, htb), held a packet back for lack of rate: this end of the link is the bottleneck of what it is offered, the congestion detector's queue_throttle_rate");
+metric!(INTERFACE_CARRIER_DOWNS, "ringside_interface_carrier_downs", Counter,
+    "Times the interface lost its carrier (the far end's port went down, a cable pulled, a PHY retrained), read with the queues: a link flap, the gray-failure detector's carrier_downs");
 metric!(INTERFACE_QUEUE_READS, "ringside_interface_queue_reads", Counter,
     "Dumps of the namespace's root qdiscs (RTM_GETQDISC), one per detection window");
 metric!(INTERFACE_QUEUE_READ_ERRORS, "ringside_interface_queue_read_errors", Counter,
@@ -251,7 +253,7 @@ pub const ALL: &[&Metric] = &[
     &MIRROR_FRAMES, &MIRROR_RING_DROPS, &MIRROR_FLOWS, &MIRROR_TABLE_FULL, &MIRROR_EVENTS_DROPPED, &MIRROR_TIMESTAMP_FALLBACKS,
     &RDMA_PORT_BYTES, &RDMA_PORT_PACKETS, &RDMA_PORT_CNPS, &RDMA_PORT_ECN_MARKED_PACKETS, &RDMA_PORT_LOSS_SIGNALS,
     &RDMA_PORT_ERRORS, &RDMA_PORT_READ_PROBLEMS, &RDMA_PORT_POLLS, &RDMA_PORTS_READ,
-    &INTERFACE_QUEUE_PACKETS, &INTERFACE_QUEUE_DROPS, &INTERFACE_QUEUE_OVERLIMITS, &INTERFACE_QUEUE_READS, &INTERFACE_QUEUE_READ_ERRORS,
+    &INTERFACE_QUEUE_PACKETS, &INTERFACE_QUEUE_DROPS, &INTERFACE_QUEUE_OVERLIMITS, &INTERFACE_CARRIER_DOWNS, &INTERFACE_QUEUE_READS, &INTERFACE_QUEUE_READ_ERRORS,
     &API_JOBS_REGISTERED, &API_JOBS_FILE_ERRORS, &API_HINT_STREAMS,
 ];
 
@@ -493,6 +495,7 @@ fn queue_families(q: &crate::queue_stats::QueueSnapshot) -> Vec<Family> {
         per(&INTERFACE_QUEUE_PACKETS, |d| d.packets),
         per(&INTERFACE_QUEUE_DROPS, |d| d.drops),
         per(&INTERFACE_QUEUE_OVERLIMITS, |d| d.overlimits),
+        per(&INTERFACE_CARRIER_DOWNS, |d| d.carrier_downs),
         Family { metric: &INTERFACE_QUEUE_READS, series: vec![(Vec::new(), Value::Counter(q.reads))] },
         Family { metric: &INTERFACE_QUEUE_READ_ERRORS, series: vec![(Vec::new(), Value::Counter(q.errors))] },
     ]
@@ -763,7 +766,7 @@ pub(crate) mod tests {
         reader.poll(2_000_000_000);
         let rdma = Some(reader.snapshot().clone());
         let mut queues = crate::queue_stats::QueueSnapshot { reads: 3, errors: 1, ..Default::default() };
-        queues.interfaces.insert("eth0".into(), crate::queue_stats::QueueDelta { packets: 5000, drops: 40, overlimits: 7 });
+        queues.interfaces.insert("eth0".into(), crate::queue_stats::QueueDelta { packets: 5000, drops: 40, overlimits: 7, carrier_downs: 2 });
         let events = tokio::sync::watch::channel(Arc::new(EventsSnapshot { log: sample_events(), jobs: Vec::new(), rdma, queues: Some(queues) })).1;
         let catalog = JobCatalog::new(vec![crate::jobs::TokenHash::of(TEST_OPERATOR_TOKEN)], Vec::new());
         // A mirror port that read one RoCE frame and one ARP frame.
@@ -790,6 +793,7 @@ pub(crate) mod tests {
             "ringside_interface_queue_packets_total{interface=\"eth0\"} 5000",
             "ringside_interface_queue_drops_total{interface=\"eth0\"} 40",
             "ringside_interface_queue_overlimits_total{interface=\"eth0\"} 7",
+            "ringside_interface_carrier_downs_total{interface=\"eth0\"} 2",
             "ringside_interface_queue_reads_total 3",
             "ringside_interface_queue_read_errors_total 1",
             "ringside_mirror_ring_drops_total{interface=\"mir0\"} 0",

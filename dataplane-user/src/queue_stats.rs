@@ -1,6 +1,6 @@
-//! Egress queue counters of the agent's own interfaces: packets each interface's root qdisc sent
-//! and dropped, read with one `RTM_GETQDISC` dump per detection window in the agent's network
-//! namespace.
+//! Egress queue and carrier counters of the agent's own interfaces: packets each interface's root
+//! qdisc sent and dropped, and how often its carrier went down, read with one `RTM_GETQDISC` and
+//! one `RTM_GETLINK` dump per detection window in the agent's network namespace.
 //!
 //! Why: the monitor's TC egress hook sees a packet *before* the interface's queue, so loss it
 //! infers on an egress flow (retransmissions) can be this queue or anything behind it. The queue's
@@ -10,6 +10,12 @@
 //! peer at the other end", which the flows alone cannot tell when one connection crosses both
 //! (`detect::congestion`, the queue-drop condition). Real NICs count the same (`tc -s qdisc`:
 //! `dropped`), whatever the qdisc (mq, fq_codel, tbf, ...).
+//!
+//! The carrier is the same kind of first-hand fact about the link: the kernel counts every time
+//! an interface lost its link (`IFLA_CARRIER_DOWN_COUNT`, `/sys/class/net/IF/carrier_down_count`:
+//! the far end's port went down, the cable was pulled, the PHY retrained). A flapping cable
+//! stalls every connection across it, which from this end looks like every peer losing and
+//! falling silent at once; the counter names the cable (`detect`, the link-flap condition).
 //!
 //! The root qdisc's statistics cover its children (mq sums its per-queue qdiscs when dumped), so
 //! the root is read alone. An interface with `noqueue` (veth's default) has no queue and never
@@ -23,17 +29,22 @@ use std::{
 
 use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_route::{
+    link::{LinkAttribute, LinkMessage},
     tc::{TcAttribute, TcHandle, TcMessage, TcStats2},
     RouteNetlinkMessage,
 };
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
-/// A root qdisc's cumulative counters, as the kernel keeps them (32-bit, wrapping).
+/// An interface's root qdisc's cumulative counters and its carrier-down count, as the kernel
+/// keeps them (32-bit, wrapping).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueCounters {
     pub packets: u32,
     pub drops: u32,
     pub overlimits: u32,
+    /// Times the interface's carrier went down since it was created (0 on a kernel without
+    /// `IFLA_CARRIER_DOWN_COUNT`, before 4.16).
+    pub carrier_downs: u32,
 }
 
 /// What one interface's queue did between two reads.
@@ -48,6 +59,10 @@ pub struct QueueDelta {
     /// when nothing is dropped). 0 for queues that do not shape.
     #[serde(default)]
     pub overlimits: u64,
+    /// Times the interface's carrier went down (the link was lost: the far end's port down, a
+    /// cable pulled, a PHY retraining). 0 on a healthy link.
+    #[serde(default)]
+    pub carrier_downs: u64,
 }
 
 impl QueueDelta {
@@ -87,14 +102,25 @@ fn root_counters(m: &TcMessage) -> Option<(u32, QueueCounters)> {
                 c = Some(q);
             }
             // The old `TCA_STATS` block, for a kernel (or qdisc) without `TCA_STATS2`.
-            TcAttribute::Stats(s) if c.is_none() => c = Some(QueueCounters { packets: s.packets, drops: s.drops, overlimits: s.overlimits }),
+            TcAttribute::Stats(s) if c.is_none() => {
+                c = Some(QueueCounters { packets: s.packets, drops: s.drops, overlimits: s.overlimits, carrier_downs: 0 })
+            }
             _ => {}
         }
     }
     Some((m.header.index as u32, c?))
 }
 
-/// Dumps every root qdisc of the calling thread's network namespace: ifindex → counters.
+/// The carrier-down count of one `RTM_NEWLINK` message, if it has one.
+fn carrier_downs(m: &LinkMessage) -> Option<(u32, u32)> {
+    m.attributes.iter().find_map(|a| match a {
+        LinkAttribute::CarrierDownCount(n) => Some((m.header.index, *n)),
+        _ => None,
+    })
+}
+
+/// Dumps every root qdisc and every link of the calling thread's network namespace: ifindex →
+/// counters (an interface without a root qdisc in the dump has queue counters of 0).
 pub fn read_root_queues() -> io::Result<BTreeMap<u32, QueueCounters>> {
     let mut socket = Socket::new(NETLINK_ROUTE)?;
     // The analysis thread must not wait on the kernel forever: a reply that does not come within
@@ -115,38 +141,51 @@ pub fn read_root_queues() -> io::Result<BTreeMap<u32, QueueCounters>> {
     }
     socket.bind_auto()?;
     socket.connect(&SocketAddr::new(0, 0))?;
-    let mut req = NetlinkMessage::new(
-        NetlinkHeader::default(),
-        NetlinkPayload::from(RouteNetlinkMessage::GetQueueDiscipline(TcMessage::default())),
-    );
+    let mut out: BTreeMap<u32, QueueCounters> = BTreeMap::new();
+    dump(&socket, 1, RouteNetlinkMessage::GetQueueDiscipline(TcMessage::default()), "RTM_GETQDISC", |m| {
+        if let RouteNetlinkMessage::NewQueueDiscipline(m) = m {
+            if let Some((ifindex, c)) = root_counters(&m) {
+                out.insert(ifindex, c);
+            }
+        }
+    })?;
+    dump(&socket, 2, RouteNetlinkMessage::GetLink(LinkMessage::default()), "RTM_GETLINK", |m| {
+        if let RouteNetlinkMessage::NewLink(m) = m {
+            if let Some((ifindex, n)) = carrier_downs(&m) {
+                out.entry(ifindex).or_default().carrier_downs = n;
+            }
+        }
+    })?;
+    Ok(out)
+}
+
+/// Sends the dump request `req` (sequence number `seq`) and hands every message of the reply to
+/// `each`, until the kernel's `NLMSG_DONE`.
+fn dump(socket: &Socket, seq: u32, req: RouteNetlinkMessage, what: &str, mut each: impl FnMut(RouteNetlinkMessage)) -> io::Result<()> {
+    let mut req = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::from(req));
     req.header.flags = NLM_F_DUMP | NLM_F_REQUEST;
-    req.header.sequence_number = 1;
+    req.header.sequence_number = seq;
     req.finalize();
     let mut buf = vec![0; req.buffer_len()];
     req.serialize(&mut buf);
     socket.send(&buf, 0)?;
 
-    let mut out = BTreeMap::new();
     let mut rx = vec![0u8; 64 * 1024];
-    // Bounded: a dump of a namespace's qdiscs is a handful of datagrams; a kernel that never
-    // sends NLMSG_DONE would otherwise hold the analysis thread.
+    // Bounded: a dump of a namespace's qdiscs or links is a handful of datagrams; a kernel that
+    // never sends NLMSG_DONE would otherwise hold the analysis thread.
     for _ in 0..10_000 {
         let n = socket.recv(&mut &mut rx[..], 0)?;
         let mut off = 0;
         while off < n {
             let msg: NetlinkMessage<RouteNetlinkMessage> = NetlinkMessage::deserialize(&rx[off..n])
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("RTM_GETQDISC reply: {e}")))?;
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{what} reply: {e}")))?;
             let len = msg.header.length as usize;
             match msg.payload {
-                NetlinkPayload::Done(_) => return Ok(out),
+                NetlinkPayload::Done(_) => return Ok(()),
                 NetlinkPayload::Error(e) => {
                     return Err(e.code.map_or_else(|| io::Error::other("netlink error"), |c| io::Error::from_raw_os_error(-c.get())))
                 }
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(m)) => {
-                    if let Some((ifindex, c)) = root_counters(&m) {
-                        out.insert(ifindex, c);
-                    }
-                }
+                NetlinkPayload::InnerMessage(m) => each(m),
                 _ => {}
             }
             if len == 0 {
@@ -155,7 +194,7 @@ pub fn read_root_queues() -> io::Result<BTreeMap<u32, QueueCounters>> {
             off += len;
         }
     }
-    Err(io::Error::other("RTM_GETQDISC dump did not end"))
+    Err(io::Error::other(format!("{what} dump did not end")))
 }
 
 /// What `/metrics` shows of the attached interfaces' queues: growth since the agent first read
@@ -219,6 +258,7 @@ impl QueueReader {
             t.packets += d.packets;
             t.drops += d.drops;
             t.overlimits += d.overlimits;
+            t.carrier_downs += d.carrier_downs;
         }
         d
     }
@@ -235,11 +275,21 @@ pub fn deltas(prev: &BTreeMap<u32, QueueCounters>, now: &BTreeMap<u32, QueueCoun
     now.iter()
         .filter_map(|(i, c)| {
             let p = prev.get(i)?;
-            let (packets, drops, overlimits) =
-                (c.packets.wrapping_sub(p.packets), c.drops.wrapping_sub(p.drops), c.overlimits.wrapping_sub(p.overlimits));
-            (packets < BACKWARDS && drops < BACKWARDS && overlimits < BACKWARDS).then_some((
+            let grew = [
+                c.packets.wrapping_sub(p.packets),
+                c.drops.wrapping_sub(p.drops),
+                c.overlimits.wrapping_sub(p.overlimits),
+                c.carrier_downs.wrapping_sub(p.carrier_downs),
+            ];
+            let [packets, drops, overlimits, carrier_downs] = grew;
+            grew.iter().all(|&g| g < BACKWARDS).then_some((
                 *i,
-                QueueDelta { packets: u64::from(packets), drops: u64::from(drops), overlimits: u64::from(overlimits) },
+                QueueDelta {
+                    packets: u64::from(packets),
+                    drops: u64::from(drops),
+                    overlimits: u64::from(overlimits),
+                    carrier_downs: u64::from(carrier_downs),
+                },
             ))
         })
         .collect()
@@ -268,7 +318,7 @@ mod tests {
 
     #[test]
     fn only_root_qdiscs_count() {
-        assert_eq!(root_counters(&qdisc(3, TcHandle::ROOT, 10, 2)), Some((3, QueueCounters { packets: 10, drops: 2, overlimits: 0 })));
+        assert_eq!(root_counters(&qdisc(3, TcHandle::ROOT, 10, 2)), Some((3, QueueCounters { packets: 10, drops: 2, overlimits: 0, carrier_downs: 0 })));
         assert_eq!(root_counters(&qdisc(3, TcHandle { major: 1, minor: 1 }, 10, 2)), None);
         assert_eq!(root_counters(&qdisc(0, TcHandle::ROOT, 10, 2)), None);
         let mut bare = qdisc(4, TcHandle::ROOT, 0, 0);
@@ -279,10 +329,10 @@ mod tests {
     #[test]
     fn reads_report_and_sum_the_attached_interfaces_only() {
         let names = HashMap::from([(2, "fabric".to_owned())]);
-        let read = |p, d| BTreeMap::from([(2, QueueCounters { packets: p, drops: d, overlimits: 0 }), (3, QueueCounters { packets: 5 * p, drops: 5 * d, overlimits: 0 })]);
+        let read = |p, d| BTreeMap::from([(2, QueueCounters { packets: p, drops: d, overlimits: 0, carrier_downs: 0 }), (3, QueueCounters { packets: 5 * p, drops: 5 * d, overlimits: 0, carrier_downs: 0 })]);
         let mut r = QueueReader::default();
         assert!(r.account(read(0, 0), &names).is_empty(), "the first read is the reference");
-        let fabric = |p, d| BTreeMap::from([("fabric".to_owned(), QueueDelta { packets: p, drops: d, overlimits: 0 })]);
+        let fabric = |p, d| BTreeMap::from([("fabric".to_owned(), QueueDelta { packets: p, drops: d, overlimits: 0, carrier_downs: 0 })]);
         assert_eq!(r.account(read(10, 1), &names), fabric(10, 1));
         assert_eq!(r.account(read(20, 2), &names), fabric(10, 1));
         assert_eq!(r.snapshot().interfaces, fabric(20, 2), "interface 3 is not attached");
@@ -299,29 +349,43 @@ mod tests {
     #[test]
     fn deltas_wrap_and_skip_replaced_or_new_queues() {
         let prev = BTreeMap::from([
-            (1, QueueCounters { packets: u32::MAX - 5, drops: 7, overlimits: 0 }),
-            (2, QueueCounters { packets: 1000, drops: 50, overlimits: 0 }),
-            (4, QueueCounters { packets: 207_000, drops: 0, overlimits: 0 }),
+            (1, QueueCounters { packets: u32::MAX - 5, drops: 7, overlimits: 0, carrier_downs: 0 }),
+            (2, QueueCounters { packets: 1000, drops: 50, overlimits: 0, carrier_downs: 0 }),
+            (4, QueueCounters { packets: 207_000, drops: 0, overlimits: 0, carrier_downs: 0 }),
         ]);
         let now = BTreeMap::from([
-            (1, QueueCounters { packets: 4, drops: 9, overlimits: 0 }),
-            (2, QueueCounters { packets: 10, drops: 0, overlimits: 0 }),
-            (3, QueueCounters { packets: 5, drops: 5, overlimits: 0 }),
-            (4, QueueCounters { packets: 0, drops: 0, overlimits: 0 }),
+            (1, QueueCounters { packets: 4, drops: 9, overlimits: 0, carrier_downs: 0 }),
+            (2, QueueCounters { packets: 10, drops: 0, overlimits: 0, carrier_downs: 0 }),
+            (3, QueueCounters { packets: 5, drops: 5, overlimits: 0, carrier_downs: 0 }),
+            (4, QueueCounters { packets: 0, drops: 0, overlimits: 0, carrier_downs: 0 }),
         ]);
         let d = deltas(&prev, &now);
-        assert_eq!(d.get(&1), Some(&QueueDelta { packets: 10, drops: 2, overlimits: 0 }), "the 32-bit counter wrapped");
+        assert_eq!(d.get(&1), Some(&QueueDelta { packets: 10, drops: 2, overlimits: 0, carrier_downs: 0 }), "the 32-bit counter wrapped");
         assert_eq!(d.get(&2), None, "replaced: both counters went backwards");
         assert_eq!(d.get(&3), None, "new: no previous read");
         assert_eq!(d.get(&4), None, "a tbf replaced by noqueue: packets went backwards, drops stayed 0");
-        assert_eq!(QueueDelta { packets: 90, drops: 10, overlimits: 0 }.drop_ratio(), Some(0.1));
+        assert_eq!(QueueDelta { packets: 90, drops: 10, overlimits: 0, carrier_downs: 0 }.drop_ratio(), Some(0.1));
         assert_eq!(QueueDelta::default().drop_ratio(), None);
     }
 
-    /// The dump works in this process's namespace (loopback has a queue-less root or none; the
-    /// call must succeed without privileges either way).
+    #[test]
+    fn carrier_downs_grow_with_the_queue_counters_and_alone() {
+        let c = |packets, carrier_downs| QueueCounters { packets, drops: 0, overlimits: 0, carrier_downs };
+        let d = deltas(&BTreeMap::from([(1, c(100, 3)), (2, c(100, 0))]), &BTreeMap::from([(1, c(100, 5)), (2, c(150, 0))]));
+        assert_eq!(d[&1], QueueDelta { carrier_downs: 2, ..Default::default() }, "a queue-less link that went down twice");
+        assert_eq!(d[&2], QueueDelta { packets: 50, ..Default::default() });
+        let mut m = LinkMessage::default();
+        m.header.index = 7;
+        assert_eq!(carrier_downs(&m), None, "a kernel without IFLA_CARRIER_DOWN_COUNT");
+        m.attributes = vec![LinkAttribute::CarrierChanges(9), LinkAttribute::CarrierDownCount(4)];
+        assert_eq!(carrier_downs(&m), Some((7, 4)));
+    }
+
+    /// The dumps work in this process's namespace without privileges: loopback (index 1, in
+    /// every namespace) is listed by the link dump whether or not it has a root qdisc.
     #[test]
     fn a_dump_of_this_namespace_succeeds() {
-        read_root_queues().expect("RTM_GETQDISC dump needs no privileges");
+        let read = read_root_queues().expect("RTM_GETQDISC and RTM_GETLINK dumps need no privileges");
+        assert!(read.contains_key(&1), "loopback missing from {read:?}");
     }
 }

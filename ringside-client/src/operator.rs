@@ -326,6 +326,9 @@ pub enum Metric {
     /// for lack of rate, per packet it sent (`tc -s qdisc`: `overlimits`): the link is the
     /// bottleneck of what this end offers it.
     QueueThrottleRate,
+    /// Times the link's interface lost its carrier in the window (the far end's port went down,
+    /// a cable pulled, a PHY retraining: `IFLA_CARRIER_DOWN_COUNT`): the link flapped.
+    CarrierDowns,
     /// RDMA port counters: CNPs the port sent per second (`np_cnp_sent`: it received
     /// ECN-marked packets, so the path *into* the port is congested).
     CnpSentPerS,

@@ -64,6 +64,7 @@ fn evidence_text(e: &Event) -> String {
                 Metric::LossyFlows => ("lossy-flows", format!("{:.0}", x.value), format!("{:.0}", x.reference)),
                 Metric::QueueDropRate => ("queue-drops", format!("{:.2}%", x.value * 100.0), format!("{:.2}%", x.reference * 100.0)),
                 Metric::QueueThrottleRate => ("queue-throttled", format!("{:.2}", x.value), format!("{:.2}", x.reference)),
+                Metric::CarrierDowns => ("carrier-downs", format!("{:.0}", x.value), format!("{:.0}", x.reference)),
                 Metric::OtherTrafficBps => ("other-traffic", format!("{}/s", human_bytes(x.value)), format!("{}/s", human_bytes(x.reference))),
                 Metric::CnpSentPerS => ("cnp-sent", format!("{:.0}/s", x.value), format!("{:.0}/s", x.reference)),
                 Metric::CnpHandledPerS => ("cnp-handled", format!("{:.0}/s", x.value), format!("{:.0}/s", x.reference)),

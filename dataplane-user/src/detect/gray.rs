@@ -18,12 +18,41 @@
 //!   without loss is the worker pausing, not the network.
 //! A peer whose link is congested in the same window is not judged here: the congestion detector
 //! owns that window (several peers degrading together is the link, not each peer).
+//!
+//! A *link* flaps when its interface loses its carrier ([`link_flap`]): the far end's port went
+//! down, the cable was pulled, the PHY retrained (`crate::queue_stats`, the kernel's carrier-down
+//! count). That is not a comparison but a first-hand fact about the agent's own port, so one
+//! window with a carrier loss while the job's traffic crosses the link raises a gray failure on
+//! the link at once. It matters most at one host's end of the wire (its IPU's fabric port, its
+//! NIC): there a flap of the host's own cable stalls every connection at once, and the loss and
+//! silence it leaves behind show on whichever neighbour's connection happened to resend, which
+//! the per-peer signals would blame.
 
 use super::config::GrayConfig;
 use super::features::{PeerFeatures, PeerStats};
 use super::lifecycle::Assessment;
 use super::robust::Robust;
 use super::verdict::{Evidence, Metric, Reference, Severity, WindowCount};
+
+/// The link-flap condition (module docs) on the windows of one link (`LinkInput::shared`): a
+/// carrier loss counted on its egress interface in the window. Clean otherwise, also when the
+/// carrier was not read (a flap verdict must be able to clear on a link the job left).
+pub(crate) fn link_flap(windows: &[&crate::detect::LinkWindow]) -> Assessment {
+    let downs: u64 = windows.iter().filter_map(|l| l.queue).map(|q| q.carrier_downs).sum();
+    if downs == 0 {
+        return Assessment::clean();
+    }
+    let evidence = Evidence {
+        metric: Metric::CarrierDowns,
+        value: downs as f64,
+        reference: 0.0,
+        reference_kind: Reference::Threshold,
+        mad: 0.0,
+        peers: None,
+        windows: WindowCount { anomalous: 0, of: 0 },
+    };
+    Assessment::anomalous(true, Severity::Critical, vec![evidence], false)
+}
 
 pub(crate) fn evidence(metric: Metric, value: f64, r: &Robust, reference_kind: Reference) -> Evidence {
     Evidence {

@@ -10,11 +10,12 @@
 //!    sets which peer explains which;
 //! 2. leave-one-out median/MAD of the job's *other* peers, per peer (for loss, without the peers
 //!    it explains);
-//! 3. per link: congestion (several peers degrading together, CE/CNP growth, loss spread);
+//! 3. per link: congestion (several peers degrading together, CE/CNP growth, loss spread) and
+//!    a flap (its interface lost its carrier: a gray failure of the link, raised at once);
 //! 4. per peer: gray failure (outlier against the other peers, unless its link is congested in
 //!    that window, its traffic lost upstream together with other traffic, attribution explained
-//!    it by another peer, or, at one host's end of the wire, a congestion verdict on that host's
-//!    own cable is open; a peer blamed only by attribution's guess is not raised on one severe
+//!    it by another peer, or, at one host's end of the wire, a congestion or flap verdict on that
+//!    host's own cable is open; a peer blamed only by attribution's guess is not raised on one severe
 //!    window) and straggler (late start at normal goodput; never while the
 //!    peer's own network metrics are anomalous);
 //! 5. each (scope, detector) has a [`lifecycle`] track: raise on k of n anomalous windows (or one
@@ -104,6 +105,8 @@ struct LinkState {
     /// Seen as the host's own cable (`JobWindow::local`'s link) in some window.
     own_cable: bool,
     congestion: Track,
+    /// Gray failure of the link itself: its carrier lost ([`gray::link_flap`]).
+    flap: Track,
 }
 
 #[derive(Debug)]
@@ -238,12 +241,16 @@ impl JobState {
             by_link.entry(f.link.as_str()).or_default().push(i);
         }
         // Links with shared-loss evidence but no active peer of their own, and links whose
-        // congestion verdict is open (so it can clear), are assessed too.
+        // congestion or flap verdict is open (so it can clear), are assessed too.
         for l in &w.links {
             by_link.entry(l.link.as_str()).or_default();
         }
-        let open_links: Vec<String> =
-            self.links.iter().filter(|(_, l)| l.congestion.open_verdict().is_some()).map(|(n, _)| n.clone()).collect();
+        let open_links: Vec<String> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.congestion.open_verdict().is_some() || l.flap.open_verdict().is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
         for name in &open_links {
             by_link.entry(name.as_str()).or_default();
         }
@@ -281,11 +288,22 @@ impl JobState {
                 queue_throttle_baseline: Ring::new(cfg.congestion.baseline_windows),
                 own_cable: false,
                 congestion: Track::default(),
+                flap: Track::default(),
             });
             ls.last_seen_ns = w.window_end_ns;
             // `local` is inferred from a window's own bursts, and a window of few or mixed
             // bursts has none: once a host's own cable, always (a switch port never is one).
             ls.own_cable |= w.local.as_ref().is_some_and(|l| l.link == *link);
+            let scope = Scope::Link { link: (*link).to_owned() };
+            let shared: Vec<&LinkWindow> = w.links.iter().filter(|l| l.link == *link).collect();
+            let ctx = TrackCtx {
+                job: &w.job,
+                kind: VerdictKind::GrayFailure,
+                scope: &scope,
+                window_start_ns: w.window_start_ns,
+                window_end_ns: w.window_end_ns,
+            };
+            changes.extend(ls.flap.observe(&cfg.persistence, &ctx, gray::link_flap(&shared), true, true, next_id));
             let mut input = LinkInput {
                 // A peer explained by another peer's path is that path's evidence, not the link's.
                 peers: idxs
@@ -300,7 +318,7 @@ impl JobState {
                 ce_baseline: warm(&ls.ce_baseline, cfg),
                 cnp_baseline: warm(&ls.cnp_baseline, cfg),
                 window_s,
-                shared: w.links.iter().filter(|l| l.link == *link).collect(),
+                shared,
                 egress_goodput_baseline: warm(&ls.egress_goodput_baseline, cfg),
                 queue_drop_baseline: warm(&ls.queue_drop_baseline, cfg),
                 queue_throttle_baseline: warm(&ls.queue_throttle_baseline, cfg),
@@ -330,7 +348,6 @@ impl JobState {
                 rates.queue_throttle_ratio.inspect(|&x| ls.queue_throttle_baseline.push(x));
                 egress_goodput.inspect(|&x| ls.egress_goodput_baseline.push(x));
             }
-            let scope = Scope::Link { link: (*link).to_owned() };
             let ctx = TrackCtx {
                 job: &w.job,
                 kind: VerdictKind::Congestion,
@@ -397,12 +414,17 @@ impl JobState {
             }
         }
         // At one host's end of the wire (its NIC, its IPU's fabric port) every peer's traffic
-        // crosses that host's own cable. While the congestion verdict on that cable is open (its
-        // peers degraded together: the cable itself), one peer's loss or slowness is more likely
-        // the same fault's tail (a flap's resent data lands on one neighbour a window later) than
-        // a second fault on that peer's side: say nothing about the peer.
+        // crosses that host's own cable. While a congestion verdict on that cable is open (its
+        // peers degraded together: the cable itself), or a flap verdict (its carrier lost), one
+        // peer's loss or slowness is more likely the same fault's tail (a flap's resent data
+        // lands on one neighbour a window later) than a second fault on that peer's side: say
+        // nothing about the peer.
         // (`own_cable` is sticky: `local` is missing in windows of few bursts.)
-        let own_cable_open = |link: &str| self.links.get(link).is_some_and(|l| l.own_cable && l.congestion.open_verdict().is_some());
+        let own_cable_open = |link: &str| {
+            self.links.get(link).is_some_and(|l| {
+                l.own_cable && (l.congestion.open_verdict().is_some() || l.flap.open_verdict().is_some())
+            })
+        };
         // A host whose outages stall the whole job again and again (`outage`): the other
         // peers stall with it, so no per-peer comparison sees it. Raised on this window: the
         // rule already asked for several stalls.
@@ -496,6 +518,7 @@ impl JobState {
                 return true;
             }
             changes.extend(l.congestion.expire(l.last_seen_ns));
+            changes.extend(l.flap.expire(l.last_seen_ns));
             false
         });
         self.peers.retain(|_, p| {
@@ -512,7 +535,7 @@ impl JobState {
     fn tracks(&self) -> impl Iterator<Item = &Track> {
         self.links
             .values()
-            .map(|l| &l.congestion)
+            .flat_map(|l| [&l.congestion, &l.flap])
             .chain(self.peers.values().flat_map(|p| [&p.gray, &p.straggler]))
     }
 }
