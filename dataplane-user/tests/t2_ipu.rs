@@ -36,6 +36,13 @@
 //!   cable (`congestion` on `fabric`, evidence `queue_drop_rate`) within 30 s, and blames no
 //!   neighbour: from the flows alone, loss on the connections to hosts 1 and 2 could be theirs.
 //!   The drops show in its `/metrics` (`ringside_interface_queue_drops_total{interface="fabric"}`).
+//! - `a_shaper_on_ipu0s_own_fabric_that_drops_nothing_is_congestion_on_its_cable`: the same with a
+//!   64 MB queue, which drops nothing: named on the shaper's throttles (`queue_throttle_rate`).
+//! - `a_flap_of_ipu0s_own_fabric_cable_is_a_gray_failure_of_the_cable`: the same traffic, then
+//!   the switch's port to IPU 0 goes down for 400 ms every 3 s. IPU 0's agent reads its fabric
+//!   port's carrier-down count (`RTM_GETLINK`) and raises a gray failure on `fabric` (evidence
+//!   `carrier_downs`) within 30 s, blames no neighbour through 10 s of the flap and its tail, and
+//!   counts the downs in `/metrics` (`ringside_interface_carrier_downs_total`).
 //!
 //! Needs root, an agent built with both eBPF objects (`cargo xtask build` puts `ipuwire` next to
 //! `flowmon`) and, for the detection and hint tests, the rank binary. Without them it FAILS with the reason.
@@ -339,91 +346,143 @@ fn a_shaper_on_ipu0s_own_fabric_that_drops_nothing_is_congestion_on_its_cable() 
     own_fabric_cap_is_congestion_on_its_cable("shaper", 9486, "64mb", dataplane_user::detect::Metric::QueueThrottleRate, "overlimits");
 }
 
-/// Host 0 sends bursts to its two neighbours through IPU 0, whose agent has a warm baseline of
-/// its fabric queue; then a 40 Mbit/s `tbf` with a queue of `limit` goes on IPU 0's own fabric
+/// Host 0 sending bursts to its two neighbours through IPU 0, whose agent (`[detect.gray]
+/// min_peers = 2`) has watched 9 s of it: the detectors' baselines are warm and nothing was said.
+struct OwnFabricTraffic {
+    star: IpuStar,
+    agent: IpuAgent,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sinks: Vec<std::thread::JoinHandle<u64>>,
+    sender: std::thread::JoinHandle<u64>,
+}
+
+impl OwnFabricTraffic {
+    fn start(tag: &str, port: u16) -> Self {
+        let star = ipu_star(3);
+        let body = format!(
+            "[match]\ntcp_ports = [{JOB_PORT}]\n\
+             [[job]]\nname = \"t2\"\nmembers = [\"10.77.0.0/24\"]\ntcp_ports = [{JOB_PORT}]\n\
+             [detect.gray]\nmin_peers = 2\n"
+        );
+        let agent = IpuAgent::start(&star, 0, "t2ipu", tag, port, &body);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sinks: Vec<_> = [1usize, 2]
+            .iter()
+            .map(|&h| {
+                let addr = SocketAddr::new(star.hosts[h].addr.into(), JOB_PORT);
+                let listener = star.hosts[h].ns.run(|| std::net::TcpListener::bind(addr)).expect("binding the sink");
+                let stop = stop.clone();
+                std::thread::spawn(move || drain(listener, &stop))
+            })
+            .collect();
+        // Host 0 sends 2 MB to host 1, then to host 2, over and over, each on a new connection
+        // (with its slow start), pausing 100 ms between sends: bursts well above what a 40 Mbit/s
+        // cap lets through, paced so the healthy fabric never queues.
+        let sender = {
+            let stop = stop.clone();
+            let to: Vec<SocketAddr> = [1usize, 2].iter().map(|&h| SocketAddr::new(star.hosts[h].addr.into(), JOB_PORT)).collect();
+            let ns = star.hosts[0].ns.handle();
+            std::thread::spawn(move || {
+                let mut sent = 0u64;
+                for round in 0..2_000usize {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let r = ns.try_run(|| testbed::tcp_send_with_timeout(to[round % 2], 2_000_000, 1, Duration::from_secs(20)));
+                    sent += r.ok().and_then(|r| r.ok()).map_or(0, |r| r.total_payload_bytes);
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                sent
+            })
+        };
+        // The congestion detector's baseline of the cable's queue (5 windows of 1 s without
+        // drops: veth's `noqueue` counts nothing), then the fault.
+        std::thread::sleep(Duration::from_secs(9));
+        let healthy = agent.events();
+        eprintln!("after 9 s of traffic: {} windows, events:{}", healthy.windows, summary(&healthy));
+        assert!(healthy.windows >= 6, "the detectors ran only {} windows", healthy.windows);
+        assert!(!healthy.events.iter().any(|e| e.kind.is_network_fault()), "network faults before the fault:{}", summary(&healthy));
+        OwnFabricTraffic { star, agent, stop, sinks, sender }
+    }
+
+    /// Waits (at most 30 s) for IPU 0's agent to raise `kind` on its own `fabric` cable; returns
+    /// that event and the seconds it took.
+    fn wait_for_cable(&self, kind: VerdictKind, since: Instant) -> (dataplane_user::Event, f64) {
+        let fabric = Scope::Link { link: IPU_FABRIC_PORT.into() };
+        let found = wait_for(Duration::from_secs(30), POLL, "an event on IPU 0's fabric cable", || {
+            self.agent.events().events.into_iter().find(|e| e.kind == kind && e.scope == fabric)
+        });
+        (found, since.elapsed().as_secs_f64())
+    }
+
+    /// `ringside_interface_NAME_total` of IPU 0's fabric port in its agent's `/metrics`.
+    fn fabric_counter(&self, name: &str) -> Option<u64> {
+        let metrics = support::agent::scrape_metrics(self.star.ipu(0).unwrap(), self.agent.port).expect("scraping IPU 0's agent");
+        support::agent::metric(&metrics, &format!("ringside_interface_{name}_total{{interface=\"{IPU_FABRIC_PORT}\"}}"))
+    }
+
+    /// Stops the traffic; asserts that no neighbour was blamed for IPU 0's own cable.
+    fn finish(self, found: &dataplane_user::Event, latency_s: f64) {
+        let r = self.agent.events();
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let sent = self.sender.join().unwrap();
+        let received: u64 = self.sinks.into_iter().map(|s| s.join().unwrap()).sum();
+        eprintln!(
+            "{:?} on {IPU_FABRIC_PORT} {latency_s:.1} s after the fault: {}\nall events:{}\nsent {sent} B, received {received} B",
+            found.kind,
+            serde_json::to_string(found).unwrap(),
+            summary(&r)
+        );
+        let blamed: Vec<_> = r.events.iter().filter(|e| e.kind.is_network_fault() && matches!(e.scope, Scope::Peer { .. })).collect();
+        assert!(blamed.is_empty(), "a neighbour was blamed for IPU 0's own cable: {blamed:?}");
+    }
+}
+
+/// [`OwnFabricTraffic`], then a 40 Mbit/s `tbf` with a queue of `limit` on IPU 0's own fabric
 /// port (not the switch's end). IPU 0's agent must name congestion on `fabric` with `metric`
 /// among its evidence, show the queue's `counter` (drops, overlimits) in `/metrics`, and blame no
 /// neighbour.
 fn own_fabric_cap_is_congestion_on_its_cable(tag: &str, port: u16, limit: &str, metric: dataplane_user::detect::Metric, counter: &str) {
     let _serial = preconditions();
-    let star = ipu_star(3);
-    let body = format!(
-        "[match]\ntcp_ports = [{JOB_PORT}]\n\
-         [[job]]\nname = \"t2\"\nmembers = [\"10.77.0.0/24\"]\ntcp_ports = [{JOB_PORT}]\n\
-         [detect.gray]\nmin_peers = 2\n"
-    );
-    let agent = IpuAgent::start(&star, 0, "t2ipu", tag, port, &body);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sinks: Vec<_> = [1usize, 2]
-        .iter()
-        .map(|&h| {
-            let addr = SocketAddr::new(star.hosts[h].addr.into(), JOB_PORT);
-            let listener = star.hosts[h].ns.run(|| std::net::TcpListener::bind(addr)).expect("binding the sink");
-            let stop = stop.clone();
-            std::thread::spawn(move || drain(listener, &stop))
-        })
-        .collect();
-    // Host 0 sends 2 MB to host 1, then to host 2, over and over, each on a new connection (with
-    // its slow start), pausing 100 ms between sends: bursts well above what the cap below lets
-    // through, paced so the healthy fabric never queues.
-    let sender = {
-        let stop = stop.clone();
-        let to: Vec<SocketAddr> = [1usize, 2].iter().map(|&h| SocketAddr::new(star.hosts[h].addr.into(), JOB_PORT)).collect();
-        let ns = star.hosts[0].ns.handle();
-        std::thread::spawn(move || {
-            let mut sent = 0u64;
-            for round in 0..2_000usize {
-                if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    break;
-                }
-                let r = ns.try_run(|| testbed::tcp_send_with_timeout(to[round % 2], 2_000_000, 1, Duration::from_secs(20)));
-                sent += r.ok().and_then(|r| r.ok()).map_or(0, |r| r.total_payload_bytes);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            sent
-        })
-    };
-    // The congestion detector's baseline of the cable's queue (5 windows of 1 s without drops:
-    // veth's `noqueue` counts nothing), then the fault.
-    std::thread::sleep(Duration::from_secs(9));
-    let healthy = agent.events();
-    eprintln!("after 9 s of traffic: {} windows, events:{}", healthy.windows, summary(&healthy));
-    assert!(healthy.windows >= 6, "the detectors ran only {} windows", healthy.windows);
-    assert!(!healthy.events.iter().any(|e| e.kind.is_network_fault()), "network faults before the cap:{}", summary(&healthy));
-
+    let run = OwnFabricTraffic::start(tag, port);
     // IPU 0's own fabric port only (not the switch's end): host 0's sends are capped in IPU 0's
     // queue; the neighbours' data comes in as before.
-    let ipu0 = star.ipu(0).unwrap().handle();
+    let ipu0 = run.star.ipu(0).unwrap().handle();
     let tc = |args: &[&str]| {
         let out = ipu0.command("tc").args(args).output().expect("running tc");
         assert!(out.status.success(), "tc {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     };
     tc(&["qdisc", "replace", "dev", IPU_FABRIC_PORT, "root", "tbf", "rate", "40mbit", "burst", "16kb", "limit", limit]);
-    let started = Instant::now();
-    let fabric = Scope::Link { link: IPU_FABRIC_PORT.into() };
-    let found = wait_for(Duration::from_secs(30), POLL, "a congestion event on IPU 0's fabric cable", || {
-        agent.events().events.into_iter().find(|e| e.kind == VerdictKind::Congestion && e.scope == fabric)
-    });
-    let latency = started.elapsed();
-    let r = agent.events();
+    let (found, latency) = run.wait_for_cable(VerdictKind::Congestion, Instant::now());
     let qdisc = ipu0.command("tc").args(["-s", "qdisc", "show", "dev", IPU_FABRIC_PORT]).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
     // The counts are in the agent's /metrics too (growth since its first read of the queue).
-    let metrics = support::agent::scrape_metrics(star.ipu(0).unwrap(), agent.port).expect("scraping IPU 0's agent");
-    let counted = support::agent::metric(&metrics, &format!("ringside_interface_queue_{counter}_total{{interface=\"{IPU_FABRIC_PORT}\"}}"));
+    let counted = run.fabric_counter(&format!("queue_{counter}"));
     tc(&["qdisc", "del", "dev", IPU_FABRIC_PORT, "root"]);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let sent = sender.join().unwrap();
-    let received: u64 = sinks.into_iter().map(|s| s.join().unwrap()).sum();
-    eprintln!(
-        "congestion on {IPU_FABRIC_PORT} {:.1} s after the cap: {}\nall events:{}\nthe queue: {qdisc:?}\nsent {sent} B, received {received} B",
-        latency.as_secs_f64(),
-        serde_json::to_string(&found).unwrap(),
-        summary(&r)
-    );
+    eprintln!("the queue: {qdisc:?}");
     assert!(counted.is_some_and(|d| d > 0), "ringside_interface_queue_{counter}_total of {IPU_FABRIC_PORT}: {counted:?}");
     assert!(found.signals.contains(&metric) || found.evidence.iter().any(|e| e.metric == metric), "the cable was named, but not on {metric:?}: {found:?}");
-    let blamed: Vec<_> = r.events.iter().filter(|e| e.kind.is_network_fault() && matches!(e.scope, Scope::Peer { .. })).collect();
-    assert!(blamed.is_empty(), "a neighbour was blamed for IPU 0's own cable: {blamed:?}");
+    run.finish(&found, latency);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF objects (T2): run with cargo xtask test"]
+fn a_flap_of_ipu0s_own_fabric_cable_is_a_gray_failure_of_the_cable() {
+    // The switch's port to IPU 0 goes down for 400 ms every 3 s (the eval's flap): IPU 0's fabric
+    // port loses its carrier each time. The data in flight is resent on whichever connection had
+    // some, which from IPU 0 looks like that neighbour's loss and silence; the carrier names the
+    // cable.
+    let _serial = preconditions();
+    let run = OwnFabricTraffic::start("flap", 9487);
+    let flap = run.star.link_flap("h0", testbed::FlapSpec::periodic(Duration::from_millis(400), Duration::from_secs(3))).expect("flapping h0");
+    let (found, latency) = run.wait_for_cable(VerdictKind::GrayFailure, Instant::now());
+    let counted = run.fabric_counter("carrier_downs");
+    // The flap's tail: resends land on a neighbour's connection for a few more windows.
+    std::thread::sleep(Duration::from_secs(7));
+    drop(flap);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(counted.is_some_and(|d| d > 0), "ringside_interface_carrier_downs_total of {IPU_FABRIC_PORT}: {counted:?}");
+    assert!(found.evidence.iter().any(|e| e.metric == dataplane_user::detect::Metric::CarrierDowns), "the cable was named, but not on its carrier: {found:?}");
+    run.finish(&found, latency);
 }
 
 /// Accepts connections on `listener` and reads each to its end, until `stop` (bounded: 120 s).

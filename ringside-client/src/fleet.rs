@@ -33,6 +33,14 @@
 //! the fleet's 13 wrong verdicts were goodput-only, named by at most one agent besides the host's
 //! own; 1 of its 52 right ones was, named by two).
 //!
+//! Nor is a goodput-only blame repeated while another host's own agent flags that host's own link
+//! with other evidence in agreeing time (its carrier lost, its queue dropping or throttling, its
+//! loss): a host whose link fails holds up every host that waits for its data, and those then
+//! send slower too. Recorded before the rule (`target/eval-s39-flap`, PyTorch at the IPU vantage):
+//! while 10.77.0.4's cable flapped, its IPU named its own link on the carrier at once, and IPUs 0,
+//! 1 and 2 named 10.77.0.5, the next host of the job, slow on goodput alone 3-4 s later, in both
+//! runs on that host; three agents, so the rule above repeated it.
+//!
 //! Blames of one host that agree in time are one [`FleetVerdict`], raised when the fleet first
 //! repeated one of them. Blames never repeated are listed as [`Withheld`], with the reason, so an
 //! operator sees what each agent said and why the fleet did not repeat it.
@@ -203,9 +211,13 @@ enum Answer {
     /// A goodput-only blame that fewer than two agents besides the host's own back, and no blame
     /// with other evidence (never repeated by waiting); how many do.
     WeakAlone(usize),
+    /// A goodput-only blame in the time of another host's own agent flagging its own link with
+    /// other evidence (never repeated by waiting): that host's event.
+    WeakEcho(u64, IpAddr),
 }
 
-/// `near`: the blames naming `b`'s host or its accuser (the only ones the answer reads).
+/// `near`: the blames naming `b`'s host or its accuser, and for a goodput-only blame every host's
+/// own-link blame (the only ones the answer reads).
 fn answer(agents: &[AgentEvents], near: &[&Blame<'_>], b: &Blame<'_>, t: u64, rules: &Rules) -> Answer {
     let known = || near.iter().copied().filter(move |c| c.raised <= t);
     // Distinct agents naming `host` in the time of `reference`.
@@ -216,6 +228,12 @@ fn answer(agents: &[AgentEvents], near: &[&Blame<'_>], b: &Blame<'_>, t: u64, ru
         return if mine.len() >= 2 { Answer::Repeat } else { Answer::LoneStraggler };
     }
     if b.weak && !known().any(|c| c.host == b.host && !c.weak && c.agrees(b, t)) {
+        // A host whose own link is down or slow (its agent says so first-hand: carrier, queue,
+        // loss) holds up every host that waits for its data, and they in turn send slower: goodput
+        // alone cannot tell that echo from a second fault.
+        if let Some(c) = known().find(|c| c.own_link && !c.weak && c.host != b.host && c.agrees(b, t)) {
+            return Answer::WeakEcho(c.event.id, c.host);
+        }
         // Goodput alone is what a busy host looks like from its own agent (every peer slower)
         // and from a neighbour's (that host slower): two agents besides its own must see it.
         let others = mine.iter().filter(|&&a| agents[a].host != b.host).count();
@@ -255,9 +273,14 @@ pub fn judge(agents: &[AgentEvents], now_unix_ms: u64, rules: &Rules) -> FleetVi
     for (i, b) in all.iter().enumerate() {
         let accuser = agents[b.agent].host;
         // A straggler is judged on the other stragglers of its host; a network blame on the
-        // network blames of its host and its accuser.
-        let near: Vec<&Blame<'_>> =
-            all.iter().filter(|c| c.straggler == b.straggler && (c.host == b.host || !b.straggler && c.host == accuser)).collect();
+        // network blames of its host and its accuser, and a goodput-only one also on every
+        // host's own-link blames.
+        let near: Vec<&Blame<'_>> = all
+            .iter()
+            .filter(|c| {
+                c.straggler == b.straggler && (c.host == b.host || !b.straggler && (c.host == accuser || b.weak && c.own_link))
+            })
+            .collect();
         // The instants at which the answer on `b` can change: its raise, the end of its hold,
         // and the raises and (known) ends of the blames it reads.
         let mut at: Vec<u64> = vec![b.raised, b.raised.saturating_add(rules.lone_blame_hold_ms)];
@@ -326,6 +349,13 @@ pub fn judge(agents: &[AgentEvents], now_unix_ms: u64, rules: &Rules) -> FleetVi
                     false,
                     format!(
                         "goodput only (what a busy host looks like as well as a slow path), and {n} agent(s) besides {}'s own named it in that time: the fleet needs two, or a blame with other evidence (loss, stall, ECN, queue drops)",
+                        b.host
+                    ),
+                ),
+                Some(Answer::WeakEcho(id, source)) => (
+                    false,
+                    format!(
+                        "goodput only, in the time of {source}'s own agent flagging its own link with other evidence (event {id}): a host whose link fails holds up every host waiting for its data, so goodput alone cannot tell that echo from a fault of {}",
                         b.host
                     ),
                 ),
@@ -528,6 +558,32 @@ mod tests {
         // An event from an agent without `signals` is judged on its evidence; none at all is not
         // goodput-only.
         assert!(!gray(1, 2, 0, None).goodput_only());
+    }
+
+    #[test]
+    fn goodput_alone_in_the_time_of_another_hosts_own_link_fault_is_its_echo() {
+        const G: &[Metric] = &[Metric::InBurstGoodputBps];
+        // Host 4's cable flaps: its IPU flags its own link on the carrier at 500 ms; IPUs 1, 2 and
+        // 3 see host 5 slow on goodput alone from 3 s (the recorded PyTorch run).
+        let flap = on(ev(1, VerdictKind::GrayFailure, Scope::Link { link: "fabric".into() }, 500, Some(12_000)), &[Metric::CarrierDowns]);
+        let echoes = [(1, on(gray(1, 5, 3_100, None), G)), (2, on(gray(1, 5, 3_400, None), G)), (3, on(gray(2, 5, 3_700, None), G))];
+        let mut events = vec![(4, flap.clone())];
+        events.extend(echoes.iter().cloned());
+        let v = judge(&fleet(&events), 100_000);
+        assert_eq!(v.verdicts.iter().map(|v| v.host).collect::<Vec<_>>(), vec![host(4)], "{v:?}");
+        assert_eq!(held(&v), vec![("ipu1", host(5), false), ("ipu2", host(5), false), ("ipu3", host(5), false)]);
+        assert!(v.withheld[0].reason.contains("10.77.0.4's own agent flagging its own link with other evidence (event 1)"), "{v:?}");
+        // Without the flap the three agents name host 5; with a flap that ended before (its time
+        // and the slack) they do too; a goodput-only own-link verdict is no such evidence.
+        for other in [None, Some(on(ev(1, VerdictKind::GrayFailure, Scope::Link { link: "fabric".into() }, 500, Some(1_000)), &[Metric::CarrierDowns])), Some(on(flap.clone(), G))] {
+            let mut events: Vec<(u8, Event)> = other.into_iter().map(|e| (4, e)).collect();
+            events.extend(echoes.iter().cloned());
+            let v = judge(&fleet(&events), 100_000);
+            assert!(v.verdicts.iter().any(|v| v.host == host(5) && v.raised_unix_ms == 3_400), "{v:?}");
+        }
+        // A blame of host 5 with loss is judged as before, flap or not.
+        let v = judge(&fleet(&[(4, flap), (1, on(gray(1, 5, 3_100, None), &[Metric::LossRate])), (6, on(gray(2, 5, 3_200, None), G))]), 100_000);
+        assert!(v.verdicts.iter().any(|v| v.host == host(5)), "{v:?}");
     }
 
     #[test]

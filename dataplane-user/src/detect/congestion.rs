@@ -37,6 +37,7 @@
 
 use super::config::{CongestionConfig, GrayConfig};
 use super::input::LinkWindow;
+use crate::queue_stats::QueueDelta;
 use super::features::{PeerFeatures, PeerStats};
 use super::gray::{evidence, Fold};
 use super::lifecycle::Assessment;
@@ -188,26 +189,17 @@ const QUEUE_MIN_DROPS: u64 = 10;
 /// window's drop ratio, for that baseline (on every link: the baseline is warm by the time a link
 /// is known as the host's own cable).
 fn queue_drop_condition(cfg: &CongestionConfig, min_data_packets: u64, fold: &mut Fold, link: &LinkInput<'_>) -> Option<f64> {
-    let q = link.egress()?.queue?;
-    let ratio = if q.drops == 0 {
-        0.0
-    } else if q.packets + q.drops < min_data_packets.max(1) && q.drops < QUEUE_MIN_DROPS {
-        return None;
-    } else {
-        q.drop_ratio()?
+    let ratio = |q: QueueDelta| {
+        if q.drops == 0 {
+            Some(0.0)
+        } else if q.packets + q.drops < min_data_packets.max(1) && q.drops < QUEUE_MIN_DROPS {
+            None
+        } else {
+            q.drop_ratio()
+        }
     };
-    if link.own_cable && link.queue_drop_baseline.is_some() {
-        rate_condition(
-            fold,
-            Metric::QueueDropRate,
-            ratio,
-            link.queue_drop_baseline,
-            cfg.queue_drop_open_floor,
-            cfg.queue_drop_growth,
-            cfg.queue_drop_severe,
-        );
-    }
-    Some(ratio)
+    let (floor, growth, severe) = (cfg.queue_drop_open_floor, cfg.queue_drop_growth, cfg.queue_drop_severe);
+    own_queue_condition(fold, link, Metric::QueueDropRate, ratio, link.queue_drop_baseline, (floor, growth, severe))
 }
 
 /// Queue throttles (module docs), on the host's own cable only, like [`queue_drop_condition`]:
@@ -215,26 +207,37 @@ fn queue_drop_condition(cfg: &CongestionConfig, min_data_packets: u64, fold: &mu
 /// throttles is a 0 whatever the queue sent (`noqueue` counts nothing), so a shaper that appears
 /// with a fault meets a warm baseline. Never severe. Returns the window's ratio, for the baseline.
 fn queue_throttle_condition(cfg: &CongestionConfig, min_data_packets: u64, fold: &mut Fold, link: &LinkInput<'_>) -> Option<f64> {
-    let q = link.egress()?.queue?;
-    let ratio = if q.overlimits == 0 {
-        0.0
-    } else if q.packets < min_data_packets.max(1) {
-        return None;
-    } else {
-        q.throttle_ratio()?
+    let ratio = |q: QueueDelta| {
+        if q.overlimits == 0 {
+            Some(0.0)
+        } else if q.packets < min_data_packets.max(1) {
+            None
+        } else {
+            q.throttle_ratio()
+        }
     };
-    if link.own_cable && link.queue_throttle_baseline.is_some() {
-        rate_condition(
-            fold,
-            Metric::QueueThrottleRate,
-            ratio,
-            link.queue_throttle_baseline,
-            cfg.queue_throttle_open_floor,
-            cfg.queue_throttle_growth,
-            f64::INFINITY,
-        );
+    let thresholds = (cfg.queue_throttle_open_floor, cfg.queue_throttle_growth, f64::INFINITY);
+    own_queue_condition(fold, link, Metric::QueueThrottleRate, ratio, link.queue_throttle_baseline, thresholds)
+}
+
+/// The shared part of the queue conditions: `ratio` of the link's egress queue counters in the
+/// window (`None`: too little to judge), a [`rate_condition`] against the link's `baseline`
+/// (`thresholds`: open floor, growth, severe) only on the host's own cable and once the baseline
+/// is warm. Returns the window's ratio, for the baseline (kept on every link: it is warm by the
+/// time a link is known as the host's own cable).
+fn own_queue_condition(
+    fold: &mut Fold,
+    link: &LinkInput<'_>,
+    metric: Metric,
+    ratio: impl FnOnce(QueueDelta) -> Option<f64>,
+    baseline: Option<Robust>,
+    (floor, growth, severe_at): (f64, f64, f64),
+) -> Option<f64> {
+    let value = ratio(link.egress()?.queue?)?;
+    if link.own_cable && baseline.is_some() {
+        rate_condition(fold, metric, value, baseline, floor, growth, severe_at);
     }
-    Some(ratio)
+    Some(value)
 }
 
 /// Competition (module docs).

@@ -60,6 +60,12 @@ use features::{fill_lateness, fill_step_lateness, peer_features, peer_stats, Pee
 use lifecycle::{Assessment, Track, TrackCtx};
 use robust::{Robust, Ring};
 
+/// A link that lost its carrier is named until it has kept it for this many windows (at least
+/// `persistence.clear_windows`): a flapping link goes down again within seconds (the evaluation's
+/// flap: 400 ms every 3 s), and one event per flapping episode is what an operator acts on, not
+/// one per outage.
+const FLAP_CLEAR_WINDOWS: u32 = 10;
+
 /// Why a window was rejected. Every variant is a collector bug or a capacity limit.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DetectError {
@@ -303,7 +309,8 @@ impl JobState {
                 window_start_ns: w.window_start_ns,
                 window_end_ns: w.window_end_ns,
             };
-            changes.extend(ls.flap.observe(&cfg.persistence, &ctx, gray::link_flap(&shared), true, true, next_id));
+            let persistence = PersistenceConfig { clear_windows: cfg.persistence.clear_windows.max(FLAP_CLEAR_WINDOWS), ..cfg.persistence.clone() };
+            changes.extend(ls.flap.observe(&persistence, &ctx, gray::link_flap(&shared), true, true, next_id));
             let mut input = LinkInput {
                 // A peer explained by another peer's path is that path's evidence, not the link's.
                 peers: idxs

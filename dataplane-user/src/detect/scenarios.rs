@@ -591,8 +591,9 @@ fn a_flap_of_the_own_cable_names_the_cable_not_the_neighbour_that_resent() {
             s = s.with(Fault::Loss { peer: 0, rate: 0.03 }, d + 1, d + 2);
         }
         let changes = run_with(cfg.clone(), &with_carrier_downs(at_own_cable(s.windows(60)), "fabric", &downs));
-        let (opened, _, v) = single_verdict(&changes, VerdictKind::GrayFailure, &fabric, 20, 40);
+        let (opened, closed, v) = single_verdict(&changes, VerdictKind::GrayFailure, &fabric, 20, 40);
         assert_eq!(opened, 20, "seed {seed}: a carrier loss raises at once");
+        assert_eq!(closed, 39, "seed {seed}: one event for the whole episode, closed after 10 windows up");
         assert!(has_metric(&v, Metric::CarrierDowns), "seed {seed}: {v:?}");
         // Without the carrier count the resends name the neighbour.
         let blind = run_with(cfg.clone(), &with_carrier_downs(at_own_cable(s.windows(60)), "fabric", &[]));
