@@ -24,10 +24,10 @@
 //! count). That is not a comparison but a first-hand fact about the agent's own port, so one
 //! window with a carrier loss while the job's traffic crosses the link raises a gray failure on
 //! the link at once, which closes only once the link has kept its carrier for 10 windows (a
-//! flapping link is one event, not one per outage). It matters most at one host's end of the wire (its IPU's fabric port, its
-//! NIC): there a flap of the host's own cable stalls every connection at once, and the loss and
-//! silence it leaves behind show on whichever neighbour's connection happened to resend, which
-//! the per-peer signals would blame.
+//! flapping link is one event, not one per outage). It matters most at one host's end of the
+//! wire (its IPU's fabric port, its NIC): there a flap of the host's own cable stalls every
+//! connection at once, and the loss and silence it leaves behind show on whichever neighbour's
+//! connection happened to resend, which the per-peer signals would blame.
 
 use super::config::GrayConfig;
 use super::features::{PeerFeatures, PeerStats};
