@@ -121,7 +121,7 @@ fn carrier_downs(m: &LinkMessage) -> Option<(u32, u32)> {
 
 /// Dumps every root qdisc and every link of the calling thread's network namespace: ifindex →
 /// counters (an interface without a root qdisc in the dump has queue counters of 0).
-pub fn read_root_queues() -> io::Result<BTreeMap<u32, QueueCounters>> {
+pub fn read_interface_counters() -> io::Result<BTreeMap<u32, QueueCounters>> {
     let mut socket = Socket::new(NETLINK_ROUTE)?;
     // The analysis thread must not wait on the kernel forever: a reply that does not come within
     // a second is a failed read (the window then has no queue counters).
@@ -228,7 +228,7 @@ impl QueueReader {
     /// resetting its counters below the last read) starts from this read.
     pub fn poll(&mut self, names: &HashMap<u32, String>) -> BTreeMap<String, QueueDelta> {
         self.snapshot.reads += 1;
-        match read_root_queues() {
+        match read_interface_counters() {
             Ok(now) => {
                 self.failing = false;
                 self.account(now, names)
@@ -236,7 +236,7 @@ impl QueueReader {
             Err(e) => {
                 self.snapshot.errors += 1;
                 if !self.failing {
-                    tracing::warn!("reading the interfaces' queue counters (RTM_GETQDISC) failed: {e}; queue drops are not judged until it works again");
+                    tracing::warn!("reading the interfaces' queue and carrier counters (RTM_GETQDISC, RTM_GETLINK) failed: {e}; queue drops, throttles and carrier losses are not judged until it works again");
                 }
                 self.failing = true;
                 self.last.clear();
@@ -385,7 +385,7 @@ mod tests {
     /// every namespace) is listed by the link dump whether or not it has a root qdisc.
     #[test]
     fn a_dump_of_this_namespace_succeeds() {
-        let read = read_root_queues().expect("RTM_GETQDISC and RTM_GETLINK dumps need no privileges");
+        let read = read_interface_counters().expect("RTM_GETQDISC and RTM_GETLINK dumps need no privileges");
         assert!(read.contains_key(&1), "loopback missing from {read:?}");
     }
 }
