@@ -34,7 +34,7 @@ pub mod object;
 pub(crate) mod policy;
 pub mod privileges;
 pub(crate) mod process_metrics;
-pub(crate) mod queue_stats;
+pub mod queue_stats;
 pub(crate) mod rdma_counters;
 pub mod detect;
 pub(crate) mod view;

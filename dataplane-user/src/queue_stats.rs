@@ -119,9 +119,17 @@ fn carrier_downs(m: &LinkMessage) -> Option<(u32, u32)> {
     })
 }
 
-/// Dumps every root qdisc and every link of the calling thread's network namespace: ifindex →
-/// counters (an interface without a root qdisc in the dump has queue counters of 0).
-pub fn read_interface_counters() -> io::Result<BTreeMap<u32, QueueCounters>> {
+/// Attached interfaces up to which their links are asked for one by one; above, one dump of all
+/// links is cheaper (`examples/bench_ifcounters.rs`: a link asked for alone costs about 15 µs,
+/// one in a dump about 11 µs, and a dump of a namespace of 1,024 veths 14 ms).
+const LINK_GETS_MAX: usize = 16;
+
+/// Dumps every root qdisc of the calling thread's network namespace and reads the links of the
+/// interfaces in `attached` (one `RTM_GETLINK` each for up to [`LINK_GETS_MAX`] of them, else a
+/// dump of all links: a link message is large, and a DPU's namespace holds a representor per VF,
+/// most of them not attached): ifindex → counters. An interface without a root qdisc in the dump
+/// has queue counters of 0; an attached interface that is gone is left out.
+pub fn read_interface_counters(attached: impl IntoIterator<Item = u32>) -> io::Result<BTreeMap<u32, QueueCounters>> {
     let mut socket = Socket::new(NETLINK_ROUTE)?;
     // The analysis thread must not wait on the kernel forever: a reply that does not come within
     // a second is a failed read (the window then has no queue counters).
@@ -142,28 +150,41 @@ pub fn read_interface_counters() -> io::Result<BTreeMap<u32, QueueCounters>> {
     socket.bind_auto()?;
     socket.connect(&SocketAddr::new(0, 0))?;
     let mut out: BTreeMap<u32, QueueCounters> = BTreeMap::new();
-    dump(&socket, 1, RouteNetlinkMessage::GetQueueDiscipline(TcMessage::default()), "RTM_GETQDISC", |m| {
+    request(&socket, 1, RouteNetlinkMessage::GetQueueDiscipline(TcMessage::default()), true, "RTM_GETQDISC", |m| {
         if let RouteNetlinkMessage::NewQueueDiscipline(m) = m {
             if let Some((ifindex, c)) = root_counters(&m) {
                 out.insert(ifindex, c);
             }
         }
     })?;
-    dump(&socket, 2, RouteNetlinkMessage::GetLink(LinkMessage::default()), "RTM_GETLINK", |m| {
+    let attached: Vec<u32> = attached.into_iter().collect();
+    let mut carrier = |m: RouteNetlinkMessage| {
         if let RouteNetlinkMessage::NewLink(m) = m {
             if let Some((ifindex, n)) = carrier_downs(&m) {
-                out.entry(ifindex).or_default().carrier_downs = n;
+                if attached.contains(&ifindex) {
+                    out.entry(ifindex).or_default().carrier_downs = n;
+                }
             }
         }
-    })?;
+    };
+    if attached.len() > LINK_GETS_MAX {
+        request(&socket, 2, RouteNetlinkMessage::GetLink(LinkMessage::default()), true, "RTM_GETLINK", &mut carrier)?;
+    } else {
+        for (seq, &ifindex) in (2..).zip(&attached) {
+            let mut link = LinkMessage::default();
+            link.header.index = ifindex;
+            request(&socket, seq, RouteNetlinkMessage::GetLink(link), false, "RTM_GETLINK", &mut carrier)?;
+        }
+    }
     Ok(out)
 }
 
-/// Sends the dump request `req` (sequence number `seq`) and hands every message of the reply to
-/// `each`, until the kernel's `NLMSG_DONE`.
-fn dump(socket: &Socket, seq: u32, req: RouteNetlinkMessage, what: &str, mut each: impl FnMut(RouteNetlinkMessage)) -> io::Result<()> {
+/// Sends `req` (sequence number `seq`) and hands every message of the reply to `each`: with
+/// `dump`, a dump request, until the kernel's `NLMSG_DONE`; without, a request for one object,
+/// whose reply is one message (none when the object is gone: `ENODEV`).
+fn request(socket: &Socket, seq: u32, req: RouteNetlinkMessage, dump: bool, what: &str, mut each: impl FnMut(RouteNetlinkMessage)) -> io::Result<()> {
     let mut req = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::from(req));
-    req.header.flags = NLM_F_DUMP | NLM_F_REQUEST;
+    req.header.flags = if dump { NLM_F_DUMP | NLM_F_REQUEST } else { NLM_F_REQUEST };
     req.header.sequence_number = seq;
     req.finalize();
     let mut buf = vec![0; req.buffer_len()];
@@ -171,7 +192,7 @@ fn dump(socket: &Socket, seq: u32, req: RouteNetlinkMessage, what: &str, mut eac
     socket.send(&buf, 0)?;
 
     let mut rx = vec![0u8; 64 * 1024];
-    // Bounded: a dump of a namespace's qdiscs or links is a handful of datagrams; a kernel that
+    // Bounded: a dump of a namespace's qdiscs is a handful of datagrams, a single object one; a kernel that
     // never sends NLMSG_DONE would otherwise hold the analysis thread.
     for _ in 0..10_000 {
         let n = socket.recv(&mut &mut rx[..], 0)?;
@@ -182,10 +203,16 @@ fn dump(socket: &Socket, seq: u32, req: RouteNetlinkMessage, what: &str, mut eac
             let len = msg.header.length as usize;
             match msg.payload {
                 NetlinkPayload::Done(_) => return Ok(()),
+                NetlinkPayload::Error(e) if !dump && e.code.is_some_and(|c| -c.get() == libc::ENODEV) => return Ok(()),
                 NetlinkPayload::Error(e) => {
                     return Err(e.code.map_or_else(|| io::Error::other("netlink error"), |c| io::Error::from_raw_os_error(-c.get())))
                 }
-                NetlinkPayload::InnerMessage(m) => each(m),
+                NetlinkPayload::InnerMessage(m) => {
+                    each(m);
+                    if !dump {
+                        return Ok(());
+                    }
+                }
                 _ => {}
             }
             if len == 0 {
@@ -228,7 +255,7 @@ impl QueueReader {
     /// resetting its counters below the last read) starts from this read.
     pub fn poll(&mut self, names: &HashMap<u32, String>) -> BTreeMap<String, QueueDelta> {
         self.snapshot.reads += 1;
-        match read_interface_counters() {
+        match read_interface_counters(names.keys().copied()) {
             Ok(now) => {
                 self.failing = false;
                 self.account(now, names)
@@ -381,11 +408,17 @@ mod tests {
         assert_eq!(carrier_downs(&m), Some((7, 4)));
     }
 
-    /// The dumps work in this process's namespace without privileges: loopback (index 1, in
-    /// every namespace) is listed by the link dump whether or not it has a root qdisc.
+    /// The reads work in this process's namespace without privileges: loopback (index 1, in
+    /// every namespace) is listed once asked for, whether or not it has a root qdisc, both one by
+    /// one and in the dump of more than `LINK_GETS_MAX` indexes; an index that names no interface
+    /// is left out, not an error.
     #[test]
-    fn a_dump_of_this_namespace_succeeds() {
-        let read = read_interface_counters().expect("RTM_GETQDISC and RTM_GETLINK dumps need no privileges");
+    fn a_read_of_this_namespace_succeeds() {
+        let read = read_interface_counters([1, 999_999]).expect("RTM_GETQDISC and RTM_GETLINK need no privileges");
         assert!(read.contains_key(&1), "loopback missing from {read:?}");
+        assert!(!read.contains_key(&999_999), "{read:?}");
+        let many: Vec<u32> = (1..=LINK_GETS_MAX as u32 + 1).chain([999_999]).collect();
+        let read = read_interface_counters(many).expect("the dump of all links");
+        assert!(read.contains_key(&1) && !read.contains_key(&999_999), "{read:?}");
     }
 }

@@ -37,12 +37,12 @@
 
 use super::config::{CongestionConfig, GrayConfig};
 use super::input::LinkWindow;
-use crate::queue_stats::QueueDelta;
 use super::features::{PeerFeatures, PeerStats};
 use super::gray::{evidence, Fold};
 use super::lifecycle::Assessment;
 use super::robust::Robust;
 use super::verdict::{Evidence, Metric, PeerCount, Reference, Severity};
+use crate::queue_stats::QueueDelta;
 use ringside_stats::median;
 
 /// One peer of the link, with its statistics.
