@@ -1,6 +1,7 @@
 //! Egress queue and carrier counters of the agent's own interfaces: packets each interface's root
-//! qdisc sent and dropped, and how often its carrier went down, read with one `RTM_GETQDISC` and
-//! one `RTM_GETLINK` dump per detection window in the agent's network namespace.
+//! qdisc sent and dropped, and how often its carrier went down, read with one `RTM_GETQDISC` dump
+//! and an `RTM_GETLINK` per attached interface (a dump of all links beyond 16) per detection
+//! window in the agent's network namespace.
 //!
 //! Why: the monitor's TC egress hook sees a packet *before* the interface's queue, so loss it
 //! infers on an egress flow (retransmissions) can be this queue or anything behind it. The queue's
