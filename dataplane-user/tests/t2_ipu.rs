@@ -349,8 +349,9 @@ fn a_shaper_on_ipu0s_own_fabric_that_drops_nothing_is_congestion_on_its_cable() 
 /// Host 0 sending bursts to its two neighbours through IPU 0, whose agent (`[detect.gray]
 /// min_peers = 2`) has watched 9 s of it: the detectors' baselines are warm and nothing was said.
 struct OwnFabricTraffic {
-    star: IpuStar,
+    // Fields drop in order: the agent (SIGTERM, detach) before the namespaces it runs in.
     agent: IpuAgent,
+    star: IpuStar,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     sinks: Vec<std::thread::JoinHandle<u64>>,
     sender: std::thread::JoinHandle<u64>,
@@ -402,7 +403,7 @@ impl OwnFabricTraffic {
         eprintln!("after 9 s of traffic: {} windows, events:{}", healthy.windows, summary(&healthy));
         assert!(healthy.windows >= 6, "the detectors ran only {} windows", healthy.windows);
         assert!(!healthy.events.iter().any(|e| e.kind.is_network_fault()), "network faults before the fault:{}", summary(&healthy));
-        OwnFabricTraffic { star, agent, stop, sinks, sender }
+        OwnFabricTraffic { agent, star, stop, sinks, sender }
     }
 
     /// Waits (at most 30 s) for IPU 0's agent to raise `kind` on its own `fabric` cable; returns
