@@ -284,6 +284,8 @@ impl JobState {
             .collect();
         let mut shared_upstream: BTreeSet<&str> = BTreeSet::new();
         let mut congested: BTreeSet<&str> = BTreeSet::new();
+        let flap_persistence =
+            PersistenceConfig { clear_windows: cfg.persistence.clear_windows.max(FLAP_CLEAR_WINDOWS), ..cfg.persistence.clone() };
         for (link, idxs) in &by_link {
             let ls = self.links.entry((*link).to_owned()).or_insert_with(|| LinkState {
                 last_seen_ns: w.window_end_ns,
@@ -309,8 +311,7 @@ impl JobState {
                 window_start_ns: w.window_start_ns,
                 window_end_ns: w.window_end_ns,
             };
-            let persistence = PersistenceConfig { clear_windows: cfg.persistence.clear_windows.max(FLAP_CLEAR_WINDOWS), ..cfg.persistence.clone() };
-            changes.extend(ls.flap.observe(&persistence, &ctx, gray::link_flap(&shared), true, true, next_id));
+            changes.extend(ls.flap.observe(&flap_persistence, &ctx, gray::link_flap(&shared), true, true, next_id));
             let mut input = LinkInput {
                 // A peer explained by another peer's path is that path's evidence, not the link's.
                 peers: idxs

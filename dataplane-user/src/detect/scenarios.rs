@@ -495,13 +495,21 @@ fn with_fabric_queue(windows: Vec<JobWindow>, during: std::ops::Range<usize>, dr
 }
 
 /// [`with_fabric_queue`], also throttling `overlimits` times in `during`.
-fn with_fabric_queue_counts(mut windows: Vec<JobWindow>, during: std::ops::Range<usize>, drops: u64, overlimits: u64) -> Vec<JobWindow> {
-    for (i, w) in windows.iter_mut().enumerate() {
+fn with_fabric_queue_counts(windows: Vec<JobWindow>, during: std::ops::Range<usize>, drops: u64, overlimits: u64) -> Vec<JobWindow> {
+    with_egress_queue(windows, "fabric", |i| {
         let (drops, overlimits) = if during.contains(&i) { (drops, overlimits) } else { (0, 0) };
-        let queue = Some(crate::queue_stats::QueueDelta { packets: 10_000, drops, overlimits, ..Default::default() });
-        match w.links.iter_mut().find(|l| l.link == "fabric" && l.direction == "egress") {
+        crate::queue_stats::QueueDelta { packets: 10_000, drops, overlimits, ..Default::default() }
+    })
+}
+
+/// `windows` with `link`'s egress queue counters of window `i` set to `queue(i)` (an egress
+/// `LinkWindow` of two flows added where the window has none).
+fn with_egress_queue(mut windows: Vec<JobWindow>, link: &str, queue: impl Fn(usize) -> crate::queue_stats::QueueDelta) -> Vec<JobWindow> {
+    for (i, w) in windows.iter_mut().enumerate() {
+        let queue = Some(queue(i));
+        match w.links.iter_mut().find(|l| l.link == link && l.direction == "egress") {
             Some(l) => l.queue = queue,
-            None => w.links.push(LinkWindow { link: "fabric".into(), direction: "egress".into(), flows: 2, queue, ..Default::default() }),
+            None => w.links.push(LinkWindow { link: link.into(), direction: "egress".into(), flows: 2, queue, ..Default::default() }),
         }
     }
     windows
@@ -563,15 +571,12 @@ fn a_shaper_that_starts_holding_back_the_own_cables_sends_names_the_cable_not_th
 }
 
 /// `windows` with `link`'s egress interface losing its carrier once in each window of `at`.
-fn with_carrier_downs(mut windows: Vec<JobWindow>, link: &str, at: &[usize]) -> Vec<JobWindow> {
-    for (i, w) in windows.iter_mut().enumerate() {
-        let queue = Some(crate::queue_stats::QueueDelta { packets: 10_000, carrier_downs: u64::from(at.contains(&i)), ..Default::default() });
-        match w.links.iter_mut().find(|l| l.link == link && l.direction == "egress") {
-            Some(l) => l.queue = queue,
-            None => w.links.push(LinkWindow { link: link.into(), direction: "egress".into(), flows: 2, queue, ..Default::default() }),
-        }
-    }
-    windows
+fn with_carrier_downs(windows: Vec<JobWindow>, link: &str, at: &[usize]) -> Vec<JobWindow> {
+    with_egress_queue(windows, link, |i| crate::queue_stats::QueueDelta {
+        packets: 10_000,
+        carrier_downs: u64::from(at.contains(&i)),
+        ..Default::default()
+    })
 }
 
 #[test]
