@@ -31,19 +31,34 @@ pub fn all_cpus_mask() -> String {
 
 /// Mask for CPUs 0..n, e.g. `3` for 2 CPUs, `ffffffff,ffffffff` for 64.
 pub fn cpu_mask(n: usize) -> String {
-    let groups = n.div_ceil(32).max(1);
-    let mut parts = Vec::with_capacity(groups);
-    for g in (0..groups).rev() {
-        let bits = n.saturating_sub(g * 32).min(32);
-        let v: u32 = if bits == 32 { u32::MAX } else { (1u32 << bits) - 1 };
-        parts.push(if parts.is_empty() { format!("{v:x}") } else { format!("{v:08x}") });
+    cpu_set_mask(0..n)
+}
+
+/// Mask for the given CPUs, in the kernel's comma-separated 32-bit groups (highest group first),
+/// e.g. `2` for CPU 1 alone, `1,00000000` for CPU 32. No CPU gives `0`.
+pub fn cpu_set_mask(cpus: impl IntoIterator<Item = usize>) -> String {
+    let mut words: Vec<u32> = vec![0];
+    for c in cpus {
+        if words.len() <= c / 32 {
+            words.resize(c / 32 + 1, 0);
+        }
+        words[c / 32] |= 1 << (c % 32);
+    }
+    let mut parts = Vec::with_capacity(words.len());
+    for w in words.iter().rev() {
+        parts.push(if parts.is_empty() { format!("{w:x}") } else { format!("{w:08x}") });
     }
     parts.join(",")
 }
 
 /// Spreads receive processing of `ifaces` (inside `ns`) over all CPUs with RPS.
 pub fn enable_rps(ns: &NetnsHandle, ifaces: &[&str]) -> Result<()> {
-    let mask = all_cpus_mask();
+    set_rps(ns, ifaces, &all_cpus_mask())
+}
+
+/// Sets the RPS mask (see [`cpu_set_mask`]) of every receive queue of `ifaces` inside `ns`: the
+/// CPUs that process what those interfaces receive.
+pub fn set_rps(ns: &NetnsHandle, ifaces: &[&str], mask: &str) -> Result<()> {
     let mut script = String::from("set -e\n");
     for i in ifaces {
         script.push_str(&format!("for q in /sys/class/net/{i}/queues/rx-*/rps_cpus; do echo {mask} > \"$q\"; done\n"));
@@ -228,6 +243,10 @@ mod tests {
         assert_eq!(cpu_mask(32), "ffffffff");
         assert_eq!(cpu_mask(33), "1,ffffffff");
         assert_eq!(cpu_mask(64), "ffffffff,ffffffff");
+        assert_eq!(cpu_set_mask([1]), "2");
+        assert_eq!(cpu_set_mask(1..4), "e");
+        assert_eq!(cpu_set_mask([32]), "1,00000000");
+        assert_eq!(cpu_set_mask([]), "0");
     }
 
     #[test]

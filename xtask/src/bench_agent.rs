@@ -22,6 +22,16 @@
 //! - then VmRSS / VmHWM of the agent, and `--scrapes` timed `GET /metrics` (median and max, and
 //!   the body's size), made from inside the switch namespace, 100 ms apart.
 //!
+//! - where it runs (`--cpus`, default `isolated`): the agent's threads on the first CPU this
+//!   command may use, the sender thread and the rig's receive processing (RPS on every link end)
+//!   on the others. Packets are processed in softirq context on whatever CPU raised or received
+//!   them, and this kernel (no `CONFIG_IRQ_TIME_ACCOUNTING`) charges that time to the task that
+//!   was running: at 100k flows, with everything shared, `perf` found 29 % of the agent's samples
+//!   in `handle_softirqs`, the sender's datagrams crossing veth, bridge and nftables. Kept apart,
+//!   the agent's figure is its own work (its classifier runs are the traffic's, measured per
+//!   packet by `bench ebpf`). `--cpus shared` measures as before (nothing pinned, RPS over all
+//!   CPUs), for comparison.
+//!
 //! Nothing is subtracted. Output: a table and `target/bench/agent.json`. Targets (issue 11):
 //! ≤ 2 % of a core and ≤ 64 MiB RSS at 10k flows, and 100k flows costing at most 10× the 10k CPU
 //! and RSS (linear or better).
@@ -88,6 +98,77 @@ pub struct Opts {
     /// built): to compare builds, or when target/ is shared with other builds.
     #[arg(long, value_name = "PATH")]
     pub agent_bin: Option<std::path::PathBuf>,
+    /// Where the agent and the traffic run: `isolated` pins the agent to the first CPU this
+    /// command may use and keeps the sender and the rig's packet processing (RPS) on the others,
+    /// so that softirq work is not charged to the agent; `shared` pins nothing (the method before
+    /// 2026-12-07).
+    #[arg(long, value_enum, default_value_t = CpuLayout::Isolated)]
+    pub cpus: CpuLayout,
+}
+
+/// `--cpus`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuLayout {
+    Isolated,
+    Shared,
+}
+
+/// The CPUs of `--cpus isolated`.
+#[derive(Clone, Debug)]
+struct Isolation {
+    agent: usize,
+    traffic: Vec<usize>,
+}
+
+impl Isolation {
+    /// From the CPUs this process may run on: the first for the agent, the rest for the traffic.
+    fn of_this_process() -> Result<Isolation> {
+        let allowed = affinity(0).context("reading this process's CPU affinity")?;
+        match allowed.split_first() {
+            Some((&agent, rest)) if !rest.is_empty() => Ok(Isolation { agent, traffic: rest.to_vec() }),
+            _ => bail!(
+                "--cpus isolated needs at least two CPUs this command may run on (it has {allowed:?}): one for the agent, one for the traffic; use --cpus shared"
+            ),
+        }
+    }
+    fn describe(&self) -> String {
+        format!("agent on CPU {}; sender and receive processing (RPS) on CPU {:?}", self.agent, self.traffic)
+    }
+}
+
+/// The CPUs thread `tid` may run on (0: the calling thread).
+fn affinity(tid: i32) -> Result<Vec<usize>> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel writes at most its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if unsafe { libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: CPU_ISSET reads the set within its size.
+    Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+}
+
+/// Restricts thread `tid` to `cpus`.
+fn pin(tid: i32, cpus: &[usize]) -> Result<()> {
+    // SAFETY: as in `affinity`; CPU_SET writes within the set (cpus come from sched_getaffinity).
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    if unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(())
+}
+
+/// Pins every thread of process `pid` to `cpus` (threads it starts later inherit it).
+fn pin_process(pid: u32, cpus: &[usize]) -> Result<()> {
+    let dir = format!("/proc/{pid}/task");
+    for e in std::fs::read_dir(&dir).with_context(|| format!("read {dir}"))? {
+        if let Some(tid) = e?.file_name().to_str().and_then(|t| t.parse::<i32>().ok()) {
+            pin(tid, cpus).with_context(|| format!("pinning the agent's thread {tid} to CPU {cpus:?}"))?;
+        }
+    }
+    Ok(())
 }
 
 /// `cargo xtask bench agent --help`: the method, for whoever reads the numbers.
@@ -110,7 +191,11 @@ over the window: flows tracked, map-full, ring-buffer-full, evictions (idle, cap
 detection windows, polls and mean poll time. If the sender cannot keep up, the achieved \
 datagrams/s and late rounds are reported, not hidden. Nothing is subtracted. The agent and the \
 sender run at niceness --nice (default 0) even when this command is niced, so that other niced \
-work on a shared machine does not starve what is measured.
+work on a shared machine does not starve what is measured. --cpus isolated (the default) pins the \
+agent's threads to the first CPU this command may use and keeps the sender thread and the rig's \
+receive processing (RPS on every link end) on the others: softirq work is charged by this kernel \
+to whatever task was running, and at 100k flows it was 29 % of the agent's samples when shared. \
+--cpus shared pins nothing (the method before 2026-12-07).
 
 Output: a table and target/bench/agent.json. Targets: at 10k flows <= 2 % of a core and <= 64 MiB \
 RSS; 100k flows cost at most 10x the 10k CPU and RSS.";
@@ -186,14 +271,29 @@ pub fn run(o: Opts) -> Result<()> {
     let stop = testbed::signals::stop_flag();
     let started = Instant::now();
     let load_before = loadavg();
+    let isolation = match o.cpus {
+        CpuLayout::Isolated => Some(Isolation::of_this_process()?),
+        CpuLayout::Shared => None,
+    };
     let star = Star::new(StarConfig { hosts: 2, ..Default::default() })?;
+    if let Some(iso) = &isolation {
+        let mask = testbed::tuning::cpu_set_mask(iso.traffic.iter().copied());
+        let ports: Vec<&str> = star.hosts.iter().map(|h| h.switch_port.as_str()).collect();
+        testbed::tuning::set_rps(&star.switch.handle(), &ports, &mask)?;
+        for h in &star.hosts {
+            testbed::tuning::set_rps(&h.ns.handle(), &[h.iface], &mask)?;
+        }
+        println!("CPUs: {}", iso.describe());
+    } else {
+        println!("CPUs: shared (nothing pinned, RPS over every CPU)");
+    }
     let max_plan = FlowPlan::new(*o.flows.iter().max().expect("non-empty"));
     drop_at_receiver(&star, &max_plan)?;
 
     let mut levels = Vec::new();
     for &flows in &o.flows {
         check_stop(stop)?;
-        let level = measure_level(&star, &ringside, &out_dir, flows, &o, stop)?;
+        let level = measure_level(&star, &ringside, &out_dir, flows, &o, isolation.as_ref(), stop)?;
         print_row(&level);
         levels.push(level);
     }
@@ -236,6 +336,7 @@ pub fn run(o: Opts) -> Result<()> {
         "warmup_seconds": o.warmup,
         "rate_per_flow": o.rate_per_flow,
         "scrapes": o.scrapes,
+        "cpus": isolation.as_ref().map_or_else(|| "shared (nothing pinned, RPS over every CPU)".to_string(), Isolation::describe),
         "loadavg_before": load_before,
         "loadavg_after": load_after,
         "targets": { "cpu_percent_at_10k": TARGET_CPU_PERCENT, "rss_mib_at_10k": TARGET_RSS_MIB, "max_ratio_100k_over_10k": 10.0 },
@@ -274,7 +375,7 @@ fn drop_at_receiver(star: &Star, plan: &FlowPlan) -> Result<()> {
     Ok(())
 }
 
-fn measure_level(star: &Star, ringside: &Path, out_dir: &Path, flows: u32, o: &Opts, stop: &AtomicBool) -> Result<Value> {
+fn measure_level(star: &Star, ringside: &Path, out_dir: &Path, flows: u32, o: &Opts, isolation: Option<&Isolation>, stop: &AtomicBool) -> Result<Value> {
     let plan = FlowPlan::new(flows);
     let capacity = o.kernel_max_flows.unwrap_or_else(|| kernel_capacity(flows));
     let ring_kib = o.event_ring_kib.unwrap_or_else(|| event_ring_kib(flows, o.rate_per_flow));
@@ -300,6 +401,10 @@ fn measure_level(star: &Star, ringside: &Path, out_dir: &Path, flows: u32, o: &O
     renice_process(pid, o.nice)?;
     let sender = Sender::start(star.hosts[0].ns.handle(), star.hosts[0].addr, star.hosts[1].addr, plan, o.rate_per_flow)?;
     set_nice(sender.tid(), o.nice).context("renicing the sender thread")?;
+    if let Some(iso) = isolation {
+        pin_process(pid, &[iso.agent])?;
+        pin(sender.tid(), &iso.traffic).context("pinning the sender thread")?;
+    }
 
     // Every flow must be tracked before the window: bounded by the time to send one round at the
     // target rate plus generous slack for a loaded machine.
