@@ -68,7 +68,8 @@ pub struct PeerObservation {
     pub idle: bool,
     pub goodput_bps: Option<f64>,
     pub loss_ratio: Option<f64>,
-    /// Named by an open gray-failure verdict, or behind a link with open congestion.
+    /// Named by an open gray-failure verdict, or behind a link with open congestion or an open
+    /// gray failure (a cable that loses its carrier).
     pub degraded: bool,
 }
 
@@ -86,6 +87,10 @@ pub struct VerdictSummary {
     pub gray_peers: BTreeSet<IpAddr>,
     /// Links with open congestion (never shown to the tenant).
     pub congested_links: BTreeSet<String>,
+    /// Links with an open gray-failure verdict: a cable that loses its carrier (never shown to
+    /// the tenant). Only the health of the peers behind it reads them: what a flap does to the
+    /// job reaches the plan through its loss and communication time, as before.
+    pub gray_links: BTreeSet<String>,
     /// A straggler verdict is open: a compute problem, never a reason to compress.
     pub straggler: bool,
 }
@@ -101,6 +106,9 @@ impl VerdictSummary {
                 }
                 (VerdictKind::Congestion, Scope::Link { link }) => {
                     s.congested_links.insert(link.clone());
+                }
+                (VerdictKind::GrayFailure, Scope::Link { link }) => {
+                    s.gray_links.insert(link.clone());
                 }
                 (VerdictKind::Straggler, _) => s.straggler = true,
                 _ => {}
@@ -151,7 +159,8 @@ impl WindowObservation {
             let goodput_bps = (!idle && dur > 0).then(|| bytes as f64 * 1e9 / dur as f64);
             let loss_ratio = (!idle && pw.data_packets >= p.min_data_packets.max(1))
                 .then(|| pw.loss_packets() as f64 / pw.data_packets as f64);
-            let degraded = verdicts.gray_peers.contains(&pw.peer) || verdicts.congested_links.contains(&pw.link);
+            let degraded =
+                verdicts.gray_peers.contains(&pw.peer) || verdicts.congested_links.contains(&pw.link) || verdicts.gray_links.contains(&pw.link);
             peers.push(PeerObservation { peer: pw.peer, idle, goodput_bps, loss_ratio, degraded });
             if !idle {
                 total_bytes = total_bytes.saturating_add(pw.bytes);
@@ -440,6 +449,41 @@ mod tests {
         assert_eq!(o.comm_s(), Some(0.04));
         assert_eq!(o.step_s(), Some(0.1));
         assert!((o.bytes_per_step.unwrap() - 2e6).abs() < 1.0);
+    }
+
+    /// A gray failure on a link (a flapping cable) marks the peers whose traffic comes in over it
+    /// as degraded, and only them; it is not a congested uplink.
+    #[test]
+    fn a_gray_failure_on_a_link_degrades_the_peers_behind_it() {
+        let b = |s: u64, e: u64| BurstSummary { start_ns: s * MS, end_ns: e * MS, bytes: 1_000_000, to: None };
+        let w = JobWindow {
+            job: "j".into(),
+            window_start_ns: 0,
+            window_end_ns: 1000 * MS,
+            peers: vec![
+                pw("10.0.0.2", "p1", (0..10).map(|i| b(i * 100, i * 100 + 10)).collect(), 10_000, 1),
+                pw("10.0.0.3", "p2", (0..10).map(|i| b(i * 100, i * 100 + 10)).collect(), 10_000, 1),
+            ],
+            links: Vec::new(),
+            conns: Vec::new(),
+            local: None,
+        };
+        let verdict = |kind, link: &str| Verdict {
+            job: "j".into(),
+            scope: Scope::Link { link: link.into() },
+            ..crate::events::tests::verdict(1, kind, "10.0.0.3")
+        };
+        let open = [verdict(VerdictKind::GrayFailure, "p2")];
+        let v = VerdictSummary::of_job("j", open.iter());
+        assert_eq!(v.gray_links, ["p2".to_string()].into());
+        assert!(v.congested_links.is_empty() && v.gray_peers.is_empty());
+        let o = WindowObservation::from_window(&params(), &w, v, &mut StepTracker::default());
+        let degraded: Vec<(String, bool)> = o.peers.iter().map(|p| (p.peer.to_string(), p.degraded)).collect();
+        assert_eq!(degraded, vec![("10.0.0.2".into(), false), ("10.0.0.3".into(), true)]);
+        assert!(!o.uplink_congested);
+        // Another job's verdict on the same link is not this job's.
+        let other = [Verdict { job: "k".into(), ..verdict(VerdictKind::GrayFailure, "p2") }];
+        assert!(VerdictSummary::of_job("j", other.iter()).gray_links.is_empty());
     }
 
     /// From an IPU (or a host NIC), with host 1's link capped further down a 4-rank ring: host 0
