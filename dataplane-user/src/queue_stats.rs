@@ -296,27 +296,33 @@ impl QueueReader {
 ///
 /// Each counter's growth is taken modulo 2^32 (the kernel's counters wrap). A growth of 2^31 or
 /// more is a counter that went *backwards*: the qdisc was replaced (a `tbf` added or removed
-/// starts from zero), so the interface is skipped for this read; a real wrap shows as a small
-/// growth, and 2^31 packets in one window is beyond any link.
+/// starts from zero), so the queue's counters count nothing for this read; a real wrap shows as a
+/// small growth, and 2^31 packets in one window is beyond any link. The carrier-down count is the
+/// link's, not the qdisc's: it is judged on its own, so a cable that went down in the window a
+/// qdisc was replaced still shows (and a count that went backwards, an interface re-created under
+/// the same index, counts nothing). An interface with nothing to count is left out.
 pub fn deltas(prev: &BTreeMap<u32, QueueCounters>, now: &BTreeMap<u32, QueueCounters>) -> BTreeMap<u32, QueueDelta> {
     const BACKWARDS: u32 = 1 << 31;
+    let grew = |now: u32, before: u32| Some(now.wrapping_sub(before)).filter(|&g| g < BACKWARDS);
     now.iter()
         .filter_map(|(i, c)| {
             let p = prev.get(i)?;
-            let grew = [
-                c.packets.wrapping_sub(p.packets),
-                c.drops.wrapping_sub(p.drops),
-                c.overlimits.wrapping_sub(p.overlimits),
-                c.carrier_downs.wrapping_sub(p.carrier_downs),
-            ];
-            let [packets, drops, overlimits, carrier_downs] = grew;
-            grew.iter().all(|&g| g < BACKWARDS).then_some((
+            let queue = match (grew(c.packets, p.packets), grew(c.drops, p.drops), grew(c.overlimits, p.overlimits)) {
+                (Some(packets), Some(drops), Some(overlimits)) => Some((packets, drops, overlimits)),
+                _ => None,
+            };
+            let carrier = grew(c.carrier_downs, p.carrier_downs);
+            if queue.is_none() && carrier.is_none_or(|n| n == 0) {
+                return None;
+            }
+            let (packets, drops, overlimits) = queue.unwrap_or_default();
+            Some((
                 *i,
                 QueueDelta {
                     packets: u64::from(packets),
                     drops: u64::from(drops),
                     overlimits: u64::from(overlimits),
-                    carrier_downs: u64::from(carrier_downs),
+                    carrier_downs: u64::from(carrier.unwrap_or(0)),
                 },
             ))
         })
@@ -402,6 +408,12 @@ mod tests {
         let d = deltas(&BTreeMap::from([(1, c(100, 3)), (2, c(100, 0))]), &BTreeMap::from([(1, c(100, 5)), (2, c(150, 0))]));
         assert_eq!(d[&1], QueueDelta { carrier_downs: 2, ..Default::default() }, "a queue-less link that went down twice");
         assert_eq!(d[&2], QueueDelta { packets: 50, ..Default::default() });
+        // A qdisc replaced in the window the cable went down: the queue counts nothing, the
+        // carrier still does; a carrier count that went backwards counts nothing either.
+        let d = deltas(&BTreeMap::from([(1, c(1000, 3)), (2, c(1000, 3)), (3, c(1000, 7))]), &BTreeMap::from([(1, c(10, 4)), (2, c(10, 3)), (3, c(1200, 0))]));
+        assert_eq!(d.get(&1), Some(&QueueDelta { carrier_downs: 1, ..Default::default() }), "replaced queue, carrier lost once");
+        assert_eq!(d.get(&2), None, "replaced queue, carrier kept: nothing to count");
+        assert_eq!(d.get(&3), Some(&QueueDelta { packets: 200, ..Default::default() }), "a carrier count that went backwards");
         let mut m = LinkMessage::default();
         m.header.index = 7;
         assert_eq!(carrier_downs(&m), None, "a kernel without IFLA_CARRIER_DOWN_COUNT");
