@@ -422,21 +422,30 @@ mod tests {
         }
     }
 
-    #[test]
-    fn goodput_loss_and_verdict_attribution() {
-        let b = |s: u64, e: u64| BurstSummary { start_ns: s * MS, end_ns: e * MS, bytes: 1_000_000, to: None };
-        let w = JobWindow {
+    /// Ten 1 MB bursts, one every 100 ms, each `len_ms` long.
+    fn ten_bursts(len_ms: u64) -> Vec<BurstSummary> {
+        (0..10).map(|i| BurstSummary { start_ns: i * 100 * MS, end_ns: (i * 100 + len_ms) * MS, bytes: 1_000_000, to: None }).collect()
+    }
+
+    /// Job `j`'s window of one second with `peers`, and nothing else.
+    fn one_second_window(peers: Vec<PeerWindow>) -> JobWindow {
+        JobWindow {
             job: "j".into(),
             window_start_ns: 0,
             window_end_ns: 1000 * MS,
-            peers: vec![
-                pw("10.0.0.3", "l2", (0..10).map(|i| b(i * 100, i * 100 + 40)).collect(), 10_000, 200),
-                pw("10.0.0.2", "l1", (0..10).map(|i| b(i * 100, i * 100 + 10)).collect(), 10_000, 1),
-            ],
+            peers,
             links: Vec::new(),
             conns: Vec::new(),
             local: None,
-        };
+        }
+    }
+
+    #[test]
+    fn goodput_loss_and_verdict_attribution() {
+        let w = one_second_window(vec![
+            pw("10.0.0.3", "l2", ten_bursts(40), 10_000, 200),
+            pw("10.0.0.2", "l1", ten_bursts(10), 10_000, 1),
+        ]);
         let v = VerdictSummary { gray_peers: ["10.0.0.3".parse().unwrap()].into(), ..Default::default() };
         let o = WindowObservation::from_window(&params(), &w, v, &mut StepTracker::default());
         assert_eq!(o.peers[0].peer.to_string(), "10.0.0.2");
@@ -455,19 +464,7 @@ mod tests {
     /// as degraded, and only them; it is not a congested uplink.
     #[test]
     fn a_gray_failure_on_a_link_degrades_the_peers_behind_it() {
-        let b = |s: u64, e: u64| BurstSummary { start_ns: s * MS, end_ns: e * MS, bytes: 1_000_000, to: None };
-        let w = JobWindow {
-            job: "j".into(),
-            window_start_ns: 0,
-            window_end_ns: 1000 * MS,
-            peers: vec![
-                pw("10.0.0.2", "p1", (0..10).map(|i| b(i * 100, i * 100 + 10)).collect(), 10_000, 1),
-                pw("10.0.0.3", "p2", (0..10).map(|i| b(i * 100, i * 100 + 10)).collect(), 10_000, 1),
-            ],
-            links: Vec::new(),
-            conns: Vec::new(),
-            local: None,
-        };
+        let w = one_second_window(vec![pw("10.0.0.2", "p1", ten_bursts(10), 10_000, 1), pw("10.0.0.3", "p2", ten_bursts(10), 10_000, 1)]);
         let verdict = |kind, link: &str| Verdict {
             job: "j".into(),
             scope: Scope::Link { link: link.into() },
