@@ -138,25 +138,17 @@ impl Isolation {
 
 /// The CPUs thread `tid` may run on (0: the calling thread).
 fn affinity(tid: i32) -> Result<Vec<usize>> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel writes at most its size.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    if unsafe { libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    // SAFETY: CPU_ISSET reads the set within its size.
-    Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+    let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(tid))?;
+    Ok((0..nix::sched::CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect())
 }
 
 /// Restricts thread `tid` to `cpus`.
 fn pin(tid: i32, cpus: &[usize]) -> Result<()> {
-    // SAFETY: as in `affinity`; CPU_SET writes within the set (cpus come from sched_getaffinity).
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let mut set = nix::sched::CpuSet::new();
     for &c in cpus {
-        unsafe { libc::CPU_SET(c, &mut set) };
+        set.set(c)?;
     }
-    if unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), &set)?;
     Ok(())
 }
 
